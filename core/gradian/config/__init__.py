@@ -1,0 +1,37 @@
+"""Configuration: dataclass schemas, YAML loading with flag overrides, validation and hashing.
+
+Public interface: ``GradianConfig`` (and its sections), ``load_config``, ``validate_config``,
+``config_hash``, ``config_to_dict``, ``render_starter_config``.
+"""
+
+from gradian.config.loader import (
+    config_hash,
+    config_to_dict,
+    load_config,
+    render_starter_config,
+    validate_config,
+)
+from gradian.config.schema import (
+    ClusteringConfig,
+    EngineConfig,
+    EvaluationConfig,
+    GradianConfig,
+    GradsConfig,
+    TrainConfig,
+)
+from gradian.config.audit import AuditConfig
+
+__all__ = [
+    "AuditConfig",
+    "ClusteringConfig",
+    "EngineConfig",
+    "EvaluationConfig",
+    "GradianConfig",
+    "GradsConfig",
+    "TrainConfig",
+    "config_hash",
+    "config_to_dict",
+    "load_config",
+    "render_starter_config",
+    "validate_config",
+]

@@ -1,0 +1,145 @@
+"""Dataclass schemas for every config section, with help text and validation.
+
+Field names and defaults follow the documented configuration reference. Each field carries its
+help text in ``metadata["help"]``; ``init-config`` writes those as comments. Validation lives in
+``validate_config`` so a bad value is reported with its full dotted key (``grads.batch_size``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from gradian.config.audit import AuditConfig
+
+__all__ = [
+    "GradsConfig",
+    "EngineConfig",
+    "EvaluationConfig",
+    "ClusteringConfig",
+    "TrainConfig",
+    "GradianConfig",
+    "CHOICES",
+]
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+@dataclass
+class GradsConfig:
+    strategy: str = _f("hooks", "Per-example gradient capture: hooks (exact, default), loop (batch-1 reference), vmap (opt-in)")
+    loss_reduction: str = _f("mean", "Per-example loss over supervised tokens: mean or sum")
+    normalization: str = _f("none", "Gradient normalization before scoring: none, l2 or token_count")
+    batch_size: int = _f(4, "Examples per gradient batch; the main memory lever")
+    max_seq_length: int = _f(1024, "Truncation length while indexing; the second memory lever")
+    module_filter: Optional[str] = _f(None, "Regex on the full module name (e.g. 'mlp.down_proj' or 'layers\\.1[0-5]\\.'); null keeps every LoRA module")
+    block_granularity: str = _f("module", "A block is a whole LoRA module (module) or each of A and B (matrix)")
+    projection_dim: Optional[int] = _f(None, "Random projection width per block; null stores full gradients")
+    projection_kind: str = _f("countsketch", "Projection family: countsketch or rademacher")
+    projection_seed: int = _f(0, "Seed of the projection; part of the index id")
+    storage_dtype: str = _f("float32", "float32 or float16 (halves the index on disk)")
+    chunk_size: int = _f(256, "Examples per chunk of the memory-mapped store")
+
+
+@dataclass
+class EngineConfig:
+    name: str = _f("datainf", "Attribution engine: datainf, graddot or tracin")
+    lambda_scale: float = _f(0.1, "DataInf damping as a multiple of each block's mean squared gradient norm")
+    lambda_override: Optional[float] = _f(None, "Absolute damping for every block; overrides lambda_scale")
+    normalize_query: bool = _f(False, "Scale the query gradient to unit norm (curvature-free engines only)")
+
+
+@dataclass
+class EvaluationConfig:
+    max_new_tokens: int = _f(32, "Generation cap when measuring the capability")
+    batch_size: int = _f(8, "Generation batch size")
+    n_bootstrap: int = _f(2000, "Paired bootstrap resamples for the confidence interval")
+    ci_level: float = _f(0.95, "Confidence level of the significance gate")
+    metric: str = _f("exact_match", "exact_match, contains, not_contains or loglik (a proxy)")
+    greedy: bool = _f(True, "Greedy decoding, for reproducible measurements")
+    require_significant: bool = _f(True, "Refuse to attribute when the delta's interval includes zero")
+    query_signal: str = _f("auto", "Query gradient: contrastive, target, or auto (contrastive when generations exist)")
+
+
+@dataclass
+class ClusteringConfig:
+    method: str = _f("auto", "auto, hdbscan, kmeans, declared (rows' cluster/cluster_id) or none")
+    n_clusters: int = _f(8, "Cluster count for kmeans")
+    min_cluster_size: int = _f(5, "Smallest cluster HDBSCAN may form")
+    embed_model: str = _f("sentence-transformers/all-MiniLM-L6-v2", "Sentence embedding model (the packaged offline copy is used for this name)")
+    embed_backend: str = _f("auto", "auto, sentence-transformers or tfidf")
+    max_features: int = _f(4096, "TF-IDF vocabulary cap")
+    svd_dim: int = _f(64, "SVD width in the TF-IDF path")
+    top_examples_per_cluster: int = _f(5, "Example excerpts shown per cluster")
+    label_top_terms: int = _f(4, "Terms in a cluster's label")
+
+
+@dataclass
+class TrainConfig:
+    backend: str = _f("hf", "Training backend: hf or unsloth (trl only as --backend on the command line)")
+    base_model: str = _f("", "Base model to fine-tune; empty uses the top-level base_model")
+    output_dir: str = _f("runs/run", "Where the run (adapter, logs, gradian_run.json) is written")
+    r: int = _f(8, "LoRA rank")
+    lora_alpha: int = _f(16, "LoRA alpha; the update is scaled by alpha / r")
+    lora_dropout: float = _f(0.0, "LoRA dropout during training (always off during attribution)")
+    target_modules: Optional[List[str]] = _f(None, "Modules to adapt; null lets peft pick its default for the architecture")
+    learning_rate: float = _f(0.0002, "Peak learning rate")
+    num_train_epochs: float = _f(1.0, "Epochs over the dataset")
+    per_device_train_batch_size: int = _f(2, "Batch size per device")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per optimizer step")
+    warmup_ratio: float = _f(0.03, "Share of steps spent warming up the learning rate")
+    lr_scheduler_type: str = _f("linear", "Learning-rate schedule (any transformers scheduler name)")
+    max_seq_length: int = _f(512, "Truncation length during training")
+    logging_steps: int = _f(1, "Log every N optimizer steps")
+    save_steps: int = _f(0, "Save a checkpoint every N steps (0: only at the end when saving checkpoints)")
+    save_checkpoints: bool = _f(False, "Keep intermediate checkpoints (TracIn sums over them)")
+    max_grad_norm: float = _f(1.0, "Gradient clipping threshold; 0 disables clipping")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    load_in_4bit: bool = _f(False, "Quantize the base for training only (attribution runs at full precision)")
+    extra: Dict[str, Any] = _f({}, "Extra keyword arguments passed to the trainer's arguments")
+
+
+@dataclass
+class GradianConfig:
+    seed: int = _f(1234, "Seeds everything; part of the index id")
+    device: str = _f("auto", "auto (CUDA when visible, else CPU), cpu, cuda, cuda:N or mps")
+    dtype: str = _f("auto", "Model dtype: auto, float32, float16, bfloat16 or float64")
+    base_model: str = _f("", "Hub id or local path of the model you fine-tuned from")
+    tokenizer: Optional[str] = _f(None, "Tokenizer path if it differs from the base model's")
+    adapter_path: Optional[str] = _f(None, "PEFT LoRA adapter directory; required for attribution")
+    dataset: Optional[str] = _f(None, "Training data: .jsonl, .json or a save_to_disk directory")
+    eval_dataset: Optional[str] = _f(None, "Items describing the capability, with the answers you wanted")
+    run_dir: Optional[str] = _f(None, "Run directory with trainer config and logs, read by the audit")
+    cache_dir: str = _f(".gradian", "Where the content-addressed index cache lives")
+    trust_remote_code: bool = _f(False, "Passed to transformers; leave off unless the model needs it")
+    attn_implementation: str = _f("eager", "Attention kernel; eager keeps it hookable and deterministic")
+    grads: GradsConfig = field(default_factory=GradsConfig, metadata={"help": "Per-example gradient extraction"})
+    engine: EngineConfig = field(default_factory=EngineConfig, metadata={"help": "Attribution engine"})
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig, metadata={"help": "Capability measurement and the significance gate"})
+    clustering: ClusteringConfig = field(default_factory=ClusteringConfig, metadata={"help": "How training examples are grouped in the report"})
+    train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "The optional `gradian train` path; does not affect attribution"})
+    audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "Thresholds of the audit checks"})
+
+
+#: allowed values of the enumerated fields, by dotted key
+CHOICES: dict[str, tuple[str, ...]] = {
+    "device": ("auto", "cpu", "cuda", "mps"),
+    "dtype": ("auto", "float32", "float16", "bfloat16", "float64"),
+    "attn_implementation": ("eager", "sdpa", "flash_attention_2"),
+    "grads.strategy": ("hooks", "loop", "vmap"),
+    "grads.loss_reduction": ("mean", "sum"),
+    "grads.normalization": ("none", "l2", "token_count"),
+    "grads.block_granularity": ("module", "matrix"),
+    "grads.projection_kind": ("countsketch", "rademacher"),
+    "grads.storage_dtype": ("float32", "float16"),
+    "engine.name": ("datainf", "graddot", "tracin"),
+    "evaluation.metric": ("exact_match", "contains", "not_contains", "loglik"),
+    "evaluation.query_signal": ("auto", "contrastive", "target"),
+    "clustering.method": ("auto", "hdbscan", "kmeans", "declared", "none"),
+    "clustering.embed_backend": ("auto", "sentence-transformers", "tfidf"),
+    "train.backend": ("hf", "unsloth"),
+}

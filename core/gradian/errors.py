@@ -1,0 +1,48 @@
+"""One error hierarchy for every stage.
+
+Each error also inherits the builtin it refines, so callers that catch ``ValueError`` or
+``FileNotFoundError`` keep working. Messages name the value, the place (file:line, flag or config
+key) and the fix. The CLI turns any ``GradianError`` into one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "GradianError",
+    "ConfigError",
+    "DatasetError",
+    "RunRecordError",
+    "ModelLoadError",
+    "IndexMismatchError",
+    "MissingDependencyError",
+]
+
+
+class GradianError(Exception):
+    """Base class of every error this project raises on purpose."""
+
+    exit_code = 2
+
+
+class ConfigError(GradianError, ValueError):
+    """A config file, key or value is wrong."""
+
+
+class DatasetError(GradianError, ValueError):
+    """A dataset file is missing, malformed or empty."""
+
+
+class RunRecordError(GradianError, ValueError):
+    """A run directory or run source cannot be read as a training run."""
+
+
+class ModelLoadError(GradianError, ValueError):
+    """A base model, tokenizer or adapter cannot be loaded."""
+
+
+class IndexMismatchError(GradianError, ValueError):
+    """A stored gradient index was built from different inputs than the ones given."""
+
+
+class MissingDependencyError(GradianError, ImportError):
+    """An optional dependency needed for the requested feature is not installed."""

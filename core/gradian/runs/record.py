@@ -1,0 +1,390 @@
+"""``RunRecord``: what any trainer leaves behind, normalized.
+
+The audit and the report only ever see a RunRecord. Readers (a local run directory here, an MLflow
+run in ``gradian_mlflow``) build one; ``normalize_trainer_config`` is the single place where
+trainer argument names (HF ``TrainingArguments``, TRL ``SFTConfig``) and the string values an
+MLflow param store holds are turned into typed fields.
+
+Derived figures are computed here and nowhere else: effective batch size, effective LoRA learning
+rate and total optimizer steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+__all__ = [
+    "TrainerConfig",
+    "LoraSettings",
+    "LogStep",
+    "TrainingLogs",
+    "DatasetRef",
+    "RunRecord",
+    "normalize_trainer_config",
+    "parse_param_value",
+]
+
+
+@dataclass
+class TrainerConfig:
+    """Trainer settings that matter to the audit. ``None`` means the run did not record it."""
+
+    learning_rate: float | None = None
+    num_train_epochs: float | None = None
+    max_steps: int | None = None
+    per_device_train_batch_size: int | None = None
+    gradient_accumulation_steps: int | None = None
+    world_size: int | None = None
+    #: warmup as a fraction of total steps, whichever way the trainer wrote it
+    warmup_ratio: float | None = None
+    #: warmup as an absolute number of optimizer steps
+    warmup_steps: int | None = None
+    lr_scheduler_type: str | None = None
+    max_grad_norm: float | None = None
+    weight_decay: float | None = None
+    seed: int | None = None
+    max_seq_length: int | None = None
+    packing: bool | None = None
+    completion_only_loss: bool | None = None
+    fp16: bool | None = None
+    bf16: bool | None = None
+    eval_strategy: str | None = None
+    #: the keys the trainer recorded that were not mapped to a field, verbatim
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LoraSettings:
+    """The adapter's LoRA settings, as written to ``adapter_config.json``."""
+
+    r: int | None = None
+    alpha: float | None = None
+    dropout: float | None = None
+    target_modules: list[str] | None = None
+    use_rslora: bool = False
+    base_model: str | None = None
+
+    @classmethod
+    def from_adapter_config(cls, data: Mapping[str, Any]) -> "LoraSettings":
+        targets = data.get("target_modules")
+        if isinstance(targets, str):  # peft allows a regex string here
+            targets = [targets]
+        return cls(
+            r=_as_int(data.get("r")),
+            alpha=_as_float(data.get("lora_alpha")),
+            dropout=_as_float(data.get("lora_dropout")),
+            target_modules=list(targets) if targets is not None else None,
+            use_rslora=bool(data.get("use_rslora") or False),
+            base_model=data.get("base_model_name_or_path"),
+        )
+
+    @property
+    def scaling(self) -> float | None:
+        """LoRA's output scale: alpha / r, or alpha / sqrt(r) under rsLoRA."""
+        if not self.r or self.alpha is None:
+            return None
+        return self.alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
+
+
+@dataclass
+class LogStep:
+    """One logged optimizer step; any value may be missing from a given log line."""
+
+    step: int
+    loss: float | None = None
+    grad_norm: float | None = None
+    learning_rate: float | None = None
+    epoch: float | None = None
+    eval_loss: float | None = None
+
+
+@dataclass
+class TrainingLogs:
+    steps: list[LogStep] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def series(self, name: str) -> list[tuple[int, float]]:
+        """(step, value) pairs for one metric, in step order, skipping steps that lack it."""
+        out = [(s.step, getattr(s, name)) for s in self.steps if getattr(s, name) is not None]
+        return sorted(out, key=lambda item: item[0])
+
+    @classmethod
+    def from_log_history(cls, history: Iterable[Mapping[str, Any]]) -> "TrainingLogs":
+        """Build from HF ``trainer_state.json`` ``log_history`` (one dict per log call).
+
+        Entries for the same step (a train log and an eval log) are merged; the final summary
+        entry (``train_loss``, ``train_runtime``) carries no per-step metric and is dropped.
+        """
+        by_step: dict[int, LogStep] = {}
+        for entry in history:
+            step = _as_int(entry.get("step"))
+            if step is None:
+                continue
+            record = by_step.setdefault(step, LogStep(step=step))
+            for name in ("loss", "grad_norm", "learning_rate", "epoch", "eval_loss"):
+                value = _as_float(entry.get(name))
+                if value is not None:
+                    setattr(record, name, value)
+        steps = [s for s in by_step.values() if _has_metric(s)]
+        return cls(steps=sorted(steps, key=lambda s: s.step))
+
+
+def _has_metric(step: LogStep) -> bool:
+    return any(
+        v is not None
+        for v in (step.loss, step.grad_norm, step.learning_rate, step.eval_loss)
+    )
+
+
+@dataclass
+class DatasetRef:
+    path: str | None = None
+    sha256: str | None = None
+    n_examples: int | None = None
+
+
+@dataclass
+class RunRecord:
+    """A training run as the audit and the report see it."""
+
+    config: TrainerConfig = field(default_factory=TrainerConfig)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    logs: TrainingLogs = field(default_factory=TrainingLogs)
+    adapter_dir: str | None = None
+    dataset: DatasetRef = field(default_factory=DatasetRef)
+    #: a local directory, or ``mlflow:<run_id>``
+    source: str | None = None
+    #: checkpoint directories found beside the adapter, oldest first (for TracIn)
+    checkpoints: list[str] = field(default_factory=list)
+
+    # -- derived figures, computed here once -------------------------------------------------
+
+    @property
+    def effective_batch_size(self) -> int | None:
+        """per-device batch x gradient accumulation x world size (world size 1 when unknown)."""
+        c = self.config
+        if c.per_device_train_batch_size is None:
+            return None
+        return (
+            c.per_device_train_batch_size
+            * (c.gradient_accumulation_steps or 1)
+            * (c.world_size or 1)
+        )
+
+    @property
+    def effective_lora_lr(self) -> float | None:
+        """learning_rate x alpha / r (alpha / sqrt(r) under rsLoRA): the step LoRA really takes."""
+        scale = self.lora.scaling
+        if self.config.learning_rate is None or scale is None:
+            return None
+        return self.config.learning_rate * scale
+
+    def total_optimizer_steps(self, n_examples: int | None = None) -> int | None:
+        """Optimizer steps the run was set up to take.
+
+        ``max_steps`` wins when positive. Otherwise ceil(n / (batch x world)) batches per epoch,
+        grouped by gradient accumulation (rounded up, as the HF Trainer does), times epochs.
+        Falls back to the last logged step when the dataset size is unknown.
+        """
+        c = self.config
+        if c.max_steps is not None and c.max_steps > 0:
+            return c.max_steps
+        n = n_examples if n_examples is not None else self.dataset.n_examples
+        if n and c.per_device_train_batch_size and c.num_train_epochs:
+            per_step = c.per_device_train_batch_size * (c.world_size or 1)
+            batches = math.ceil(n / per_step)
+            updates_per_epoch = max(math.ceil(batches / (c.gradient_accumulation_steps or 1)), 1)
+            return math.ceil(updates_per_epoch * c.num_train_epochs)
+        if self.logs.steps:
+            return max(s.step for s in self.logs.steps)
+        return None
+
+    @property
+    def warmup_fraction(self) -> float | None:
+        """Warmup as a fraction of the run, from a ratio or from steps over the planned total."""
+        c = self.config
+        if c.warmup_ratio is not None:
+            return c.warmup_ratio
+        if c.warmup_steps is not None:
+            total = self.total_optimizer_steps()
+            if total:
+                return c.warmup_steps / total
+            return 0.0 if c.warmup_steps == 0 else None
+        return None
+
+    # -- serialization: the ``gradian_run.json`` artifact ------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunRecord":
+        return cls(
+            config=_dataclass_from(TrainerConfig, data.get("config") or {}),
+            lora=_dataclass_from(LoraSettings, data.get("lora") or {}),
+            logs=TrainingLogs(
+                steps=[_dataclass_from(LogStep, s) for s in (data.get("logs") or {}).get("steps", [])]
+            ),
+            adapter_dir=data.get("adapter_dir"),
+            dataset=_dataclass_from(DatasetRef, data.get("dataset") or {}),
+            source=data.get("source"),
+            checkpoints=list(data.get("checkpoints") or []),
+        )
+
+    def write_json(self, path: str | Path) -> None:
+        from gradian.atomic import write_text_atomic
+
+        write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True))
+
+
+def _dataclass_from(cls: type, data: Mapping[str, Any]) -> Any:
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+# -- trainer argument normalization -----------------------------------------------------------
+
+#: trainer argument name -> TrainerConfig field. HF TrainingArguments and TRL SFTConfig names.
+_ALIASES: dict[str, str] = {
+    "learning_rate": "learning_rate",
+    "lr": "learning_rate",
+    "num_train_epochs": "num_train_epochs",
+    "epochs": "num_train_epochs",
+    "max_steps": "max_steps",
+    "per_device_train_batch_size": "per_device_train_batch_size",
+    "train_batch_size": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "world_size": "world_size",
+    "warmup_ratio": "warmup_ratio",
+    "warmup_steps": "warmup_steps",
+    "lr_scheduler_type": "lr_scheduler_type",
+    "max_grad_norm": "max_grad_norm",
+    "weight_decay": "weight_decay",
+    "seed": "seed",
+    "max_seq_length": "max_seq_length",
+    "max_length": "max_seq_length",  # TRL >= 0.20 SFTConfig
+    "packing": "packing",
+    "completion_only_loss": "completion_only_loss",
+    "assistant_only_loss": "completion_only_loss",
+    "fp16": "fp16",
+    "bf16": "bf16",
+    "eval_strategy": "eval_strategy",
+    "evaluation_strategy": "eval_strategy",
+}
+
+_INT_FIELDS = {
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "world_size",
+    "seed",
+    "max_seq_length",
+}
+_FLOAT_FIELDS = {"learning_rate", "num_train_epochs", "max_grad_norm", "weight_decay", "warmup_ratio"}
+_BOOL_FIELDS = {"packing", "completion_only_loss", "fp16", "bf16"}
+
+
+def parse_param_value(value: Any) -> Any:
+    """Turn a logged string ("2e-4", "True", "None", "[1, 2]") back into a Python value.
+
+    The HF MLflow callback logs every argument as a string; JSON dumps keep types. Values that
+    are not recognizably numbers, booleans, null or JSON stay strings.
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    lowered = text.lower()
+    if lowered in ("none", "null", ""):
+        return None
+    if lowered == "true":
+        return True
+    if lowered == "false":
+        return False
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if text[:1] in "[{":
+        try:
+            return json.loads(text)
+        except ValueError:
+            try:  # python repr of a list, as str(list) logs it
+                return json.loads(text.replace("'", '"'))
+            except ValueError:
+                return text
+    if "." in text:  # enum reprs such as "IntervalStrategy.STEPS"
+        head, _, tail = text.rpartition(".")
+        if head and tail.isupper():
+            return tail.lower()
+    return text
+
+
+def normalize_trainer_config(raw: Mapping[str, Any]) -> TrainerConfig:
+    """Map trainer arguments (typed, or strings as an MLflow param store holds them) to fields.
+
+    Today's trainers need care: transformers 5 dropped ``warmup_ratio`` and reads a float
+    ``warmup_steps`` below 1 as a ratio; TRL calls the sequence length ``max_length``.
+    """
+    config = TrainerConfig()
+    for key, raw_value in raw.items():
+        name = _ALIASES.get(key)
+        value = parse_param_value(raw_value)
+        if name is None:
+            config.extra[key] = value
+            continue
+        if value is None:
+            continue
+        if name == "warmup_steps":
+            number = _as_float(value)
+            if number is None:
+                continue
+            if 0 < number < 1:
+                config.warmup_ratio = number
+            else:
+                config.warmup_steps = int(number)
+            continue
+        if name == "warmup_ratio":
+            number = _as_float(value)
+            if number:  # a ratio of 0 next to real warmup_steps must not hide them
+                config.warmup_ratio = number
+            elif config.warmup_ratio is None and number == 0 and config.warmup_steps is None:
+                config.warmup_steps = 0
+            continue
+        if name in _INT_FIELDS:
+            value = _as_int(value)
+        elif name in _FLOAT_FIELDS:
+            value = _as_float(value)
+        elif name in _BOOL_FIELDS:
+            value = bool(value)
+        elif value is not None:
+            value = str(value).lower() if name in ("lr_scheduler_type", "eval_strategy") else value
+        setattr(config, name, value)
+    if config.max_steps is not None and config.max_steps < 0:
+        config.max_steps = None  # HF uses -1 for "not set"
+    return config
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _as_int(value: Any) -> int | None:
+    number = _as_float(value)
+    if number is None or math.isnan(number) or math.isinf(number):
+        return None
+    return int(number)
