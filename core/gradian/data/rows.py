@@ -145,7 +145,14 @@ def _chat(prompt: Any, completion: Any, where: str) -> list[dict[str, str]]:
 
 
 def row_to_example(row: Any, index: int, where: str, line: int | None = None) -> Example:
-    """Normalize one row. ``where`` names the row in errors (``train.jsonl:12``)."""
+    """Normalize one row. ``where`` names the row in errors (``train.jsonl:12``).
+
+    Keys whose value is null are dropped first: columnar formats (Parquet, save_to_disk) fill
+    every column of every row, so a question/answer row would otherwise also look like a
+    prompt/completion row. Dropping them also keeps ids equal across file formats.
+    """
+    if isinstance(row, Mapping):
+        row = {k: v for k, v in row.items() if v is not None}
     eid = example_id(row, index)
     if isinstance(row, str):
         return Example(id=eid, index=index, shape="raw", text=row, line=line)

@@ -125,7 +125,16 @@ def render_example(tokenizer: Any, example: Example) -> tuple[str, list[tuple[in
         raise DatasetError(
             f"example {example.id}: the tokenizer's chat template failed to render it ({err})"
         ) from None
-    return full, spans, False, stable
+    return full, [_trim_after_eos(full, span, tokenizer.eos_token) for span in spans], False, stable
+
+
+def _trim_after_eos(full: str, span: tuple[int, int], eos: str | None) -> tuple[int, int]:
+    """Drop whitespace a template writes after the turn's EOS (Qwen's newline after im_end)."""
+    start, end = span
+    segment = full[start:end].rstrip()
+    if eos and segment.endswith(eos):
+        return start, start + len(segment)
+    return span
 
 
 def tokenize_examples(

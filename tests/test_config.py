@@ -1,0 +1,110 @@
+"""Config: defaults, YAML + flag merging, unknown keys, bad values, starter file, hash."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gradian.config import (
+    GradianConfig,
+    config_hash,
+    load_config,
+    render_starter_config,
+)
+from gradian.config.loader import config_to_dict
+from gradian.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "gradian.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_match_documented_values():
+    c = load_config()
+    assert c.seed == 1234 and c.cache_dir == ".gradian" and c.attn_implementation == "eager"
+    assert c.grads.strategy == "hooks" and c.grads.batch_size == 4 and c.grads.chunk_size == 256
+    assert c.engine.name == "datainf" and c.engine.lambda_scale == 0.1
+    assert c.evaluation.metric == "exact_match" and c.evaluation.n_bootstrap == 2000
+    assert c.clustering.method == "auto" and c.clustering.n_clusters == 8
+    assert c.train.r == 8 and c.train.lora_alpha == 16 and c.train.learning_rate == 2e-4
+
+
+def test_yaml_then_flags_flags_win(tmp_path):
+    path = write(tmp_path, "base_model: a/b\ngrads:\n  batch_size: 2\n  module_filter: down_proj\n")
+    c = load_config(path, overrides={"grads.batch_size": 8, "base_model": None, "engine.name": "graddot"})
+    assert c.base_model == "a/b"  # None override is skipped
+    assert c.grads.batch_size == 8  # flag wins
+    assert c.grads.module_filter == "down_proj"
+    assert c.engine.name == "graddot"
+
+
+def test_unknown_key_names_file_line_and_closest_key(tmp_path):
+    path = write(tmp_path, "seed: 1\ngrads:\n  batch_size: 2\n  module_filtr: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert f"{path}:4" in msg and "grads.module_filtr" in msg and "grads.module_filter" in msg
+
+
+def test_unknown_top_level_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'lamda_scale'"):
+        load_config(write(tmp_path, "lamda_scale: 0.1\n"))
+
+
+def test_unknown_override_key():
+    with pytest.raises(ConfigError, match="grads.batchsize.*grads.batch_size"):
+        load_config(overrides={"grads.batchsize": 1})
+
+
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("grads:\n  batch_size: -1\n", "grads.batch_size"),
+        ("evaluation:\n  metric: accuracy\n", "evaluation.metric"),
+        ("engine:\n  lambda_scale: 0\n", "engine.lambda_scale"),
+        ("engine:\n  lambda_scale: -0.5\n", "engine.lambda_scale"),
+        ("evaluation:\n  ci_level: 1.5\n", "evaluation.ci_level"),
+        ("grads:\n  storage_dtype: int8\n", "grads.storage_dtype"),
+        ("grads:\n  module_filter: '(['\n", "grads.module_filter"),
+        ("train:\n  learning_rate: 0\n", "train.learning_rate"),
+        ("grads:\n  batch_size: lots\n", "grads.batch_size"),
+    ],
+)
+def test_bad_values_name_the_field(tmp_path, text, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text))
+    assert key in str(err.value)
+
+
+def test_trl_backend_only_on_the_command_line(tmp_path):
+    with pytest.raises(ConfigError, match="--backend trl"):
+        load_config(write(tmp_path, "train:\n  backend: trl\n"))
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"gradian.yaml:\d"):
+        load_config(write(tmp_path, "seed: 1\ngrads: [\n"))
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="init-config"):
+        load_config("/nonexistent/gradian.yaml")
+
+
+def test_starter_config_loads_back_unchanged(tmp_path):
+    path = write(tmp_path, render_starter_config(base_model="org/model-1B"))
+    assert load_config(path) == GradianConfig(base_model="org/model-1B")
+    text = path.read_text()
+    assert "# " in text and "lambda_scale: 0.1" in text  # commented, every field present
+
+
+def test_hash_is_stable_and_sensitive():
+    a, b = load_config(), load_config()
+    assert config_hash(a) == config_hash(b)
+    assert len(config_hash(a)) == 64
+    assert config_hash(a) == config_hash(config_to_dict(a))  # dict and dataclass agree
+    changed = load_config(overrides={"engine.lambda_scale": 0.2})
+    assert config_hash(changed) != config_hash(a)
