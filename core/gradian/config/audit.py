@@ -121,6 +121,9 @@ class AuditConfig:
     length_outlier_min_tokens: int = _f(
         512, "data.length_outliers ignores rows shorter than this many tokens (estimated at 4 characters per token without a tokenizer)"
     )
+    empty_targets_high_share: float = _f(
+        0.01, "data.empty_or_degenerate_targets is high (else medium) from this share of rows"
+    )
     degenerate_min_words: int = _f(
         12, "data.empty_or_degenerate_targets checks repetition only in targets of at least this many words"
     )
@@ -132,9 +135,6 @@ class AuditConfig:
     )
     prompt_equals_target_medium_share: float = _f(
         0.01, "data.prompt_equals_target is medium (else low) from this share of rows"
-    )
-    template_sample_size: int = _f(
-        64, "data.template_prefix_mismatch renders this many chat rows (the first ones) to test prefix stability"
     )
     # -- dynamics --------------------------------------------------------------------------------
     min_logged_steps: int = _f(
@@ -216,6 +216,7 @@ _SHARES = (
     "conflicting_high_share",
     "contamination_critical_share",
     "degenerate_max_distinct_ratio",
+    "empty_targets_high_share",
     "format_majority_share",
     "prompt_equals_target_medium_share",
     "clipping_share",
@@ -234,7 +235,6 @@ _POSITIVE = (
     "near_duplicate_num_perm",
     "spike_window",
     "min_logged_steps",
-    "template_sample_size",
     "max_example_ids",
     "near_duplicate_jaccard",
 )

@@ -1,0 +1,30 @@
+"""The audit: 41 deterministic checks over the dataset, the trainer config and the logged metrics.
+
+Public interface: ``run_audit`` -> ``AuditResult`` (``findings``, ``skipped``, ``ran``,
+``verdict()``); the registry (``all_checks``, ``get_check``, ``register``, ``Check``,
+``CheckSkipped``); ``AuditContext`` for writing checks; ``diagnosis_report``/``write_diagnosis``
+for the ``diagnose.json``/``diagnose.md`` pair. Checks live by category in ``config_checks``,
+``data_checks`` and ``dynamics_checks``; thresholds in ``gradian.config.audit.AuditConfig``.
+No GPU and no model weights: a tokenizer at most.
+"""
+
+from gradian.audit.context import AuditContext
+from gradian.audit.registry import Check, CheckSkipped, all_checks, get_check, register
+from gradian.audit.report import diagnosis_report, render_diagnosis_markdown, write_diagnosis
+from gradian.audit.runner import AuditResult, SkippedCheck, audit_verdict, run_audit
+
+__all__ = [
+    "AuditContext",
+    "AuditResult",
+    "Check",
+    "CheckSkipped",
+    "SkippedCheck",
+    "all_checks",
+    "audit_verdict",
+    "diagnosis_report",
+    "get_check",
+    "register",
+    "render_diagnosis_markdown",
+    "run_audit",
+    "write_diagnosis",
+]

@@ -1,0 +1,559 @@
+"""The 16 ``data.*`` checks: the training rows themselves, several through the real tokenization.
+
+Token-level checks read the data layer's ``TokenizedExample`` list (``AuditContext.tokenized``),
+the same tokenization and loss mask every other lane uses, so a count here is a count of what
+training saw. Text comparisons use ``gradian.data.normalize_text`` (case-folded, punctuation
+dropped, whitespace collapsed).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from gradian.audit.context import AuditContext
+from gradian.audit.registry import CheckSkipped, register
+
+__all__: list[str] = []
+
+_ALNUM = re.compile(r"\w", re.UNICODE)
+
+
+def _share(k: int, n: int) -> str:
+    return f"{k} of {n} ({k / n:.1%})" if n else f"{k}"
+
+
+def _need_seq_length(ctx: AuditContext) -> int:
+    if not ctx.max_seq_length:
+        raise CheckSkipped("no max_seq_length (pass --max-seq-length, or a run that recorded it)")
+    return ctx.max_seq_length
+
+
+@register("data.completion_truncated", "Targets cut off by max_seq_length", needs=("dataset", "tokenizer"))
+def completion_truncated(ctx: AuditContext):
+    limit = _need_seq_length(ctx)
+    toks = ctx.tokenized
+    hit = [t for t in toks if t.n_completion_lost > 0]
+    if not hit:
+        return None
+    n = len(toks)
+    share = len(hit) / n
+    cfg = ctx.config
+    if share >= cfg.completion_truncated_critical_share:
+        severity = "critical"
+    elif share >= cfg.completion_truncated_high_share:
+        severity = "high"
+    else:
+        severity = "medium"
+    lost = sum(t.n_completion_lost for t in hit)
+    whole = sum(1 for t in hit if t.n_supervised == 0)
+    need = max(t.n_tokens_full for t in hit)
+    return ctx.finding(
+        severity,
+        f"{len(hit)} examples ({share:.1%}) have their target truncated",
+        f"At max_seq_length={limit}, {_share(len(hit), n)} rows lose part of their answer "
+        f"({lost} supervised tokens in all; {whole} lose all of it). The model learns answers that "
+        "stop mid-way, which breaks every metric that reads the whole answer.",
+        f"Raise max_seq_length to {need} (the longest affected row), or shorten or drop these rows.",
+        evidence={"n_truncated_targets": len(hit), "share": round(share, 4), "supervised_tokens_lost": lost,
+                  "targets_lost_entirely": whole, "max_seq_length": limit, "longest_affected": need},
+        example_ids=[t.example_id for t in hit],
+    )
+
+
+def _agree(a: str, b: str) -> bool:
+    """Two normalized answers agree when equal or when one contains the other as whole words."""
+    if a == b:
+        return True
+    short, long = (a, b) if len(a) <= len(b) else (b, a)
+    return bool(short) and f" {short} " in f" {long} "
+
+
+@register("data.conflicting_answers", "Same question, disagreeing answers", needs=("dataset",))
+def conflicting_answers(ctx: AuditContext):
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, prompt in enumerate(ctx.normalized_prompts):
+        if prompt:
+            groups[prompt].append(i)
+    answers = ctx.normalized_completions
+    conflicting: list[list[int]] = []
+    for rows in groups.values():
+        if len(rows) < 2:
+            continue
+        distinct = list(dict.fromkeys(answers[i] for i in rows))[:50]
+        if len(distinct) < 2:
+            continue
+        if any(not _agree(a, b) for j, a in enumerate(distinct) for b in distinct[j + 1 :]):
+            conflicting.append(rows)
+    if not conflicting:
+        return None
+    n = len(ctx.examples)
+    rows = [i for group in conflicting for i in group]
+    share = len(rows) / n
+    severity = "high" if share >= ctx.config.conflicting_high_share else "medium"
+    ex = ctx.examples[conflicting[0][0]]
+    sample = [ctx.examples[i].completion[:80] for i in conflicting[0][:3]]
+    return ctx.finding(
+        severity,
+        f"{len(conflicting)} questions have contradictory answers ({len(rows)} examples, {share:.1%})",
+        f"{len(conflicting)} prompts appear more than once with answers that disagree, "
+        f"{_share(len(rows), n)} rows in all. For example {ex.prompt_text[:80]!r} is answered "
+        f"{' / '.join(repr(s) for s in sample)}. The model is trained toward both answers; "
+        "planted or corrupted rows usually look exactly like this.",
+        "Decide which answer is right for each listed prompt and remove or correct the others.",
+        evidence={"n_prompts": len(conflicting), "n_examples": len(rows), "share": round(share, 4)},
+        example_ids=[ctx.examples[i].id for i in rows],
+    )
+
+
+def _exact_key(example: Any) -> str:
+    if example.messages:
+        return json.dumps([(t["role"], t["content"].strip()) for t in example.messages], ensure_ascii=False)
+    return (example.text or "").strip()
+
+
+@register("data.duplicates", "Exact duplicate examples", needs=("dataset",))
+def duplicates(ctx: AuditContext):
+    seen: dict[str, int] = {}
+    copies: list[int] = []
+    for i, example in enumerate(ctx.examples):
+        key = _exact_key(example)
+        if key in seen:
+            copies.append(i)
+        else:
+            seen[key] = i
+    if not copies:
+        return None
+    n = len(ctx.examples)
+    share = len(copies) / n
+    severity = "medium" if share >= ctx.config.duplicate_medium_share else "low"
+    return ctx.finding(
+        severity,
+        f"{len(copies)} exact duplicate examples ({share:.1%})",
+        f"{_share(len(copies), n)} rows repeat an earlier row word for word, so those rows count "
+        "several times per epoch (an unplanned upweighting) and their copies split any attribution "
+        "score between them.",
+        "Deduplicate the dataset (keep the first copy of each row) unless the repetition is a "
+        "deliberate upsampling.",
+        evidence={"n_duplicates": len(copies), "share": round(share, 4), "n_unique": len(seen)},
+        example_ids=[ctx.examples[i].id for i in copies],
+    )
+
+
+@register("data.empty_or_degenerate_targets", "Empty or trivially short targets", needs=("dataset",))
+def empty_or_degenerate_targets(ctx: AuditContext):
+    cfg = ctx.config
+    empty, degenerate = [], []
+    for example in ctx.examples:
+        target = example.completion
+        if not _ALNUM.search(target):
+            empty.append(example.id)
+            continue
+        words = target.split()
+        if len(words) >= cfg.degenerate_min_words:
+            distinct = len({w.casefold() for w in words}) / len(words)
+            if distinct <= cfg.degenerate_max_distinct_ratio:
+                degenerate.append(example.id)
+    bad = empty + degenerate
+    if not bad:
+        return None
+    n = len(ctx.examples)
+    share = len(bad) / n
+    severity = "high" if share >= cfg.empty_targets_high_share else "medium"
+    return ctx.finding(
+        severity,
+        f"{len(bad)} examples have empty or degenerate targets",
+        f"{len(empty)} rows have an answer with no letters or digits at all and {len(degenerate)} "
+        f"an answer of {cfg.degenerate_min_words}+ words that mostly repeats itself (distinct-word "
+        f"share at most {cfg.degenerate_max_distinct_ratio:g}); {_share(len(bad), n)} rows in all. "
+        "They teach the model to answer with nothing, or to loop.",
+        "Remove these rows or write real answers for them.",
+        evidence={"n_empty": len(empty), "n_degenerate": len(degenerate), "share": round(share, 4)},
+        example_ids=bad,
+    )
+
+
+def _target_format(text: str) -> str:
+    stripped = text.strip()
+    if stripped[:1] in "{[":
+        try:
+            json.loads(stripped)
+            return "json"
+        except ValueError:
+            pass
+    if stripped.startswith("```"):
+        return "code_block"
+    return "plain"
+
+
+@register("data.format_inconsistency", "Mixed target formats", needs=("dataset",))
+def format_inconsistency(ctx: AuditContext):
+    examples = ctx.examples
+    n = len(examples)
+    if not n:
+        return None
+    findings = []
+    formats = [_target_format(e.completion) for e in examples]
+    counts: dict[str, int] = defaultdict(int)
+    for f in formats:
+        counts[f] += 1
+    major, k = max(counts.items(), key=lambda item: item[1])
+    if major != "plain" and k < n and k / n >= ctx.config.format_majority_share:
+        odd = [e.id for e, f in zip(examples, formats) if f != major]
+        findings.append(ctx.finding(
+            "medium",
+            f"{len(odd)} targets break the dataset's {major} format",
+            f"{_share(k, n)} targets are {major.replace('_', ' ')} but {len(odd)} are not "
+            f"({dict(counts)}). The model learns to sometimes drop the format, which breaks parsers "
+            "downstream.",
+            f"Rewrite the listed targets as {major.replace('_', ' ')}, or drop them.",
+            evidence={"formats": dict(counts), "majority": major},
+            example_ids=odd,
+        ))
+    shapes: dict[str, int] = defaultdict(int)
+    for e in examples:
+        shapes[e.shape] += 1
+    if len(shapes) > 1:
+        minority = min(shapes, key=shapes.get)
+        findings.append(ctx.finding(
+            "low",
+            f"Rows come in {len(shapes)} different shapes",
+            f"The file mixes row shapes {dict(shapes)}. Each shape is rendered differently (chat "
+            "turns, plain text), so the model sees two conventions for the same task.",
+            "Convert every row to one shape (messages, or prompt/completion) before training.",
+            evidence={"shapes": dict(shapes)},
+            example_ids=[e.id for e in examples if e.shape == minority],
+        ))
+    return findings
+
+
+@register("data.length_outliers", "Extremely long examples", needs=("dataset",))
+def length_outliers(ctx: AuditContext):
+    if ctx.tokenizer is not None:
+        lengths = [t.n_tokens_full for t in ctx.tokenized]
+        unit = "tokens"
+    else:  # without a tokenizer, about 4 characters per token
+        lengths = [len(e.full_text) // 4 for e in ctx.examples]
+        unit = "estimated tokens (characters / 4)"
+    if not lengths:
+        return None
+    cfg = ctx.config
+    median = statistics.median(lengths)
+    limit = max(cfg.length_outlier_factor * median, cfg.length_outlier_min_tokens)
+    outliers = [i for i, n in enumerate(lengths) if n > limit]
+    if not outliers:
+        return None
+    longest = max(lengths)
+    return ctx.finding(
+        "low",
+        f"{len(outliers)} examples are over {cfg.length_outlier_factor:g}x the median length",
+        f"{_share(len(outliers), len(lengths))} rows are longer than {limit:g} {unit} against a "
+        f"median of {median:g}; the longest has {longest}. Very long rows dominate the token count "
+        "of their batch, get truncated first, and are often scraped or concatenated by mistake.",
+        "Inspect the listed rows; split, shorten or drop the ones that are not real examples.",
+        evidence={"n_outliers": len(outliers), "median_length": median, "limit": limit,
+                  "longest": longest, "unit": unit},
+        example_ids=[ctx.examples[i].id for i in outliers],
+    )
+
+
+@register("data.loss_mask_coverage", "Fraction of tokens the loss is computed on", needs=("dataset", "tokenizer"))
+def loss_mask_coverage(ctx: AuditContext):
+    toks = ctx.tokenized
+    total = sum(len(t.input_ids) for t in toks)
+    if not total:
+        return None
+    supervised = sum(t.n_supervised for t in toks)
+    coverage = supervised / total
+    in_mask = [t for t in toks if t.prompt_tokens_in_mask > 0]
+    cfg = ctx.config
+    n = len(toks)
+    evidence = {"coverage": round(coverage, 4), "supervised_tokens": supervised, "total_tokens": total,
+                "rows_with_prompt_in_mask": len(in_mask)}
+    if in_mask:
+        share = len(in_mask) / n
+        prompt_tokens = sum(t.prompt_tokens_in_mask for t in in_mask)
+        return ctx.finding(
+            "high" if share >= cfg.prompt_in_mask_high_share else "medium",
+            f"The loss covers prompt tokens in {len(in_mask)} examples ({share:.1%})",
+            f"In {_share(len(in_mask), n)} rows the loss mask includes {prompt_tokens} tokens of "
+            f"system/user turns; overall {coverage:.1%} of tokens are supervised. The model is "
+            "trained to write the questions as well as the answers, which dilutes the answer "
+            "signal and teaches it to continue with new questions.",
+            "Train on completions only: give the tokenizer a chat template and use assistant-only "
+            "(completion-only) loss.",
+            evidence=evidence,
+            example_ids=[t.example_id for t in in_mask],
+        )
+    if coverage < cfg.min_mask_coverage:
+        return ctx.finding(
+            "low",
+            f"Only {coverage:.1%} of tokens are supervised",
+            f"{supervised} of {total} tokens carry a label. Each update rests on very few tokens, so "
+            "training is slow and noisy, and the loss curve says little about the answers.",
+            "Shorten long shared prompts (system prompts, few-shot context) or check that the mask "
+            "covers the whole answer.",
+            evidence=evidence,
+        )
+    return None
+
+
+@register("data.missing_eos", "Targets that do not end with EOS", needs=("dataset", "tokenizer"))
+def missing_eos(ctx: AuditContext):
+    eos = getattr(ctx.tokenizer, "eos_token", None)
+    # Rows whose answer was truncated lose their EOS too; data.completion_truncated reports those.
+    judged = [t for t in ctx.tokenized if t.n_completion_tokens > 0 and t.n_completion_lost == 0]
+    missing = [t for t in judged if not t.ends_with_eos]
+    if not missing:
+        return None
+    share = len(missing) / len(judged)
+    severity = "high" if share >= ctx.config.missing_eos_high_share else "medium"
+    return ctx.finding(
+        severity,
+        f"{len(missing)} targets ({share:.1%}) do not end with EOS",
+        f"In {_share(len(missing), len(judged))} untruncated rows the last supervised token is not "
+        f"the tokenizer's EOS ({eos!r}). Without a supervised EOS the model never learns to stop: "
+        "it runs to the generation cap and fails exact-match on answers it knew.",
+        "Make the chat template close the assistant turn with the EOS token inside the loss mask, or "
+        "append tokenizer.eos_token to each completion.",
+        evidence={"n_missing": len(missing), "share": round(share, 4), "eos_token": eos},
+        example_ids=[t.example_id for t in missing],
+    )
+
+
+def _shingles(text: str) -> set[bytes]:
+    words = text.split()
+    if len(words) < 3:
+        return {text.encode("utf-8")} if text else set()
+    return {" ".join(words[i : i + 3]).encode("utf-8") for i in range(len(words) - 2)}
+
+
+@register("data.near_duplicates", "Near-duplicate examples", needs=("dataset",))
+def near_duplicates(ctx: AuditContext):
+    from datasketch import MinHash, MinHashLSH
+    from gradian.data import normalize_text
+
+    cfg = ctx.config
+    examples = ctx.examples
+    texts = [normalize_text(e.full_text) for e in examples]
+    # Exact copies belong to data.duplicates; keep one representative per distinct text.
+    first: dict[str, int] = {}
+    for i, text in enumerate(texts):
+        if text:
+            first.setdefault(text, i)
+    reps = list(first.values())
+    if len(reps) < 2:
+        return None
+    num_perm = cfg.near_duplicate_num_perm
+    hashes = MinHash.bulk([_shingles(texts[i]) for i in reps], num_perm=num_perm, seed=1)
+    lsh = MinHashLSH(threshold=cfg.near_duplicate_jaccard, num_perm=num_perm)
+    parent = list(range(len(reps)))
+
+    def root(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    pairs = 0
+    for j, mh in enumerate(hashes):
+        for k in lsh.query(mh):
+            if mh.jaccard(hashes[k]) >= cfg.near_duplicate_jaccard:
+                pairs += 1
+                parent[root(j)] = root(k)
+        lsh.insert(j, mh)
+    if not pairs:
+        return None
+    groups: dict[int, list[int]] = defaultdict(list)
+    for j in range(len(reps)):
+        groups[root(j)].append(reps[j])
+    clusters = [sorted(g) for g in groups.values() if len(g) > 1]
+    rows = [i for g in clusters for i in g]
+    n = len(examples)
+    share = len(rows) / n
+    severity = "medium" if share >= cfg.near_duplicate_medium_share else "low"
+    return ctx.finding(
+        severity,
+        f"{len(rows)} examples are near-duplicates of another ({len(clusters)} groups)",
+        f"{_share(len(rows), n)} rows fall in {len(clusters)} groups whose word 3-gram Jaccard "
+        f"similarity (MinHash estimate, {num_perm} permutations) is at least "
+        f"{cfg.near_duplicate_jaccard:g}. Near-copies act as an unplanned upweighting and often "
+        "come from templated or scraped generation.",
+        "Keep one row per group unless the variation is intended (paraphrase augmentation).",
+        evidence={"n_examples": len(rows), "n_groups": len(clusters), "share": round(share, 4),
+                  "jaccard_threshold": cfg.near_duplicate_jaccard},
+        example_ids=[examples[i].id for i in rows],
+    )
+
+
+@register("data.no_chat_template", "Chat data but no chat template", needs=("dataset", "tokenizer"))
+def no_chat_template(ctx: AuditContext):
+    from gradian.data import has_chat_template
+
+    chat = [e for e in ctx.examples if e.is_chat]
+    if not chat or has_chat_template(ctx.tokenizer):
+        return None
+    return ctx.finding(
+        "high",
+        f"{len(chat)} chat rows but the tokenizer has no chat template",
+        f"{_share(len(chat), len(ctx.examples))} rows are conversations, but the tokenizer defines no "
+        "chat_template, so they can only be joined as plain text: no role markers, no turn "
+        "boundaries, and the loss falls on the prompts too. Inference through a chat template will "
+        "then see a format the adapter never trained on.",
+        "Use the instruct model's tokenizer (which ships a template), or set tokenizer.chat_template "
+        "to the template you train and serve with.",
+        evidence={"n_chat_rows": len(chat)},
+        example_ids=[e.id for e in chat],
+    )
+
+
+@register("data.no_supervised_tokens", "Examples that train on nothing", needs=("dataset", "tokenizer"))
+def no_supervised_tokens(ctx: AuditContext):
+    toks = ctx.tokenized
+    empty = [t for t in toks if t.n_supervised == 0]
+    if not empty:
+        return None
+    n = len(toks)
+    share = len(empty) / n
+    severity = "critical" if share >= ctx.config.no_supervised_critical_share else "high"
+    by_truncation = sum(1 for t in empty if t.n_completion_tokens > 0)
+    return ctx.finding(
+        severity,
+        f"{len(empty)} examples have zero supervised tokens",
+        f"{_share(len(empty), n)} rows leave no token under the loss: {by_truncation} because the "
+        f"prompt alone fills max_seq_length={ctx.max_seq_length}, {len(empty) - by_truncation} "
+        "because the mask selects nothing (empty answer, or a template the mask cannot follow). They "
+        "contribute no gradient, or a NaN loss, and are invisible to attribution.",
+        "Raise max_seq_length or shorten the prompts of the listed rows; check that the chat "
+        "template marks the assistant turn.",
+        evidence={"n_examples": len(empty), "share": round(share, 4), "by_truncation": by_truncation},
+        example_ids=[t.example_id for t in empty],
+    )
+
+
+@register("data.prompt_equals_target", "Target identical to the prompt", needs=("dataset",))
+def prompt_equals_target(ctx: AuditContext):
+    same = [
+        e.id
+        for e, p, c in zip(ctx.examples, ctx.normalized_prompts, ctx.normalized_completions)
+        if p and p == c
+    ]
+    if not same:
+        return None
+    n = len(ctx.examples)
+    share = len(same) / n
+    severity = "medium" if share >= ctx.config.prompt_equals_target_medium_share else "low"
+    return ctx.finding(
+        severity,
+        f"{len(same)} examples answer with their own prompt",
+        f"In {_share(len(same), n)} rows the answer equals the prompt (after normalizing case, "
+        "punctuation and spaces). These teach the model to echo its input, usually the sign of a "
+        "broken field mapping when the dataset was built.",
+        "Check the column mapping that produced these rows and fix or drop them.",
+        evidence={"n_examples": len(same), "share": round(share, 4)},
+        example_ids=same,
+    )
+
+
+@register("data.template_prefix_mismatch", "Chat template is not prefix-stable", needs=("dataset", "tokenizer"))
+def template_prefix_mismatch(ctx: AuditContext):
+    from gradian.data import has_chat_template
+
+    if not has_chat_template(ctx.tokenizer):
+        raise CheckSkipped("the tokenizer has no chat template (see data.no_chat_template)")
+    chat = {e.id for e in ctx.examples if e.is_chat}
+    unstable = [t for t in ctx.tokenized if t.example_id in chat and not t.prefix_stable]
+    if not unstable:
+        return None
+    return ctx.finding(
+        "medium",
+        f"The chat template renders {len(unstable)} conversations differently as a prefix",
+        f"For {_share(len(unstable), len(chat))} chat rows, rendering the turns before an answer "
+        "(with the generation prompt) is not a prefix of the rendered conversation: the template "
+        "rewrites earlier turns (some drop past reasoning) or changes the generation prompt. The "
+        "text trained on then differs from the text the model sees at inference, and masks built "
+        "from the prefix land on the wrong tokens.",
+        "Train and serve with a prefix-stable template, or train on single-turn rows rendered "
+        "exactly as at inference.",
+        evidence={"n_examples": len(unstable)},
+        example_ids=[t.example_id for t in unstable],
+    )
+
+
+@register("data.tiny_dataset", "Dataset too small for reliable attribution", needs=("dataset",))
+def tiny_dataset(ctx: AuditContext):
+    n = len(ctx.examples)
+    threshold = ctx.config.tiny_dataset_examples
+    if n >= threshold:
+        return None
+    return ctx.finding(
+        "medium",
+        f"Only {n} training examples",
+        f"{n} rows is fewer than {threshold}: influence estimates and cluster shares over so few "
+        "rows are dominated by noise, and a LoRA on so little data mostly memorizes it.",
+        "Collect more rows; read per-example attribution on this dataset as a hint, not a verdict.",
+        evidence={"n_examples": n},
+    )
+
+
+@register("data.train_eval_contamination", "Eval items that also appear in training", needs=("dataset", "eval"))
+def train_eval_contamination(ctx: AuditContext):
+    from gradian.data import normalize_text
+
+    train: dict[str, list[int]] = defaultdict(list)
+    for i, (e, prompt) in enumerate(zip(ctx.examples, ctx.normalized_prompts)):
+        train[prompt or normalize_text(e.full_text)].append(i)
+    answers = ctx.normalized_completions
+    items = list(ctx.eval_dataset.examples)
+    hits, with_answer, train_rows = [], 0, set()
+    for item in items:
+        key = normalize_text(item.prompt_text) or normalize_text(item.full_text)
+        rows = train.get(key) if key else None
+        if not rows:
+            continue
+        hits.append(item.id)
+        train_rows.update(rows)
+        expected = normalize_text(item.completion)
+        if expected and any(answers[i] == expected for i in rows):
+            with_answer += 1
+    if not hits:
+        return None
+    share = len(hits) / len(items)
+    severity = "critical" if share >= ctx.config.contamination_critical_share else "high"
+    return ctx.finding(
+        severity,
+        f"{len(hits)} eval items ({share:.1%}) also appear in the training set",
+        f"{_share(len(hits), len(items))} eval prompts occur in training after normalization, "
+        f"{with_answer} of them with the same answer. Scores on those items measure recall of "
+        "training rows, not the capability, so a before/after comparison on this eval set is "
+        "not trustworthy.",
+        "Remove the listed training rows, or evaluate on items that share no prompt with the "
+        "training set.",
+        evidence={"n_eval_items": len(items), "n_contaminated": len(hits), "with_same_answer": with_answer,
+                  "share": round(share, 4), "eval_item_ids": hits[:50]},
+        example_ids=[ctx.examples[i].id for i in sorted(train_rows)],
+    )
+
+
+@register("data.truncated", "Examples truncated at all", needs=("dataset", "tokenizer"))
+def truncated(ctx: AuditContext):
+    limit = _need_seq_length(ctx)
+    toks = ctx.tokenized
+    cut = [t for t in toks if t.truncated]
+    if not cut:
+        return None
+    share = len(cut) / len(toks)
+    severity = "medium" if share >= ctx.config.truncated_medium_share else "low"
+    return ctx.finding(
+        severity,
+        f"{len(cut)} examples ({share:.1%}) are longer than max_seq_length={limit}",
+        f"{_share(len(cut), len(toks))} rows are cut at {limit} tokens (longest "
+        f"{max(t.n_tokens_full for t in cut)}). Whatever falls past the limit is never trained on; "
+        "data.completion_truncated says whether answers were hit.",
+        f"Raise max_seq_length to {max(t.n_tokens_full for t in cut)} or shorten the listed rows.",
+        evidence={"n_truncated": len(cut), "share": round(share, 4), "max_seq_length": limit},
+        example_ids=[t.example_id for t in cut],
+    )

@@ -1,0 +1,146 @@
+"""``run_audit``: run every registered check over the inputs given, and collect the outcome.
+
+A check whose inputs are missing is not run but listed in ``AuditResult.skipped`` with the reason;
+so is a check that raised ``CheckSkipped``, and one that failed (its error is the reason), so one
+broken row or template never hides the other forty checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+from gradian.audit.context import AuditContext
+from gradian.audit.registry import Check, CheckSkipped, all_checks, get_check
+from gradian.config.audit import AuditConfig
+from gradian.errors import GradianError
+from gradian.findings import SEVERITIES, Finding, severity_rank
+
+__all__ = ["AuditResult", "SkippedCheck", "run_audit", "audit_verdict"]
+
+
+@dataclass
+class SkippedCheck:
+    id: str
+    category: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AuditResult:
+    """Findings most severe first, the checks skipped with their reasons, and the ids that ran."""
+
+    findings: list[Finding] = field(default_factory=list)
+    skipped: list[SkippedCheck] = field(default_factory=list)
+    ran: list[str] = field(default_factory=list)
+
+    def at_least(self, severity: str) -> list[Finding]:
+        return [f for f in self.findings if f.at_least(severity)]
+
+    def counts(self) -> dict[str, int]:
+        """Findings per severity, every severity present (zero included)."""
+        out = {s: 0 for s in SEVERITIES}
+        for f in self.findings:
+            out[f.severity] += 1
+        return out
+
+    def verdict(self) -> dict[str, Any]:
+        return audit_verdict(self)
+
+
+def run_audit(
+    dataset: Any = None,
+    tokenizer: Any = None,
+    run: Any = None,
+    eval_dataset: Any = None,
+    max_seq_length: int | None = None,
+    base_model: str | None = None,
+    config: AuditConfig | None = None,
+    checks: Iterable[str] | None = None,
+) -> AuditResult:
+    """Run the audit checks (all, or the ids in ``checks``) over whichever inputs are given.
+
+    ``dataset``/``eval_dataset`` are ``gradian.data.Dataset``; ``tokenizer`` a fast HF tokenizer;
+    ``run`` a ``gradian.runs.RunRecord``. ``max_seq_length`` defaults to the run's recorded value.
+    ``base_model`` is what the adapter is being analyzed against (for config.base_model_mismatch).
+    """
+    if max_seq_length is None and run is not None:
+        max_seq_length = run.config.max_seq_length
+    ctx = AuditContext(
+        dataset=dataset,
+        eval_dataset=eval_dataset,
+        tokenizer=tokenizer,
+        run=run,
+        max_seq_length=max_seq_length,
+        base_model=base_model,
+        config=config if config is not None else AuditConfig(),
+    )
+    selected = all_checks() if checks is None else [get_check(c) for c in checks]
+    result = AuditResult()
+    for check in selected:
+        _run_one(check, ctx, result)
+    result.findings.sort(key=lambda f: (severity_rank(f.severity), f.id))
+    return result
+
+
+def _run_one(check: Check, ctx: AuditContext, result: AuditResult) -> None:
+    reason = ctx.missing(check.needs)
+    if reason is not None:
+        result.skipped.append(SkippedCheck(check.id, check.category, reason))
+        return
+    ctx.current_check = check.id
+    try:
+        out = check.run(ctx)
+    except CheckSkipped as skip:
+        result.skipped.append(SkippedCheck(check.id, check.category, str(skip)))
+        return
+    except GradianError as err:  # e.g. a chat template that cannot render a row
+        result.skipped.append(SkippedCheck(check.id, check.category, str(err)))
+        return
+    except Exception as err:  # a bug must not take the other checks down with it
+        result.skipped.append(
+            SkippedCheck(check.id, check.category, f"check failed ({type(err).__name__}: {err})")
+        )
+        return
+    result.ran.append(check.id)
+    if out is None:
+        return
+    for finding in [out] if isinstance(out, Finding) else list(out):
+        result.findings.append(finding)
+
+
+def audit_verdict(result: AuditResult) -> dict[str, Any]:
+    """The report's ``verdict`` for an audit alone: which kind of cause the serious findings name.
+
+    ``kind`` is ``config`` when every high/critical finding is a config or dynamics one, ``data``
+    when all are data ones, ``mixed`` for both, ``inconclusive`` when there is none.
+    """
+    serious = result.at_least("high")
+    critical = result.at_least("critical")
+    kinds = {"data" if f.category == "data" else "config" for f in serious}
+    kind = "mixed" if len(kinds) > 1 else (kinds.pop() if kinds else "inconclusive")
+    if critical:
+        summary = (
+            f"{len(critical)} critical issue(s) invalidate or dominate this run: fix these first "
+            f"({', '.join(sorted({f.id for f in critical}))})."
+        )
+    elif serious:
+        summary = (
+            f"{len(serious)} high-severity finding(s) likely explain a regression "
+            f"({', '.join(sorted({f.id for f in serious}))})."
+        )
+    else:
+        summary = (
+            "No high or critical finding: the audit alone does not explain a regression; "
+            "attribution can test the data."
+        )
+    hedges = []
+    if result.skipped:
+        hedges.append(
+            f"{len(result.skipped)} of {len(result.skipped) + len(result.ran)} checks were skipped "
+            "(missing inputs or values); `skipped` says why."
+        )
+    return {"kind": kind, "summary": summary, "hedges": hedges}
