@@ -1,0 +1,72 @@
+"""CLI: version, doctor, init-config, and bad input as one line with exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from gradian.cli import app
+from gradian.config import GradianConfig, load_config
+from gradian.doctor import SUPPORTED_WINDOW, collect_report, in_window
+
+runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """Run the real console entry (so GradianError handling is exercised) in a subprocess."""
+    return subprocess.run([sys.executable, "-c", "from gradian.cli import main; main()", *args],
+                          capture_output=True, text=True)
+
+
+def test_version():
+    result = runner.invoke(app, ["version"])
+    assert result.exit_code == 0 and result.stdout.startswith("gradian ")
+
+
+def test_init_config_writes_a_loadable_file(tmp_path):
+    out = tmp_path / "g.yaml"
+    result = runner.invoke(app, ["init-config", "--out", str(out), "--base-model", "org/base"])
+    assert result.exit_code == 0, result.stdout
+    assert load_config(out) == GradianConfig(base_model="org/base")
+
+
+def test_existing_config_is_not_overwritten(tmp_path):
+    out = tmp_path / "g.yaml"
+    out.write_text("seed: 1\n")
+    proc = run_cli("init-config", "--out", str(out))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "already exists" in lines[0] and "--force" in lines[0]
+    assert "Traceback" not in proc.stderr and out.read_text() == "seed: 1\n"
+
+
+def test_doctor_runs_and_reports_the_window():
+    result = runner.invoke(app, ["doctor"])
+    assert result.exit_code == 0, result.stdout
+    assert "torch" in result.stdout and "Devices" in result.stdout
+    report = collect_report()
+    torch_row = next(p for p in report.packages if p.name == "torch")
+    assert torch_row.status == "ok"
+    assert any(f.name == "semantic clustering" for f in report.features)
+
+
+def test_window_in_code_matches_constraints_file():
+    parsed = {}
+    for line in (ROOT / "constraints" / "window.txt").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, _, spec = line.partition(">=")
+        low, _, high = spec.partition(",<=")
+        parsed[name] = (low, high or None)
+    assert parsed == SUPPORTED_WINDOW
+
+
+def test_in_window():
+    assert in_window("2.13.0+cpu", "2.4", "2.14")
+    assert in_window("5.24.0", "5.0", "5.24") and not in_window("5.25.0", "5.0", "5.24")
+    assert not in_window("2.3.1", "2.4", None) and in_window("9.0", "2.4", None)
