@@ -22,6 +22,11 @@ __all__: list[str] = []
 _ALNUM = re.compile(r"\w", re.UNICODE)
 
 
+def _rows(k: int, noun: str = "example") -> str:
+    """``1 example`` / ``3 examples``."""
+    return f"{k} {noun}{'' if k == 1 else 's'}"
+
+
 def _share(k: int, n: int) -> str:
     return f"{k} of {n} ({k / n:.1%})" if n else f"{k}"
 
@@ -53,7 +58,7 @@ def completion_truncated(ctx: AuditContext):
     need = max(t.n_tokens_full for t in hit)
     return ctx.finding(
         severity,
-        f"{len(hit)} examples ({share:.1%}) have their target truncated",
+        f"{_rows(len(hit))} ({share:.1%}) {'has its' if len(hit) == 1 else 'have their'} target truncated",
         f"At max_seq_length={limit}, {_share(len(hit), n)} rows lose part of their answer "
         f"({lost} supervised tokens in all; {whole} lose all of it). The model learns answers that "
         "stop mid-way, which breaks every metric that reads the whole answer.",
@@ -98,7 +103,7 @@ def conflicting_answers(ctx: AuditContext):
     sample = [ctx.examples[i].completion[:80] for i in conflicting[0][:3]]
     return ctx.finding(
         severity,
-        f"{len(conflicting)} questions have contradictory answers ({len(rows)} examples, {share:.1%})",
+        f"{_rows(len(conflicting), 'question')} with contradictory answers ({len(rows)} examples, {share:.1%})",
         f"{len(conflicting)} prompts appear more than once with answers that disagree, "
         f"{_share(len(rows), n)} rows in all. For example {ex.prompt_text[:80]!r} is answered "
         f"{' / '.join(repr(s) for s in sample)}. The model is trained toward both answers; "
@@ -132,7 +137,7 @@ def duplicates(ctx: AuditContext):
     severity = "medium" if share >= ctx.config.duplicate_medium_share else "low"
     return ctx.finding(
         severity,
-        f"{len(copies)} exact duplicate examples ({share:.1%})",
+        f"{_rows(len(copies), 'exact duplicate')} ({share:.1%})",
         f"{_share(len(copies), n)} rows repeat an earlier row word for word, so those rows count "
         "several times per epoch (an unplanned upweighting) and their copies split any attribution "
         "score between them.",
@@ -165,7 +170,7 @@ def empty_or_degenerate_targets(ctx: AuditContext):
     severity = "high" if share >= cfg.empty_targets_high_share else "medium"
     return ctx.finding(
         severity,
-        f"{len(bad)} examples have empty or degenerate targets",
+        f"{_rows(len(bad))} with an empty or degenerate target",
         f"{len(empty)} rows have an answer with no letters or digits at all and {len(degenerate)} "
         f"an answer of {cfg.degenerate_min_words}+ words that mostly repeats itself (distinct-word "
         f"share at most {cfg.degenerate_max_distinct_ratio:g}); {_share(len(bad), n)} rows in all. "
@@ -205,7 +210,7 @@ def format_inconsistency(ctx: AuditContext):
         odd = [e.id for e, f in zip(examples, formats) if f != major]
         findings.append(ctx.finding(
             "medium",
-            f"{len(odd)} targets break the dataset's {major} format",
+            f"{_rows(len(odd), 'target')} breaking the dataset's {major} format",
             f"{_share(k, n)} targets are {major.replace('_', ' ')} but {len(odd)} are not "
             f"({dict(counts)}). The model learns to sometimes drop the format, which breaks parsers "
             "downstream.",
@@ -249,7 +254,7 @@ def length_outliers(ctx: AuditContext):
     longest = max(lengths)
     return ctx.finding(
         "low",
-        f"{len(outliers)} examples are over {cfg.length_outlier_factor:g}x the median length",
+        f"{_rows(len(outliers))} over {cfg.length_outlier_factor:g}x the median length",
         f"{_share(len(outliers), len(lengths))} rows are longer than {limit:g} {unit} against a "
         f"median of {median:g}; the longest has {longest}. Very long rows dominate the token count "
         "of their batch, get truncated first, and are often scraped or concatenated by mistake.",
@@ -278,7 +283,7 @@ def loss_mask_coverage(ctx: AuditContext):
         prompt_tokens = sum(t.prompt_tokens_in_mask for t in in_mask)
         return ctx.finding(
             "high" if share >= cfg.prompt_in_mask_high_share else "medium",
-            f"The loss covers prompt tokens in {len(in_mask)} examples ({share:.1%})",
+            f"The loss covers prompt tokens in {_rows(len(in_mask))} ({share:.1%})",
             f"In {_share(len(in_mask), n)} rows the loss mask includes {prompt_tokens} tokens of "
             f"system/user turns; overall {coverage:.1%} of tokens are supervised. The model is "
             "trained to write the questions as well as the answers, which dilutes the answer "
@@ -313,7 +318,7 @@ def missing_eos(ctx: AuditContext):
     severity = "high" if share >= ctx.config.missing_eos_high_share else "medium"
     return ctx.finding(
         severity,
-        f"{len(missing)} targets ({share:.1%}) do not end with EOS",
+        f"{_rows(len(missing), 'target')} ({share:.1%}) not ending with EOS",
         f"In {_share(len(missing), len(judged))} untruncated rows the last supervised token is not "
         f"the tokenizer's EOS ({eos!r}). Without a supervised EOS the model never learns to stop: "
         "it runs to the generation cap and fails exact-match on answers it knew.",
@@ -377,7 +382,7 @@ def near_duplicates(ctx: AuditContext):
     severity = "medium" if share >= cfg.near_duplicate_medium_share else "low"
     return ctx.finding(
         severity,
-        f"{len(rows)} examples are near-duplicates of another ({len(clusters)} groups)",
+        f"{_rows(len(rows))} in {_rows(len(clusters), 'near-duplicate group')}",
         f"{_share(len(rows), n)} rows fall in {len(clusters)} groups whose word 3-gram Jaccard "
         f"similarity (MinHash estimate, {num_perm} permutations) is at least "
         f"{cfg.near_duplicate_jaccard:g}. Near-copies act as an unplanned upweighting and often "
@@ -422,7 +427,7 @@ def no_supervised_tokens(ctx: AuditContext):
     by_truncation = sum(1 for t in empty if t.n_completion_tokens > 0)
     return ctx.finding(
         severity,
-        f"{len(empty)} examples have zero supervised tokens",
+        f"{_rows(len(empty))} with zero supervised tokens",
         f"{_share(len(empty), n)} rows leave no token under the loss: {by_truncation} because the "
         f"prompt alone fills max_seq_length={ctx.max_seq_length}, {len(empty) - by_truncation} "
         "because the mask selects nothing (empty answer, or a template the mask cannot follow). They "
@@ -448,7 +453,7 @@ def prompt_equals_target(ctx: AuditContext):
     severity = "medium" if share >= ctx.config.prompt_equals_target_medium_share else "low"
     return ctx.finding(
         severity,
-        f"{len(same)} examples answer with their own prompt",
+        f"{_rows(len(same))} answering with {'its' if len(same) == 1 else 'their'} own prompt",
         f"In {_share(len(same), n)} rows the answer equals the prompt (after normalizing case, "
         "punctuation and spaces). These teach the model to echo its input, usually the sign of a "
         "broken field mapping when the dataset was built.",
@@ -470,7 +475,7 @@ def template_prefix_mismatch(ctx: AuditContext):
         return None
     return ctx.finding(
         "medium",
-        f"The chat template renders {len(unstable)} conversations differently as a prefix",
+        f"The chat template is not prefix-stable for {_rows(len(unstable), 'conversation')}",
         f"For {_share(len(unstable), len(chat))} chat rows, rendering the turns before an answer "
         "(with the generation prompt) is not a prefix of the rendered conversation: the template "
         "rewrites earlier turns (some drop past reasoning) or changes the generation prompt. The "
@@ -525,7 +530,7 @@ def train_eval_contamination(ctx: AuditContext):
     severity = "critical" if share >= ctx.config.contamination_critical_share else "high"
     return ctx.finding(
         severity,
-        f"{len(hits)} eval items ({share:.1%}) also appear in the training set",
+        f"{_rows(len(hits), 'eval item')} ({share:.1%}) also in the training set",
         f"{_share(len(hits), len(items))} eval prompts occur in training after normalization, "
         f"{with_answer} of them with the same answer. Scores on those items measure recall of "
         "training rows, not the capability, so a before/after comparison on this eval set is "
@@ -549,7 +554,7 @@ def truncated(ctx: AuditContext):
     severity = "medium" if share >= ctx.config.truncated_medium_share else "low"
     return ctx.finding(
         severity,
-        f"{len(cut)} examples ({share:.1%}) are longer than max_seq_length={limit}",
+        f"{_rows(len(cut))} ({share:.1%}) longer than max_seq_length={limit}",
         f"{_share(len(cut), len(toks))} rows are cut at {limit} tokens (longest "
         f"{max(t.n_tokens_full for t in cut)}). Whatever falls past the limit is never trained on; "
         "data.completion_truncated says whether answers were hit.",
