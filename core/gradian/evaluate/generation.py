@@ -1,0 +1,110 @@
+"""Batched greedy generation for the eval items, with left padding.
+
+Prompts are rendered exactly as for training (``gradian.data.render_prompt``: the chat template
+with its generation prompt, or the newline-joined turns without a template) and tokenized without
+added special tokens, as ``gradian.data.tokenize_examples`` does. Rows are padded on the left so
+that every row's next token sits in the last column; the attention mask hides the padding and
+transformers derives position ids from the mask, so a row's output does not depend on its batch
+neighbours (a test checks batched against one-at-a-time generation).
+
+Decoding stops at any end-of-sequence id of the tokenizer or the model's generation config; the
+text is cut at the first such id, decoded without special tokens and stripped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from gradian.data import render_prompt
+
+__all__ = ["generate_completions", "stop_token_ids"]
+
+
+def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every id that ends a generation: the tokenizer's EOS plus the model's configured ones."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(int(tokenizer.eos_token_id))
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if configured is not None:
+        for i in configured if isinstance(configured, (list, tuple)) else [configured]:
+            if int(i) not in ids:
+                ids.append(int(i))
+    return ids
+
+
+def _pad_id(tokenizer: Any, stops: list[int]) -> int:
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    if stops:
+        return stops[0]  # masked out, so any id will do; EOS is the usual stand-in
+    return 0
+
+
+def generate_completions(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[Sequence[dict[str, str]]],
+    *,
+    max_new_tokens: int = 32,
+    batch_size: int = 8,
+    greedy: bool = True,
+    seed: int = 1234,
+) -> list[str]:
+    """One completion per prompt (a list of chat turns without the final answer).
+
+    Greedy decoding is deterministic. With ``greedy=False`` tokens are sampled, seeded with
+    ``seed`` once before the first batch, so reruns on the same device repeat.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    if max_new_tokens < 1:
+        raise ValueError(f"evaluation.max_new_tokens is {max_new_tokens}; it must be at least 1")
+    if batch_size < 1:
+        raise ValueError(f"evaluation.batch_size is {batch_size}; it must be at least 1")
+    stops = stop_token_ids(model, tokenizer)
+    pad_id = _pad_id(tokenizer, stops)
+    gen_config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        num_beams=1,
+        pad_token_id=pad_id,
+        eos_token_id=stops or None,
+    )
+    device = _device_of(model)
+    encoded = [
+        tokenizer(render_prompt(tokenizer, list(p)), add_special_tokens=False)["input_ids"]
+        for p in prompts
+    ]
+    if not greedy:
+        torch.manual_seed(seed)
+    out: list[str] = []
+    for start in range(0, len(encoded), batch_size):
+        chunk = encoded[start:start + batch_size]
+        width = max(len(e) for e in chunk)
+        ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, e in enumerate(chunk):
+            if e:
+                ids[row, width - len(e):] = torch.tensor(e, dtype=torch.long)
+                mask[row, width - len(e):] = 1
+        with torch.no_grad():
+            generated = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=gen_config,
+            )
+        for row in generated[:, width:].tolist():
+            cut = next((k for k, t in enumerate(row) if t in stops), len(row))
+            out.append(tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
+    return out
+
+
+def _device_of(model: Any) -> Any:
+    import torch
+
+    try:
+        return next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return torch.device("cpu")
