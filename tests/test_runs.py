@@ -140,3 +140,26 @@ def test_run_dir_errors(tmp_path):
     (bad / "trainer_state.json").write_text("{oops")
     with pytest.raises(RunRecordError, match=r"trainer_state.json:1"):
         read_run_dir(bad)
+
+
+def test_resolve_run_dispatches_local_and_remote(tmp_path, monkeypatch):
+    from gradian.runs import is_remote_run_ref, resolve_run
+
+    run = hf_run_dir(tmp_path)
+    assert resolve_run(str(run)).lora.r == 16
+    assert is_remote_run_ref("runs:/" + "a" * 32) and is_remote_run_ref("b" * 32)
+    assert not is_remote_run_ref(str(run))
+    seen = {}
+
+    class FakeEntryPoint:
+        name = "mlflow"
+
+        def load(self):
+            def reader(ref, cache_dir):
+                seen["ref"], seen["cache"] = ref, cache_dir
+                return RunRecord(source=f"mlflow:{ref}")
+            return reader
+
+    monkeypatch.setattr("gradian.runs.sources.entry_points", lambda group: [FakeEntryPoint()])
+    assert resolve_run("runs:/" + "c" * 32, cache_dir=tmp_path).source.startswith("mlflow:")
+    assert seen["cache"] == tmp_path / "mlflow"

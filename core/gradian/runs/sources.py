@@ -1,0 +1,38 @@
+"""Resolve a ``--run`` value to a RunRecord: a local directory, or a tracking-server run.
+
+Remote sources register themselves under the ``gradian.run_sources`` entry-point group, each
+pointing at a function ``(ref, cache_dir) -> RunRecord`` with a ``matches(ref) -> bool`` beside
+it. The MLflow integration registers ``mlflow`` this way, so the engine never imports mlflow.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from gradian.errors import RunRecordError
+from gradian.runs.reader import read_run_dir
+from gradian.runs.record import RunRecord
+
+__all__ = ["resolve_run", "is_remote_run_ref"]
+
+_REMOTE = re.compile(r"^(runs:/|mlflow:)|^[0-9a-f]{32}$")
+
+
+def is_remote_run_ref(ref: str) -> bool:
+    """``runs:/<id>``, ``mlflow:<id>`` or a bare 32-hex run id that is not a local folder."""
+    return bool(_REMOTE.match(ref.strip())) and not Path(ref).exists()
+
+
+def resolve_run(ref: str, cache_dir: str | Path = ".gradian") -> RunRecord:
+    if not is_remote_run_ref(ref):
+        return read_run_dir(ref)
+    sources = {ep.name: ep for ep in entry_points(group="gradian.run_sources")}
+    if "mlflow" not in sources:
+        raise RunRecordError(
+            f"'{ref}' names a tracking-server run, but no run source is installed; "
+            "install gradian-mlflow with its MLflow integration, or pass a local run directory"
+        )
+    reader = sources["mlflow"].load()
+    return reader(ref, cache_dir=Path(cache_dir) / "mlflow")

@@ -1,0 +1,80 @@
+"""Connecting to the tracking server with bounded retries and clear errors.
+
+MLflow's own HTTP client retries for minutes by default; a diagnosis tool should fail within
+seconds when the server is down, naming the URI and what to do. Callers can still raise the
+limits through the standard ``MLFLOW_HTTP_REQUEST_*`` variables.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Callable, TypeVar
+
+from gradian.errors import GradianError
+
+__all__ = ["TrackingError", "get_client", "tracking_uri", "parse_run_ref", "call"]
+
+T = TypeVar("T")
+
+_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+class TrackingError(GradianError, ConnectionError):
+    """The tracking server cannot be reached, or it refused a request."""
+
+
+def _bound_retries() -> None:
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+
+
+def tracking_uri() -> str:
+    import mlflow
+
+    return mlflow.get_tracking_uri()
+
+
+def get_client() -> Any:
+    _bound_retries()
+    from mlflow import MlflowClient
+
+    return MlflowClient()
+
+
+def parse_run_ref(ref: str) -> str:
+    """A run id from ``<id>``, ``runs:/<id>[/path]`` or ``mlflow:<id>``."""
+    text = ref.strip()
+    for prefix in ("runs:/", "mlflow:"):
+        if text.startswith(prefix):
+            text = text[len(prefix):].split("/", 1)[0]
+    if not _RUN_ID.match(text):
+        raise GradianError(
+            f"'{ref}' is not an MLflow run reference; pass a 32-character run id or runs:/<run_id>"
+        )
+    return text
+
+
+def call(what: str, fn: Callable[[], T]) -> T:
+    """Run one tracking request, turning connection and lookup failures into one-line errors."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return fn()
+    except MlflowException as err:
+        code = getattr(err, "error_code", "")
+        text = str(err).splitlines()[0][:300]
+        if code == "RESOURCE_DOES_NOT_EXIST" or "not found" in text.lower():
+            raise TrackingError(f"{what}: not found on {tracking_uri()} ({text})") from None
+        if "max retries" in text.lower() or "connection" in text.lower():
+            raise TrackingError(
+                f"{what}: the tracking server at {tracking_uri()} did not answer after bounded retries; "
+                "start it or set MLFLOW_TRACKING_URI to a running server"
+            ) from None
+        raise TrackingError(f"{what}: {text}") from None
+    except (ConnectionError, OSError) as err:
+        raise TrackingError(
+            f"{what}: cannot reach the tracking server at {tracking_uri()} ({type(err).__name__}); "
+            "start it or set MLFLOW_TRACKING_URI to a running server"
+        ) from None

@@ -1,0 +1,216 @@
+"""Log a diagnosis as a child run of the training run it diagnoses.
+
+The child run sits in the source run's experiment with ``mlflow.parentRunId`` pointing at the
+source, so the MLflow UI nests it under the training run and diagnoses can be compared side by
+side. Inside ``mlflow run`` the project's own run becomes the child when it is in the source's
+experiment; otherwise a fresh child is created there and the project run links to it.
+
+What is logged (artifact keys in ``ArtifactKeys``):
+- tags ``gradian.source_run_id``, ``gradian.kind``, ``gradian.verdict``, ``gradian.index_id``,
+  ``gradian.capability``; the summary as the run description; a back-link tag on the source run;
+- metrics under ``capability.*``, ``attribution.*``, ``audit.*``, ``index.*``;
+- the report files, ``manifest.json``, ``rankings.parquet`` (every example), the clusters and
+  findings tables through ``log_table`` (previewed and compared by the UI), PNG plots.
+
+A failure after the child run exists marks it FAILED; it is never left RUNNING.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from gradian_mlflow.client import call, get_client, parse_run_ref
+
+__all__ = ["ArtifactKeys", "log_diagnosis", "report_metrics"]
+
+
+class ArtifactKeys:
+    """Artifact paths inside the child run, in one place."""
+
+    ROOT = "gradian"
+    MANIFEST = "gradian/manifest.json"
+    RANKINGS = "gradian/rankings.parquet"
+    CLUSTERS_TABLE = "gradian/clusters.json"
+    FINDINGS_TABLE = "gradian/findings.json"
+    PLOTS = "gradian/plots"
+
+
+def _num(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)) and math.isfinite(float(value)):
+        return float(value)
+    return None
+
+
+def report_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+    """Flat metric dict of a report (finite numbers only)."""
+    metrics: dict[str, float] = {}
+    cap = report.get("capability") or {}
+    for key in ("base", "tuned", "delta", "n_items", "n_flipped", "n_base_failing"):
+        if _num(cap.get(key)) is not None:
+            metrics[f"capability.{key}"] = _num(cap[key])
+    ci = cap.get("ci") or []
+    if len(ci) == 2 and all(_num(v) is not None for v in ci):
+        metrics["capability.ci_low"], metrics["capability.ci_high"] = float(ci[0]), float(ci[1])
+    if cap:
+        metrics["capability.regressed"] = float(cap.get("status") == "regressed")
+
+    attribution = report.get("attribution") or {}
+    if attribution:
+        if _num(attribution.get("engine_agreement_spearman")) is not None:
+            metrics["attribution.engine_agreement_spearman"] = _num(attribution["engine_agreement_spearman"])
+        metrics["attribution.gated"] = float(bool(attribution.get("gated")))
+        clusters = attribution.get("clusters") or []
+        metrics["attribution.n_clusters"] = float(len(clusters))
+        if clusters:
+            top = max(clusters, key=lambda c: c.get("share_of_negative") or 0.0)
+            if _num(top.get("share_of_negative")) is not None:
+                metrics["attribution.top_cluster_share_of_negative"] = _num(top["share_of_negative"])
+        for key, value in (attribution.get("metrics") or {}).items():
+            if _num(value) is not None:
+                metrics[f"attribution.{key}"] = _num(value)
+
+    findings = report.get("findings") or []
+    metrics["audit.n_findings"] = float(len(findings))
+    for severity in ("critical", "high", "medium", "low", "info"):
+        metrics[f"audit.n_{severity}"] = float(sum(f.get("severity") == severity for f in findings))
+
+    index = (report.get("manifest") or {}).get("index") or {}
+    for key, value in index.items():
+        if _num(value) is not None:
+            metrics[f"index.{key}"] = _num(value)
+    return metrics
+
+
+def _params(report: Mapping[str, Any]) -> dict[str, str]:
+    manifest = report.get("manifest") or {}
+    attribution = report.get("attribution") or {}
+    cap = report.get("capability") or {}
+    raw = {
+        "gradian.version": manifest.get("gradian_version"),
+        "gradian.config_hash": manifest.get("config_hash"),
+        "engine": attribution.get("engine"),
+        "cross_check": attribution.get("cross_check"),
+        "query_signal": attribution.get("query_signal"),
+        "metric": cap.get("metric"),
+    }
+    return {k: str(v)[:500] for k, v in raw.items() if v is not None}
+
+
+def _tags(report: Mapping[str, Any], source_run_id: str, kind: str) -> dict[str, str]:
+    manifest = report.get("manifest") or {}
+    verdict = report.get("verdict") or {}
+    tags = {
+        "gradian.source_run_id": source_run_id,
+        "gradian.kind": kind,
+        "gradian.verdict": str(verdict.get("kind", "unknown")),
+        "mlflow.note.content": str(verdict.get("summary", "")),
+    }
+    index_id = (manifest.get("index") or {}).get("index_id") or manifest.get("index_id")
+    if index_id:
+        tags["gradian.index_id"] = str(index_id)
+    if (report.get("capability") or {}).get("name"):
+        tags["gradian.capability"] = str(report["capability"]["name"])
+    return tags
+
+
+def _findings_table(report: Mapping[str, Any]) -> dict[str, list[Any]]:
+    findings = report.get("findings") or []
+    return {
+        "id": [f["id"] for f in findings],
+        "severity": [f["severity"] for f in findings],
+        "title": [f["title"] for f in findings],
+        "n_examples": [len(f.get("example_ids") or []) for f in findings],
+        "evidence": [json.dumps(f.get("evidence") or {}, sort_keys=True, default=str) for f in findings],
+        "fix": [f.get("fix", "") for f in findings],
+    }
+
+
+def _clusters_table(report: Mapping[str, Any]) -> dict[str, list[Any]] | None:
+    clusters = (report.get("attribution") or {}).get("clusters") or []
+    if not clusters:
+        return None
+    keys = ("cluster", "label", "n", "signed_influence", "share_of_negative", "mean_per_example")
+    return {k: [c.get(k) for c in clusters] for k in keys}
+
+
+def _open_child(client: Any, source: Any, kind: str, tags: dict[str, str]) -> tuple[str, bool]:
+    """(run id, whether we created it). Reuses the project run inside ``mlflow run``."""
+    project_run_id = os.environ.get("MLFLOW_RUN_ID")
+    if project_run_id and project_run_id != source.info.run_id:
+        project = call("reading the project run", lambda: client.get_run(project_run_id))
+        if project.info.experiment_id == source.info.experiment_id:
+            call("tagging the project run", lambda: client.set_tag(project_run_id, "mlflow.parentRunId", source.info.run_id))
+            return project_run_id, False
+    run = call(
+        "creating the diagnosis run",
+        lambda: client.create_run(
+            experiment_id=source.info.experiment_id,
+            tags={"mlflow.parentRunId": source.info.run_id, **tags},
+            run_name=f"gradian-{kind}",
+        ),
+    )
+    if project_run_id and project_run_id != source.info.run_id:
+        call("linking the project run", lambda: client.set_tag(project_run_id, "gradian.diagnosis_run_id", run.info.run_id))
+    return run.info.run_id, True
+
+
+def log_diagnosis(
+    report: Mapping[str, Any],
+    source_run: str,
+    *,
+    kind: str,
+    files: Sequence[str | Path] = (),
+    rankings: Any = None,
+    client: Any = None,
+) -> str:
+    """Log ``report`` (the report.json dict) and ``files`` as a child run; returns its run id.
+
+    ``rankings`` is a pandas DataFrame with one row per training example, written as
+    ``rankings.parquet``. PNG files among ``files`` go under ``plots/``.
+    """
+    from mlflow.entities import Metric, Param, RunTag
+
+    client = client or get_client()
+    source_id = parse_run_ref(source_run)
+    source = call(f"reading source run {source_id}", lambda: client.get_run(source_id))
+    tags = _tags(report, source_id, kind)
+    run_id, created = _open_child(client, source, kind, tags)
+    try:
+        now = int(time.time() * 1000)
+        metrics = [Metric(k, v, now, 0) for k, v in sorted(report_metrics(report).items())]
+        params = [Param(k, v) for k, v in sorted(_params(report).items())]
+        tag_list = [RunTag(k, v) for k, v in tags.items()] + [RunTag("mlflow.parentRunId", source_id)]
+        call("logging metrics", lambda: client.log_batch(run_id, metrics=metrics, params=params, tags=tag_list))
+        call("logging the manifest", lambda: client.log_dict(run_id, dict(report.get("manifest") or {}), ArtifactKeys.MANIFEST))
+        call("logging the findings table", lambda: client.log_table(run_id, data=_findings_table(report), artifact_file=ArtifactKeys.FINDINGS_TABLE))
+        clusters = _clusters_table(report)
+        if clusters:
+            call("logging the clusters table", lambda: client.log_table(run_id, data=clusters, artifact_file=ArtifactKeys.CLUSTERS_TABLE))
+        for path in map(Path, files):
+            dest = ArtifactKeys.PLOTS if path.suffix == ".png" else ArtifactKeys.ROOT
+            call(f"logging {path.name}", lambda: client.log_artifact(run_id, str(path), artifact_path=dest))
+        if rankings is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                target = Path(tmp) / "rankings.parquet"
+                rankings.to_parquet(target, index=False)
+                call("logging rankings.parquet", lambda: client.log_artifact(run_id, str(target), artifact_path=ArtifactKeys.ROOT))
+        call("tagging the source run", lambda: client.set_tag(source_id, "gradian.diagnosis_run_id", run_id))
+        call("tagging the source run", lambda: client.set_tag(source_id, f"gradian.diagnosis.{kind}", run_id))
+        if created:
+            call("closing the diagnosis run", lambda: client.set_terminated(run_id, "FINISHED"))
+    except BaseException:
+        if created:
+            try:
+                client.set_terminated(run_id, "FAILED")
+            except Exception:  # the server may be the thing that failed; nothing more to do
+                pass
+        raise
+    return run_id

@@ -1,0 +1,262 @@
+"""Read an MLflow training run into a ``RunRecord``.
+
+- params -> trainer config, through the engine's one normalizer (HF and TRL names, string values);
+- metric history -> per-step logs (``loss``, ``grad_norm``, ``learning_rate``, ``epoch``,
+  ``eval_loss``), with ``trainer_state.json`` from the artifacts as fallback;
+- the adapter: the run's own artifacts first (``adapter/``, ``peft/``, the root, ``checkpoint-N/``),
+  then its logged models (MLflow 3 keeps models outside run artifacts; the HF callback logs each
+  checkpoint as a model named ``checkpoint-N``; the transformers flavor keeps a PEFT adapter under
+  ``peft/``);
+- the LoRA config from the adapter's ``adapter_config.json`` (the HF callback never logs it);
+- the dataset from the run's dataset inputs when their source is reachable.
+
+Downloads land in a cache keyed by run and artifact path, written to a temporary folder and moved
+into place only when complete; a ``.gradian-download.json`` records each file's sha256 and is
+checked before the cache is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gradian.errors import RunRecordError
+from gradian.runs import (
+    DatasetRef,
+    LoraSettings,
+    RunRecord,
+    TrainingLogs,
+    normalize_trainer_config,
+)
+from gradian.runs.record import LogStep
+from gradian_mlflow.client import call, get_client, parse_run_ref
+
+__all__ = ["read_mlflow_run", "AdapterLocation", "find_adapters", "default_cache_dir"]
+
+_LOG_METRICS = ("loss", "grad_norm", "learning_rate", "epoch", "eval_loss")
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+#: files an adapter needs; optimizer state and pickles are never downloaded
+_ADAPTER_FILES = re.compile(r"^(adapter_config\.json|adapter_model\.(safetensors|bin)|trainer_state\.json|README\.md)$")
+_MARKER = ".gradian-download.json"
+
+
+@dataclass
+class AdapterLocation:
+    """Where an adapter lives: a run artifact path, or a logged model's artifact URI."""
+
+    artifact_uri: str  # e.g. runs:/<id>/adapter or models:/<model_id>/peft
+    label: str
+    step: int | None = None
+
+
+def default_cache_dir() -> Path:
+    return Path(".gradian") / "mlflow"
+
+
+def _walk(list_fn: Any, path: str, depth: int) -> list[str]:
+    """Every file path under ``path``, ``depth`` folders deep at most."""
+    out: list[str] = []
+    for info in list_fn(path):
+        # Only the last name is reliable: stores differ in what they prefix entries with
+        # (a logged model's listing repeats the last folder of the URI).
+        child = f"{path}/{Path(info.path).name}" if path else Path(info.path).name
+        if info.is_dir:
+            if depth > 0:
+                out += _walk(list_fn, child, depth - 1)
+        else:
+            out.append(child)
+    return out
+
+
+def _adapter_dirs(files: list[str]) -> list[str]:
+    return sorted({str(Path(f).parent) if "/" in f else "" for f in files if f.endswith("adapter_config.json")})
+
+
+def _rank(folder: str) -> tuple[int, int]:
+    """Final adapters before checkpoints; later checkpoints first."""
+    match = _CHECKPOINT.search(folder)
+    return (1, -int(match.group(1))) if match else (0, folder.count("/"))
+
+
+def find_adapters(client: Any, run: Any) -> tuple[AdapterLocation | None, list[AdapterLocation]]:
+    """(the final adapter, checkpoints oldest first) from run artifacts, then logged models."""
+    run_id = run.info.run_id
+    files = call(f"listing artifacts of run {run_id}",
+                 lambda: _walk(lambda p: client.list_artifacts(run_id, p or None), "", 4))
+    locations = [AdapterLocation(f"runs:/{run_id}/{d}".rstrip("/"), d or "(run root)", _step(d))
+                 for d in _adapter_dirs(files)]
+    if not locations:
+        locations = _from_logged_models(client, run)
+    if not locations:
+        return None, []
+    final = sorted(locations, key=lambda loc: _rank(loc.label))[0]
+    checkpoints = sorted((loc for loc in locations if loc.step is not None), key=lambda loc: loc.step)
+    return final, checkpoints
+
+
+def _step(folder: str) -> int | None:
+    match = _CHECKPOINT.search(folder)
+    return int(match.group(1)) if match else None
+
+
+def _from_logged_models(client: Any, run: Any) -> list[AdapterLocation]:
+    from mlflow.artifacts import list_artifacts
+
+    model_ids: list[str] = []
+    outputs = getattr(run, "outputs", None)
+    for out in getattr(outputs, "model_outputs", None) or []:
+        model_ids.append(out.model_id)
+    if not model_ids:
+        found = call(
+            f"searching logged models of run {run.info.run_id}",
+            lambda: client.search_logged_models(
+                experiment_ids=[run.info.experiment_id],
+                filter_string=f"source_run_id = '{run.info.run_id}'",
+            ),
+        )
+        model_ids = [m.model_id for m in found]
+    locations = []
+    for model_id in dict.fromkeys(model_ids):
+        model = call(f"reading logged model {model_id}", lambda: client.get_logged_model(model_id))
+        base = model.artifact_location.rstrip("/")
+        files = call(f"listing logged model {model.name}",
+                     lambda: _walk(lambda p: list_artifacts(artifact_uri=f"{base}/{p}" if p else base), "", 4))
+        for folder in _adapter_dirs(files):
+            label = f"{model.name}/{folder}" if folder else model.name
+            step = _step(folder) or _step(model.name)
+            locations.append(AdapterLocation(f"{base}/{folder}".rstrip("/"), label, step))
+    return locations
+
+
+def _hash_tree(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != _MARKER
+    }
+
+
+def _cached_download(artifact_uri: str, cache_dir: Path, only: re.Pattern | None = None) -> Path:
+    """Download a folder (adapter files only when ``only`` is given) into a verified cache."""
+    from mlflow.artifacts import download_artifacts, list_artifacts
+
+    key = hashlib.sha256(artifact_uri.encode()).hexdigest()[:16]
+    target = cache_dir / key
+    marker = target / _MARKER
+    if marker.is_file():
+        recorded = json.loads(marker.read_text())
+        if recorded.get("uri") == artifact_uri and recorded.get("files") == _hash_tree(target):
+            return target
+        shutil.rmtree(target)  # damaged or stale: fetch again
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
+    try:
+        if only is None:
+            call(f"downloading {artifact_uri}", lambda: download_artifacts(artifact_uri=artifact_uri, dst_path=str(tmp)))
+            inner = tmp / Path(artifact_uri.rstrip("/")).name
+            src = inner if inner.is_dir() else tmp
+        else:
+            entries = call(f"listing {artifact_uri}", lambda: list_artifacts(artifact_uri=artifact_uri))
+            names = [Path(e.path).name for e in entries if not e.is_dir and only.match(Path(e.path).name)]
+            for name in names:
+                call(f"downloading {artifact_uri}/{name}",
+                     lambda: download_artifacts(artifact_uri=f"{artifact_uri}/{name}", dst_path=str(tmp)))
+            src = tmp
+        (src / _MARKER).write_text(json.dumps({"uri": artifact_uri, "files": _hash_tree(src)}))
+        if src != tmp:
+            src.rename(cache_dir / f".{key}.done")
+            shutil.rmtree(tmp)
+            (cache_dir / f".{key}.done").rename(target)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _logs_from_history(client: Any, run_id: str) -> TrainingLogs:
+    by_step: dict[int, LogStep] = {}
+    for key in _LOG_METRICS:
+        history = call(f"reading metric {key} of run {run_id}", lambda: client.get_metric_history(run_id, key))
+        for metric in history:
+            step = by_step.setdefault(int(metric.step), LogStep(step=int(metric.step)))
+            setattr(step, key, float(metric.value))
+    steps = [s for s in by_step.values() if any(
+        getattr(s, k) is not None for k in ("loss", "grad_norm", "learning_rate", "eval_loss"))]
+    return TrainingLogs(steps=sorted(steps, key=lambda s: s.step))
+
+
+def _dataset_from_inputs(run: Any, cache_dir: Path) -> DatasetRef:
+    inputs = getattr(run, "inputs", None)
+    for dataset_input in getattr(inputs, "dataset_inputs", None) or []:
+        tags = {t.key: t.value for t in (dataset_input.tags or [])}
+        if tags.get("mlflow.data.context") not in (None, "train", "training"):
+            continue
+        dataset = dataset_input.dataset
+        try:
+            source = json.loads(dataset.source or "{}")
+        except ValueError:
+            source = {"uri": dataset.source}
+        uri = source.get("uri") or source.get("url") or source.get("path")
+        if not uri:
+            continue
+        path = _resolve_data_uri(str(uri), cache_dir)
+        if path is not None:
+            return DatasetRef(path=str(path), sha256=None)
+    return DatasetRef()
+
+
+def _resolve_data_uri(uri: str, cache_dir: Path) -> Path | None:
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    local = Path(uri)
+    if local.exists():
+        return local
+    if uri.startswith(("runs:/", "mlflow-artifacts:", "models:/")):
+        from mlflow.artifacts import download_artifacts
+
+        folder = cache_dir / "datasets" / hashlib.sha256(uri.encode()).hexdigest()[:16]
+        if not folder.exists():
+            tmp = Path(tempfile.mkdtemp(dir=cache_dir))
+            call(f"downloading dataset {uri}", lambda: download_artifacts(artifact_uri=uri, dst_path=str(tmp)))
+            tmp.rename(folder)
+        files = [p for p in folder.rglob("*") if p.is_file()]
+        return files[0] if len(files) == 1 else folder
+    return None
+
+
+def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any = None) -> RunRecord:
+    """Build a RunRecord from a run id or ``runs:/<id>``; adapters are downloaded to the cache."""
+    run_id = parse_run_ref(ref)
+    client = client or get_client()
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    run = call(f"reading run {run_id}", lambda: client.get_run(run_id))
+
+    record = RunRecord(source=f"mlflow:{run_id}")
+    record.config = normalize_trainer_config(run.data.params)
+    record.logs = _logs_from_history(client, run_id)
+
+    final, checkpoints = find_adapters(client, run)
+    run_cache = cache / run_id
+    if final is not None:
+        adapter_dir = _cached_download(final.artifact_uri, run_cache / "adapters", only=_ADAPTER_FILES)
+        if not (adapter_dir / "adapter_config.json").is_file():
+            raise RunRecordError(f"run {run_id}: {final.artifact_uri} lost its adapter_config.json while downloading")
+        record.adapter_dir = str(adapter_dir)
+        record.lora = LoraSettings.from_adapter_config(json.loads((adapter_dir / "adapter_config.json").read_text()))
+        record.checkpoints = [
+            str(_cached_download(c.artifact_uri, run_cache / "adapters", only=_ADAPTER_FILES)) for c in checkpoints
+        ]
+        if not record.logs.steps:
+            state = adapter_dir / "trainer_state.json"
+            if state.is_file():
+                record.logs = TrainingLogs.from_log_history(json.loads(state.read_text()).get("log_history") or [])
+    record.dataset = _dataset_from_inputs(run, run_cache)
+    return record

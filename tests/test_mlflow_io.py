@@ -1,0 +1,200 @@
+"""Reading training runs from, and logging diagnoses to, a real MLflow tracking server."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tmp_path_factory) -> Path:
+    """A real PEFT LoRA adapter of a tiny random Llama, saved to disk."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    out = tmp_path_factory.mktemp("adapter") / "adapter"
+    peft_model.save_pretrained(out)
+    return out
+
+
+HF_PARAMS = {  # how the HF MLflowCallback logs TrainingArguments: every value a string
+    "learning_rate": "0.002", "num_train_epochs": "12", "per_device_train_batch_size": "1",
+    "gradient_accumulation_steps": "1", "warmup_steps": "0.03", "lr_scheduler_type": "SchedulerType.LINEAR",
+    "max_grad_norm": "1.0", "seed": "42", "bf16": "False", "fp16": "False", "max_steps": "-1",
+    "output_dir": "runs/x", "report_to": "['mlflow']",
+}
+
+
+def log_hf_style_run(mlflow, adapter_dir: Path, data_file: Path) -> str:
+    with mlflow.start_run() as run:
+        mlflow.log_params(HF_PARAMS)
+        for step in range(1, 9):
+            mlflow.log_metrics({"loss": 2.0 / step, "grad_norm": 1.0 + step, "learning_rate": 2e-3 * (1 - step / 9),
+                                "epoch": step / 8}, step=step)
+        for step in (4, 8):
+            mlflow.log_artifacts(str(adapter_dir), artifact_path=f"checkpoint-{step}")
+        dataset = mlflow.data.from_pandas(pd.read_json(data_file, lines=True), source=str(data_file), name="train")
+        mlflow.log_input(dataset, context="training")
+        return run.info.run_id
+
+
+@pytest.fixture
+def data_file(tmp_path) -> Path:
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt": f"q{i}", "completion": f"a{i}"}) for i in range(5)) + "\n")
+    return path
+
+
+def test_read_hf_style_run(tracking, adapter_dir, data_file, tmp_path):
+    import mlflow
+
+    from gradian_mlflow.source import read_mlflow_run
+
+    run_id = log_hf_style_run(mlflow, adapter_dir, data_file)
+    record = read_mlflow_run(f"runs:/{run_id}", cache_dir=tmp_path / "cache")
+    assert record.source == f"mlflow:{run_id}"
+    assert record.config.learning_rate == 0.002 and record.config.num_train_epochs == 12
+    assert record.config.warmup_ratio == 0.03 and record.config.lr_scheduler_type == "linear"
+    assert record.lora.r == 4 and record.lora.alpha == 8
+    assert record.effective_lora_lr == pytest.approx(0.004)
+    assert [s.step for s in record.logs.steps] == list(range(1, 9))
+    assert record.logs.steps[0].loss == pytest.approx(2.0) and record.logs.steps[-1].grad_norm == pytest.approx(9.0)
+    assert Path(record.adapter_dir, "adapter_model.safetensors").is_file()
+    assert "checkpoint-8" not in record.adapter_dir or len(record.checkpoints) == 2
+    assert len(record.checkpoints) == 2
+    assert record.dataset.path == str(data_file)
+
+    # the cache is reused when intact, and refetched when a file was damaged
+    again = read_mlflow_run(run_id, cache_dir=tmp_path / "cache")
+    assert again.adapter_dir == record.adapter_dir
+    Path(record.adapter_dir, "adapter_config.json").write_text("{}")
+    healed = read_mlflow_run(run_id, cache_dir=tmp_path / "cache")
+    assert json.loads(Path(healed.adapter_dir, "adapter_config.json").read_text())["r"] == 4
+
+
+def test_adapter_from_logged_model_like_the_hf_callback(tracking, adapter_dir, tmp_path):
+    """The HF callback logs checkpoints as pyfunc models named checkpoint-N (MLflow 3 LoggedModels)."""
+    import mlflow
+
+    from gradian_mlflow.source import read_mlflow_run
+
+    ckpt = tmp_path / "out" / "checkpoint-6"
+    ckpt.mkdir(parents=True)
+    for f in adapter_dir.iterdir():
+        (ckpt / f.name).write_bytes(f.read_bytes())
+    (ckpt / "trainer_state.json").write_text(json.dumps({"log_history": [
+        {"step": 3, "loss": 1.5}, {"step": 6, "loss": 1.0}]}))
+    with mlflow.start_run() as run:
+        mlflow.log_params({"learning_rate": "0.0002"})
+        mlflow.pyfunc.log_model(name="checkpoint-6", artifacts={"model_path": str(ckpt)},
+                                python_model=mlflow.pyfunc.PythonModel())
+    record = read_mlflow_run(run.info.run_id, cache_dir=tmp_path / "cache")
+    assert record.lora.r == 4 and Path(record.adapter_dir, "adapter_config.json").is_file()
+    assert [s.loss for s in record.logs.steps] == [1.5, 1.0]  # trainer_state.json fallback
+
+
+def test_run_without_adapter_and_unknown_run(tracking, tmp_path):
+    import mlflow
+
+    from gradian_mlflow.client import TrackingError
+    from gradian_mlflow.source import read_mlflow_run
+
+    with mlflow.start_run() as run:
+        mlflow.log_param("learning_rate", "1e-4")
+    record = read_mlflow_run(run.info.run_id, cache_dir=tmp_path)
+    assert record.adapter_dir is None and record.config.learning_rate == 1e-4
+    with pytest.raises(TrackingError, match="not found"):
+        read_mlflow_run("0" * 32, cache_dir=tmp_path)
+
+
+REPORT = {
+    "capability": {"name": "capitals", "metric": "contains", "base": 1.0, "tuned": 0.5, "delta": -0.5,
+                   "ci": [-0.75, -0.25], "n_items": 16, "n_flipped": 8, "n_base_failing": 0,
+                   "status": "regressed", "proxy_used": False},
+    "findings": [{"id": "config.lr_too_high", "category": "config", "severity": "high", "title": "LR high",
+                  "message": "m", "evidence": {"lr": 0.002}, "example_ids": [], "fix": "lower it"}],
+    "attribution": {"engine": "datainf", "cross_check": "graddot", "engine_agreement_spearman": 0.8,
+                    "query_signal": "contrastive", "gated": True,
+                    "clusters": [{"cluster": "poison", "label": "capital wrong", "n": 48, "signed_influence": -3.0,
+                                  "share_of_negative": 0.7, "mean_per_example": -0.06}],
+                    "top_harmful": []},
+    "verdict": {"kind": "data", "summary": "Cluster poison carries 70% of the harm.", "hedges": []},
+    "manifest": {"gradian_version": "0.1.0", "config_hash": "abc", "index": {"index_id": "idx123", "n_examples": 800}},
+}
+
+
+def test_log_diagnosis_as_child_run(tracking, adapter_dir, data_file, tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    from gradian_mlflow.sink import log_diagnosis
+
+    mlflow.set_experiment("gradian-sink-test")
+    source_id = log_hf_style_run(mlflow, adapter_dir, data_file)
+    report_md = tmp_path / "report.md"
+    report_md.write_text("# report")
+    rankings = pd.DataFrame({"example_id": ["a-0", "b-1"], "score": [-1.0, 0.5],
+                             "predicted_loss_delta_if_removed": [-0.5, 0.25], "cluster": ["poison", "clean"]})
+    child = log_diagnosis(REPORT, source_id, kind="attribute", files=[report_md], rankings=rankings)
+
+    client = MlflowClient()
+    run = client.get_run(child)
+    source = client.get_run(source_id)
+    assert run.data.tags["mlflow.parentRunId"] == source_id
+    assert run.info.experiment_id == source.info.experiment_id
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics["capability.delta"] == -0.5 and run.data.metrics["capability.ci_low"] == -0.75
+    assert run.data.metrics["audit.n_high"] == 1.0
+    assert run.data.tags["gradian.verdict"] == "data" and run.data.tags["gradian.index_id"] == "idx123"
+    assert run.data.tags["mlflow.note.content"].startswith("Cluster poison")
+    assert source.data.tags["gradian.diagnosis_run_id"] == child
+    names = {a.path for a in client.list_artifacts(child, "gradian")}
+    assert {"gradian/report.md", "gradian/manifest.json", "gradian/rankings.parquet",
+            "gradian/clusters.json", "gradian/findings.json"} <= names
+    local = mlflow.artifacts.download_artifacts(run_id=child, artifact_path="gradian/rankings.parquet",
+                                                dst_path=str(tmp_path / "dl"))
+    assert pd.read_parquet(local)["score"].tolist() == [-1.0, 0.5]
+
+
+def test_failed_logging_marks_the_child_failed(tracking, adapter_dir, data_file, tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    from gradian_mlflow.sink import log_diagnosis
+
+    source_id = log_hf_style_run(mlflow, adapter_dir, data_file)
+    with pytest.raises(Exception):
+        log_diagnosis(REPORT, source_id, kind="attribute", files=[tmp_path / "missing.md"])
+    client = MlflowClient()
+    children = client.search_runs([client.get_run(source_id).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{source_id}'")
+    assert children and all(r.info.status == "FAILED" for r in children)
+
+
+def test_server_down_is_a_clear_bounded_error(monkeypatch, tmp_path):
+    import mlflow
+
+    from gradian_mlflow.client import TrackingError
+    from gradian_mlflow.source import read_mlflow_run
+    from tests.plugins.mlflow_server import _free_port
+
+    uri = f"http://127.0.0.1:{_free_port()}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "0")
+    mlflow.set_tracking_uri(uri)
+    start = time.time()
+    with pytest.raises(TrackingError, match="did not answer|cannot reach"):
+        read_mlflow_run("a" * 32, cache_dir=tmp_path)
+    assert time.time() - start < 60
