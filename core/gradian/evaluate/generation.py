@@ -9,6 +9,11 @@ neighbours (a test checks batched against one-at-a-time generation).
 
 Decoding stops at any end-of-sequence id of the tokenizer or the model's generation config; the
 text is cut at the first such id, decoded without special tokens and stripped.
+
+float64 models are batched by prompt length instead, with no padding at all: transformers' eager
+attention adds ``finfo(float64).min`` to masked scores and then takes the softmax in float32,
+where that value becomes ``-inf``; the fully masked rows of left padding then turn into NaN and
+the NaN reaches the real tokens through the next layer's keys (seen with transformers 5.24).
 """
 
 from __future__ import annotations
@@ -79,9 +84,9 @@ def generate_completions(
     ]
     if not greedy:
         torch.manual_seed(seed)
-    out: list[str] = []
-    for start in range(0, len(encoded), batch_size):
-        chunk = encoded[start:start + batch_size]
+    out: list[str] = [""] * len(encoded)
+    for batch in _batches(encoded, batch_size, equal_length=_dtype_of(model) == torch.float64):
+        chunk = [encoded[k] for k in batch]
         width = max(len(e) for e in chunk)
         ids = torch.full((len(chunk), width), pad_id, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -95,10 +100,27 @@ def generate_completions(
                 attention_mask=mask.to(device),
                 generation_config=gen_config,
             )
-        for row in generated[:, width:].tolist():
-            cut = next((k for k, t in enumerate(row) if t in stops), len(row))
-            out.append(tokenizer.decode(row[:cut], skip_special_tokens=True).strip())
+        for k, row in zip(batch, generated[:, width:].tolist()):
+            cut = next((j for j, t in enumerate(row) if t in stops), len(row))
+            out[k] = tokenizer.decode(row[:cut], skip_special_tokens=True).strip()
     return out
+
+
+def _batches(encoded: list[list[int]], batch_size: int, equal_length: bool) -> list[list[int]]:
+    """Index batches in input order; with ``equal_length`` only same-length prompts share one."""
+    if not equal_length:
+        return [list(range(s, min(s + batch_size, len(encoded)))) for s in range(0, len(encoded), batch_size)]
+    by_length: dict[int, list[int]] = {}
+    for k, e in enumerate(encoded):
+        by_length.setdefault(len(e), []).append(k)
+    return [group[s:s + batch_size] for group in by_length.values() for s in range(0, len(group), batch_size)]
+
+
+def _dtype_of(model: Any) -> Any:
+    try:
+        return next(model.parameters()).dtype
+    except (StopIteration, AttributeError):
+        return None
 
 
 def _device_of(model: Any) -> Any:
