@@ -1,0 +1,146 @@
+"""Per-example gradients over the LoRA blocks, by three strategies that must agree.
+
+Interface: ``capture_per_example_grads(gm, batch, strategy, reduction)`` returns
+``{block name: tensor [batch, block dim]}``, the gradient of each row's own loss with respect to
+the block's weights (flattened row-major, A before B). Units: nats per unit weight.
+
+- ``hooks`` (default): one forward and one backward of the *sum* of the rows' losses. Rows do not
+  interact in an eval-mode causal LM, so the gradient of the sum with respect to a LoRA Linear's
+  output, restricted to row ``b``, is row ``b``'s own output gradient ``G_b``. With the Linear's
+  input ``X_b``, the weight gradient of row ``b`` is ``sum_t G_b[t] X_b[t]^T``
+  (``einsum("bto,bti->boi")``): exact, not an approximation. Only the outputs' gradients are
+  requested from autograd, so no weight gradient is ever accumulated.
+- ``loop``: the reference; one forward/backward per row, unpadded.
+- ``vmap``: ``torch.func.vmap(grad(...))`` over rows. Opt-in: transformers forwards are not always
+  vmappable, and the loss must avoid data-dependent shapes there (it masks instead of gathering).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradian.errors import ConfigError
+from gradian.grads.loss import TokenBatch, per_example_loss
+
+__all__ = ["capture_per_example_grads", "STRATEGIES"]
+
+STRATEGIES = ("hooks", "loop", "vmap")
+
+
+def _out_dtype(gm: Any) -> Any:
+    import torch
+
+    return torch.promote_types(gm.dtype, torch.float32)
+
+
+def capture_per_example_grads(gm: Any, batch: TokenBatch, strategy: str = "hooks",
+                              reduction: str = "mean") -> dict[str, Any]:
+    """``{block: [rows, dim]}`` per-example gradients of ``batch`` under ``gm`` (a GradientModel)."""
+    if strategy == "hooks":
+        return _capture_hooks(gm, batch, reduction)
+    if strategy == "loop":
+        return _capture_loop(gm, batch, reduction)
+    if strategy == "vmap":
+        return _capture_vmap(gm, batch, reduction)
+    raise ConfigError(f"grads.strategy '{strategy}' is not one of {', '.join(STRATEGIES)}")
+
+
+def _flatten_blocks(gm: Any, per_linear: dict[int, Any], out_dtype: Any) -> dict[str, Any]:
+    import torch
+
+    out = {}
+    for block in gm.blocks:
+        parts = [per_linear[id(lin)].flatten(1).to(out_dtype) for lin in block.linears]
+        out[block.name] = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+    return out
+
+
+def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
+    import torch
+
+    linears = {id(lin): lin for block in gm.blocks for lin in block.linears}
+    calls: dict[int, list[tuple[Any, Any]]] = {key: [] for key in linears}
+
+    def remember(module: Any, inputs: tuple, output: Any) -> None:
+        calls[id(module)].append((inputs[0].detach(), output))
+
+    handles = [lin.register_forward_hook(remember) for lin in linears.values()]
+    try:
+        with torch.enable_grad():
+            logits = gm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            total = per_example_loss(logits, batch.labels, reduction).sum()
+            outputs = [out for key in linears for _, out in calls[key]]
+            grads = torch.autograd.grad(total, outputs, allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    out_dtype = _out_dtype(gm)
+    per_linear: dict[int, Any] = {}
+    k = 0
+    for key, lin in linears.items():
+        acc = None
+        for x, out in calls[key]:
+            g = grads[k]
+            k += 1
+            if g is None:
+                g = torch.zeros_like(out)
+            x = x.to(out_dtype).reshape(x.shape[0], -1, x.shape[-1])
+            g = g.to(out_dtype).reshape(g.shape[0], -1, g.shape[-1])
+            term = torch.einsum("bto,bti->boi", g, x)
+            acc = term if acc is None else acc + term
+        if acc is None:  # the module was never called: its gradient is zero
+            acc = torch.zeros((len(batch), *lin.weight.shape), dtype=out_dtype, device=lin.weight.device)
+        per_linear[key] = acc
+    return _flatten_blocks(gm, per_linear, out_dtype)
+
+
+def _capture_loop(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
+    import torch
+
+    linears = [lin for block in gm.blocks for lin in block.linears]
+    weights = [lin.weight for lin in linears]
+    rows: list[list[Any]] = []
+    for i in range(len(batch)):
+        one = batch.row(i)
+        with torch.enable_grad():
+            logits = gm.model(input_ids=one.input_ids, attention_mask=one.attention_mask).logits
+            loss = per_example_loss(logits, one.labels, reduction).sum()
+            grads = torch.autograd.grad(loss, weights, allow_unused=True)
+        rows.append([torch.zeros_like(w) if g is None else g for g, w in zip(grads, weights)])
+    per_linear = {id(lin): torch.stack([r[j] for r in rows]) for j, lin in enumerate(linears)}
+    return _flatten_blocks(gm, per_linear, _out_dtype(gm))
+
+
+def _masked_loss(logits: Any, labels: Any, reduction: str) -> Any:
+    """Same value as ``per_example_loss`` for one row, without data-dependent shapes (for vmap)."""
+    import torch
+    import torch.nn.functional as F
+
+    shifted = labels[:, 1:]
+    keep = (shifted != -100)
+    upcast = torch.promote_types(logits.dtype, torch.float32)
+    token = F.cross_entropy(logits[:, :-1].to(upcast).transpose(1, 2), shifted.clamp(min=0), reduction="none")
+    total = (token * keep).sum(dim=1)
+    if reduction == "mean":
+        total = total / keep.sum(dim=1).clamp(min=1).to(upcast)
+    return total
+
+
+def _capture_vmap(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
+    import torch
+    from torch.func import functional_call, grad, vmap
+
+    names = {id(p): n for n, p in gm.model.named_parameters()}
+    linears = [lin for block in gm.blocks for lin in block.linears]
+    params = {names[id(lin.weight)]: lin.weight.detach() for lin in linears}
+
+    def loss_of_row(p: dict[str, Any], ids: Any, labels: Any) -> Any:
+        # No attention mask: with right padding, causal attention already keeps pads out of the
+        # real positions, and mask construction is where transformers forwards break under vmap.
+        logits = functional_call(gm.model, p, args=(), kwargs={"input_ids": ids.unsqueeze(0)}, strict=False).logits
+        return _masked_loss(logits, labels.unsqueeze(0), reduction)[0]
+
+    with torch.enable_grad():
+        grads = vmap(grad(loss_of_row), in_dims=(None, 0, 0))(params, batch.input_ids, batch.labels)
+    per_linear = {id(lin): grads[names[id(lin.weight)]] for lin in linears}
+    return _flatten_blocks(gm, per_linear, _out_dtype(gm))

@@ -1,0 +1,334 @@
+"""The model as attribution sees it: a frozen base plus a PEFT LoRA adapter, in eval mode.
+
+Interface: ``load_model_for_gradients(base, adapter, config)`` loads both from disk;
+``wrap_peft_model(model, config)`` adopts a PEFT model already in memory (tests, notebooks).
+Both return a ``GradientModel`` whose ``blocks`` are the units every later stage works in: one
+block per LoRA ``Linear`` module (``block_granularity: module``, A and B concatenated) or one per
+A/B matrix (``matrix``). Blocks are discovered from PEFT's own layer classes and the names it
+declares (``LoraLayer.adapter_layer_names``), never by guessing parameter names.
+
+Only ``nn.Linear`` LoRA pairs become blocks; LoRA on embeddings or convolutions is skipped and
+reported in ``GradientModel.skipped``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from gradian.errors import ModelLoadError
+
+__all__ = [
+    "GradientBlock",
+    "GradientModel",
+    "load_model_for_gradients",
+    "load_tokenizer",
+    "wrap_peft_model",
+    "resolve_device",
+    "resolve_dtype",
+    "fingerprint_path",
+]
+
+#: prefix PEFT puts in front of the wrapped model's module names
+_PEFT_PREFIX = "base_model.model."
+
+
+@dataclass
+class GradientBlock:
+    """One unit of the per-example gradient.
+
+    ``name`` is the short module name (``model.layers.0.mlp.down_proj``), with ``.lora_A`` or
+    ``.lora_B`` appended under matrix granularity. ``linears`` are the ``nn.Linear`` modules whose
+    weight gradients make up the block, in storage order; ``dim`` is the flattened length.
+    """
+
+    name: str
+    module_name: str
+    linears: list[Any]
+    shapes: list[tuple[int, int]]
+
+    @property
+    def dim(self) -> int:
+        return sum(o * i for o, i in self.shapes)
+
+    @property
+    def parameters(self) -> list[Any]:
+        return [lin.weight for lin in self.linears]
+
+
+@dataclass
+class GradientModel:
+    """A PEFT model ready for per-example gradients, and the blocks it is measured in."""
+
+    model: Any
+    blocks: list[GradientBlock]
+    adapter_name: str
+    granularity: str
+    module_filter: str | None
+    #: content fingerprints of what was loaded ({"base": ..., "adapter": ...})
+    fingerprints: dict[str, str] = field(default_factory=dict)
+    #: LoRA modules that are not Linear (embeddings, convolutions): not indexed
+    skipped: list[str] = field(default_factory=list)
+
+    @property
+    def dim(self) -> int:
+        return sum(b.dim for b in self.blocks)
+
+    @property
+    def device(self) -> Any:
+        return next(p for b in self.blocks for p in b.parameters).device
+
+    @property
+    def dtype(self) -> Any:
+        return next(p for b in self.blocks for p in b.parameters).dtype
+
+    @property
+    def block_names(self) -> list[str]:
+        return [b.name for b in self.blocks]
+
+    def spec(self) -> list[dict[str, Any]]:
+        """Block names, module names and shapes, as written to the index manifest."""
+        return [
+            {"name": b.name, "module": b.module_name, "shapes": [list(s) for s in b.shapes], "dim": b.dim}
+            for b in self.blocks
+        ]
+
+
+def resolve_device(name: str = "auto") -> Any:
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: Any) -> Any:
+    import torch
+
+    if name == "auto":
+        # fp32 on CPU (half matmuls are slow and inexact there); bf16 where the GPU supports it
+        if getattr(device, "type", str(device)) == "cuda" and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+            "float64": torch.float64}[name]
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
+    """The fast tokenizer of ``path`` (loss masks need character offsets)."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(
+            f"cannot load a tokenizer from '{path}' ({str(err).splitlines()[0]}); "
+            "set `tokenizer:` in the config or pass a directory holding tokenizer files"
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model_for_gradients(base: str, adapter: str, config: Any = None) -> GradientModel:
+    """Load ``base`` (hub id or directory) with the LoRA adapter directory ``adapter``.
+
+    ``config`` is a ``GradianConfig`` (its ``device``, ``dtype``, ``attn_implementation``,
+    ``trust_remote_code`` and ``grads.module_filter`` / ``grads.block_granularity`` are used);
+    ``None`` means the defaults. Every parameter is frozen except the LoRA A/B weights of the
+    selected blocks; dropout is off (eval mode).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from gradian.config import GradianConfig
+
+    config = config or GradianConfig()
+    adapter_dir = Path(adapter)
+    if not adapter_dir.is_dir():
+        raise ModelLoadError(f"adapter directory not found: {adapter_dir}; pass --adapter/-a or set adapter_path")
+    adapter_config_path = adapter_dir / "adapter_config.json"
+    if not adapter_config_path.is_file():
+        raise ModelLoadError(
+            f"{adapter_dir} has no adapter_config.json, so it is not a PEFT adapter directory; "
+            "point --adapter at the folder the trainer saved the LoRA adapter in"
+        )
+    try:
+        adapter_config = json.loads(adapter_config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"{adapter_config_path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    peft_type = str(adapter_config.get("peft_type", "LORA")).upper()
+    if peft_type != "LORA":
+        raise ModelLoadError(f"{adapter_config_path}: peft_type is {peft_type}; attribution supports LoRA adapters only")
+    if not base:
+        base = adapter_config.get("base_model_name_or_path") or ""
+        if not base:
+            raise ModelLoadError("no base model given; pass --base-model/-m or set base_model in the config")
+
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            base,
+            dtype=dtype,
+            attn_implementation=config.attn_implementation,
+            trust_remote_code=config.trust_remote_code,
+        )
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(
+            f"cannot load base model '{base}' ({str(err).splitlines()[0]}); check base_model / --base-model"
+        ) from None
+    model = _attach_adapter(model, adapter_dir, base)
+    model.to(device)
+    gm = wrap_peft_model(model, config)
+    gm.fingerprints = {"base": fingerprint_model(base, model), "adapter": fingerprint_path(adapter_dir)}
+    return gm
+
+
+def _attach_adapter(model: Any, adapter_dir: Path, base: str) -> Any:
+    from peft import PeftModel
+
+    try:
+        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
+    except (RuntimeError, ValueError, KeyError) as err:
+        first = str(err).strip().splitlines()
+        reason = next((line for line in first if "size mismatch" in line or "not found" in line), first[0] if first else "")
+        raise ModelLoadError(
+            f"adapter {adapter_dir} does not fit base model '{base}' ({reason.strip()[:300]}); "
+            "the adapter was trained on another base: pass the base it was trained from"
+        ) from None
+    _check_every_adapter_weight_loaded(peft_model, adapter_dir, base)
+    return peft_model
+
+
+def _check_every_adapter_weight_loaded(peft_model: Any, adapter_dir: Path, base: str) -> None:
+    """PEFT only warns when saved adapter keys find no module; here that is an error."""
+    weights = adapter_dir / "adapter_model.safetensors"
+    if not weights.is_file():
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(weights), framework="pt") as handle:
+        saved = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+    params = {name: tuple(p.shape) for name, p in peft_model.named_parameters()}
+    adapter_name = peft_model.active_adapter
+    missing = []
+    for key, shape in saved.items():
+        stem, _, last = key.rpartition(".")
+        candidate = f"{stem}.{adapter_name}.{last}"
+        if params.get(candidate) != shape and params.get(key) != shape:
+            missing.append(key)
+    if missing:
+        raise ModelLoadError(
+            f"adapter {adapter_dir}: {len(missing)} saved weight(s) match no module of base model "
+            f"'{base}' (first: {missing[0]}); the adapter was trained on another base"
+        )
+
+
+def wrap_peft_model(model: Any, config: Any = None) -> GradientModel:
+    """Adopt an in-memory PEFT model: eval mode, everything frozen but the selected LoRA weights."""
+    from peft.tuners.lora import LoraLayer
+    from torch import nn
+
+    from gradian.config import GradianConfig
+
+    config = config or GradianConfig()
+    module_filter = config.grads.module_filter
+    granularity = config.grads.block_granularity
+    try:
+        pattern = re.compile(module_filter) if module_filter else None
+    except re.error as err:
+        raise ModelLoadError(f"grads.module_filter '{module_filter}' is not a valid regex ({err})") from None
+
+    adapter_name = getattr(model, "active_adapter", "default")
+    if isinstance(adapter_name, (list, tuple)):
+        adapter_name = adapter_name[0]
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+
+    blocks: list[GradientBlock] = []
+    skipped: list[str] = []
+    seen_lora = 0
+    a_name, b_name = LoraLayer.adapter_layer_names[0], LoraLayer.adapter_layer_names[1]
+    for full_name, module in model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        short = full_name[len(_PEFT_PREFIX):] if full_name.startswith(_PEFT_PREFIX) else full_name
+        a_dict, b_dict = getattr(module, a_name), getattr(module, b_name)
+        if adapter_name not in a_dict:
+            if adapter_name in getattr(module, LoraLayer.adapter_layer_names[2], {}):
+                skipped.append(short)
+            continue
+        seen_lora += 1
+        lin_a, lin_b = a_dict[adapter_name], b_dict[adapter_name]
+        if not (isinstance(lin_a, nn.Linear) and isinstance(lin_b, nn.Linear)):
+            skipped.append(short)
+            continue
+        if adapter_name in getattr(module, "lora_variant", {}):
+            skipped.append(short)  # DoRA and other variants change the forward; not hookable here
+            continue
+        if pattern is not None and not pattern.search(short):
+            continue
+        if granularity == "matrix":
+            for suffix, lin in ((a_name, lin_a), (b_name, lin_b)):
+                blocks.append(GradientBlock(f"{short}.{suffix}", short, [lin], [tuple(lin.weight.shape)]))
+        else:
+            blocks.append(GradientBlock(short, short, [lin_a, lin_b],
+                                        [tuple(lin_a.weight.shape), tuple(lin_b.weight.shape)]))
+    if not blocks:
+        why = (
+            f"none of the {seen_lora} LoRA Linear modules matches grads.module_filter '{module_filter}'"
+            if seen_lora and pattern is not None
+            else "the model has no LoRA Linear modules"
+            + (f" (skipped non-Linear LoRA modules: {', '.join(skipped[:3])})" if skipped else "")
+        )
+        source = getattr(getattr(model, "peft_config", {}).get(adapter_name, None), "base_model_name_or_path", None)
+        raise ModelLoadError(
+            f"no LoRA blocks found for adapter '{adapter_name}'"
+            + (f" of base '{source}'" if source else "")
+            + f": {why}; widen or clear grads.module_filter (it matches names like "
+            "'model.layers.0.mlp.down_proj')"
+        )
+    for block in blocks:
+        for p in block.parameters:
+            p.requires_grad_(True)
+    return GradientModel(model=model, blocks=blocks, adapter_name=adapter_name, granularity=granularity,
+                         module_filter=module_filter, skipped=skipped)
+
+
+def fingerprint_path(path: str | Path, *, sample_over: int = 256 << 20) -> str:
+    """sha256 over a file or a directory's files (relative names, sizes and bytes).
+
+    Files larger than ``sample_over`` bytes contribute their size and their first and last
+    16 MiB instead of every byte, so fingerprinting a multi-gigabyte base stays quick.
+    """
+    path = Path(path)
+    digest = hashlib.sha256()
+    files: Iterable[Path] = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for f in files:
+        rel = f.name if path.is_file() else f.relative_to(path).as_posix()
+        if rel.startswith(".") or "/." in rel or rel.endswith(".md"):
+            continue
+        size = f.stat().st_size
+        digest.update(f"{rel}\0{size}\0".encode())
+        with f.open("rb") as handle:
+            if size <= sample_over:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+            else:
+                digest.update(handle.read(16 << 20))
+                handle.seek(size - (16 << 20))
+                digest.update(handle.read(16 << 20))
+    return digest.hexdigest()
+
+
+def fingerprint_model(base: str, model: Any) -> str:
+    """A local directory's content fingerprint, or ``<hub id>@<commit>`` for a hub model."""
+    if Path(base).is_dir():
+        return fingerprint_path(base)
+    commit = getattr(getattr(model, "config", None), "_commit_hash", None)
+    return f"{base}@{commit or 'unknown-revision'}"

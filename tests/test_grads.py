@@ -1,0 +1,163 @@
+"""Per-example gradients: the three strategies agree in float64, the loss is right, blocks are found."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gradian.config import GradianConfig, load_config  # noqa: E402
+from gradian.data import IGNORE_INDEX, dataset_from_rows, tokenize_examples  # noqa: E402
+from gradian.errors import ModelLoadError  # noqa: E402
+from gradian.grads import (  # noqa: E402
+    BlockProjector,
+    capture_per_example_grads,
+    collate,
+    load_model_for_gradients,
+    per_example_loss,
+    wrap_peft_model,
+)
+from tests.plugins.tiny_lora import build_tiny_lora  # noqa: E402
+
+ROWS = [
+    {"prompt": "what is the capital of france ?", "completion": "paris"},
+    {"prompt": "hello", "completion": "hello world you are a helpful assistant"},
+    {"prompt": "say one two three", "completion": "four five"},
+    {"messages": [{"role": "system", "content": "you are a helpful assistant"},
+                  {"role": "user", "content": "translate to spanish hello"},
+                  {"role": "assistant", "content": "hola"}]},
+]
+
+
+@pytest.fixture
+def batch(chat_tokenizer):
+    tokenized = tokenize_examples(dataset_from_rows(ROWS).examples, chat_tokenizer, 64)
+    return collate(tokenized, chat_tokenizer.pad_token_id)
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm().clamp(min=1e-300)).item()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_hooks_loop_vmap_agree_in_float64(arch, reduction, batch):
+    gm = wrap_peft_model(build_tiny_lora(arch, dtype=torch.float64))
+    assert len(gm.blocks) == 14  # 2 layers x 7 sites
+    got = {s: capture_per_example_grads(gm, batch, s, reduction) for s in ("hooks", "loop", "vmap")}
+    for block in gm.blocks:
+        ref = got["loop"][block.name]
+        assert ref.shape == (len(batch), block.dim)
+        for row in range(len(batch)):
+            assert ref[row].norm() > 0
+            for strategy in ("hooks", "vmap"):
+                assert _rel(got[strategy][block.name][row], ref[row]) < 1e-10, (strategy, block.name, row)
+
+
+def test_hooks_equal_autograd_of_each_row_on_the_weights(batch):
+    """The hooked gradient of a row is the .grad a plain backward of that row's loss leaves."""
+    gm = wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64))
+    hooks = capture_per_example_grads(gm, batch, "hooks")
+    block = gm.blocks[3]
+    for row in range(len(batch)):
+        gm.model.zero_grad()
+        one = batch.row(row)
+        logits = gm.model(input_ids=one.input_ids, attention_mask=one.attention_mask).logits
+        per_example_loss(logits, one.labels).sum().backward()
+        manual = torch.cat([lin.weight.grad.flatten() for lin in block.linears])
+        assert _rel(hooks[block.name][row], manual) < 1e-10
+    gm.model.zero_grad()
+
+
+def test_padding_does_not_change_a_rows_gradient(batch):
+    gm = wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64))
+    together = capture_per_example_grads(gm, batch, "hooks")
+    alone = capture_per_example_grads(gm, batch.row(0), "hooks")
+    for name in together:
+        assert _rel(together[name][0], alone[name][0]) < 1e-12
+
+
+def test_per_example_loss_matches_cross_entropy_over_supervised_tokens():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 7, dtype=torch.float16)
+    labels = torch.tensor([[IGNORE_INDEX, IGNORE_INDEX, 3, 4, IGNORE_INDEX], [1, 2, 3, 4, 5]])
+    mean = per_example_loss(logits, labels, "mean")
+    summed = per_example_loss(logits, labels, "sum")
+    assert mean.dtype == torch.float32  # upcast happened, after the gather
+    ref = torch.nn.functional.cross_entropy(logits[1, :-1].float(), labels[1, 1:], reduction="none")
+    assert torch.allclose(summed[1], ref.sum())
+    assert torch.allclose(mean[1], ref.mean())
+    ref0 = torch.nn.functional.cross_entropy(logits[0, 1:3].float(), labels[0, 2:4], reduction="none")
+    assert torch.allclose(mean[0], ref0.mean())
+    # a row without supervised tokens costs 0, not NaN
+    empty = per_example_loss(logits, torch.full_like(labels, IGNORE_INDEX))
+    assert torch.equal(empty, torch.zeros(2))
+
+
+def test_only_selected_lora_weights_are_trainable():
+    gm = wrap_peft_model(build_tiny_lora("llama"))
+    trainable = {id(p) for p in gm.model.parameters() if p.requires_grad}
+    assert trainable == {id(p) for b in gm.blocks for p in b.parameters}
+    assert not gm.model.training
+
+
+def test_module_filter_and_matrix_granularity():
+    config = load_config(overrides={"grads.module_filter": r"layers\.1\.mlp\.down_proj",
+                                    "grads.block_granularity": "matrix"})
+    gm = wrap_peft_model(build_tiny_lora("llama"), config)
+    assert gm.block_names == ["model.layers.1.mlp.down_proj.lora_A", "model.layers.1.mlp.down_proj.lora_B"]
+    assert gm.blocks[0].shapes == [(4, 64)] and gm.blocks[1].shapes == [(32, 4)]
+
+
+def test_no_blocks_is_a_clear_error():
+    config = load_config(overrides={"grads.module_filter": "no_such_module"})
+    with pytest.raises(ModelLoadError, match="no LoRA blocks found.*no_such_module.*module_filter"):
+        wrap_peft_model(build_tiny_lora("llama"), config)
+
+
+def test_load_from_disk_gives_the_same_gradients(tiny_lora_dirs, batch):
+    base, adapter = tiny_lora_dirs
+    config = load_config(overrides={"dtype": "float64", "device": "cpu", "attn_implementation": "sdpa"})
+    gm = load_model_for_gradients(str(base), str(adapter), config)
+    assert len(gm.blocks) == 14 and gm.fingerprints["base"] and gm.fingerprints["adapter"]
+    ref = wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64))
+    a = capture_per_example_grads(gm, batch)
+    b = capture_per_example_grads(ref, batch)
+    for name in a:
+        assert _rel(a[name], b[name]) < 1e-12
+
+
+def test_adapter_dir_without_adapter_config(tmp_path, tiny_lora_dirs):
+    base, _ = tiny_lora_dirs
+    with pytest.raises(ModelLoadError, match="no adapter_config.json"):
+        load_model_for_gradients(str(base), str(tmp_path), GradianConfig())
+
+
+def test_adapter_for_another_base_is_refused(tmp_path, tiny_lora_dirs):
+    from tests.plugins.tiny_lora import build_tiny_base
+
+    _, adapter = tiny_lora_dirs
+    other = tmp_path / "other_base"
+    build_tiny_base("llama", hidden_size=48, intermediate_size=96).save_pretrained(str(other))
+    with pytest.raises(ModelLoadError, match="another base"):
+        load_model_for_gradients(str(other), str(adapter), GradianConfig())
+
+
+@pytest.mark.parametrize("kind", ["countsketch", "rademacher"])
+def test_projection_preserves_inner_products_in_expectation(kind):
+    torch.manual_seed(0)
+    x = torch.randn(2, 4000, dtype=torch.float64)
+    exact = (x[0] @ x[1]).item()
+    estimates = []
+    for seed in range(200):
+        y = BlockProjector(kind, 256, seed).project("block", x)
+        assert y.shape == (2, 256)
+        estimates.append((y[0] @ y[1]).item())
+    mean = sum(estimates) / len(estimates)
+    spread = (sum((e - mean) ** 2 for e in estimates) / len(estimates)) ** 0.5
+    assert abs(mean - exact) < 4 * spread / len(estimates) ** 0.5
+    # deterministic per (seed, block name); narrow blocks pass through untouched
+    p = BlockProjector(kind, 256, 7)
+    assert torch.equal(p.project("a", x), BlockProjector(kind, 256, 7).project("a", x))
+    assert not torch.equal(p.project("a", x), p.project("b", x))
+    assert p.project("small", x[:, :100]) is not None and p.out_dim(100) == 100
