@@ -1,0 +1,162 @@
+"""``cluster_examples``: one cluster per training example, by the method the config asks for.
+
+Cluster keys are strings. Discovered clusters are numbered ``"0"``, ``"1"``, ... from the largest
+down; HDBSCAN's unclustered points go to the ``"noise"`` cluster; declared clusters keep the row's
+own value (``"100"``, ``"invoice"``).
+
+The ``auto`` rule, in order:
+
+1. every row declares a ``cluster``/``cluster_id``: use them (``declared``): the user's taxonomy
+   beats a discovered one;
+2. fewer than two rows: ``none``;
+3. fewer rows than ``2 x min_cluster_size``: ``kmeans`` (HDBSCAN cannot form two clusters);
+4. HDBSCAN on the embeddings; when it leaves more than half the rows as noise
+   (``AUTO_MAX_NOISE_SHARE``) or finds fewer than two clusters, ``kmeans`` instead: a "cluster"
+   table whose largest row is noise, or that holds everything in one group, cannot separate a
+   harmful group from the rest.
+
+The result is deterministic for a seed: KMeans and TruncatedSVD take it as their random state,
+HDBSCAN and the sentence encoder are deterministic on CPU.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from gradian.errors import ConfigError
+
+__all__ = ["AUTO_MAX_NOISE_SHARE", "NOISE", "ClusterAssignment", "cluster_examples"]
+
+NOISE = "noise"
+UNDECLARED = "undeclared"
+#: auto falls back from HDBSCAN to KMeans when more than this share of rows is noise
+AUTO_MAX_NOISE_SHARE = 0.5
+_METHODS = ("auto", "declared", "hdbscan", "kmeans", "none")
+
+
+@dataclass
+class ClusterAssignment:
+    """Which cluster each example belongs to, what each cluster is called, and how it was decided.
+
+    ``labels`` maps example id -> cluster key; ``names`` maps cluster key -> its human label;
+    ``method`` is the method actually used (never ``auto``), ``requested`` the configured one, and
+    ``reason`` why the two differ or how the embeddings were made.
+    """
+
+    labels: dict[str, str]
+    names: dict[str, str]
+    method: str
+    requested: str
+    reason: str
+    embed_backend: str | None = None
+    sizes: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            self.sizes = dict(Counter(self.labels.values()))
+
+    def cluster_of(self, example_id: str) -> str:
+        return self.labels[example_id]
+
+    def members(self, cluster: str) -> list[str]:
+        """Example ids in ``cluster``, in dataset order."""
+        return [eid for eid, key in self.labels.items() if key == str(cluster)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _renumber(raw: np.ndarray) -> list[str]:
+    """Cluster ids ``"0".."k-1"`` ordered by size (largest first, ties by first appearance)."""
+    counts = Counter(int(x) for x in raw if x >= 0)
+    first = {}
+    for i, x in enumerate(raw):
+        first.setdefault(int(x), i)
+    order = sorted(counts, key=lambda c: (-counts[c], first[c]))
+    mapping = {c: str(i) for i, c in enumerate(order)}
+    return [mapping[int(x)] if x >= 0 else NOISE for x in raw]
+
+
+def _kmeans(vectors: np.ndarray, n_clusters: int, seed: int) -> list[str]:
+    from sklearn.cluster import KMeans
+
+    k = max(1, min(n_clusters, len(vectors), len(np.unique(vectors.round(12), axis=0))))
+    if k == 1:
+        return ["0"] * len(vectors)
+    raw = KMeans(n_clusters=k, random_state=seed, n_init=10).fit_predict(vectors)
+    return _renumber(raw)
+
+
+def _hdbscan(vectors: np.ndarray, min_cluster_size: int) -> list[str]:
+    from sklearn.cluster import HDBSCAN
+
+    raw = HDBSCAN(min_cluster_size=max(2, min_cluster_size), copy=True).fit_predict(vectors)
+    return _renumber(raw)
+
+
+def cluster_examples(examples: Sequence[Any], config: Any, seed: int = 1234) -> ClusterAssignment:
+    """Assign every example (``gradian.data.Example``) to a cluster per ``config`` (a ``ClusteringConfig``)."""
+    from gradian.cluster.embed import embed_texts
+    from gradian.cluster.labels import label_clusters
+
+    requested = config.method
+    if requested not in _METHODS:
+        raise ConfigError(f"clustering.method={requested!r} is not one of {', '.join(_METHODS)}")
+    examples = list(examples)
+    ids = [e.id for e in examples]
+    texts = [e.full_text for e in examples]
+    declared = [e.cluster for e in examples]
+    n = len(examples)
+    method, reason, backend = requested, "", None
+
+    if requested == "auto":
+        if n and all(c not in (None, "") for c in declared):
+            method, reason = "declared", "every row declares a cluster"
+        elif n < 2:
+            method, reason = "none", f"only {n} example(s)"
+        elif n < 2 * max(2, config.min_cluster_size):
+            method, reason = "kmeans", f"{n} examples are too few for HDBSCAN (min_cluster_size={config.min_cluster_size})"
+        else:
+            method = "hdbscan"
+
+    if method == "declared":
+        missing = sum(c in (None, "") for c in declared)
+        keys = [str(c) if c not in (None, "") else UNDECLARED for c in declared]
+        reason = reason or "clustering.method: declared"
+        if missing:
+            reason += f"; {missing} row(s) without a cluster are grouped as '{UNDECLARED}'"
+    elif method == "none":
+        keys = ["0"] * n
+        reason = reason or "clustering.method: none (one cluster holds every example)"
+    else:
+        emb = embed_texts(texts, config, seed)
+        backend = emb.backend
+        if method == "hdbscan":
+            keys = _hdbscan(emb.vectors, config.min_cluster_size)
+            noise_share = keys.count(NOISE) / n
+            n_found = len(set(keys) - {NOISE})
+            if requested == "auto" and (noise_share > AUTO_MAX_NOISE_SHARE or n_found < 2):
+                keys = _kmeans(emb.vectors, config.n_clusters, seed)
+                method = "kmeans"
+                reason = (f"HDBSCAN left {noise_share:.0%} of rows as noise and found {n_found} "
+                          f"cluster(s), so KMeans (k={config.n_clusters}) was used")
+            else:
+                reason = reason or (f"HDBSCAN found {n_found} cluster(s), {noise_share:.0%} noise")
+        else:
+            keys = _kmeans(emb.vectors, config.n_clusters, seed)
+            reason = reason or f"KMeans with n_clusters={config.n_clusters}"
+        reason += f"; embeddings: {emb.reason}"
+
+    names = label_clusters(texts, keys, config.label_top_terms, config.max_features) if n else {}
+    return ClusterAssignment(
+        labels=dict(zip(ids, keys)),
+        names={str(k): v for k, v in names.items()},
+        method=method,
+        requested=requested,
+        reason=reason,
+        embed_backend=backend,
+    )
