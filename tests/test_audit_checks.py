@@ -451,3 +451,30 @@ def test_every_threshold_has_help_text():
 
     for f in dataclasses.fields(AuditConfig):
         assert f.metadata.get("help"), f.name
+
+
+# -- near-duplicate estimator against the exact Jaccard --------------------------------------
+
+def test_minhash_estimates_track_exact_jaccard():
+    from gradian.audit.data_checks import minhash_signatures, near_duplicate_groups
+
+    rng = random.Random(3)
+    base = [rng.choice(_WORDS) for _ in range(200)]
+    texts = [" ".join(base)]
+    for changed in (2, 20, 80):
+        words = list(base)
+        for i in rng.sample(range(200), changed):
+            words[i] = f"x{i}"
+        texts.append(" ".join(words))
+
+    def grams(t):
+        w = t.split()
+        return {tuple(w[i:i + 3]) for i in range(len(w) - 2)}
+
+    sig = minhash_signatures(texts, 256)
+    for j in range(1, 4):
+        exact = len(grams(texts[0]) & grams(texts[j])) / len(grams(texts[0]) | grams(texts[j]))
+        estimate = float((sig[0] == sig[j]).mean())
+        assert abs(estimate - exact) < 0.1, (j, exact, estimate)
+    assert near_duplicate_groups(texts, 0.9, 64) == [[0, 1]]
+    assert near_duplicate_groups(["a b", "a b", "c"], 0.9, 64) == [[0, 1]]

@@ -8,6 +8,7 @@ warmup fraction) come from ``RunRecord`` and are never recomputed here.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 from gradian.audit.context import AuditContext
@@ -96,12 +97,17 @@ def base_model_mismatch(ctx: AuditContext):
     # A local copy of a hub model keeps the hub name as its last path component.
     if _model_key(recorded) == _model_key(given):
         return None
+    # A local directory under another name may still be a copy of the recorded model: say so,
+    # at a lower severity, rather than accuse it outright.
+    local = Path(given).is_dir()
     return ctx.finding(
-        "high",
+        "medium" if local else "high",
         f"Adapter was trained on {recorded!r}, not {given!r}",
         f"adapter_config.json says the adapter belongs to {recorded!r}, but this analysis uses "
         f"{given!r}. An adapter applied to a different base computes something else entirely, so "
-        "every tokenizer-based figure and any attribution would describe the wrong model.",
+        "every tokenizer-based figure and any attribution would describe the wrong model."
+        + (" (The given path is a local directory; if it is a copy of the recorded model under "
+           "another name, this finding can be ignored.)" if local else ""),
         f"Pass --base-model {recorded} (or a local copy of it), or check that the run directory is "
         "the one you meant.",
         evidence={"adapter_base_model": recorded, "given_base_model": given},
