@@ -1,0 +1,34 @@
+"""Engines by name. Adding one is a module with an ``Engine`` subclass decorated with
+``@register_engine`` plus its import line in ``gradian/engines/__init__.py``."""
+
+from __future__ import annotations
+
+from gradian.engines.base import Engine
+from gradian.errors import ConfigError
+
+__all__ = ["register_engine", "get_engine", "available_engines"]
+
+_ENGINES: dict[str, type[Engine]] = {}
+
+
+def register_engine(cls: type[Engine]) -> type[Engine]:
+    if not cls.name:
+        raise TypeError(f"{cls.__name__} needs a non-empty `name` to be registered")
+    if cls.name in _ENGINES and _ENGINES[cls.name] is not cls:
+        raise TypeError(f"engine name '{cls.name}' is already taken by {_ENGINES[cls.name].__name__}")
+    _ENGINES[cls.name] = cls
+    return cls
+
+
+def get_engine(name: str) -> Engine:
+    """A fresh instance of the engine registered as ``name``."""
+    try:
+        return _ENGINES[name]()
+    except KeyError:
+        raise ConfigError(
+            f"engine.name '{name}' is not a known engine; choose one of {', '.join(available_engines())}"
+        ) from None
+
+
+def available_engines() -> list[str]:
+    return sorted(_ENGINES)
