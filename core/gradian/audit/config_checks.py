@@ -59,7 +59,7 @@ def _epochs(ctx: AuditContext) -> float | None:
     return c.num_train_epochs
 
 
-@register("config.attention_only_targets", "target_modules covers attention only", needs=("run",))
+@register("config.attention_only_targets", "LoRA adapts attention projections only, no MLP", needs=("run",))
 def attention_only_targets(ctx: AuditContext):
     targets = _run(ctx).lora.target_modules
     if not targets:
@@ -86,7 +86,7 @@ def _model_key(name: str) -> str:
     return name.strip().rstrip("/").replace("\\", "/").rsplit("/", 1)[-1].lower()
 
 
-@register("config.base_model_mismatch", "Adapter trained on a different base model", needs=("run",))
+@register("config.base_model_mismatch", "Adapter's recorded base model differs from the one given", needs=("run",))
 def base_model_mismatch(ctx: AuditContext):
     recorded = _run(ctx).lora.base_model
     if not recorded:
@@ -114,7 +114,7 @@ def base_model_mismatch(ctx: AuditContext):
     )
 
 
-@register("config.capacity_vs_data", "Adapter capacity large relative to the data", needs=("run",))
+@register("config.capacity_vs_data", "LoRA rank high for the number of training rows", needs=("run",))
 def capacity_vs_data(ctx: AuditContext):
     r = _run(ctx).lora.r
     if not r:
@@ -137,7 +137,7 @@ def capacity_vs_data(ctx: AuditContext):
     )
 
 
-@register("config.fp16_precision", "fp16 rather than bf16", needs=("run",))
+@register("config.fp16_precision", "Trained in fp16 where bf16 is safer", needs=("run",))
 def fp16_precision(ctx: AuditContext):
     c = _run(ctx).config
     if c.fp16 is None and c.bf16 is None:
@@ -155,7 +155,7 @@ def fp16_precision(ctx: AuditContext):
     )
 
 
-@register("config.grad_clip_disabled", "Gradient clipping disabled", needs=("run",))
+@register("config.grad_clip_disabled", "max_grad_norm turns gradient clipping off", needs=("run",))
 def grad_clip_disabled(ctx: AuditContext):
     max_norm = _run(ctx).config.max_grad_norm
     if max_norm is None:
@@ -172,7 +172,7 @@ def grad_clip_disabled(ctx: AuditContext):
     )
 
 
-@register("config.high_lora_dropout", "High LoRA dropout on a small dataset", needs=("run",))
+@register("config.high_lora_dropout", "Heavy LoRA dropout on a small dataset", needs=("run",))
 def high_lora_dropout(ctx: AuditContext):
     dropout = _run(ctx).lora.dropout
     if dropout is None:
@@ -194,7 +194,7 @@ def high_lora_dropout(ctx: AuditContext):
     )
 
 
-@register("config.lr_too_high", "Learning rate too high for LoRA", needs=("run",))
+@register("config.lr_too_high", "Effective LoRA learning rate (lr x alpha/r) above the usual range", needs=("run",))
 def lr_too_high(ctx: AuditContext):
     lr, scale, effective, label = _rate_figures(ctx)
     cfg = ctx.config
@@ -220,7 +220,7 @@ def lr_too_high(ctx: AuditContext):
     )
 
 
-@register("config.lr_too_low", "Learning rate too low to learn", needs=("run",))
+@register("config.lr_too_low", "Effective LoRA learning rate too small to move the adapter", needs=("run",))
 def lr_too_low(ctx: AuditContext):
     lr, scale, effective, label = _rate_figures(ctx)
     cfg = ctx.config
@@ -238,7 +238,7 @@ def lr_too_low(ctx: AuditContext):
     )
 
 
-@register("config.max_seq_length_vs_data", "max_seq_length shorter than the data needs", needs=("dataset", "tokenizer"))
+@register("config.max_seq_length_vs_data", "max_seq_length below the tokenized length most rows need", needs=("dataset", "tokenizer"))
 def max_seq_length_vs_data(ctx: AuditContext):
     limit = ctx.max_seq_length
     if not limit:
@@ -277,7 +277,7 @@ def _quantile(sorted_values: list[int], q: float) -> int:
     return sorted_values[k]
 
 
-@register("config.no_eval_set", "No eval set configured", needs=("run",))
+@register("config.no_eval_set", "No evaluation ran during training", needs=("run",))
 def no_eval_set(ctx: AuditContext):
     run = _run(ctx)
     strategy = run.config.eval_strategy
@@ -295,7 +295,7 @@ def no_eval_set(ctx: AuditContext):
     )
 
 
-@register("config.no_warmup", "No warmup with a high learning rate", needs=("run",))
+@register("config.no_warmup", "High learning rate from the very first step (no warmup)", needs=("run",))
 def no_warmup(ctx: AuditContext):
     _, _, effective, _ = _rate_figures(ctx)
     warmup = _run(ctx).warmup_fraction
@@ -316,7 +316,7 @@ def no_warmup(ctx: AuditContext):
     )
 
 
-@register("config.overtraining", "Too many epochs for the dataset size", needs=("run",))
+@register("config.overtraining", "Epoch count high for the dataset size", needs=("run",))
 def overtraining(ctx: AuditContext):
     epochs = _epochs(ctx)
     if epochs is None:
@@ -342,7 +342,7 @@ def overtraining(ctx: AuditContext):
     )
 
 
-@register("config.packing_with_completion_loss", "Packing combined with completion-only loss", needs=("run",))
+@register("config.packing_with_completion_loss", "Sequence packing together with completion-only loss", needs=("run",))
 def packing_with_completion_loss(ctx: AuditContext):
     c = _run(ctx).config
     if c.packing is None:
@@ -361,7 +361,7 @@ def packing_with_completion_loss(ctx: AuditContext):
     )
 
 
-@register("config.pad_equals_eos", "pad_token is the eos_token", needs=("tokenizer",))
+@register("config.pad_equals_eos", "Tokenizer pads with its EOS token (or has no pad token)", needs=("tokenizer",))
 def pad_equals_eos(ctx: AuditContext):
     tok = ctx.tokenizer
     eos = getattr(tok, "eos_token_id", None)
@@ -382,7 +382,7 @@ def pad_equals_eos(ctx: AuditContext):
     )
 
 
-@register("config.seed_unset", "No seed recorded", needs=("run",))
+@register("config.seed_unset", "Run recorded no seed", needs=("run",))
 def seed_unset(ctx: AuditContext):
     if _run(ctx).config.seed is not None:
         return None
@@ -395,7 +395,7 @@ def seed_unset(ctx: AuditContext):
     )
 
 
-@register("config.small_effective_batch", "Effective batch size of 1-2 with a high LR", needs=("run",))
+@register("config.small_effective_batch", "Effective batch of 1-2 at a high learning rate", needs=("run",))
 def small_effective_batch(ctx: AuditContext):
     run = _run(ctx)
     batch = run.effective_batch_size
@@ -419,7 +419,7 @@ def small_effective_batch(ctx: AuditContext):
     )
 
 
-@register("config.undertrained", "Too few optimizer steps", needs=("run",))
+@register("config.undertrained", "Run planned very few optimizer steps", needs=("run",))
 def undertrained(ctx: AuditContext):
     steps = _run(ctx).total_optimizer_steps(ctx.n_examples)
     if steps is None:

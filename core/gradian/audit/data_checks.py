@@ -37,7 +37,7 @@ def _need_seq_length(ctx: AuditContext) -> int:
     return ctx.max_seq_length
 
 
-@register("data.completion_truncated", "Targets cut off by max_seq_length", needs=("dataset", "tokenizer"))
+@register("data.completion_truncated", "Answers cut off by max_seq_length", needs=("dataset", "tokenizer"))
 def completion_truncated(ctx: AuditContext):
     limit = _need_seq_length(ctx)
     toks = ctx.tokenized
@@ -77,7 +77,7 @@ def _agree(a: str, b: str) -> bool:
     return bool(short) and f" {short} " in f" {long} "
 
 
-@register("data.conflicting_answers", "Same question, disagreeing answers", needs=("dataset",))
+@register("data.conflicting_answers", "One prompt, several disagreeing answers", needs=("dataset",))
 def conflicting_answers(ctx: AuditContext):
     groups: dict[str, list[int]] = defaultdict(list)
     for i, prompt in enumerate(ctx.normalized_prompts):
@@ -120,7 +120,7 @@ def _exact_key(example: Any) -> str:
     return (example.text or "").strip()
 
 
-@register("data.duplicates", "Exact duplicate examples", needs=("dataset",))
+@register("data.duplicates", "Rows repeated word for word", needs=("dataset",))
 def duplicates(ctx: AuditContext):
     seen: dict[str, int] = {}
     copies: list[int] = []
@@ -148,7 +148,7 @@ def duplicates(ctx: AuditContext):
     )
 
 
-@register("data.empty_or_degenerate_targets", "Empty or trivially short targets", needs=("dataset",))
+@register("data.empty_or_degenerate_targets", "Answers that are empty, punctuation or repetition", needs=("dataset",))
 def empty_or_degenerate_targets(ctx: AuditContext):
     cfg = ctx.config
     empty, degenerate = [], []
@@ -194,7 +194,7 @@ def _target_format(text: str) -> str:
     return "plain"
 
 
-@register("data.format_inconsistency", "Mixed target formats", needs=("dataset",))
+@register("data.format_inconsistency", "Answers that break the dominant format, or mixed row shapes", needs=("dataset",))
 def format_inconsistency(ctx: AuditContext):
     examples = ctx.examples
     n = len(examples)
@@ -235,7 +235,7 @@ def format_inconsistency(ctx: AuditContext):
     return findings
 
 
-@register("data.length_outliers", "Extremely long examples", needs=("dataset",))
+@register("data.length_outliers", "Rows far longer than the median", needs=("dataset",))
 def length_outliers(ctx: AuditContext):
     if ctx.tokenizer is not None:
         lengths = [t.n_tokens_full for t in ctx.tokenized]
@@ -265,7 +265,7 @@ def length_outliers(ctx: AuditContext):
     )
 
 
-@register("data.loss_mask_coverage", "Fraction of tokens the loss is computed on", needs=("dataset", "tokenizer"))
+@register("data.loss_mask_coverage", "Loss mask covers prompt tokens, or very few tokens", needs=("dataset", "tokenizer"))
 def loss_mask_coverage(ctx: AuditContext):
     toks = ctx.tokenized
     total = sum(len(t.input_ids) for t in toks)
@@ -306,7 +306,7 @@ def loss_mask_coverage(ctx: AuditContext):
     return None
 
 
-@register("data.missing_eos", "Targets that do not end with EOS", needs=("dataset", "tokenizer"))
+@register("data.missing_eos", "Supervised answers that do not end in EOS", needs=("dataset", "tokenizer"))
 def missing_eos(ctx: AuditContext):
     eos = getattr(ctx.tokenizer, "eos_token", None)
     # Rows whose answer was truncated lose their EOS too; data.completion_truncated reports those.
@@ -422,7 +422,7 @@ def near_duplicate_groups(texts: list[str], threshold: float, num_perm: int) -> 
     return [sorted(g) for g in groups.values() if len(g) > 1]
 
 
-@register("data.near_duplicates", "Near-duplicate examples", needs=("dataset",))
+@register("data.near_duplicates", "Rows that are almost copies of each other (MinHash)", needs=("dataset",))
 def near_duplicates(ctx: AuditContext):
     from gradian.data import normalize_text
 
@@ -460,7 +460,7 @@ def near_duplicates(ctx: AuditContext):
     )
 
 
-@register("data.no_chat_template", "Chat data but no chat template", needs=("dataset", "tokenizer"))
+@register("data.no_chat_template", "Conversation rows but a tokenizer without a chat template", needs=("dataset", "tokenizer"))
 def no_chat_template(ctx: AuditContext):
     from gradian.data import has_chat_template
 
@@ -481,7 +481,7 @@ def no_chat_template(ctx: AuditContext):
     )
 
 
-@register("data.no_supervised_tokens", "Examples that train on nothing", needs=("dataset", "tokenizer"))
+@register("data.no_supervised_tokens", "Rows with no token under the loss", needs=("dataset", "tokenizer"))
 def no_supervised_tokens(ctx: AuditContext):
     toks = ctx.tokenized
     empty = [t for t in toks if t.n_supervised == 0]
@@ -505,7 +505,7 @@ def no_supervised_tokens(ctx: AuditContext):
     )
 
 
-@register("data.prompt_equals_target", "Target identical to the prompt", needs=("dataset",))
+@register("data.prompt_equals_target", "Answer identical to its prompt", needs=("dataset",))
 def prompt_equals_target(ctx: AuditContext):
     same = [
         e.id
@@ -529,7 +529,7 @@ def prompt_equals_target(ctx: AuditContext):
     )
 
 
-@register("data.template_prefix_mismatch", "Chat template is not prefix-stable", needs=("dataset", "tokenizer"))
+@register("data.template_prefix_mismatch", "Chat template renders prompts that are not prefixes of the conversation", needs=("dataset", "tokenizer"))
 def template_prefix_mismatch(ctx: AuditContext):
     from gradian.data import has_chat_template
 
@@ -554,7 +554,7 @@ def template_prefix_mismatch(ctx: AuditContext):
     )
 
 
-@register("data.tiny_dataset", "Dataset too small for reliable attribution", needs=("dataset",))
+@register("data.tiny_dataset", "Too few rows for trustworthy attribution", needs=("dataset",))
 def tiny_dataset(ctx: AuditContext):
     n = len(ctx.examples)
     threshold = ctx.config.tiny_dataset_examples
@@ -570,7 +570,7 @@ def tiny_dataset(ctx: AuditContext):
     )
 
 
-@register("data.train_eval_contamination", "Eval items that also appear in training", needs=("dataset", "eval"))
+@register("data.train_eval_contamination", "Eval prompts that also occur in the training set", needs=("dataset", "eval"))
 def train_eval_contamination(ctx: AuditContext):
     from gradian.data import normalize_text
 
@@ -609,7 +609,7 @@ def train_eval_contamination(ctx: AuditContext):
     )
 
 
-@register("data.truncated", "Examples truncated at all", needs=("dataset", "tokenizer"))
+@register("data.truncated", "Rows longer than max_seq_length at all", needs=("dataset", "tokenizer"))
 def truncated(ctx: AuditContext):
     limit = _need_seq_length(ctx)
     toks = ctx.tokenized

@@ -41,7 +41,7 @@ def _need(series: list, minimum: int, what: str) -> None:
         raise CheckSkipped(f"only {len(series)} logged {what} values; need at least {minimum}")
 
 
-@register("dynamics.always_clipping", "Gradient norm pinned at the clip threshold", needs=("logs",))
+@register("dynamics.always_clipping", "Grad norm at or above max_grad_norm on nearly every step", needs=("logs",))
 def always_clipping(ctx: AuditContext):
     max_norm = ctx.run.config.max_grad_norm if ctx.run else None
     if max_norm is None:
@@ -73,7 +73,7 @@ def always_clipping(ctx: AuditContext):
     )
 
 
-@register("dynamics.grad_norm_explosion", "Gradient-norm blowup", needs=("logs",))
+@register("dynamics.grad_norm_explosion", "Grad norm far above the run's median", needs=("logs",))
 def grad_norm_explosion(ctx: AuditContext):
     norms = _finite_series(ctx, "grad_norm")
     _need(norms, ctx.config.min_logged_steps, "grad_norm")
@@ -102,7 +102,7 @@ def grad_norm_explosion(ctx: AuditContext):
     )
 
 
-@register("dynamics.loss_plateau", "Loss barely moved", needs=("logs",))
+@register("dynamics.loss_plateau", "Training loss hardly fell", needs=("logs",))
 def loss_plateau(ctx: AuditContext):
     losses = [v for _, v in _finite_series(ctx, "loss")]
     _need(losses, ctx.config.min_logged_steps, "loss")
@@ -128,7 +128,7 @@ def loss_plateau(ctx: AuditContext):
     )
 
 
-@register("dynamics.loss_spike", "Sudden loss spikes", needs=("logs",))
+@register("dynamics.loss_spike", "Loss jumps above its rolling median", needs=("logs",))
 def loss_spike(ctx: AuditContext):
     series = _finite_series(ctx, "loss")
     _need(series, ctx.config.min_logged_steps, "loss")
@@ -157,7 +157,7 @@ def loss_spike(ctx: AuditContext):
     )
 
 
-@register("dynamics.lr_schedule_incomplete", "LR schedule did not decay", needs=("logs",))
+@register("dynamics.lr_schedule_incomplete", "Decaying LR schedule ended far above zero", needs=("logs",))
 def lr_schedule_incomplete(ctx: AuditContext):
     kind = ctx.run.config.lr_scheduler_type if ctx.run else None
     if kind is None:
@@ -187,7 +187,7 @@ def lr_schedule_incomplete(ctx: AuditContext):
     )
 
 
-@register("dynamics.nan_loss", "NaN or inf loss", needs=("logs",))
+@register("dynamics.nan_loss", "NaN/inf loss or grad norm, including NaN hidden behind loss 0.0", needs=("logs",))
 def nan_loss(ctx: AuditContext):
     bad_loss, hidden, bad_norm, bad_eval = [], [], [], []
     for s in _steps(ctx):
@@ -233,7 +233,7 @@ def nan_loss(ctx: AuditContext):
     )
 
 
-@register("dynamics.overfitting", "Train loss falling while eval loss rises", needs=("logs",))
+@register("dynamics.overfitting", "Eval loss rising while train loss falls", needs=("logs",))
 def overfitting(ctx: AuditContext):
     evals = _finite_series(ctx, "eval_loss")
     if len(evals) < 3:
@@ -269,7 +269,7 @@ def overfitting(ctx: AuditContext):
     )
 
 
-@register("dynamics.too_few_steps", "Barely any logged steps", needs=("logs",))
+@register("dynamics.too_few_steps", "Too few logged loss values to judge the curve", needs=("logs",))
 def too_few_steps(ctx: AuditContext):
     losses = _finite_series(ctx, "loss")
     minimum = ctx.config.min_logged_steps
