@@ -94,3 +94,17 @@ def test_planted_contradictions_are_conflicting_answers():
         rows.append(row)
     found = _ids(run_audit(checks=["data.conflicting_answers"], **inputs(rows=rows)))
     assert found == {"data.conflicting_answers": "high"}
+
+
+def test_healthy_tinyworld_data_with_its_tokenizer(tinyworld_world, tinyworld_tokenizer):
+    """Templated factual rows (every phrasing of every fact) tokenized by the tinyworld tokenizer:
+    short answers, shared templates, many rows per fact. None of it may read as a defect."""
+    from gradian.tinyworld import FACT_FAMILIES
+
+    items = [it for family in FACT_FAMILIES for it in tinyworld_world.fact_items(family)]
+    rows = [{"messages": it.messages()} for it in items]
+    args = inputs(rows=rows, tok=tinyworld_tokenizer, base_model=None)
+    args["eval_dataset"] = None
+    result = run_audit(**args)
+    assert not result.at_least("high"), _ids(result, "high")
+    assert "data.missing_eos" in result.ran and "data.loss_mask_coverage" in result.ran
