@@ -1,0 +1,44 @@
+"""The report stage: the tables, the verdict and the three renderings people read.
+
+Interface:
+
+- ``cluster_table(scores, example_ids, assignment, examples, top_examples_per_cluster)`` and
+  ``top_examples(scores, example_ids, assignment, examples, k, harmful)``: the attribution tables.
+  Sign: a positive score reinforced the queried behaviour, a negative one degraded it;
+  ``predicted_loss_delta_if_removed = score / n``.
+- ``synthesize_verdict(capability, findings, attribution, thresholds, assignment) ->
+  VerdictSynthesis`` (the ``verdict`` block plus the ``attribution.*`` findings it raises), with
+  every threshold in ``VerdictThresholds``; ``assemble_report(...)`` builds report.json's dict.
+- ``write_report(report, out_dir, rankings, logs) -> list[Path]``: report.json, report.md,
+  report.html and plots/*.png; ``render_markdown`` and ``render_html`` alone, ``draw_plots``.
+"""
+
+from gradian.report.html import render_html
+from gradian.report.markdown import render_markdown
+from gradian.report.plots import draw_plots, flagged_steps
+from gradian.report.tables import cluster_table, excerpt_of, top_examples
+from gradian.report.verdict import (
+    VerdictSynthesis,
+    VerdictThresholds,
+    assemble_report,
+    assess_lumpiness,
+    synthesize_verdict,
+)
+from gradian.report.write import REPORT_FILES, write_report
+
+__all__ = [
+    "REPORT_FILES",
+    "VerdictSynthesis",
+    "VerdictThresholds",
+    "assemble_report",
+    "assess_lumpiness",
+    "cluster_table",
+    "draw_plots",
+    "excerpt_of",
+    "flagged_steps",
+    "render_html",
+    "render_markdown",
+    "synthesize_verdict",
+    "top_examples",
+    "write_report",
+]

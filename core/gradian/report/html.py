@@ -1,0 +1,197 @@
+"""report.html: one self-contained page (inline CSS, figures as base64 PNG, no scripts, no links out).
+
+Every piece of user text (example excerpts, cluster labels, finding messages, manifest values) is
+HTML-escaped. Sections, each with an ``id`` a test or a reader can jump to: ``verdict``,
+``capability``, ``clusters``, ``scores``, ``training``, ``findings``, ``top-harmful``,
+``top-helpful``, ``skipped``, ``provenance``. A section whose data is missing is left out.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from html import escape
+from typing import Any, Mapping, Sequence
+
+__all__ = ["render_html"]
+
+_CSS = """
+body{font-family:-apple-system,"Segoe UI",Helvetica,Arial,sans-serif;margin:0;background:#f6f7f9;color:#1f2933}
+main{max-width:1040px;margin:0 auto;padding:24px 28px 60px}
+h1{font-size:1.6em;margin:0 0 12px}h2{font-size:1.2em;margin:28px 0 10px;border-bottom:1px solid #d5dae1;padding-bottom:4px}
+section{background:#fff;border:1px solid #e1e5ea;border-radius:6px;padding:4px 18px 14px;margin:14px 0}
+table{border-collapse:collapse;width:100%;font-size:.88em;margin:8px 0}
+th,td{border-bottom:1px solid #e6e9ed;padding:5px 7px;text-align:left;vertical-align:top}
+th{background:#f0f2f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+code{font-family:Menlo,Consolas,monospace;font-size:.92em;background:#f0f2f5;padding:1px 3px;border-radius:3px}
+pre{background:#f0f2f5;padding:10px;overflow-x:auto;font-size:.82em}
+img{max-width:100%;height:auto;display:block;margin:8px 0}
+.verdict{border-left:6px solid #7b8794}.verdict.data{border-left-color:#c0392b}.verdict.config{border-left-color:#d68910}
+.verdict.mixed{border-left-color:#8e44ad}.verdict.no_regression{border-left-color:#27ae60}
+.kind{display:inline-block;font-weight:700;text-transform:uppercase;letter-spacing:.05em;font-size:.8em;padding:2px 8px;border-radius:10px;background:#e4e7eb}
+.sev{font-weight:700;text-transform:uppercase;font-size:.75em;padding:1px 6px;border-radius:8px;color:#fff;background:#7b8794}
+.sev-critical{background:#a93226}.sev-high{background:#d35400}.sev-medium{background:#b7950b}.sev-low{background:#2e86c1}
+tr.accused td{background:#fdecea;font-weight:600}
+details{margin:4px 0}summary{cursor:pointer}
+.muted{color:#616e7c}
+"""
+
+
+def _e(x: Any) -> str:
+    return escape("" if x is None else str(x), quote=True)
+
+
+def _num(x: Any, spec: str = ".4g") -> str:
+    return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "n/a"
+
+
+def _img(name: str, png: bytes, alt: str) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<img id="plot-{_e(name)}" alt="{_e(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _verdict(verdict: Mapping[str, Any]) -> str:
+    kind = str(verdict.get("kind", "inconclusive"))
+    hedges = verdict.get("hedges") or []
+    out = [f'<section id="verdict" class="verdict {_e(kind)}"><h2>Verdict</h2>',
+           f'<p><span class="kind" id="verdict-kind">{_e(kind)}</span></p>',
+           f'<p id="verdict-summary">{_e(verdict.get("summary", ""))}</p>']
+    if hedges:
+        out.append('<p class="muted">What this verdict does not establish:</p><ul id="hedges">')
+        out += [f"<li>{_e(h)}</li>" for h in hedges]
+        out.append("</ul>")
+    return "".join(out) + "</section>"
+
+
+def _capability(cap: Mapping[str, Any], plot: bytes | None) -> str:
+    lo, hi = (cap.get("ci") or [None, None])[:2]
+    row = "".join(f"<td{' class=num' if n else ''}>{v}</td>" for v, n in (
+        (_e(cap.get("name")), False), (f"<code>{_e(cap.get('metric'))}</code>", False),
+        (_num(cap.get("base"), ".4f"), True), (_num(cap.get("tuned"), ".4f"), True),
+        (f"<b>{_num(cap.get('delta'), '+.4f')}</b>", True),
+        (f"[{_num(lo, '+.4f')}, {_num(hi, '+.4f')}]", True), (_e(cap.get("n_items")), True),
+        (_e(cap.get("n_flipped")), True), (_e(cap.get("n_base_failing")), True),
+        (f"<b>{_e(cap.get('status'))}</b>", False)))
+    out = ['<section id="capability"><h2>Capability: base vs tuned</h2><table><tr>'
+           "<th>capability</th><th>metric</th><th>base</th><th>tuned</th><th>delta</th><th>95% CI</th>"
+           "<th>items</th><th>flipped</th><th>base failing</th><th>status</th></tr>",
+           f"<tr>{row}</tr></table>"]
+    if cap.get("proxy_used"):
+        out.append('<p class="muted">This metric is a likelihood proxy, not a correctness score.</p>')
+    if plot:
+        out.append(_img("capability", plot, "capability base vs tuned with the interval"))
+    return "".join(out) + "</section>"
+
+
+def _example_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    head = ("<table><tr><th>example</th><th>cluster</th><th>score</th><th>predicted Δloss if removed</th>"
+            "<th>row</th></tr>")
+    body = "".join(
+        f"<tr><td><code>{_e(r['example_id'])}</code></td><td>{_e(r.get('cluster'))}</td>"
+        f"<td class=num>{_num(r['score'])}</td><td class=num>{_num(r['predicted_loss_delta_if_removed'])}</td>"
+        f"<td>{_e(r.get('excerpt', ''))}</td></tr>" for r in rows)
+    return head + body + "</table>"
+
+
+def _attribution(attr: Mapping[str, Any], accused: str | None, plots: Mapping[str, bytes]) -> str:
+    rho = attr.get("engine_agreement_spearman")
+    out = ['<section id="clusters"><h2>Influence by cluster</h2>',
+           f'<p>Engine <code>{_e(attr.get("engine"))}</code>, cross-check <code>{_e(attr.get("cross_check"))}</code>; '
+           f'engine agreement (Spearman): <b id="engine-agreement">{_num(rho, ".3f")}</b>. '
+           f'Query signal: {_e(attr.get("query_signal"))}. Gated: {_e(attr.get("gated"))}.</p>',
+           '<p class="muted">A positive score reinforced the capability; a negative one degraded it. '
+           "Predicted Δloss if removed = score / n.</p>"]
+    clusters = attr.get("clusters") or []
+    if clusters:
+        out.append('<table id="cluster-table"><tr><th>cluster</th><th>label</th><th>n</th><th>signed influence</th>'
+                   "<th>share of negative</th><th>mean per example</th></tr>")
+        for c in clusters:
+            cls = ' class="accused"' if str(c["cluster"]) == accused else ""
+            out.append(f"<tr{cls}><td>{_e(c['cluster'])}</td><td>{_e(c.get('label', ''))}</td>"
+                       f"<td class=num>{_e(c['n'])}</td><td class=num>{_num(c['signed_influence'])}</td>"
+                       f"<td class=num>{c['share_of_negative']:.1%}</td>"
+                       f"<td class=num>{_num(c['mean_per_example'])}</td></tr>")
+        out.append("</table>")
+        for c in clusters:
+            if c.get("top_examples"):
+                out.append(f"<details><summary>Cluster {_e(c['cluster'])}: top examples</summary>"
+                           f"{_example_rows(c['top_examples'])}</details>")
+    if plots.get("clusters"):
+        out.append(_img("clusters", plots["clusters"], "signed influence by cluster"))
+    out.append("</section>")
+    if plots.get("scores"):
+        out.append('<section id="scores"><h2>Per-example scores</h2>'
+                   + _img("scores", plots["scores"], "per-example score distribution") + "</section>")
+    out.append('<section id="top-harmful"><h2>Top harmful examples</h2>')
+    if attr.get("deletions_withheld"):
+        out.append(f'<p id="deletions-withheld">None offered: {_e(attr["deletions_withheld"])}</p>')
+    elif attr.get("top_harmful"):
+        out.append(_example_rows(attr["top_harmful"]))
+    else:
+        out.append("<p>No example has a negative score.</p>")
+    out.append("</section>")
+    if attr.get("top_helpful"):
+        out.append('<section id="top-helpful"><h2>Top helpful examples</h2>'
+                   + _example_rows(attr["top_helpful"]) + "</section>")
+    return "".join(out)
+
+
+def _findings(findings: Sequence[Mapping[str, Any]]) -> str:
+    out = ['<section id="findings"><h2>Findings</h2>']
+    if not findings:
+        return "".join(out) + "<p>No check fired.</p></section>"
+    out.append('<table id="findings-table"><tr><th>severity</th><th>check</th><th>finding</th></tr>')
+    for f in findings:
+        sev = _e(f["severity"])
+        ids = f.get("example_ids") or []
+        extra = []
+        if f.get("message"):
+            extra.append(f"<p>{_e(f['message'])}</p>")
+        if f.get("fix"):
+            extra.append(f"<p><b>Fix:</b> {_e(f['fix'])}</p>")
+        if f.get("evidence"):
+            extra.append(f"<pre>{_e(json.dumps(f['evidence'], sort_keys=True, default=str))}</pre>")
+        if ids:
+            extra.append("<p>Examples: " + ", ".join(f"<code>{_e(e)}</code>" for e in ids[:20])
+                         + (f" and {len(ids) - 20} more" if len(ids) > 20 else "") + "</p>")
+        out.append(f'<tr class="finding sev-row-{sev}"><td><span class="sev sev-{sev}">{sev}</span></td>'
+                   f"<td><code>{_e(f['id'])}</code></td><td><details><summary>{_e(f['title'])}</summary>"
+                   + "".join(extra) + "</details></td></tr>")
+    return "".join(out) + "</table></section>"
+
+
+def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes] | None = None) -> str:
+    """The whole page; ``plots`` maps figure names (``gradian.report.plots``) to PNG bytes."""
+    plots = plots or {}
+    manifest = report.get("manifest") or {}
+    verdict = report.get("verdict") or {}
+    cap = report.get("capability")
+    attr = report.get("attribution")
+    diagnose = manifest.get("kind") == "diagnose" or (attr is None and cap is None)
+    title = "Gradian diagnosis" if diagnose else "Gradian report"
+    if cap and cap.get("name"):
+        title += f": {cap['name']}"
+    parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
+             f"<meta name=viewport content='width=device-width, initial-scale=1'><style>{_CSS}</style></head>"
+             f"<body><main><h1>{_e(title)}</h1>"]
+    if verdict:
+        parts.append(_verdict(verdict))
+    if cap:
+        parts.append(_capability(cap, plots.get("capability")))
+    if attr:
+        parts.append(_attribution(attr, verdict.get("accused_cluster"), plots))
+    if plots.get("training"):
+        parts.append('<section id="training"><h2>Training curves</h2>'
+                     + _img("training", plots["training"], "loss and grad-norm curves with flagged steps")
+                     + "</section>")
+    parts.append(_findings(report.get("findings") or []))
+    skipped = report.get("skipped") or []
+    if skipped:
+        parts.append('<section id="skipped"><h2>Skipped checks</h2><table><tr><th>check</th><th>why</th></tr>'
+                     + "".join(f"<tr><td><code>{_e(s['id'])}</code></td><td>{_e(s['reason'])}</td></tr>"
+                               for s in skipped) + "</table></section>")
+    parts.append('<section id="provenance"><h2>Provenance</h2>')
+    parts.append(f'<p>Config hash: <code id="config-hash">{_e(manifest.get("config_hash", "not recorded"))}</code></p>')
+    parts.append(f"<pre>{_e(json.dumps(manifest, indent=2, sort_keys=True, default=str))}</pre></section>")
+    parts.append("</main></body></html>\n")
+    return "".join(parts)
