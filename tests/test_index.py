@@ -1,0 +1,147 @@
+"""The gradient index: exact round trip, cache hits, resume, refusal of mismatches, sizes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gradian.config import load_config  # noqa: E402
+from gradian.data import dataset_from_rows, tokenize_examples  # noqa: E402
+from gradian.engines import InMemoryGradients, score  # noqa: E402
+from gradian.errors import IndexMismatchError  # noqa: E402
+from gradian.grads import capture_per_example_grads, collate, wrap_peft_model  # noqa: E402
+from gradian.index import GradientIndex  # noqa: E402
+from tests.plugins.tiny_lora import build_tiny_lora  # noqa: E402
+
+WORDS = "what is the capital of france paris japan tokyo hello world one two three four five".split()
+
+
+def _rows(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [{"prompt": " ".join(rng.choice(WORDS, 4)), "completion": " ".join(rng.choice(WORDS, 1 + i % 3))}
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def gm64():
+    return wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64))
+
+
+def _config(tmp_path, **grads):
+    overrides = {"cache_dir": str(tmp_path), "grads.chunk_size": 4, "grads.batch_size": 3, "grads.max_seq_length": 64}
+    overrides.update({f"grads.{k}": v for k, v in grads.items()})
+    return load_config(overrides=overrides)
+
+
+def test_build_round_trips_the_captured_gradients(tmp_path, gm64, chat_tokenizer):
+    dataset = dataset_from_rows(_rows(10))
+    index = GradientIndex.build(gm64, chat_tokenizer, dataset, _config(tmp_path))
+    assert index.n == 10 and index.manifest["n_chunks"] == 3 and index.example_ids == dataset.ids
+    tokenized = tokenize_examples(dataset.examples, chat_tokenizer, 64)
+    direct = capture_per_example_grads(gm64, collate(tokenized, chat_tokenizer.pad_token_id))
+    for name in index.block_names:
+        np.testing.assert_allclose(index.block(name), direct[name].numpy(), rtol=1e-5, atol=1e-8)
+        np.testing.assert_allclose(index.sq_norms()[name], (index.block(name).astype(np.float64) ** 2).sum(1), rtol=1e-6)
+    # engines read the store exactly like arrays in memory
+    query = {name: direct[name][0].numpy() for name in index.block_names}
+    from_disk = score(index, query).scores
+    in_memory = score(InMemoryGradients({k: index.block(k) for k in index.block_names}), query).scores
+    np.testing.assert_allclose(from_disk, in_memory, rtol=1e-6)
+
+
+def test_same_inputs_are_a_cache_hit_and_force_rebuilds(tmp_path, gm64, chat_tokenizer, monkeypatch):
+    dataset = dataset_from_rows(_rows(6))
+    config = _config(tmp_path)
+    first = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
+    import gradian.index.store as store
+
+    calls = []
+    original = store._write_chunk
+    monkeypatch.setattr(store, "_write_chunk", lambda *a: (calls.append(1), original(*a)))
+    again = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
+    assert again.root == first.root and calls == []
+    GradientIndex.build(gm64, chat_tokenizer, dataset, config, force=True)
+    assert len(calls) == 2
+
+
+def test_changed_inputs_get_a_new_index(tmp_path, gm64, chat_tokenizer):
+    config = _config(tmp_path)
+    a = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6)), config)
+    b = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6, seed=1)), config)
+    c = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6)), _config(tmp_path, projection_dim=8))
+    d = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6)),
+                            load_config(overrides={**_flat(config), "engine.lambda_scale": 0.5}))
+    assert len({a.index_id, b.index_id, c.index_id, d.index_id}) == 4
+
+
+def _flat(config):
+    return {"cache_dir": config.cache_dir, "grads.chunk_size": config.grads.chunk_size,
+            "grads.batch_size": config.grads.batch_size, "grads.max_seq_length": config.grads.max_seq_length}
+
+
+def test_interrupted_build_resumes_from_its_last_complete_chunk(tmp_path, gm64, chat_tokenizer, monkeypatch):
+    import gradian.index.store as store
+
+    dataset = dataset_from_rows(_rows(11))
+    config = _config(tmp_path)
+    reference = GradientIndex.build(gm64, chat_tokenizer, dataset, _config(tmp_path / "ref"))
+    original = store._write_chunk
+    written = []
+
+    def crash_on_third(root, k, rows, storage):
+        if len(written) == 2:
+            raise KeyboardInterrupt("simulated interruption")
+        written.append(k)
+        original(root, k, rows, storage)
+
+    monkeypatch.setattr(store, "_write_chunk", crash_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        GradientIndex.build(gm64, chat_tokenizer, dataset, config)
+    root = next((tmp_path / "index").iterdir())
+    assert json.loads((root / "manifest.json").read_text())["status"] == "building"
+    with pytest.raises(IndexMismatchError, match="did not finish.*resume"):
+        GradientIndex.open(root)
+
+    resumed = []
+    monkeypatch.setattr(store, "_write_chunk", lambda root, k, rows, storage: (resumed.append(k), original(root, k, rows, storage)))
+    index = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
+    assert resumed == [2]  # chunks 0 and 1 were kept
+    for name in index.block_names:
+        np.testing.assert_array_equal(index.block(name), reference.block(name))
+
+
+def test_mismatched_manifest_is_refused_naming_the_field(tmp_path, gm64, chat_tokenizer):
+    config = _config(tmp_path)
+    index = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6)), config)
+    expected = json.loads(json.dumps(index.identity))
+    expected["dataset"]["sha256"] = "0" * 64
+    with pytest.raises(IndexMismatchError, match=r"dataset changed.*dataset\.sha256"):
+        GradientIndex.open(index.root, expect=expected)
+    expected = json.loads(json.dumps(index.identity))
+    expected["grads"]["storage_dtype"] = "float16"
+    with pytest.raises(IndexMismatchError, match=r"grads\.storage_dtype"):
+        GradientIndex.open(index.root, expect=expected)
+    assert GradientIndex.open(index.root, expect=index.identity).n == 6
+    with pytest.raises(IndexMismatchError, match="not a gradient index"):
+        GradientIndex.open(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["countsketch", "rademacher"])
+def test_float16_and_projection_shrink_the_store(tmp_path, chat_tokenizer, kind):
+    gm = wrap_peft_model(build_tiny_lora("llama"))
+    dataset = dataset_from_rows(_rows(8))
+    full = GradientIndex.build(gm, chat_tokenizer, dataset, _config(tmp_path / "a"))
+    half = GradientIndex.build(gm, chat_tokenizer, dataset, _config(tmp_path / "b", storage_dtype="float16"))
+    small = GradientIndex.build(gm, chat_tokenizer, dataset,
+                                _config(tmp_path / "c", projection_dim=64, projection_kind=kind))
+    assert full.manifest["total_width"] == gm.dim == 2 * half.manifest["total_width"] // 2
+    assert small.manifest["total_width"] == 14 * 64
+    data_bytes = lambda ix: sum(p.stat().st_size for p in (ix.root / "chunks").glob("?????.npy"))  # noqa: E731
+    assert data_bytes(half) < 0.55 * data_bytes(full)
+    assert data_bytes(small) < 0.3 * data_bytes(full)
+    for name in full.block_names:
+        np.testing.assert_allclose(half.block(name), full.block(name), rtol=2e-3, atol=1e-5)
