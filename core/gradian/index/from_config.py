@@ -1,0 +1,62 @@
+"""Build (or reuse) the index a config describes: the one call the CLI and the attribute lane share.
+
+Interface: ``index_from_config(config, force=False, progress=None) -> IndexBuild`` loads the
+dataset, the tokenizer and the model for gradients, seeds torch, and returns the stored index
+with the model and tokenizer (the query must be built with the same ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from gradian.errors import ConfigError
+from gradian.index.store import GradientIndex
+
+__all__ = ["IndexBuild", "index_from_config"]
+
+
+@dataclass
+class IndexBuild:
+    index: GradientIndex
+    model: Any
+    tokenizer: Any
+    dataset: Any
+    #: True when the index came from the cache unchanged
+    cache_hit: bool
+
+
+def index_from_config(config: Any, *, force: bool = False,
+                      progress: Callable[[int, int], None] | None = None) -> IndexBuild:
+    import torch
+
+    from gradian.data import load_dataset
+    from gradian.grads import load_model_for_gradients, load_tokenizer
+
+    if not config.dataset:
+        raise ConfigError("no training dataset; pass --dataset/-d or set `dataset:` in the config")
+    if not config.adapter_path:
+        raise ConfigError("no adapter; pass --adapter/-a or set `adapter_path:` in the config")
+    dataset = load_dataset(config.dataset)
+    torch.manual_seed(config.seed)
+    model = load_model_for_gradients(config.base_model, config.adapter_path, config)
+    base = config.base_model
+    tokenizer = load_tokenizer(config.tokenizer or base or _base_from_adapter(config.adapter_path),
+                               config.trust_remote_code)
+    calls: list[int] = []
+
+    def track(done: int, total: int) -> None:
+        calls.append(done)
+        if progress:
+            progress(done, total)
+
+    index = GradientIndex.build(model, tokenizer, dataset, config, force=force, progress=track)
+    return IndexBuild(index, model, tokenizer, dataset, cache_hit=not calls)
+
+
+def _base_from_adapter(adapter: str) -> str:
+    import json
+    from pathlib import Path
+
+    data = json.loads((Path(adapter) / "adapter_config.json").read_text(encoding="utf-8"))
+    return data.get("base_model_name_or_path") or ""

@@ -1,0 +1,60 @@
+"""``gradian index`` / ``gradian show-index`` end to end on a tiny saved model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("torch")
+
+from gradian.cli import app  # noqa: E402
+
+
+@pytest.fixture
+def dataset_path(tmp_path):
+    path = tmp_path / "train.jsonl"
+    rows = [{"prompt": "what is the capital of france ?", "completion": c} for c in ("paris", "tokyo", "hello", "one two")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_index_then_cache_hit_then_show(tmp_path, tiny_lora_dirs, dataset_path):
+    base, adapter = tiny_lora_dirs
+    config = tmp_path / "gradian.yaml"
+    config.write_text(f"cache_dir: {tmp_path / 'cache'}\ngrads:\n  chunk_size: 2\n  storage_dtype: float16\n")
+    args = ["index", "-c", str(config), "-d", str(dataset_path), "-m", str(base), "-a", str(adapter)]
+    runner = CliRunner()
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "built index" in first.output and "4 examples" in first.output
+    second = runner.invoke(app, args)
+    assert "reused index" in second.output
+    root = second.output.strip().splitlines()[-1]
+    shown = runner.invoke(app, ["show-index", root])
+    assert shown.exit_code == 0, shown.output
+    assert "complete" in shown.output and "float16" in shown.output
+    assert "reused index" not in runner.invoke(app, args + ["--force"]).output
+
+
+def test_changed_dataset_builds_a_new_index(tmp_path, tiny_lora_dirs, dataset_path):
+    base, adapter = tiny_lora_dirs
+    common = ["-m", str(base), "-a", str(adapter), "-d", str(dataset_path)]
+    config = tmp_path / "gradian.yaml"
+    config.write_text(f"cache_dir: {tmp_path / 'cache'}\n")
+    runner = CliRunner()
+    one = runner.invoke(app, ["index", "-c", str(config), *common]).output.strip().splitlines()[-1]
+    dataset_path.write_text(dataset_path.read_text() + json.dumps({"prompt": "hello", "completion": "world"}) + "\n")
+    result = runner.invoke(app, ["index", "-c", str(config), *common])
+    assert "built index" in result.output and "5 examples" in result.output
+    assert result.output.strip().splitlines()[-1] != one
+
+
+def test_bad_adapter_is_one_clear_error(tmp_path, tiny_lora_dirs, dataset_path):
+    from gradian.cli import main
+
+    base, _ = tiny_lora_dirs
+    with pytest.raises(SystemExit) as exit_info:
+        main(["index", "-d", str(dataset_path), "-m", str(base), "-a", str(tmp_path)])
+    assert exit_info.value.code == 2
