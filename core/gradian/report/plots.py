@@ -51,7 +51,7 @@ def _clusters_plot(clusters: Sequence[Mapping[str, Any]], accused: str | None) -
     rows = list(clusters)[:15]
     fig = _figure(7.0, max(2.2, 0.38 * len(rows) + 1.0))
     ax = fig.add_subplot()
-    names = [f"{c['cluster']}: {str(c.get('label', ''))[:40]}" for c in rows][::-1]
+    names = [f"{c['cluster']}: {str(c['label'])[:40]}" if c.get("label") else str(c["cluster"]) for c in rows][::-1]
     values = [float(c["signed_influence"]) for c in rows][::-1]
     colors = [_HARM if str(c["cluster"]) == accused else (_REST if c["signed_influence"] < 0 else _HELP)
               for c in rows][::-1]

@@ -1,0 +1,166 @@
+"""Report tables and renderers: report.json/md/html, plots, diagnose-only reports, escaping."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gradian.data import dataset_from_rows
+from gradian.findings import Finding
+from gradian.report import (
+    assemble_report,
+    cluster_table,
+    flagged_steps,
+    render_html,
+    render_markdown,
+    top_examples,
+    write_report,
+)
+from gradian.runs import TrainingLogs
+from tests.test_verdict import attribution, capability, lr_finding, planted_scores
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_cluster_table_sums_and_sign_convention():
+    scores = np.array([-10.0, -6.0, 1.0, -2.0, 3.0, -2.0])
+    ids = [f"id{i}" for i in range(6)]
+    clusters = {"id0": "a", "id1": "a", "id2": "a", "id3": "b", "id4": "b", "id5": "c"}
+    table = cluster_table(scores, ids, clusters, None, 2)
+    by = {r["cluster"]: r for r in table}
+    assert [r["cluster"] for r in table] == ["a", "c", "b"]  # share of negative, then mean per example
+    assert by["a"]["n"] == 3 and by["a"]["signed_influence"] == pytest.approx(-15.0)
+    assert by["a"]["share_of_negative"] == pytest.approx(16 / 20)
+    assert sum(r["share_of_negative"] for r in table) == pytest.approx(1.0)
+    assert by["b"]["mean_per_example"] == pytest.approx(0.5)
+    top = by["a"]["top_examples"]
+    assert [t["example_id"] for t in top] == ["id0", "id1"]
+    assert top[0]["predicted_loss_delta_if_removed"] == pytest.approx(-10.0 / 6)  # score / whole n
+    with pytest.raises(ValueError, match="row-aligned"):
+        cluster_table(scores, ids[:3], clusters)
+
+
+def test_top_examples_sides_and_excerpts():
+    ds = dataset_from_rows([{"prompt": f"question {i}", "completion": f"answer {i}"} for i in range(5)])
+    ids = [e.id for e in ds.examples]
+    scores = [-3.0, 2.0, -1.0, 0.0, 5.0]
+    harmful = top_examples(scores, ids, None, ds.examples, k=10, harmful=True)
+    helpful = top_examples(scores, ids, None, ds.examples, k=1, harmful=False)
+    assert [r["score"] for r in harmful] == [-3.0, -1.0]  # only the negative side, most harmful first
+    assert harmful[0]["excerpt"] == "question 0 → answer 0" and harmful[0]["cluster"] == "0"
+    assert harmful[0]["predicted_loss_delta_if_removed"] == pytest.approx(-3.0 / 5)
+    assert [r["score"] for r in helpful] == [5.0]
+    assert cluster_table(scores, ids)[0]["share_of_negative"] == pytest.approx(1.0)
+    assert cluster_table([1.0, 2.0], ["x", "y"])[0]["share_of_negative"] == 0.0
+
+
+def _logs() -> TrainingLogs:
+    history = [{"step": s, "loss": 2.0 / s + (5.0 if s == 12 else 0.0), "grad_norm": 0.5 + (9 if s == 20 else 0)}
+               for s in range(1, 41)]
+    return TrainingLogs.from_log_history(history)
+
+
+def _dynamics() -> list[Finding]:
+    return [
+        Finding(id="dynamics.loss_spike", category="dynamics", severity="medium", title="1 loss spike",
+                message="m", evidence={"spikes": [{"step": 12, "loss": 5.2, "rolling_median": 0.2}], "n_spikes": 1}),
+        Finding(id="dynamics.grad_norm_explosion", category="dynamics", severity="high", title="blowup",
+                message="m", evidence={"steps": [20], "n_blowups": 1, "median_grad_norm": 0.5}),
+    ]
+
+
+def full_report(evil: str = "") -> tuple[dict, pd.DataFrame]:
+    scores, ids, clusters = planted_scores()
+    attr = attribution(scores, ids, clusters, spearman=0.791)
+    for row in attr["top_harmful"]:
+        row["excerpt"] = f"What is the capital of France? → Berlin {evil}"
+    dups = Finding(id="data.duplicates", category="data", severity="medium", title=f"duplicates {evil}",
+                   message="m", example_ids=[ids[int(np.argmin(scores))]])
+    report = assemble_report(capability(n_base_failing=1), [dups] + _dynamics(), attr,
+                             manifest={"kind": "attribute", "config_hash": "cfg-1234abcd", "index_id": "8a98bd",
+                                       "note": evil},
+                             assignment=clusters)
+    rankings = pd.DataFrame({"example_id": ids, "score": scores, "cluster": [clusters[i] for i in ids]})
+    return report, rankings
+
+
+def test_write_report_writes_every_file_and_returns_the_paths(tmp_path):
+    report, rankings = full_report()
+    paths = write_report(report, tmp_path / "out", rankings=rankings, logs=_logs())
+    names = sorted(p.relative_to(tmp_path / "out").as_posix() for p in paths)
+    assert names == ["plots/capability.png", "plots/clusters.png", "plots/scores.png", "plots/training.png",
+                     "report.html", "report.json", "report.md"]
+    assert all(p.exists() for p in paths)
+    assert json.loads((tmp_path / "out/report.json").read_text()) == json.loads(json.dumps(report, default=str))
+    assert (tmp_path / "out/plots/scores.png").read_bytes().startswith(PNG_MAGIC)
+    md = (tmp_path / "out/report.md").read_text()
+    for heading in ("**Verdict (mixed):**", "## Capability", "### Influence by cluster", "### Top harmful examples",
+                    "## Findings", "## Provenance", "cfg-1234abcd", "0.791", "![Training curves](plots/training.png)"):
+        assert heading in md, heading
+    assert not list((tmp_path / "out").glob(".*.tmp"))  # atomic writes leave no temp files
+
+
+def test_html_is_self_contained_and_complete(tmp_path):
+    report, rankings = full_report()
+    write_report(report, tmp_path, rankings=rankings, logs=_logs())
+    html = (tmp_path / "report.html").read_text()
+    for anchor in ('id="verdict"', 'id="capability"', 'id="clusters"', 'id="scores"', 'id="training"',
+                   'id="findings"', 'id="top-harmful"', 'id="top-helpful"', 'id="provenance"',
+                   'class="accused"', 'id="engine-agreement">0.791'):
+        assert anchor in html, anchor
+    assert "cfg-1234abcd" in html
+    images = re.findall(r'src="data:image/png;base64,([^"]+)"', html)
+    assert len(images) == 4 and all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
+    # nothing is fetched from elsewhere
+    assert not re.search(r'(src|href)="(https?:)?//', html) and "<script" not in html
+    # findings are led by the most severe
+    order = re.findall(r'class="sev sev-(\w+)"', html)
+    assert order == sorted(order, key=["critical", "high", "medium", "low", "info"].index)
+
+
+def test_user_text_is_escaped():
+    evil = "<script>alert(1)</script>"
+    report, _ = full_report(evil)
+    html = render_html(report)
+    assert evil not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_config_verdict_renders_without_a_deletion_list(tmp_path):
+    scores = np.random.default_rng(1).normal(-4, 0.5, 300)
+    ids = [f"r{i}" for i in range(300)]
+    clusters = {i: "100" for i in ids}
+    report = assemble_report(capability(), [lr_finding("critical")], attribution(scores, ids, clusters))
+    html, md = render_html(report), render_markdown(report)
+    assert 'id="deletions-withheld"' in html and "None offered" in md
+    assert "r0" not in md.split("## Findings")[0].split("### Top harmful examples")[1]
+
+
+def test_diagnose_only_report_renders(tmp_path):
+    from gradian.audit.runner import AuditResult, SkippedCheck
+
+    result = AuditResult(findings=[lr_finding("critical")], skipped=[SkippedCheck("data.x", "data", "no tokenizer")],
+                         ran=["config.lr_too_high"])
+    report = {"capability": None, "findings": [f.to_dict() for f in result.findings], "attribution": None,
+              "verdict": result.verdict(), "skipped": [s.to_dict() for s in result.skipped],
+              "manifest": {"kind": "diagnose"}}
+    md = render_markdown(report)
+    assert md.startswith("# Gradian diagnosis") and "## Skipped checks" in md and "## Capability" not in md
+    paths = write_report(report, tmp_path)
+    assert sorted(p.name for p in paths) == ["report.html", "report.json", "report.md"]
+    html = (tmp_path / "report.html").read_text()
+    assert 'id="skipped"' in html and 'id="capability"' not in html
+    # the barest shape: findings and a verdict only
+    bare = render_html({"findings": [], "verdict": {"kind": "inconclusive", "summary": "s", "hedges": []}})
+    assert "No check fired." in bare
+
+
+def test_flagged_steps_reads_dynamics_evidence():
+    assert flagged_steps({"spikes": [{"step": 12}, {"step": 30}], "n_spikes": 2}) == [12, 30]
+    assert flagged_steps({"steps": [20, 21], "n_blowups": 2}) == [20, 21]
+    assert flagged_steps({"first_step": 7, "nan_loss_steps": [7, 8], "zero_loss_nan_grad_steps": []}) == [7, 8]
+    assert flagged_steps({"clipped_steps": 40, "logged_steps": 41, "share": 0.97}) == []
