@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from gradian_mlflow.client import call, get_client, parse_run_ref
 
-__all__ = ["ArtifactKeys", "log_diagnosis", "report_metrics"]
+__all__ = ["ArtifactKeys", "log_diagnosis", "publish", "report_metrics"]
 
 
 class ArtifactKeys:
@@ -214,3 +214,9 @@ def log_diagnosis(
                 pass
         raise
     return run_id
+
+
+def publish(source: str, report: Mapping[str, Any], *, kind: str, files: Sequence[str | Path] = (),
+            rankings: Any = None) -> str:
+    """The ``gradian.report_sinks`` entry point: ``source`` is ``mlflow:<run_id>``."""
+    return log_diagnosis(report, source, kind=kind, files=files, rankings=rankings)

@@ -70,3 +70,32 @@ def test_in_window():
     assert in_window("2.13.0+cpu", "2.4", "2.14")
     assert in_window("5.24.0", "5.0", "5.24") and not in_window("5.25.0", "5.0", "5.24")
     assert not in_window("2.3.1", "2.4", None) and in_window("9.0", "2.4", None)
+
+
+def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [l for l in proc.stderr.strip().splitlines() if l.strip()]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_bad_inputs_exit_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "completion": "b"}\n{"prompt": "a",\n')
+    _one_line_error(run_cli("diagnose", "--dataset", str(bad)), "bad.jsonl:2", "not valid JSON")
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    _one_line_error(run_cli("diagnose", "--dataset", str(empty)), "empty.jsonl", "empty")
+
+    no_answer = tmp_path / "q.jsonl"
+    no_answer.write_text('{"messages": [{"role": "user", "content": "hi"}]}\n')
+    _one_line_error(run_cli("diagnose", "--dataset", str(no_answer)), "q.jsonl:1", "no assistant turn")
+
+    _one_line_error(run_cli("diagnose", "--dataset", str(tmp_path / "missing.jsonl")), "missing.jsonl", "not found")
+
+    cfg = tmp_path / "gradian.yaml"
+    cfg.write_text("grads:\n  batch_sise: 2\n")
+    _one_line_error(run_cli("diagnose", "--config", str(cfg), "--dataset", str(bad)),
+                    "gradian.yaml:2", "grads.batch_sise", "grads.batch_size")

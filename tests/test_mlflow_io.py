@@ -198,3 +198,33 @@ def test_server_down_is_a_clear_bounded_error(monkeypatch, tmp_path):
     with pytest.raises(TrackingError, match="did not answer|cannot reach"):
         read_mlflow_run("a" * 32, cache_dir=tmp_path)
     assert time.time() - start < 60
+
+
+def test_diagnose_cli_reads_an_mlflow_run_and_logs_a_child(tracking, adapter_dir, data_file, tmp_path):
+    import subprocess
+    import sys
+
+    import mlflow
+    from mlflow import MlflowClient
+
+    source_id = log_hf_style_run(mlflow, adapter_dir, data_file)
+    proc = subprocess.run(
+        [sys.executable, "-c", "from gradian.cli import main; main()", "diagnose", "--mlflow-run", source_id,
+         "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    client = MlflowClient()
+    child = client.get_run(source_id).data.tags["gradian.diagnosis.diagnose"]
+    run = client.get_run(child)
+    assert run.data.tags["mlflow.parentRunId"] == source_id and run.data.tags["gradian.kind"] == "diagnose"
+    # lr 0.002 x alpha/r 2 and 12 epochs over 5 rows: the audit read the run's params from MLflow
+    findings = json.loads((tmp_path / "out" / "diagnose.json").read_text())["findings"]
+    assert {"config.lr_too_high", "config.overtraining"} <= {f["id"] for f in findings}
+    assert run.data.metrics["audit.n_findings"] == len(findings)
+
+    proc = subprocess.run(
+        [sys.executable, "-c", "from gradian.cli import main; main()", "diagnose", "--mlflow-run", source_id,
+         "--no-log"], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0
+    assert client.get_run(source_id).data.tags["gradian.diagnosis.diagnose"] == child  # nothing new logged

@@ -12,33 +12,21 @@ from typing import Any, Optional
 
 import typer
 
-from gradian.errors import ConfigError, ModelLoadError
+from gradian.errors import ConfigError
 from gradian.findings import SEVERITIES
 
-__all__ = ["register", "load_tokenizer"]
+__all__ = ["register"]
 
 _STYLE = {"critical": "bold red", "high": "red", "medium": "yellow", "low": "cyan", "info": "dim"}
-
-
-def load_tokenizer(name: str, trust_remote_code: bool = False, flag: str = "--base-model") -> Any:
-    """``AutoTokenizer.from_pretrained(name)``: the tokenizer only, never the weights."""
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=trust_remote_code)
-    except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ModelLoadError(
-            f"{flag} {name}: cannot load its tokenizer ({first}); pass a local model directory or a "
-            "hub id available offline"
-        ) from None
 
 
 def diagnose_command(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file"),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Training dataset, .jsonl or .json"),
     eval_dataset: Optional[str] = typer.Option(None, "--eval-dataset", help="Eval dataset; enables the contamination check"),
-    run: Optional[str] = typer.Option(None, "--run", "-r", help="Run directory with trainer logs and the adapter"),
+    run: Optional[str] = typer.Option(None, "--run", "-r", help="Run directory with trainer logs and the adapter, or runs:/<mlflow run id>"),
+    mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id to read (same as --run runs:/<id>); the diagnosis is logged as its child run"),
+    no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the diagnosis back"),
     base_model: Optional[str] = typer.Option(None, "--base-model", "-m", help="Base model id or path, used for its tokenizer only"),
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Sequence length used in training (default: the run's)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write diagnose.json and diagnose.md to this directory"),
@@ -47,80 +35,43 @@ def diagnose_command(
     """Audit a dataset, trainer config and training logs. No GPU, no model weights."""
     from rich.console import Console
 
-    from gradian.audit import diagnosis_report, run_audit, write_diagnosis
-    from gradian.config import config_to_dict, load_config
+    from gradian.audit import write_diagnosis
+    from gradian.audit.session import diagnose
+    from gradian.config import load_config
+    from gradian.runs import publish_report
 
     if fail_on is not None and fail_on.lower() not in SEVERITIES:
         raise ConfigError(f"--fail-on {fail_on!r}: use one of {', '.join(SEVERITIES)}")
     if max_seq_length is not None and max_seq_length <= 0:
         raise ConfigError(f"--max-seq-length {max_seq_length}: must be a positive number of tokens")
+    if mlflow_run and run:
+        raise ConfigError("--run and --mlflow-run both name a run; pass one of them")
+    if mlflow_run:
+        run = f"runs:/{mlflow_run}" if not mlflow_run.startswith("runs:/") else mlflow_run
     cfg = load_config(
         config,
         overrides={"dataset": dataset, "eval_dataset": eval_dataset, "run_dir": run, "base_model": base_model},
     )
-    inputs = _load_inputs(cfg, max_seq_length)
-    if all(inputs[k] is None for k in ("dataset", "run", "tokenizer", "eval_dataset")):
-        raise ConfigError(
-            "nothing to diagnose: pass --dataset, --run or --base-model (or set them in the config)"
-        )
-    result = run_audit(
-        dataset=inputs["dataset"],
-        tokenizer=inputs["tokenizer"],
-        run=inputs["run"],
-        eval_dataset=inputs["eval_dataset"],
-        max_seq_length=max_seq_length,
-        base_model=inputs["base_model_name"],
-        config=cfg.audit,
-    )
+    diagnosis = diagnose(cfg, max_seq_length)
+    result, report = diagnosis.result, diagnosis.report
     console = Console()
     _print_result(console, result)
+    files: list[Path] = []
     if out is not None:
-        report = diagnosis_report(result, inputs=inputs["manifest"], audit_config=config_to_dict(cfg).get("audit"))
-        json_path, md_path = write_diagnosis(report, out)
-        console.print(f"wrote {json_path} and {md_path}", highlight=False)
+        files = list(write_diagnosis(report, out))
+        console.print(f"wrote {files[0]} and {files[1]}", highlight=False)
+    source = diagnosis.inputs.run.source if diagnosis.inputs.run is not None else None
+    if not no_log and source and source.startswith("mlflow:"):
+        if not files:
+            import tempfile
+
+            files = list(write_diagnosis(report, tempfile.mkdtemp(prefix="gradian-diagnose-")))
+        child = publish_report(source, report, kind="diagnose", files=files)
+        console.print(f"logged the diagnosis as MLflow run {child} (child of {source[len('mlflow:'):]})", highlight=False)
     if fail_on is not None and result.at_least(fail_on.lower()):
         n = len(result.at_least(fail_on.lower()))
         console.print(f"[bold red]{n} finding(s) at or above {fail_on.lower()}: failing (--fail-on).[/]")
         raise typer.Exit(code=1)
-
-
-def _load_inputs(cfg: Any, max_seq_length: int | None) -> dict[str, Any]:
-    from gradian.data import load_dataset
-    from gradian.runs import read_run_dir
-
-    run = read_run_dir(cfg.run_dir) if cfg.run_dir else None
-    dataset_path = cfg.dataset
-    if dataset_path is None and run is not None and run.dataset.path and Path(run.dataset.path).is_file():
-        dataset_path = run.dataset.path  # the run recorded its training file and it is still here
-    dataset = load_dataset(dataset_path) if dataset_path else None
-    eval_dataset = load_dataset(cfg.eval_dataset) if cfg.eval_dataset else None
-
-    tokenizer_name, flag = None, "--base-model"
-    if cfg.tokenizer:
-        tokenizer_name, flag = cfg.tokenizer, "tokenizer (config)"
-    elif cfg.base_model:
-        tokenizer_name = cfg.base_model
-    elif run is not None and run.lora.base_model and Path(run.lora.base_model).is_dir():
-        # The adapter names a base model present on this machine: its tokenizer is free to load.
-        tokenizer_name, flag = run.lora.base_model, "adapter_config.json base_model_name_or_path"
-    tokenizer = load_tokenizer(tokenizer_name, cfg.trust_remote_code, flag) if tokenizer_name else None
-    manifest = {
-        "dataset": {"path": dataset.path, "sha256": dataset.sha256, "n_examples": len(dataset)} if dataset else None,
-        "eval_dataset": {"path": eval_dataset.path, "sha256": eval_dataset.sha256, "n_examples": len(eval_dataset)}
-        if eval_dataset else None,
-        "run": run.source if run else None,
-        "base_model": cfg.base_model or None,
-        "tokenizer": tokenizer_name,
-        "max_seq_length": max_seq_length if max_seq_length is not None else (run.config.max_seq_length if run else None),
-    }
-    return {
-        "dataset": dataset,
-        "eval_dataset": eval_dataset,
-        "run": run,
-        "tokenizer": tokenizer,
-        "base_model_name": cfg.base_model or None,
-        "manifest": manifest,
-    }
 
 
 def _print_result(console: Any, result: Any) -> None:

@@ -104,7 +104,8 @@ def render_example(tokenizer: Any, example: Example) -> tuple[str, list[tuple[in
             if turn["role"] != "assistant":
                 continue
             before = _render(tokenizer, messages[:i], generation_prompt=True)
-            through = _render(tokenizer, messages[: i + 1], generation_prompt=False)
+            last = i == len(messages) - 1
+            through = full if last else _render(tokenizer, messages[: i + 1], generation_prompt=False)
             if full.startswith(before) and full.startswith(through) and len(through) >= len(before):
                 spans.append((len(before), len(through)))
                 cursor = len(through)

@@ -7,7 +7,7 @@ through the ``gradian.run_sources`` entry points, a tracking-server run).
 """
 
 from gradian.runs.reader import find_adapter_dir, list_checkpoints, read_run_dir
-from gradian.runs.sources import is_remote_run_ref, resolve_run
+from gradian.runs.sources import is_remote_run_ref, publish_report, resolve_run
 from gradian.runs.record import (
     DatasetRef,
     LogStep,
@@ -31,6 +31,7 @@ __all__ = [
     "list_checkpoints",
     "normalize_trainer_config",
     "parse_param_value",
+    "publish_report",
     "read_run_dir",
     "resolve_run",
 ]

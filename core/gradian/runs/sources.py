@@ -3,6 +3,7 @@
 Remote sources register themselves under the ``gradian.run_sources`` entry-point group, each
 pointing at a function ``(ref, cache_dir) -> RunRecord`` with a ``matches(ref) -> bool`` beside
 it. The MLflow integration registers ``mlflow`` this way, so the engine never imports mlflow.
+Reports go back the same way, through the ``gradian.report_sinks`` group.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from gradian.errors import RunRecordError
 from gradian.runs.reader import read_run_dir
 from gradian.runs.record import RunRecord
 
-__all__ = ["resolve_run", "is_remote_run_ref"]
+__all__ = ["resolve_run", "is_remote_run_ref", "publish_report"]
 
 _REMOTE = re.compile(r"^(runs:/|mlflow:)|^[0-9a-f]{32}$")
 
@@ -36,3 +37,23 @@ def resolve_run(ref: str, cache_dir: str | Path = ".gradian") -> RunRecord:
         )
     reader = sources["mlflow"].load()
     return reader(ref, cache_dir=Path(cache_dir) / "mlflow")
+
+
+def publish_report(
+    source: str | None,
+    report: dict,
+    kind: str,
+    files: list[Path] | tuple = (),
+    rankings: object = None,
+) -> str | None:
+    """Log ``report`` back to where the run came from; returns the new run id, or None.
+
+    Only tracking-server runs (``source`` ``mlflow:<id>``) have somewhere to log to; a local run
+    directory returns None. The sink is found through the ``gradian.report_sinks`` entry points.
+    """
+    if not source or not source.startswith("mlflow:"):
+        return None
+    sinks = {ep.name: ep for ep in entry_points(group="gradian.report_sinks")}
+    if "mlflow" not in sinks:
+        raise RunRecordError("no MLflow report sink is installed; pass --no-log or install gradian-mlflow")
+    return sinks["mlflow"].load()(source, report, kind=kind, files=list(files), rankings=rankings)
