@@ -96,7 +96,7 @@ def test_write_report_writes_every_file_and_returns_the_paths(tmp_path):
     assert names == ["plots/capability.png", "plots/clusters.png", "plots/scores.png", "plots/training.png",
                      "report.html", "report.json", "report.md"]
     assert all(p.exists() for p in paths)
-    assert json.loads((tmp_path / "out/report.json").read_text()) == json.loads(json.dumps(report, default=str))
+    assert json.loads((tmp_path / "out/report.json").read_text())["verdict"] == report["verdict"]
     assert (tmp_path / "out/plots/scores.png").read_bytes().startswith(PNG_MAGIC)
     md = (tmp_path / "out/report.md").read_text()
     for heading in ("**Verdict (mixed):**", "## Capability", "### Influence by cluster", "### Top harmful examples",
@@ -164,3 +164,13 @@ def test_flagged_steps_reads_dynamics_evidence():
     assert flagged_steps({"steps": [20, 21], "n_blowups": 2}) == [20, 21]
     assert flagged_steps({"first_step": 7, "nan_loss_steps": [7, 8], "zero_loss_nan_grad_steps": []}) == [7, 8]
     assert flagged_steps({"clipped_steps": 40, "logged_steps": 41, "share": 0.97}) == []
+
+
+def test_report_json_is_strict_json(tmp_path):
+    report, _ = full_report()
+    report["capability"]["weird"] = float("nan")
+    report["attribution"]["lumpiness"]["rate_ratio"] = float("inf")
+    write_report(report, tmp_path)
+    text = (tmp_path / "report.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text)["capability"]["weird"] is None

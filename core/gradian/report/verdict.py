@@ -120,8 +120,9 @@ def _capability_sentence(cap: Mapping[str, Any]) -> str:
     return text + "."
 
 
-def _ratio_text(ratio: float) -> str:
-    return "with the rest net helpful" if math.isinf(ratio) else f"{ratio:.0f}x the rest's rate"
+def _ratio_text(ratio: float | None) -> str:
+    """``ratio`` None or infinite: the rest of the data is net helpful."""
+    return "with the rest net helpful" if ratio is None or math.isinf(ratio) else f"{ratio:.0f}x the rest's rate"
 
 
 # -- lumpiness ----------------------------------------------------------------------------------
@@ -161,7 +162,8 @@ def assess_lumpiness(clusters: Sequence[Mapping[str, Any]], thresholds: VerdictT
     out.update(cluster=str(top["cluster"]), label=top.get("label", ""), n=n, share=share,
                share_of_negative=float(top["share_of_negative"]), net_harm_share=net_share,
                mean_per_example=float(top["mean_per_example"]), rest_mean_per_example=rest_mean,
-               rate_ratio=ratio, fraction_of_dataset=fraction)
+               rate_ratio=None if math.isinf(ratio) else ratio, rest_net_helpful=math.isinf(ratio),
+               fraction_of_dataset=fraction)
     if rest_n == 0:
         out["reason"] = f"one cluster holds all {total_n} examples, so no subset stands out"
     elif fraction > thresholds.data_max_cluster_fraction:

@@ -6,6 +6,7 @@ Every file is written atomically. The returned paths are what the MLflow sink lo
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,6 +19,17 @@ __all__ = ["REPORT_FILES", "write_report"]
 
 #: file names inside the output folder
 REPORT_FILES = {"json": "report.json", "markdown": "report.md", "html": "report.html", "plots": "plots"}
+
+
+def _jsonable(value: Any) -> Any:
+    """Non-finite floats become null: strict JSON has no NaN or Infinity."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
 
 
 def write_report(report: Mapping[str, Any], out_dir: str | Path, rankings: Any = None,
@@ -37,7 +49,7 @@ def write_report(report: Mapping[str, Any], out_dir: str | Path, rankings: Any =
         write_bytes_atomic(path, png)
         written.append(path)
     json_path = out / REPORT_FILES["json"]
-    write_text_atomic(json_path, json.dumps(report, indent=2, default=str) + "\n")
+    write_text_atomic(json_path, json.dumps(_jsonable(report), indent=2, default=str, allow_nan=False) + "\n")
     md_path = out / REPORT_FILES["markdown"]
     write_text_atomic(md_path, render_markdown(report, plots=list(plots)))
     html_path = out / REPORT_FILES["html"]
