@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml constraints/constraints.txt constraints/torch-cpu.txt
 	$(PY) -m pip install --quiet -c constraints/constraints.txt -e '.[dev,cluster]'
 	@if $(PY) -m pip show torchvision >/dev/null 2>&1; then \
 		echo "torchvision got installed; it breaks transformers beside the CPU torch" >&2; exit 1; fi
+	# Headless Chromium for the report's browser test (Debian package; best effort off Debian).
+	@command -v chromium >/dev/null 2>&1 || { command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ] && \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium not installed: the report's browser test will be skipped"; }
 	touch $(STAMP)
 
 setup: $(STAMP)

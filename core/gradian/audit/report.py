@@ -39,46 +39,20 @@ def diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None = Non
     }
 
 
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def render_diagnosis_markdown(report: Mapping[str, Any]) -> str:
-    verdict = report["verdict"]
-    findings = report["findings"]
-    lines = ["# Gradian diagnosis", "", f"**Verdict ({verdict['kind']}):** {verdict['summary']}", ""]
-    for hedge in verdict.get("hedges", []):
-        lines.append(f"- {hedge}")
-    if verdict.get("hedges"):
-        lines.append("")
-    lines += ["## Findings", ""]
-    if not findings:
-        lines += ["No check fired.", ""]
-    else:
-        lines += ["| Severity | Check | Finding |", "|---|---|---|"]
-        lines += [f"| {f['severity']} | `{f['id']}` | {_cell(f['title'])} |" for f in findings]
-        lines.append("")
-        for f in findings:
-            lines += [f"### {f['severity'].upper()} `{f['id']}`: {f['title']}", "", f["message"], "",
-                      f"**Fix:** {f['fix']}", ""]
-            if f.get("evidence"):
-                lines += ["Evidence: `" + json.dumps(f["evidence"], sort_keys=True, default=str) + "`", ""]
-            if f.get("example_ids"):
-                shown = ", ".join(f"`{e}`" for e in f["example_ids"][:10])
-                more = len(f["example_ids"]) - 10
-                lines += [f"Examples: {shown}" + (f" and {more} more" if more > 0 else ""), ""]
-    skipped = report.get("skipped") or []
-    if skipped:
-        lines += ["## Skipped checks", "", "| Check | Why |", "|---|---|"]
-        lines += [f"| `{s['id']}` | {_cell(s['reason'])} |" for s in skipped]
-        lines.append("")
-    return "\n".join(lines)
+    """``diagnose.md``: the shared report renderer, which knows a diagnose-only report."""
+    from gradian.report import render_markdown
+
+    return render_markdown(report)
 
 
-def write_diagnosis(report: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``diagnose.json`` and ``diagnose.md`` into ``out_dir``; returns both paths."""
+def write_diagnosis(report: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path, Path]:
+    """Write ``diagnose.json``, ``diagnose.md`` and ``diagnose.html`` into ``out_dir``."""
+    from gradian.report import render_html
+
     out = Path(out_dir)
-    json_path, md_path = out / "diagnose.json", out / "diagnose.md"
+    json_path, md_path, html_path = out / "diagnose.json", out / "diagnose.md", out / "diagnose.html"
     write_text_atomic(json_path, json.dumps(report, indent=2, sort_keys=False, default=str) + "\n")
     write_text_atomic(md_path, render_diagnosis_markdown(report))
-    return json_path, md_path
+    write_text_atomic(html_path, render_html(report))
+    return json_path, md_path, html_path

@@ -59,7 +59,7 @@ def diagnose_command(
     files: list[Path] = []
     if out is not None:
         files = list(write_diagnosis(report, out))
-        console.print(f"wrote {files[0]} and {files[1]}", highlight=False)
+        console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
     source = diagnosis.inputs.run.source if diagnosis.inputs.run is not None else None
     if not no_log and source and source.startswith("mlflow:"):
         if not files:
