@@ -1,0 +1,51 @@
+"""tinyworld: an offline base model with real capabilities, and scenarios that break it.
+
+Nothing in this project may download weights, so the demo, the tests and the validation suite
+stand on a model built here: a tiny Llama pretrained, in about a minute on two CPU cores, on a
+synthetic world of invented countries and sums, until it answers each fact family correctly.
+Scenarios then write fine-tuning data and run configs that damage it in known ways.
+
+Public interface:
+
+- ``generate_world(seed, n_countries) -> World`` and ``FACT_FAMILIES``;
+- ``build_tokenizer(world) -> PreTrainedTokenizerFast`` (byte-level BPE, chat template, EOS);
+- ``BaseModelRecipe``, ``ensure_base_model(cache_dir=None, recipe=None) -> Path``,
+  ``build_base_model``, ``default_cache_dir``, ``load_world``, ``evaluate_families``,
+  ``generate_answers``, ``weights_sha256``;
+- ``SCENARIOS``, ``write_scenario(name, out_dir, base_model=None) -> ScenarioInfo``.
+"""
+
+from gradian.tinyworld.base import (
+    CACHE_ENV,
+    BaseModelRecipe,
+    build_base_model,
+    default_cache_dir,
+    ensure_base_model,
+    evaluate_families,
+    generate_answers,
+    load_world,
+    weights_sha256,
+)
+from gradian.tinyworld.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN, build_tokenizer
+from gradian.tinyworld.world import FACT_FAMILIES, Country, FactItem, World, generate_world
+
+__all__ = [
+    "CACHE_ENV",
+    "CHAT_TEMPLATE",
+    "EOS_TOKEN",
+    "FACT_FAMILIES",
+    "PAD_TOKEN",
+    "BaseModelRecipe",
+    "Country",
+    "FactItem",
+    "World",
+    "build_base_model",
+    "build_tokenizer",
+    "default_cache_dir",
+    "ensure_base_model",
+    "evaluate_families",
+    "generate_answers",
+    "generate_world",
+    "load_world",
+    "weights_sha256",
+]
