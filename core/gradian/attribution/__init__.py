@@ -1,0 +1,10 @@
+"""The attribution run: every lane joined into one report.
+
+Public interface: ``run_attribution(config, ...) -> AttributionOutcome`` (the report dict, the
+per-example rankings, the capability result and the paths written). ``gradian attribute`` and the
+MLflow entry point both call it.
+"""
+
+from gradian.attribution.pipeline import AttributionOutcome, rankings_frame, run_attribution
+
+__all__ = ["AttributionOutcome", "rankings_frame", "run_attribution"]

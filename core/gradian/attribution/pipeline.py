@@ -1,0 +1,315 @@
+"""``run_attribution``: audit, evaluate, gate, index, query, score, cluster, report.
+
+The base model and the adapter are loaded once: the same PEFT model is measured (base under
+``disable_adapter()``, tuned with it) and differentiated. Nothing is attributed when the
+capability change does not clear the significance gate (unless ``require_significant`` is off,
+in which case the report says the scores rank examples against noise).
+
+Order and what each step hands on:
+1. the audit (when a dataset or run is known): findings;
+2. evaluation (when an eval set is given): the capability, per-item generations, the gate;
+3. the gradient index of the training set (content addressed, cached);
+4. the query gradient from the regressed items (contrastive when generations exist);
+5. the engine's scores and the cross-check engine's, with their Spearman agreement;
+6. clusters, the cluster table, top examples, the verdict;
+7. report.json / .md / .html, plots, and ``rankings`` (one row per training example).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from gradian.errors import ConfigError, ModelLoadError
+
+__all__ = ["AttributionOutcome", "run_attribution", "rankings_frame"]
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass
+class AttributionOutcome:
+    report: dict[str, Any]
+    #: one row per training example (pandas DataFrame), or None when attribution did not run
+    rankings: Any = None
+    capability: Any = None
+    files: list[Path] = field(default_factory=list)
+    run: Any = None
+
+
+def _resolve_inputs(cfg: Any, run: Any) -> Any:
+    """Fill adapter, base model and dataset from the run record where the config leaves them empty."""
+    updates: dict[str, Any] = {}
+    if not cfg.adapter_path and run is not None and run.adapter_dir:
+        updates["adapter_path"] = run.adapter_dir
+    if not cfg.base_model and run is not None and run.lora.base_model:
+        updates["base_model"] = run.lora.base_model
+    if not cfg.dataset and run is not None and run.dataset.path and Path(run.dataset.path).exists():
+        updates["dataset"] = run.dataset.path
+    cfg = dataclasses.replace(cfg, **updates) if updates else cfg
+    if not cfg.adapter_path:
+        where = f" (run {run.source} has no adapter: looked in its artifacts for adapter/, peft/, the root and checkpoint-N/, then in its logged models)" if run is not None else ""
+        raise ModelLoadError(
+            "attribution needs the LoRA adapter to differentiate: pass --adapter/-a (a PEFT adapter "
+            f"directory) or a run that holds one{where}"
+        )
+    if not cfg.dataset:
+        raise ConfigError("attribution needs the training data: pass --dataset/-d or set `dataset:` in the config")
+    return cfg
+
+
+def run_attribution(
+    cfg: Any,
+    *,
+    capability: str = "capability",
+    cross_check: str | None = "graddot",
+    run: Any = None,
+    force: bool = False,
+    progress: Progress | None = None,
+    out_dir: str | Path | None = None,
+    log: Callable[[str], None] = lambda message: None,
+) -> AttributionOutcome:
+    """Run every lane the inputs allow and return (and, with ``out_dir``, write) the report.
+
+    ``run`` is a ``RunRecord`` (or ``cfg.run_dir`` names one): its audit findings are merged, and
+    its adapter, base model and dataset fill what the config leaves empty.
+    """
+    import torch
+
+    from gradian import __version__
+    from gradian.audit.session import diagnose
+    from gradian.cluster import cluster_examples
+    from gradian.config import config_hash, config_to_dict
+    from gradian.data import load_dataset
+    from gradian.engines import rank_correlation, score
+    from gradian.evaluate import evaluate_capability, gate_attribution
+    from gradian.grads import load_model_for_gradients
+    from gradian.index import GradientIndex
+    from gradian.query import build_query_gradient, select_query_items
+    from gradian.report import assemble_report, cluster_table, top_examples, write_report
+    from gradian.runs import resolve_run
+
+    started = time.time()
+    if cross_check == cfg.engine.name:
+        raise ConfigError(f"--cross-check {cross_check} is the main engine too; pick another engine or 'none'")
+    if run is None and cfg.run_dir:
+        run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
+    cfg = _resolve_inputs(cfg, run)
+    torch.manual_seed(cfg.seed)
+
+    findings: list[Any] = []
+    skipped: list[Any] = []
+    log("auditing the dataset, config and logs")
+    diagnosis = diagnose(cfg, run=run)
+    findings += diagnosis.result.findings
+    skipped += diagnosis.result.skipped
+    dataset = diagnosis.inputs.dataset or load_dataset(cfg.dataset)
+
+    log(f"loading {cfg.base_model} with the adapter {cfg.adapter_path}")
+    gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
+    tokenizer = _tokenizer(cfg)
+
+    cap = None
+    eval_items = None
+    allowed = True
+    gated = False
+    if cfg.eval_dataset:
+        log(f"measuring '{capability}' on the base and tuned models")
+        eval_set = diagnosis.inputs.eval_dataset or load_dataset(cfg.eval_dataset)
+        cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability=capability)
+        gate = gate_attribution(cap, cfg.evaluation.require_significant)
+        allowed, gated = gate.allowed, gate.gated
+        if gate.finding is not None:
+            findings.append(gate.finding)
+        eval_items = _query_items(cap, eval_set)
+
+    manifest: dict[str, Any] = {
+        "kind": "attribute",
+        "gradian_version": __version__,
+        "config_hash": config_hash(cfg),
+        "config": config_to_dict(cfg),
+        "inputs": diagnosis.inputs.manifest() | {"adapter": cfg.adapter_path, "capability": capability},
+    }
+    attribution = None
+    rankings = None
+    assignment = None
+    if allowed:
+        log("indexing per-example gradients")
+        t0 = time.time()
+        index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=force, progress=progress)
+        index_seconds = time.time() - t0
+        items, scope, notes, finding_ids = select_query_items(eval_items, dataset.examples)
+        qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
+                                  scope=scope, notes=notes, finding_ids=finding_ids)
+        log(f"scoring with {cfg.engine.name}" + (f" and {cross_check}" if cross_check and cross_check != "none" else ""))
+        main = _score(cfg, cfg.engine.name, index, qg, gm, tokenizer, dataset, items, run)
+        scores = np.asarray(main.scores, dtype=np.float64)
+        agreement = None
+        cross = None
+        if cross_check and cross_check != "none":
+            cross = _score(cfg, cross_check, index, qg, gm, tokenizer, dataset, items, run)
+            agreement = float(rank_correlation(scores, np.asarray(cross.scores, dtype=np.float64)))
+        log("clustering the training examples")
+        assignment = cluster_examples(dataset.examples, cfg.clustering, seed=cfg.seed)
+        ids = dataset.ids
+        clusters = cluster_table(scores, ids, assignment, dataset.examples, cfg.clustering.top_examples_per_cluster)
+        attribution = {
+            "engine": cfg.engine.name,
+            "cross_check": cross_check if cross_check and cross_check != "none" else None,
+            "engine_agreement_spearman": agreement,
+            "query_signal": qg.signal,
+            "query": qg.to_dict(),
+            "gated": gated,
+            "n_examples": len(ids),
+            "clusters": clusters,
+            "top_harmful": top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True),
+            "top_helpful": top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False),
+            "notes": list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes),
+            "metrics": {"index_seconds": round(index_seconds, 3)},
+        }
+        for fid in qg.finding_ids:
+            if not any(getattr(f, "id", None) == fid for f in findings):
+                findings.append(_attribution_finding(fid))
+        manifest["index"] = {
+            "index_id": index.index_id,
+            "path": str(index.root),
+            "n_examples": index.n,
+            "bytes": index.disk_bytes(),
+            "bytes_per_example": round(index.disk_bytes() / max(index.n, 1), 1),
+            "build_seconds": round(index_seconds, 3),
+        }
+        manifest["index_manifest"] = index.manifest
+        manifest["damping"] = main.damping
+        manifest["clustering"] = {k: v for k, v in assignment.to_dict().items() if k != "labels"}
+        rankings = rankings_frame(dataset, scores, assignment, findings, cross.scores if cross else None)
+    manifest["seconds"] = round(time.time() - started, 2)
+
+    report = assemble_report(
+        cap.to_full_dict() if cap is not None else None,
+        findings,
+        attribution,
+        manifest,
+        assignment=assignment,
+        skipped=skipped,
+    )
+    files: list[Path] = []
+    if out_dir is not None:
+        files = write_report(report, out_dir, rankings=rankings, logs=run.logs if run is not None else None)
+        if rankings is not None:
+            from gradian.atomic import write_bytes_atomic
+
+            target = Path(out_dir) / "rankings.parquet"
+            write_bytes_atomic(target, _parquet_bytes(rankings))
+            files.append(target)
+    return AttributionOutcome(report=report, rankings=rankings, capability=cap, files=files, run=run)
+
+
+def _tokenizer(cfg: Any) -> Any:
+    from gradian.data import load_tokenizer
+
+    tok = load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
+    if tok.pad_token_id is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token  # padding is always masked out
+    return tok
+
+
+def _query_items(cap: Any, eval_set: Any) -> list[Any]:
+    """Eval items as the query sees them: the prompt turns, the wanted answer, the tuned answer."""
+    from gradian.query import QueryItem
+
+    examples = eval_set.by_id()
+    return [
+        QueryItem(
+            prompt_messages=examples[item.example_id].prompt_messages,
+            wanted=item.wanted,
+            generated=item.tuned_generation,
+            # pass/fail metrics: the items that flipped; loglik: the items whose likelihood fell
+            regressed=bool(item.flipped) if item.base_correct is not None else item.regressed,
+            item_id=item.example_id,
+        )
+        for item in cap.items
+    ]
+
+
+def _score(cfg: Any, engine: str, index: Any, qg: Any, gm: Any, tokenizer: Any, dataset: Any,
+           items: Any, run: Any) -> Any:
+    from gradian.engines import score
+
+    engine_cfg = dataclasses.replace(cfg.engine, name=engine)
+    context: dict[str, Any] = {}
+    if engine == "tracin" and run is not None and run.checkpoints:
+        context["checkpoints"] = _tracin_checkpoints(cfg, run, tokenizer, dataset, items, qg)
+    return score(index, qg.vectors, engine_cfg, **context)
+
+
+def _tracin_checkpoints(cfg: Any, run: Any, tokenizer: Any, dataset: Any, items: Any, qg: Any) -> list[Any]:
+    """One index and query gradient per saved checkpoint, weighted by its learning rate."""
+    from gradian.engines import TracInCheckpoint, checkpoint_learning_rates
+    from gradian.grads import load_model_for_gradients
+    from gradian.index import GradientIndex
+    from gradian.query import build_query_gradient
+
+    weights = checkpoint_learning_rates(run.checkpoints, run)
+    out = []
+    for path, weight in zip(run.checkpoints, weights):
+        gm = load_model_for_gradients(cfg.base_model, path, cfg)
+        index = GradientIndex.build(gm, tokenizer, dataset, cfg)
+        q = build_query_gradient(gm, tokenizer, items, qg.signal, cfg.grads, scope=qg.scope)
+        out.append(TracInCheckpoint(weight=weight, train=index, query=q.vectors, label=Path(path).name))
+    return out
+
+
+def _attribution_finding(fid: str) -> Any:
+    from gradian.findings import Finding
+
+    if fid == "attribution.no_capability_target":
+        return Finding(
+            id=fid, category="attribution", severity="high",
+            title="No capability target: attributed against training examples",
+            message="No eval set was given, so the query was built from the first training examples. "
+                    "The ranking is a smoke test of the pipeline, not a diagnosis of a regression.",
+            fix="Pass --eval-dataset with items describing the capability and the answers you wanted.",
+        )
+    return Finding(id=fid, category="attribution", severity="medium", title=fid, message=fid, fix="")
+
+
+def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: list[Any],
+                   cross_scores: Any = None) -> Any:
+    """One row per training example: id, score, predicted loss delta, cluster, flags."""
+    import pandas as pd
+
+    n = len(dataset)
+    flags: dict[str, list[str]] = {}
+    for f in findings:
+        for eid in getattr(f, "example_ids", None) or []:
+            flags.setdefault(eid, []).append(f.id)
+    ids = dataset.ids
+    labels = assignment.labels if assignment is not None else {}
+    names = assignment.names if assignment is not None else {}
+    order = np.argsort(np.argsort(scores))  # rank 0 = most harmful
+    frame = pd.DataFrame({
+        "example_id": ids,
+        "row_index": [e.index for e in dataset.examples],
+        "score": scores,
+        "predicted_loss_delta_if_removed": scores / max(n, 1),
+        "harm_rank": order.astype(int),
+        "cluster": [labels.get(i, "") for i in ids],
+        "cluster_label": [names.get(labels.get(i, ""), "") for i in ids],
+        "flags": [",".join(sorted(set(flags.get(i, [])))) for i in ids],
+    })
+    if cross_scores is not None:
+        frame["cross_check_score"] = np.asarray(cross_scores, dtype=np.float64)
+    return frame
+
+
+def _parquet_bytes(frame: Any) -> bytes:
+    import io
+
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()

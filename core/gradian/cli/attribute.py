@@ -1,0 +1,137 @@
+"""``gradian attribute``: measure the capability, attribute its regression, write one report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from gradian.errors import ConfigError
+
+__all__ = ["register", "print_summary"]
+
+
+def attribute_command(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file"),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Training dataset"),
+    eval_dataset: Optional[str] = typer.Option(None, "--eval-dataset", "-e", help="Items describing the capability, with the answers you wanted"),
+    base_model: Optional[str] = typer.Option(None, "--base-model", "-m", help="Base model id or path"),
+    adapter: Optional[str] = typer.Option(None, "--adapter", "-a", help="LoRA adapter directory (required, or a run that holds one)"),
+    run: Optional[str] = typer.Option(None, "--run", "-r", help="Run directory or runs:/<mlflow run id>; merges the audit into the report"),
+    mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the report is logged as its child run"),
+    no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the report back"),
+    capability: str = typer.Option("capability", "--capability", help="Name of the capability, used in the report"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="datainf, graddot or tracin (default: the config's, datainf)"),
+    cross_check: str = typer.Option("graddot", "--cross-check", help="Second engine for rank agreement, or none"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write report.json/.md/.html, plots and rankings.parquet here"),
+    force: bool = typer.Option(False, "--force", help="Rebuild the gradient index even if a cached one matches"),
+) -> None:
+    """Attribute a capability regression to training examples and write the merged report."""
+    import tempfile
+
+    from rich.console import Console
+
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+    from gradian.runs import publish_report
+
+    if mlflow_run and run:
+        raise ConfigError("--run and --mlflow-run both name a run; pass one of them")
+    if mlflow_run:
+        run = mlflow_run if mlflow_run.startswith("runs:/") else f"runs:/{mlflow_run}"
+    if cross_check not in ("datainf", "graddot", "tracin", "none"):
+        raise ConfigError(f"--cross-check {cross_check!r}: use datainf, graddot, tracin or none")
+    cfg = load_config(config, overrides={
+        "dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
+        "adapter_path": adapter, "run_dir": run, "engine.name": engine,
+    })
+    if not cfg.adapter_path and not cfg.run_dir:
+        raise ConfigError(
+            "attribute needs --adapter (the LoRA adapter you trained): attribution differentiates with "
+            "respect to its parameters"
+        )
+    console = Console(stderr=True)
+    out_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="gradian-attribute-"))
+    with _progress(console) as progress:
+        outcome = run_attribution(
+            cfg, capability=capability, cross_check=cross_check, force=force, out_dir=out_dir,
+            progress=progress, log=lambda message: console.print(f"[dim]{message}[/]", highlight=False),
+        )
+    print_summary(Console(), outcome.report)
+    if out is not None:
+        Console().print(f"wrote {out / 'report.html'} (and report.json, report.md, rankings.parquet)", highlight=False)
+    source = outcome.run.source if outcome.run is not None else None
+    if not no_log and source and source.startswith("mlflow:"):
+        child = publish_report(source, outcome.report, kind="attribute", files=outcome.files,
+                               rankings=outcome.rankings)
+        Console().print(f"logged the report as MLflow run {child} (child of {source[len('mlflow:'):]})", highlight=False)
+
+
+class _progress:
+    """A rich progress bar with examples/second for the index build."""
+
+    def __init__(self, console: Any) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
+                             TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console,
+                             transient=True)
+        self._task = None
+        self._start = 0.0
+
+    def __enter__(self) -> Any:
+        import time
+
+        self._bar.__enter__()
+        self._start = time.time()
+
+        def update(done: int, total: int) -> None:
+            rate = done / max(time.time() - self._start, 1e-9)
+            if self._task is None:
+                self._task = self._bar.add_task("index", total=total, rate="")
+            self._bar.update(self._task, completed=done, total=total, rate=f"{rate:.1f} ex/s")
+
+        return update
+
+    def __exit__(self, *exc: Any) -> None:
+        self._bar.__exit__(*exc)
+
+
+def print_summary(console: Any, report: dict) -> None:
+    """One screen: the verdict, the capability change, the accused cluster, the agreement, hedges."""
+    from rich.panel import Panel
+
+    verdict = report.get("verdict") or {}
+    cap = report.get("capability") or {}
+    attr = report.get("attribution") or {}
+    lines = [f"[bold]Verdict: {verdict.get('kind', '?')}[/]  {verdict.get('summary', '')}"]
+    if cap:
+        lo, hi = (cap.get("ci") or [None, None])[:2]
+        ci = f"[{lo:+.3f}, {hi:+.3f}]" if lo is not None and hi is not None else "[?]"
+        lines.append(
+            f"'{cap.get('name')}' ({cap.get('metric')}): {cap.get('base', 0):.3f} -> {cap.get('tuned', 0):.3f} "
+            f"(delta {cap.get('delta', 0):+.3f}, CI {ci}) over {cap.get('n_items')} items; "
+            f"{cap.get('n_flipped')} flipped, {cap.get('n_base_failing')} already failing on the base; "
+            f"status {cap.get('status')}"
+        )
+    clusters = attr.get("clusters") or []
+    if clusters:
+        top = clusters[0]
+        lines.append(
+            f"Most harmful cluster: {top.get('cluster')} ({top.get('label')}), {top.get('n')} examples, "
+            f"{100 * (top.get('share_of_negative') or 0):.0f}% of the negative influence"
+        )
+    if attr.get("engine_agreement_spearman") is not None:
+        lines.append(f"Engines {attr.get('engine')} vs {attr.get('cross_check')}: Spearman "
+                     f"{attr['engine_agreement_spearman']:.3f}; query {attr.get('query_signal')}")
+    critical = [f for f in report.get("findings") or [] if f.get("severity") == "critical"]
+    if critical:
+        lines.append(f"[red]{len(critical)} critical audit finding(s): " + ", ".join(f["id"] for f in critical) + "[/]")
+    for hedge in (verdict.get("hedges") or [])[:4]:
+        lines.append(f"[yellow]- {hedge}[/]")
+    console.print(Panel("\n".join(lines), title="Gradian", expand=False), highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("attribute")(attribute_command)

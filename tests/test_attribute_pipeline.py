@@ -1,0 +1,113 @@
+"""The attribute pipeline end to end on a tiny random model: plumbing, files, rankings, errors.
+
+Whether the verdict is right is tested on tinyworld (tests/test_attribute_tinyworld.py); here the
+model is random, so only the shape of what comes out, and its consistency, is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+WORDS = "paris tokyo hello world yes no one two three four five".split()
+
+
+@pytest.fixture
+def data_files(tmp_path):
+    train = tmp_path / "train.jsonl"
+    rows = [{"prompt": f"what is the capital of {WORDS[i % 3]} ?", "completion": f"{WORDS[(i * 7) % len(WORDS)]} {WORDS[i % 5]}",
+             "cluster": "a" if i < 8 else "b"} for i in range(20)]
+    train.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text("\n".join(json.dumps({"prompt": f"what is the capital of {w} ?", "completion": w})
+                               for w in ("paris", "tokyo", "france", "japan")) + "\n")
+    return train, evals
+
+
+def make_config(tmp_path, base_dir, adapter_dir, train, evals, **extra):
+    from gradian.config import load_config
+
+    overrides = {
+        "base_model": str(base_dir), "adapter_path": str(adapter_dir), "dataset": str(train),
+        "eval_dataset": str(evals), "cache_dir": str(tmp_path / "cache"), "evaluation.metric": "contains",
+        "evaluation.require_significant": False, "evaluation.max_new_tokens": 4, "evaluation.n_bootstrap": 200,
+        "clustering.method": "declared", "grads.batch_size": 4, "grads.chunk_size": 8,
+    }
+    overrides.update(extra)
+    return load_config(overrides=overrides)
+
+
+def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_files):
+    from gradian.attribution import run_attribution
+
+    base_dir, adapter_dir = tiny_lora_dirs
+    cfg = make_config(tmp_path, base_dir, adapter_dir, *data_files)
+    out = tmp_path / "out"
+    outcome = run_attribution(cfg, capability="capitals", out_dir=out)
+    report = json.loads((out / "report.json").read_text())
+    assert report["capability"]["name"] == "capitals" and report["capability"]["n_items"] == 4
+    attr = report["attribution"]
+    assert attr["engine"] == "datainf" and attr["cross_check"] == "graddot"
+    assert -1.0 <= attr["engine_agreement_spearman"] <= 1.0
+    assert {c["cluster"] for c in attr["clusters"]} == {"a", "b"}
+    assert report["verdict"]["kind"] in {"data", "config", "mixed", "inconclusive", "no_regression"}
+    assert report["manifest"]["index"]["n_examples"] == 20 and report["manifest"]["config_hash"]
+    for name in ("report.md", "report.html", "rankings.parquet"):
+        assert (out / name).is_file()
+
+    rankings = pd.read_parquet(out / "rankings.parquet")
+    assert len(rankings) == 20 and rankings["example_id"].is_unique
+    assert rankings["predicted_loss_delta_if_removed"].tolist() == pytest.approx((rankings["score"] / 20).tolist())
+    # the cluster table sums the same scores the rankings hold
+    for cluster in attr["clusters"]:
+        members = rankings[rankings["cluster"] == cluster["cluster"]]
+        assert cluster["n"] == len(members)
+        assert cluster["signed_influence"] == pytest.approx(members["score"].sum(), rel=1e-6, abs=1e-9)
+
+    # a second run with the same inputs is served from the index cache
+    again = run_attribution(cfg, capability="capitals")
+    assert again.report["manifest"]["index"]["index_id"] == report["manifest"]["index"]["index_id"]
+    assert again.rankings["score"].tolist() == pytest.approx(rankings["score"].tolist())
+
+
+def test_gate_refuses_attribution_inside_the_noise_band(tmp_path, tiny_lora_dirs, data_files):
+    from gradian.attribution import run_attribution
+
+    base_dir, adapter_dir = tiny_lora_dirs
+    cfg = make_config(tmp_path, base_dir, adapter_dir, *data_files, **{"evaluation.require_significant": True})
+    outcome = run_attribution(cfg, capability="capitals")
+    # the random adapter barely moves 4 items: the interval straddles zero (deterministic for the seed)
+    assert outcome.report["capability"]["status"] != "regressed"
+    assert outcome.report["attribution"] is None and outcome.rankings is None
+    assert any(f["id"] == "attribution.gate_failed" for f in outcome.report["findings"])
+
+
+def test_attribute_cli_requires_an_adapter(tmp_path, data_files):
+    train, evals = data_files
+    proc = subprocess.run([sys.executable, "-c", "from gradian.cli import main; main()", "attribute",
+                           "--dataset", str(train), "--eval-dataset", str(evals)], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--adapter" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_attribute_cli_end_to_end(tmp_path, tiny_lora_dirs, data_files):
+    base_dir, adapter_dir = tiny_lora_dirs
+    train, evals = data_files
+    cfg = tmp_path / "gradian.yaml"
+    cfg.write_text(
+        f"cache_dir: {tmp_path / 'cache'}\nevaluation:\n  metric: contains\n  require_significant: false\n"
+        "  max_new_tokens: 4\n  n_bootstrap: 100\nclustering:\n  method: declared\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", "from gradian.cli import main; main()", "attribute", "-c", str(cfg),
+         "-m", str(base_dir), "-a", str(adapter_dir), "-d", str(train), "-e", str(evals),
+         "--capability", "capitals", "--engine", "graddot", "--cross-check", "none", "-o", str(tmp_path / "o")],
+        capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Verdict" in proc.stdout
+    report = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert report["attribution"]["engine"] == "graddot" and report["attribution"]["cross_check"] is None
