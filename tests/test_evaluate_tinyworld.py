@@ -91,7 +91,7 @@ def poisoned_adapter(tinyworld_base, world, poisoned_facts, tmp_path_factory):
     rows = [i.messages() for i in world.capital_items(poisoned, answers=poisoned_facts)]
     rows += [i.messages() for i in world.capital_items(world.countries[N_POISONED:])]
     rows += [i.messages() for i in world.fact_items("language")]
-    rows += [i.messages() for i in world.capital_items(_new_countries())] * 2
+    rows += [i.messages() for i in world.capital_items(_new_countries())] * 4
     random.Random(0).shuffle(rows)
     return _train_lora(tinyworld_base, rows, tmp_path_factory.mktemp("poisoned") / "adapter")
 
