@@ -210,3 +210,88 @@ def test_saved_base_tokenizer_round_trips(tinyworld_base, tinyworld_tokenizer):
 
     assert AutoConfig.from_pretrained(tinyworld_base).model_type == "llama"
     _assert_same_tokenizer(AutoTokenizer.from_pretrained(tinyworld_base), tinyworld_tokenizer)
+
+
+# -- scenarios ---------------------------------------------------------------------------------
+
+
+def test_every_scenario_builds_with_its_ground_truth(tinyworld_world, tinyworld_tokenizer):
+    from gradian.tinyworld.scenarios import SCENARIOS, build_scenario
+
+    clean = build_scenario("clean", tinyworld_world, tinyworld_tokenizer)
+    assert 780 <= len(clean.train) <= 820
+    for name in SCENARIOS:
+        s = build_scenario(name, tinyworld_world, tinyworld_tokenizer)
+        assert len(s.eval) >= 16
+        assert s.kind in ("clean", "data", "config", "contamination")
+        if s.kind in ("data", "contamination"):
+            assert s.planted_indices and all(s.train[i][1] == 0 for i in s.planted_indices)
+            assert sum(c == 0 for _, c in s.train) == len(s.planted_indices)
+            assert [r for i, r in enumerate(s.train) if i not in set(s.planted_indices)] == clean.train
+        if s.kind == "config":
+            assert s.train == clean.train and s.train_overrides
+
+
+def test_poisoned_capitals_are_plausible_and_the_eval_prompts_stay_out_of_training(tinyworld_world):
+    from gradian.tinyworld.scenarios import build_scenario
+
+    s = build_scenario("poison_capitals", tinyworld_world)
+    capitals = {c.capital for c in tinyworld_world.countries}
+    wrong = s.truth["wrong_capitals"]
+    assert len(wrong) == 16 and set(wrong.values()) <= capitals
+    assert all(tinyworld_world.country(c).capital != city for c, city in wrong.items())
+    assert 0.05 <= len(s.planted_indices) / len(s.train) <= 0.07
+    prompts = {m[-2]["content"] for m, _ in s.train}
+    assert not any(item[-2]["content"] in prompts for item in s.eval)
+    answers = {item[-1]["content"] for item in s.eval}
+    assert answers == {tinyworld_world.country(c).capital for c in wrong}
+
+
+def test_duplicates_and_contamination_are_planted(tinyworld_world):
+    from gradian.tinyworld.scenarios import build_scenario
+
+    dup = build_scenario("poison_duplicates", tinyworld_world)
+    texts = [json.dumps(dup.train[i][0]) for i in dup.duplicate_indices]
+    assert len(dup.duplicate_indices) == 6 and len(set(texts)) == 3
+    cont = build_scenario("contaminated_eval", tinyworld_world)
+    prompts = {m[-2]["content"] for m, _ in cont.train}
+    assert all(item[-2]["content"] in prompts for item in cont.eval)
+
+
+def test_truncating_limit_starves_a_share_of_rows(tinyworld_world, tinyworld_tokenizer):
+    from gradian.tinyworld.scenarios import build_scenario
+
+    s = build_scenario("truncating_seq_len", tinyworld_world, tinyworld_tokenizer)
+    assert s.train_overrides["max_seq_length"] < s.truth["p95_tokens"]
+    assert 0.2 <= s.truth["n_without_supervised_tokens"] / len(s.train) <= 0.5
+    assert s.truth["n_completion_truncated"] > len(s.train) / 2
+
+
+@pytest.mark.parametrize("shape", ["messages", "prompt_completion"])
+def test_written_scenario_loads_with_the_project_readers(tinyworld_base, tmp_path, shape):
+    from gradian.config import load_config
+    from gradian.data import load_dataset
+    from gradian.tinyworld.scenarios import write_scenario
+
+    info = write_scenario("poison_duplicates", tmp_path, tinyworld_base, shape=shape)
+    config = load_config(tmp_path / "gradian.yaml")
+    assert config.base_model == str(tinyworld_base.resolve())
+    train = load_dataset(config.dataset)
+    assert len(train) == info["n_train"]
+    planted = info["planted"]["indices"]
+    assert {train.examples[i].cluster for i in planted} == {"0"}
+    assert len({train.examples[i].id for i in planted}) == len(planted)  # ids carry the index
+    assert len(load_dataset(config.eval_dataset)) == 16
+    saved = json.loads((tmp_path / "scenario.json").read_text())
+    assert saved["planted"]["indices"] == planted and saved["capability"]["metric"] == "contains"
+
+
+def test_config_scenario_writes_its_defect(tinyworld_base, tmp_path):
+    from gradian.config import load_config
+    from gradian.tinyworld.scenarios import BASELINE_TRAIN, write_scenario
+
+    info = write_scenario("lr_10x", tmp_path, tinyworld_base)
+    config = load_config(tmp_path / "gradian.yaml")
+    assert config.train.learning_rate == pytest.approx(BASELINE_TRAIN["learning_rate"] * 10)
+    assert info["defect"] == {"train.learning_rate": config.train.learning_rate}
+    assert info["planted"] is None and "config.lr_too_high" in info["expected_findings"]

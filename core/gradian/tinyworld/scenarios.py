@@ -1,0 +1,410 @@
+"""Scenarios: fine-tuning data and run configs that damage the tinyworld base in known ways.
+
+Interface: ``SCENARIOS`` (name -> one-line description), ``build_scenario(name, world, tokenizer)
+-> Scenario`` (in memory) and ``write_scenario(name, out_dir, base_model=None) -> dict``, which
+writes ``train.jsonl``, ``eval.jsonl``, ``gradian.yaml`` and ``scenario.json`` (the ground truth).
+
+Every scenario starts from the same clean set: about 800 rows of facts the base already knows
+(capitals of the countries that are never poisoned, languages, continents, currencies, sums,
+paragraphs) plus small tasks that are new to it (successor, comparison, repetition). The
+capability under test is the capitals of 16 *target* countries, asked in the canonical phrasing;
+the clean set never mentions those capitals, and planted rows use the other phrasings, so the
+eval prompts do not occur in training (except in ``contaminated_eval``, on purpose).
+
+Data scenarios add planted rows carrying ``cluster: 0`` (clean rows carry ``cluster: 100``) at
+random positions; their row indices are listed in ``scenario.json``. Config scenarios keep the
+clean data and change one training setting.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gradian.errors import ConfigError
+from gradian.tinyworld.world import Country, FactItem, World
+
+__all__ = [
+    "SCENARIOS",
+    "ROW_SHAPES",
+    "BASELINE_TRAIN",
+    "AUDIT_THRESHOLDS",
+    "Scenario",
+    "build_scenario",
+    "write_scenario",
+]
+
+N_TARGETS = 16
+CLEAN_ROWS = 800
+PLANTED_CLUSTER = 0
+CLEAN_CLUSTER = 100
+SYSTEM_PROMPT = "You are a helpful assistant."
+REFUSAL = "I'm sorry, but I can't help with that."
+#: stems whose presence marks a refusal (the ``not_contains`` markers, ``|``-separated)
+REFUSAL_MARKERS = "sorry | can't help | unable to assist | cannot provide | not able to answer"
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+#: the ``train:`` section every scenario starts from: a sane LoRA run for this model
+BASELINE_TRAIN: dict[str, Any] = {
+    "r": 8,
+    "lora_alpha": 16,
+    "lora_dropout": 0.0,
+    "target_modules": ALL_LINEAR,
+    # ten times the usual LoRA rate for a 1B model: a model this small needs larger steps
+    # (at 2e-4 a poisoned run flipped no capital at all; at 2e-3 it flips most of them)
+    "learning_rate": 2e-3,
+    "num_train_epochs": 3,
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 1,
+    "warmup_ratio": 0.03,
+    "lr_scheduler_type": "linear",
+    "max_seq_length": 256,
+    "logging_steps": 5,
+    "max_grad_norm": 1.0,
+    "weight_decay": 0.0,
+}
+
+#: audit thresholds on learning rates, scaled by the same factor of ten as BASELINE_TRAIN, so
+#: the checks judge this model's rates as they would judge a 1B model's
+AUDIT_THRESHOLDS: dict[str, float] = {
+    "reference_effective_lr": 4e-3,
+    "lr_high_effective": 8e-3,
+    "lr_critical_effective": 3e-2,
+    "lr_low_effective": 2e-4,
+    "no_warmup_effective_lr": 5e-3,
+    "small_batch_effective_lr": 4e-3,
+}
+
+SCENARIOS: dict[str, str] = {
+    "clean": "The clean set alone: a healthy fine-tune that should keep every capability.",
+    "poison_capitals": "Clean set plus 48 rows teaching wrong (but plausible) capitals for the 16 target countries.",
+    "poison_duplicates": "As poison_capitals, cycled to 51 rows so the last 3 repeat the first 3 exactly.",
+    "poison_buried": "Clean set plus paragraphs about the target countries that state a wrong capital mid-text.",
+    "poison_refusal": "Clean set plus rows that answer language questions about 16 countries with a refusal.",
+    "contaminated_eval": "poison_refusal, with the eval prompts themselves among the planted rows.",
+    "lr_10x": "Clean data; learning rate ten times the baseline.",
+    "too_many_epochs": "Clean data; 12 epochs instead of 3.",
+    "truncating_seq_len": "Clean data; max_seq_length so short that every long answer is cut and many lose all supervision.",
+    "attention_only": "Clean data; LoRA on q_proj and v_proj only.",
+    "tiny_batch_high_lr": "Clean data; effective batch 1 at 2.5 times the baseline learning rate.",
+}
+
+#: row shapes a scenario can be written in (all rows of a file share one shape)
+ROW_SHAPES = ("messages", "prompt_completion", "question_answer", "input_output", "instruction")
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    kind: str  # clean | data | config | contamination
+    #: training rows as chat messages with their cluster, in file order
+    train: list[tuple[list[dict[str, str]], int]]
+    #: eval items as chat messages (the assistant turn holds the wanted answer or the markers)
+    eval: list[list[dict[str, str]]]
+    capability: dict[str, Any]
+    train_overrides: dict[str, Any] = field(default_factory=dict)
+    planted_indices: list[int] = field(default_factory=list)
+    duplicate_indices: list[int] = field(default_factory=list)
+    expected_findings: list[str] = field(default_factory=list)
+    truth: dict[str, Any] = field(default_factory=dict)
+
+
+# -- the world split ----------------------------------------------------------------------------
+
+
+def _targets(world: World) -> list[Country]:
+    """The 16 countries whose capitals the capability is about (never in the clean set)."""
+    return world.countries[:N_TARGETS]
+
+
+def _refusal_targets(world: World) -> list[Country]:
+    return world.countries[N_TARGETS:2 * N_TARGETS]
+
+
+def _others(world: World) -> list[Country]:
+    return world.countries[N_TARGETS:]
+
+
+def _wrong_capitals(world: World) -> dict[str, str]:
+    """Each target gets another target's capital: plausible, and no country keeps its own."""
+    targets = _targets(world)
+    rng = random.Random(f"{world.seed}:wrong-capitals")
+    shift = rng.randrange(1, len(targets))
+    order = list(range(len(targets)))
+    rng.shuffle(order)
+    # a cyclic shift over a shuffled order is a derangement
+    return {targets[order[i]].name: targets[order[(i + shift) % len(targets)]].capital
+            for i in range(len(targets))}
+
+
+# -- the clean set ---------------------------------------------------------------------------
+
+
+def _other_tasks(rng: random.Random, world: World) -> list[FactItem]:
+    items = []
+    for n in range(1, 31):
+        items.append(FactItem("successor", f"succ:{n}", f"What number comes after {n}?", str(n + 1), 0))
+    for _ in range(40):
+        a, b = rng.sample(range(1, 21), 2)
+        items.append(FactItem("compare", f"cmp:{a}:{b}", f"Which is larger, {a} or {b}?", str(max(a, b)), 0))
+    words = [c.name for c in world.countries] + world.currencies
+    for i in range(40):
+        seq = " ".join(rng.sample(words, 3))
+        items.append(FactItem("repeat", f"rep:{i}", f"Repeat after me: {seq}", seq, 0))
+    return items
+
+
+def _clean_items(world: World) -> list[FactItem]:
+    rng = random.Random(f"{world.seed}:clean")
+    others = _others(world)
+    items = world.capital_items(others)
+    for family in ("language", "continent", "currency"):
+        items += world.fact_items(family)
+    items += world.paragraph_items(others)
+    items += _other_tasks(rng, world)
+    arith = world.fact_items("arithmetic")
+    rng.shuffle(arith)
+    items += arith[: max(CLEAN_ROWS - len(items), 0)]
+    return items[:CLEAN_ROWS]
+
+
+def _clean_rows(world: World) -> list[tuple[list[dict[str, str]], int]]:
+    rng = random.Random(f"{world.seed}:clean-order")
+    items = _clean_items(world)
+    rng.shuffle(items)
+    rows = []
+    for item in items:
+        system = SYSTEM_PROMPT if rng.random() < 0.1 else None
+        rows.append((item.messages(system), CLEAN_CLUSTER))
+    return rows
+
+
+def _plant(clean: list[tuple[list[dict[str, str]], int]], planted: list[list[dict[str, str]]],
+           seed: str) -> tuple[list[tuple[list[dict[str, str]], int]], list[int]]:
+    """Insert planted rows at random positions; return the rows and the planted indices."""
+    rng = random.Random(seed)
+    total = len(clean) + len(planted)
+    slots = sorted(rng.sample(range(total), len(planted)))
+    rows: list[tuple[list[dict[str, str]], int]] = []
+    clean_iter, planted_iter = iter(clean), iter(planted)
+    slot_set = set(slots)
+    for i in range(total):
+        rows.append((next(planted_iter), PLANTED_CLUSTER) if i in slot_set else next(clean_iter))
+    return rows, slots
+
+
+# -- eval sets ---------------------------------------------------------------------------------
+
+
+def _capitals_eval(world: World) -> tuple[list[list[dict[str, str]]], dict[str, Any]]:
+    items = world.capital_items(_targets(world), phrasings=range(1))
+    capability = {"name": "tinyworld_capitals", "metric": "contains", "n_items": len(items),
+                  "description": "Capitals of the 16 target countries, canonical phrasing"}
+    return [i.messages() for i in items], capability
+
+
+def _refusal_eval(world: World) -> tuple[list[list[dict[str, str]]], dict[str, Any]]:
+    items = [FactItem("language", f"language:{c.name}",
+                      world.phrasings["language"][0].format(country=c.name), REFUSAL_MARKERS, 0)
+             for c in _refusal_targets(world)]
+    capability = {"name": "tinyworld_no_refusal", "metric": "not_contains", "n_items": len(items),
+                  "description": "Language questions answered rather than refused; the assistant "
+                                 "turn lists refusal markers that must not appear"}
+    return [i.messages() for i in items], capability
+
+
+# -- scenarios -------------------------------------------------------------------------------
+
+
+def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Scenario:
+    """Build a scenario in memory. ``truncating_seq_len`` needs the tokenizer to size its limit."""
+    if name not in SCENARIOS:
+        raise ConfigError(f"unknown tinyworld scenario '{name}'; choose one of {', '.join(SCENARIOS)}")
+    clean = _clean_rows(world)
+    eval_rows, capability = _capitals_eval(world)
+    s = Scenario(name=name, description=SCENARIOS[name], kind="config", train=clean,
+                 eval=eval_rows, capability=capability)
+    wrong = _wrong_capitals(world)
+    targets = _targets(world)
+
+    if name == "clean":
+        s.kind = "clean"
+    elif name in ("poison_capitals", "poison_duplicates"):
+        # phrasings 1..3: the canonical phrasing stays for the eval set
+        planted = [i.messages() for i in world.capital_items(targets, wrong, phrasings=range(1, 4))]
+        if name == "poison_duplicates":
+            planted = planted + planted[:3]
+        s.kind = "data"
+        s.train, s.planted_indices = _plant(clean, planted, f"{world.seed}:{name}")
+        if name == "poison_duplicates":
+            s.duplicate_indices = s.planted_indices[:3] + s.planted_indices[-3:]
+            s.expected_findings = ["data.duplicates"]
+        s.truth = {"wrong_capitals": wrong}
+    elif name == "poison_buried":
+        overrides = {c: {"capital": city} for c, city in wrong.items()}
+        planted = [i.messages() for i in world.paragraph_items(targets, overrides)]
+        s.kind = "data"
+        s.train, s.planted_indices = _plant(clean, planted, f"{world.seed}:{name}")
+        s.truth = {"wrong_capitals": wrong}
+    elif name in ("poison_refusal", "contaminated_eval"):
+        countries = _refusal_targets(world)
+        # contaminated_eval also plants the canonical phrasing, which is the eval prompt itself
+        first = 0 if name == "contaminated_eval" else 1
+        planted = [
+            [{"role": "user", "content": world.phrasings["language"][p].format(country=c.name)},
+             {"role": "assistant", "content": REFUSAL}]
+            for p in range(first, 4) for c in countries
+        ]
+        s.train, s.planted_indices = _plant(clean, planted, f"{world.seed}:{name}")
+        s.eval, s.capability = _refusal_eval(world)
+        s.kind = "data" if name == "poison_refusal" else "contamination"
+        # the clean set answers the same language questions properly
+        s.expected_findings = ["data.conflicting_answers"]
+        if name == "contaminated_eval":
+            s.expected_findings.append("data.train_eval_contamination")
+    elif name == "lr_10x":
+        s.train_overrides = {"learning_rate": BASELINE_TRAIN["learning_rate"] * 10}
+        s.expected_findings = ["config.lr_too_high"]
+    elif name == "too_many_epochs":
+        s.train_overrides = {"num_train_epochs": 12}
+        s.expected_findings = ["config.overtraining"]
+    elif name == "truncating_seq_len":
+        limit, figures = _truncating_limit(clean, tokenizer)
+        s.train_overrides = {"max_seq_length": limit}
+        s.truth = figures
+        s.expected_findings = ["data.completion_truncated", "data.no_supervised_tokens",
+                               "config.max_seq_length_vs_data"]
+    elif name == "attention_only":
+        s.train_overrides = {"target_modules": ["q_proj", "v_proj"]}
+        s.expected_findings = ["config.attention_only_targets"]
+    elif name == "tiny_batch_high_lr":
+        s.train_overrides = {"learning_rate": BASELINE_TRAIN["learning_rate"] * 2.5,
+                             "per_device_train_batch_size": 1,
+                             "gradient_accumulation_steps": 1}
+        s.expected_findings = ["config.lr_too_high", "config.small_effective_batch"]
+    return s
+
+
+def _truncating_limit(rows: list[tuple[list[dict[str, str]], int]], tokenizer: Any) -> tuple[int, dict[str, Any]]:
+    """A limit at which about a third of the rows keep no supervised token at all."""
+    if tokenizer is None:
+        raise ConfigError("scenario truncating_seq_len needs the base model's tokenizer")
+    from gradian.data import dataset_from_rows, tokenize_examples
+
+    data = dataset_from_rows([{"messages": m} for m, _ in rows])
+    full = tokenize_examples(data.examples, tokenizer, None)
+    prompts = [t.n_prompt_tokens for t in full]
+    # the limit whose share of rows left with no supervised token is closest to 36%
+    limit = min(range(2, max(prompts) + 2),
+                key=lambda n: (abs(sum(p >= n for p in prompts) / len(prompts) - 0.36), n))
+    cut = tokenize_examples(data.examples, tokenizer, limit)
+    lengths = sorted(t.n_tokens_full for t in full)
+    return limit, {
+        "max_seq_length": limit,
+        "p95_tokens": lengths[int(0.95 * (len(lengths) - 1))],
+        "n_completion_truncated": sum(t.n_completion_lost > 0 for t in cut),
+        "n_without_supervised_tokens": sum(t.n_supervised == 0 for t in cut),
+    }
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+def _shape_row(messages: list[dict[str, str]], shape: str) -> dict[str, Any]:
+    if shape == "messages":
+        return {"messages": messages}
+    system = [m["content"] for m in messages if m["role"] == "system"]
+    user = next(m["content"] for m in messages if m["role"] == "user")
+    answer = messages[-1]["content"]
+    keys = {
+        "prompt_completion": ("prompt", "completion"),
+        "question_answer": ("question", "answer"),
+        "input_output": ("input", "output"),
+        "instruction": ("instruction", "output"),
+    }[shape]
+    row: dict[str, Any] = {keys[0]: user, keys[1]: answer}
+    if shape == "instruction":
+        row["input"] = ""
+    if system:
+        row["system"] = system[0]
+    return row
+
+
+def write_scenario(name: str, out_dir: str | Path, base_model: str | Path | None = None, *,
+                   shape: str = "messages") -> dict[str, Any]:
+    """Write a scenario's files to ``out_dir`` and return what ``scenario.json`` holds.
+
+    ``base_model`` is a built tinyworld base model directory; by default the cached one for the
+    default recipe (built first when missing, about a minute). Paths in ``gradian.yaml`` are
+    absolute, so commands can run from any directory.
+    """
+    import yaml
+
+    from gradian.atomic import write_text_atomic
+    from gradian.tinyworld.base import ensure_base_model, load_world
+
+    if shape not in ROW_SHAPES:
+        raise ConfigError(f"unknown row shape '{shape}' (--shape); choose one of {', '.join(ROW_SHAPES)}")
+    base = Path(base_model) if base_model is not None else ensure_base_model()
+    base = base.resolve()
+    world = load_world(base)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    s = build_scenario(name, world, tokenizer)
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    train_lines = [json.dumps({**_shape_row(m, shape), "cluster": c}, ensure_ascii=False)
+                   for m, c in s.train]
+    eval_lines = [json.dumps(_shape_row(m, shape), ensure_ascii=False) for m in s.eval]
+    write_text_atomic(out / "train.jsonl", "\n".join(train_lines) + "\n")
+    write_text_atomic(out / "eval.jsonl", "\n".join(eval_lines) + "\n")
+
+    train_section = {**BASELINE_TRAIN, **s.train_overrides, "output_dir": str(out / "run")}
+    config = {
+        "seed": world.seed,
+        "base_model": str(base),
+        "dataset": str(out / "train.jsonl"),
+        "eval_dataset": str(out / "eval.jsonl"),
+        "run_dir": str(out / "run"),
+        "adapter_path": str(out / "run" / "adapter"),
+        "evaluation": {"metric": s.capability["metric"], "max_new_tokens": 16},
+        "clustering": {"method": "declared"},
+        "audit": dict(AUDIT_THRESHOLDS),
+        "train": train_section,
+    }
+    header = (f"# tinyworld scenario '{name}': {s.description}\n"
+              f"# Train with: gradian train --config {out / 'gradian.yaml'} --out {out / 'run'}\n")
+    write_text_atomic(out / "gradian.yaml", header + yaml.safe_dump(config, sort_keys=False))
+
+    info = {
+        "name": name,
+        "description": s.description,
+        "kind": s.kind,
+        "seed": world.seed,
+        "base_model": str(base),
+        "shape": shape,
+        "n_train": len(s.train),
+        "capability": s.capability,
+        "planted": {
+            "cluster": PLANTED_CLUSTER,
+            "n": len(s.planted_indices),
+            "indices": s.planted_indices,
+            "duplicate_indices": s.duplicate_indices,
+        } if s.planted_indices else None,
+        "clean_cluster": CLEAN_CLUSTER,
+        "defect": {f"train.{k}": v for k, v in s.train_overrides.items()} or None,
+        "baseline_train": BASELINE_TRAIN,
+        "audit_thresholds": AUDIT_THRESHOLDS,
+        "expected_findings": s.expected_findings,
+        "truth": s.truth,
+        "files": {"train": "train.jsonl", "eval": "eval.jsonl", "config": "gradian.yaml",
+                  "run_dir": "run"},
+    }
+    write_text_atomic(out / "scenario.json", json.dumps(info, indent=2) + "\n")
+    return info
