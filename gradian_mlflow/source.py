@@ -213,6 +213,20 @@ def _dataset_from_inputs(run: Any, cache_dir: Path) -> DatasetRef:
     return DatasetRef()
 
 
+_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def _dataset_from_artifacts(client: Any, run_id: str, cache_dir: Path) -> DatasetRef:
+    """A single data file logged under the run's ``data/`` artifacts, when the inputs named none."""
+    files = call(f"listing data artifacts of run {run_id}",
+                 lambda: _walk(lambda p: client.list_artifacts(run_id, p or None), "data", 1))
+    data = [f for f in files if f.endswith(_DATA_SUFFIXES)]
+    if len(data) != 1:
+        return DatasetRef()
+    path = _resolve_data_uri(f"runs:/{run_id}/{data[0]}", cache_dir)
+    return DatasetRef(path=str(path)) if path is not None else DatasetRef()
+
+
 def _resolve_data_uri(uri: str, cache_dir: Path) -> Path | None:
     if uri.startswith("file://"):
         uri = uri[len("file://"):]
@@ -224,7 +238,8 @@ def _resolve_data_uri(uri: str, cache_dir: Path) -> Path | None:
 
         folder = cache_dir / "datasets" / hashlib.sha256(uri.encode()).hexdigest()[:16]
         if not folder.exists():
-            tmp = Path(tempfile.mkdtemp(dir=cache_dir))
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=folder.parent))
             call(f"downloading dataset {uri}", lambda: download_artifacts(artifact_uri=uri, dst_path=str(tmp)))
             tmp.rename(folder)
         files = [p for p in folder.rglob("*") if p.is_file()]
@@ -259,4 +274,6 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
             if state.is_file():
                 record.logs = TrainingLogs.from_log_history(json.loads(state.read_text()).get("log_history") or [])
     record.dataset = _dataset_from_inputs(run, run_cache)
+    if record.dataset.path is None:
+        record.dataset = _dataset_from_artifacts(client, run_id, run_cache)
     return record

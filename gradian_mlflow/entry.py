@@ -1,0 +1,127 @@
+"""Entry points of the root ``MLproject``: thin translations of project parameters into calls.
+
+``mlflow run`` passes every parameter; an empty string or 0 means "not given" here. Inside
+``mlflow run`` the project's own run becomes the diagnosis (a child of the source run) when both
+live in the same experiment; see ``gradian_mlflow.sink``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+__all__ = ["main"]
+
+
+def _flag(argv: list[str], name: str, value: object) -> None:
+    if value in (None, "", 0, 0.0):
+        return
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    argv += [name, str(value)]
+
+
+def _cli(argv: list[str]) -> None:
+    from gradian.cli import main as gradian_main
+
+    gradian_main(argv)
+
+
+def _index(args: argparse.Namespace) -> None:
+    """Build the gradient index of the run's adapter and log its manifest as a child run."""
+    from gradian.config import load_config
+    from gradian.index import index_from_config
+    from gradian.runs import publish_report, resolve_run
+
+    cfg = load_config(args.config or None)
+    record = resolve_run(f"runs:/{args.run_id}", cache_dir=cfg.cache_dir)
+    overrides = {
+        "dataset": args.dataset or cfg.dataset or record.dataset.path,
+        "base_model": args.base_model or cfg.base_model or record.lora.base_model,
+        "adapter_path": record.adapter_dir,
+    }
+    cfg = load_config(args.config or None, overrides=overrides)
+    built = index_from_config(cfg)
+    index = built.index
+    summary = f"Gradient index {index.index_id}: {index.n} examples, {index.disk_bytes() / 1e6:.1f} MB"
+    report = {
+        "capability": None, "findings": [], "attribution": None,
+        "verdict": {"kind": "inconclusive", "summary": summary, "hedges": []},
+        "manifest": {"kind": "index", "index": {"index_id": index.index_id, "n_examples": index.n,
+                                                  "bytes": index.disk_bytes(),
+                                                  "bytes_per_example": index.disk_bytes() / max(index.n, 1)},
+                     "index_manifest": index.manifest},
+    }
+    child = publish_report(record.source, report, kind="index", files=[index.root / "manifest.json"])
+    print(f"{summary}; logged as MLflow run {child}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from gradian.errors import GradianError
+
+    parser = argparse.ArgumentParser(prog="python -m gradian_mlflow.entry")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("doctor")
+    for name in ("diagnose", "index", "attribute"):
+        p = sub.add_parser(name)
+        p.add_argument("--run-id", required=True)
+        p.add_argument("--dataset", default="")
+        p.add_argument("--base-model", default="")
+        p.add_argument("--config", default="")
+        if name != "index":
+            p.add_argument("--eval-dataset", default="")
+        if name == "diagnose":
+            p.add_argument("--max-seq-length", type=float, default=0)
+        if name == "attribute":
+            p.add_argument("--capability", default="capability")
+            p.add_argument("--engine", default="datainf")
+            p.add_argument("--cross-check", default="graddot")
+            p.add_argument("--out", default="")
+    p = sub.add_parser("train")
+    p.add_argument("--config", required=True)
+    p.add_argument("--dataset", default="")
+    p.add_argument("--out", default="runs/finetune")
+    p.add_argument("--experiment", default="")
+    p = sub.add_parser("demo")
+    p.add_argument("--workdir", default=".demo")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "doctor":
+            _cli(["doctor"])
+        elif args.command == "diagnose":
+            cli = ["diagnose", "--mlflow-run", args.run_id]
+            _flag(cli, "--dataset", args.dataset)
+            _flag(cli, "--eval-dataset", args.eval_dataset)
+            _flag(cli, "--base-model", args.base_model)
+            _flag(cli, "--max-seq-length", args.max_seq_length)
+            _flag(cli, "--config", args.config)
+            _cli(cli)
+        elif args.command == "attribute":
+            cli = ["attribute", "--mlflow-run", args.run_id, "--capability", args.capability,
+                   "--engine", args.engine, "--cross-check", args.cross_check]
+            _flag(cli, "--dataset", args.dataset)
+            _flag(cli, "--eval-dataset", args.eval_dataset)
+            _flag(cli, "--base-model", args.base_model)
+            _flag(cli, "--config", args.config)
+            _flag(cli, "--out", args.out)
+            _cli(cli)
+        elif args.command == "index":
+            _index(args)
+        elif args.command == "train":
+            from gradian_mlflow.training import train_and_log
+
+            run_id = train_and_log(args.config, args.out, args.dataset or None, experiment=args.experiment or None)
+            print(f"training run: {run_id}")
+        elif args.command == "demo":
+            from gradian_mlflow.demo import run_demo
+
+            run_demo(args.workdir)
+    except GradianError as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)
+
+
+if __name__ == "__main__":
+    main()
