@@ -118,3 +118,28 @@ def test_existing_run_is_not_overwritten(tmp_path):
     with pytest.raises(ConfigError, match="--overwrite"):
         _prepare_out_dir(tmp_path, overwrite=False)
     _prepare_out_dir(tmp_path, overwrite=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("save_steps", [0, 4])
+def test_checkpoints_and_dataset_override(tinyworld_base, tmp_path, save_steps):
+    from gradian.config import load_config
+    from gradian.runs import read_run_dir
+    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.train import train_lora
+
+    write_scenario("clean", tmp_path, tinyworld_base)
+    lines = (tmp_path / "train.jsonl").read_text().splitlines()[:40]
+    (tmp_path / "small.jsonl").write_text("\n".join(lines) + "\n")
+    config = load_config(tmp_path / "gradian.yaml", overrides={
+        "train.save_checkpoints": True, "train.save_steps": save_steps, "train.num_train_epochs": 1,
+        "train.per_device_train_batch_size": 4, "train.logging_steps": 1,
+    })
+    record = train_lora(config, tmp_path / "run", dataset=tmp_path / "small.jsonl")
+    assert record.dataset.n_examples == 40
+    names = [Path(p).name for p in record.checkpoints]
+    assert names == (["checkpoint-10"] if save_steps == 0 else ["checkpoint-4", "checkpoint-8", "checkpoint-10"])
+    assert not (tmp_path / "run" / "adapter" / "training_args.bin").exists()
+    read = read_run_dir(tmp_path / "run")
+    assert [Path(p).name for p in read.checkpoints] == names
+    assert len(read.logs.series("loss")) == 10

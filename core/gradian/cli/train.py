@@ -23,7 +23,7 @@ def train_command(
 
     require_backend(backend)  # fail before loading anything heavy
     cfg = load_config(config)
-    record = train_lora(cfg, out, dataset, backend=backend, overwrite=overwrite)
+    record = train_lora(cfg, out, dataset, backend=backend, overwrite=overwrite, progress=True)
     losses = record.logs.series("loss")
     run_dir = record.source
     typer.echo(f"trained {record.config.extra.get('n_trained_examples')} examples, "

@@ -6,7 +6,8 @@ What a run directory holds afterwards (``out_dir``):
 - ``trainer_state.json``: the trainer's state, ``log_history`` included (``Trainer.save_state``);
 - ``training_args.json``: every trainer argument as JSON, plus the settings Gradian adds
   (``max_seq_length``, ``completion_only_loss``, ``packing``, ``warmup_ratio``, ``backend``).
-  ``training_args.bin`` is a pickle; nothing in this project ever reads it;
+  The trainer's pickled ``training_args.bin`` is removed from ``adapter/``; nothing here reads
+  pickles (checkpoints keep the trainer's own layout, pickle included);
 - ``gradian_run.json``: the run as a ``RunRecord``;
 - ``checkpoint-N/`` (only with ``train.save_checkpoints``): an adapter and trainer state each.
 
@@ -45,6 +46,7 @@ def train_lora(
     *,
     backend: str | None = None,
     overwrite: bool = False,
+    progress: bool = False,
 ) -> RunRecord:
     """Fine-tune a LoRA adapter as ``config.train`` says; return the run's ``RunRecord``.
 
@@ -52,7 +54,8 @@ def train_lora(
     ``train.output_dir``; ``dataset`` to the config's ``dataset``; ``backend`` to
     ``train.backend``. ``callbacks`` are passed to the trainer as they are; ``report_to`` is the
     trainer's reporting integrations (none unless asked, e.g. ``["mlflow"]``). An ``out_dir``
-    holding a finished run is refused unless ``overwrite``.
+    holding a finished run is refused unless ``overwrite``. ``progress`` shows the trainer's
+    progress bar; otherwise the trainer prints nothing.
     """
     from gradian.config import GradianConfig, load_config
 
@@ -81,6 +84,7 @@ def train_lora(
     model = _wrap_lora(model, train)
 
     args_kwargs = _training_arguments(config, out, report_to)
+    args_kwargs.setdefault("disable_tqdm", not progress)
     args = transformers.TrainingArguments(**args_kwargs)
     trainer_cls, extra_trainer_kwargs = _trainer_class(backend)
     trainer = trainer_cls(
@@ -91,6 +95,10 @@ def train_lora(
         callbacks=list(callbacks or []),
         **extra_trainer_kwargs,
     )
+    if not progress:
+        from transformers.trainer_callback import PrinterCallback
+
+        trainer.remove_callback(PrinterCallback)  # it prints every log line to stdout
     trainer.train()
     if not all(torch.isfinite(p).all() for p in model.parameters() if p.requires_grad):
         raise GradianError(
@@ -100,6 +108,8 @@ def train_lora(
 
     adapter_dir = out / ADAPTER_SUBDIR
     trainer.save_model(str(adapter_dir))
+    # training_args.json below replaces the pickle; leaving none means nothing can load it
+    (adapter_dir / "training_args.bin").unlink(missing_ok=True)
     trainer.save_state()  # trainer_state.json in out_dir
     if train.save_checkpoints and not train.save_steps:
         _save_final_checkpoint(trainer, out)
@@ -258,7 +268,7 @@ def _training_arguments(config: Any, out: Path, report_to: str | Sequence[str] |
         "report_to": reporters,
         "remove_unused_columns": False,
         "dataloader_num_workers": 0,
-        "disable_tqdm": True,
+        "dataloader_pin_memory": False,
         "use_cpu": config.device == "cpu",
         **save,
     }
