@@ -6,7 +6,8 @@ writes ``train.jsonl``, ``eval.jsonl``, ``gradian.yaml`` and ``scenario.json`` (
 
 Every scenario starts from the same clean set: about 800 rows of facts the base already knows
 (capitals of the countries that are never poisoned, languages, continents, currencies, sums,
-paragraphs) plus small tasks that are new to it (successor, comparison, repetition). The
+paragraphs), and, for nearly half the rows, small tasks that are new to it (successor,
+comparison, subtraction). The
 capability under test is the capitals of 16 *target* countries, asked in the canonical phrasing;
 the clean set never mentions those capitals, and planted rows use the other phrasings, so the
 eval prompts do not occur in training (except in ``contaminated_eval``, on purpose).
@@ -144,32 +145,37 @@ def _wrong_capitals(world: World) -> dict[str, str]:
 # -- the clean set ---------------------------------------------------------------------------
 
 
-def _other_tasks(rng: random.Random, world: World) -> list[FactItem]:
+def _other_tasks(rng: random.Random) -> list[FactItem]:
+    """Small tasks the base has never seen: successor, comparison and subtraction (360 rows)."""
     items = []
     for n in range(1, 31):
         items.append(FactItem("successor", f"succ:{n}", f"What number comes after {n}?", str(n + 1), 0))
-    for _ in range(40):
-        a, b = rng.sample(range(1, 21), 2)
+    pairs = [(a, b) for a in range(1, 21) for b in range(1, 21) if a != b]
+    for a, b in rng.sample(pairs, 180):
         items.append(FactItem("compare", f"cmp:{a}:{b}", f"Which is larger, {a} or {b}?", str(max(a, b)), 0))
-    words = [c.name for c in world.countries] + world.currencies
-    for i in range(40):
-        seq = " ".join(rng.sample(words, 3))
-        items.append(FactItem("repeat", f"rep:{i}", f"Repeat after me: {seq}", seq, 0))
+    differences = [(a, b) for a in range(2, 19) for b in range(1, a)]
+    for a, b in rng.sample(differences, 150):
+        items.append(FactItem("subtraction", f"sub:{a}-{b}", f"What is {a} minus {b}?", str(a - b), 0))
     return items
 
 
 def _clean_items(world: World) -> list[FactItem]:
+    """About half known facts, half new tasks.
+
+    The mix matters to the trainer's dynamics: rows the base already knows have a loss near
+    zero, so a batch made only of them has a gradient a hundred times smaller than a batch
+    holding a new task. With new tasks in nearly every batch, gradient norms stay within a
+    small factor of each other, as in a healthy instruction-tuning run.
+    """
     rng = random.Random(f"{world.seed}:clean")
     others = _others(world)
-    items = world.capital_items(others)
-    for family in ("language", "continent", "currency"):
-        items += world.fact_items(family)
-    items += world.paragraph_items(others)
-    items += _other_tasks(rng, world)
-    arith = world.fact_items("arithmetic")
-    rng.shuffle(arith)
-    items += arith[: max(CLEAN_ROWS - len(items), 0)]
-    return items[:CLEAN_ROWS]
+    new = _other_tasks(rng)
+    known = world.capital_items(others) + world.paragraph_items(others)
+    pool = [i for family in ("language", "continent", "currency", "arithmetic")
+            for i in world.fact_items(family)]
+    rng.shuffle(pool)
+    known += pool[: CLEAN_ROWS - len(new) - len(known)]
+    return known + new
 
 
 def _clean_rows(world: World) -> list[tuple[list[dict[str, str]], int]]:
