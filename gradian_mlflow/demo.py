@@ -61,7 +61,9 @@ def run_demo(workdir: str | Path = ".demo", scenario: str = "poison_capitals") -
                            run_name=f"finetune-{scenario}")
     print(f"training run: {run_id}")
 
-    config = str(work / "scenario" / "gradian.yaml")
+    # The diagnosis reads adapter, data, params and logs from MLflow: keep the scenario's settings
+    # (metric, clustering, thresholds) but none of its local paths to the run.
+    config = str(_diagnosis_config(work / "scenario" / "gradian.yaml", work / "diagnosis.yaml"))
     _say("gradian diagnose (the audit; no weights loaded)")
     _gradian("diagnose", "--mlflow-run", run_id, "--config", config, "--out", str(work / "diagnose"))
 
@@ -74,3 +76,14 @@ def run_demo(workdir: str | Path = ".demo", scenario: str = "poison_capitals") -
     print(f"report: {work / 'report' / 'report.html'}")
     print(f"see the runs: mlflow ui --backend-store-uri {uri}   (experiment '{EXPERIMENT}')")
     return run_id
+
+
+def _diagnosis_config(scenario_config: Path, out: Path) -> Path:
+    import yaml
+
+    data = yaml.safe_load(scenario_config.read_text())
+    for key in ("adapter_path", "run_dir", "dataset"):
+        data.pop(key, None)
+    data["cache_dir"] = str(out.parent / ".gradian")
+    out.write_text("# The demo's diagnosis settings: the run itself comes from MLflow.\n" + yaml.safe_dump(data, sort_keys=False))
+    return out

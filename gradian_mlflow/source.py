@@ -247,6 +247,34 @@ def _resolve_data_uri(uri: str, cache_dir: Path) -> Path | None:
     return None
 
 
+#: JSON files a run may carry beside its params: the trainer's arguments as JSON (settings such as
+#: ``max_seq_length`` that are not TrainingArguments fields), and a RunRecord written by gradian
+_JSON_ARGS = ("training_args.json", "gradian_run.json")
+
+
+def _fill_from_json_artifacts(client: Any, run_id: str, record: RunRecord, cache: Path) -> None:
+    """Fill config fields the params left empty from JSON argument files among the artifacts."""
+    from mlflow.artifacts import download_artifacts
+
+    names = {Path(a.path).name for a in call(f"listing artifacts of run {run_id}",
+                                            lambda: client.list_artifacts(run_id)) if not a.is_dir}
+    for name in _JSON_ARGS:
+        if name not in names:
+            continue
+        cache.mkdir(parents=True, exist_ok=True)
+        local = call(f"downloading {name}", lambda: download_artifacts(run_id=run_id, artifact_path=name,
+                                                                     dst_path=str(cache)))
+        try:
+            data = json.loads(Path(local).read_text())
+        except ValueError:
+            continue
+        raw = data.get("config", data) if name == "gradian_run.json" else data
+        parsed = normalize_trainer_config({k: v for k, v in raw.items() if k != "extra"})
+        for field_name, value in vars(parsed).items():
+            if field_name != "extra" and value is not None and getattr(record.config, field_name) is None:
+                setattr(record.config, field_name, value)
+
+
 def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any = None) -> RunRecord:
     """Build a RunRecord from a run id or ``runs:/<id>``; adapters are downloaded to the cache."""
     run_id = parse_run_ref(ref)
@@ -256,10 +284,11 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
 
     record = RunRecord(source=f"mlflow:{run_id}")
     record.config = normalize_trainer_config(run.data.params)
+    run_cache = cache / run_id
+    _fill_from_json_artifacts(client, run_id, record, run_cache)
     record.logs = _logs_from_history(client, run_id)
 
     final, checkpoints = find_adapters(client, run)
-    run_cache = cache / run_id
     if final is not None:
         adapter_dir = _cached_download(final.artifact_uri, run_cache / "adapters", only=_ADAPTER_FILES)
         if not (adapter_dir / "adapter_config.json").is_file():

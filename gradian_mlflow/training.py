@@ -63,6 +63,17 @@ def train_and_log(
         mlflow.log_artifact(str(data_path), artifact_path=TRAIN_DATA_ARTIFACT)
         frame = pd.read_json(data_path, lines=data_path.suffix == ".jsonl")
         frame = frame.astype(str)  # nested chat turns: the dataset input records the text only
-        source = f"runs:/{run.info.run_id}/{TRAIN_DATA_ARTIFACT}/{data_path.name}"
-        mlflow.log_input(mlflow.data.from_pandas(frame, source=source, name=data_path.name), context="training")
+        mlflow.log_input(_dataset(frame, data_path), context="training")
         return run.info.run_id
+
+
+def _dataset(frame: Any, data_path: Path) -> Any:
+    """The dataset input, sourced at the logged artifact when MLflow can name it, else the file."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    artifact = mlflow.get_artifact_uri(f"{TRAIN_DATA_ARTIFACT}/{data_path.name}")
+    try:
+        return mlflow.data.from_pandas(frame, source=artifact, name=data_path.name)
+    except MlflowException:  # a store whose URIs have no dataset-source resolver
+        return mlflow.data.from_pandas(frame, source=str(data_path.resolve()), name=data_path.name)

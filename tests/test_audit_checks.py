@@ -478,3 +478,22 @@ def test_minhash_estimates_track_exact_jaccard():
         assert abs(estimate - exact) < 0.1, (j, exact, estimate)
     assert near_duplicate_groups(texts, 0.9, 64) == [[0, 1]]
     assert near_duplicate_groups(["a b", "a b", "c"], 0.9, 64) == [[0, 1]]
+
+
+def test_isolated_clipped_grad_spike_is_medium_and_sustained_is_high():
+    """One blowup that clipping caught is worth a look; repeated ones explain a regression."""
+    from gradian.audit import run_audit
+    from gradian.runs import RunRecord, TrainingLogs, normalize_trainer_config
+
+    def run_with(spikes, clip):
+        history = [{"step": s, "loss": 1.0, "grad_norm": 30.0 if s in spikes else 1.0} for s in range(1, 41)]
+        return RunRecord(config=normalize_trainer_config({"max_grad_norm": clip}),
+                         logs=TrainingLogs.from_log_history(history))
+
+    def severity(run):
+        found = {f.id: f.severity for f in run_audit(run=run, checks=["dynamics.grad_norm_explosion"]).findings}
+        return found.get("dynamics.grad_norm_explosion")
+
+    assert severity(run_with({20}, 1.0)) == "medium"
+    assert severity(run_with({10, 20, 30}, 1.0)) == "high"
+    assert severity(run_with({20}, 0.0)) == "high"

@@ -49,7 +49,7 @@ def test_lr_ten_times_is_critical_with_the_effective_figure():
     assert _ids(result, "high") == {"config.lr_too_high": "critical"}
     (f,) = result.at_least("critical")
     assert "(lr=0.002 x alpha/r=2 = 0.004)" in f.title
-    assert _ids(result)["config.overtraining"] == "medium"
+    assert "config.overtraining" not in _ids(result)  # 3 epochs, the trainers' default, is not flagged
 
 
 def test_batch_one_at_5e4_is_unstable():

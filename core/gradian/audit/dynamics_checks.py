@@ -85,8 +85,13 @@ def grad_norm_explosion(ctx: AuditContext):
     if not blown:
         return None
     worst_step, worst = max(blown, key=lambda item: item[1])
+    # An isolated spike that clipping caught is worth a look, not an explanation of a regression;
+    # repeated blowups, or any blowup with clipping off, are.
+    clip = ctx.run.config.max_grad_norm if ctx.run is not None else None
+    sustained = len(blown) >= ctx.config.grad_explosion_sustained_steps
+    severity = "high" if sustained or not clip else "medium"
     return ctx.finding(
-        "high",
+        severity,
         f"Gradient norm blew up to {worst:.3g} at step {worst_step} ({worst / median:.0f}x the median)",
         f"{len(blown)} logged step(s) had a grad_norm above {factor:g}x the run's median of "
         f"{median:.3g}, the largest {worst:.3g} at step {worst_step}. Blowups like this precede "
@@ -98,6 +103,7 @@ def grad_norm_explosion(ctx: AuditContext):
             "max_grad_norm_logged": worst,
             "median_grad_norm": median,
             "n_blowups": len(blown),
+            "max_grad_norm": clip,
         },
     )
 

@@ -48,7 +48,7 @@ class AuditConfig:
     )
     # -- training length -------------------------------------------------------------------------
     overtraining_epochs_medium: float = _f(
-        3.0, "config.overtraining (medium): epochs at or above this on a dataset below overtraining_small_dataset rows"
+        4.0, "config.overtraining (medium): epochs at or above this on a dataset below overtraining_small_dataset rows (3, the trainers' default, is not flagged)"
     )
     overtraining_epochs_high: float = _f(
         6.0, "config.overtraining (high): epochs at or above this on any dataset size"
@@ -149,6 +149,10 @@ class AuditConfig:
     spike_window: int = _f(10, "Number of previous logged losses in the rolling median for spikes")
     grad_explosion_factor: float = _f(
         10.0, "dynamics.grad_norm_explosion: a grad norm above this multiple of the run's median grad norm"
+    )
+    grad_explosion_sustained_steps: int = _f(
+        3, "dynamics.grad_norm_explosion: this many blown-up steps make it high; fewer isolated ones, "
+        "clipped by max_grad_norm, are medium"
     )
     plateau_min_relative_drop: float = _f(
         0.02, "dynamics.loss_plateau fires when the loss fell by less than this share from the first to the last tenth of the logs"
