@@ -176,9 +176,17 @@ def assess_lumpiness(clusters: Sequence[Mapping[str, Any]], thresholds: VerdictT
                          f"below {thresholds.data_min_rate_ratio:g}x: it wins on size, not on rate")
     else:
         out["lumpy"] = True
-        out["reason"] = (f"cluster {top['cluster']} carries {share:.1%} of the negative influence at "
+        out["reason"] = (f"cluster {top['cluster']} carries {_share_text(out)} at "
                          f"{top['mean_per_example']:.4g} per example ({_ratio_text(ratio)})")
     return out
+
+
+def _share_text(lump: Mapping[str, Any]) -> str:
+    """Both views of the harm share, named: per-example negatives, and net cluster sums."""
+    text = f"{lump['share_of_negative']:.0%} of the negative influence"
+    if lump.get("net_harm_share") and abs(lump["net_harm_share"] - lump["share_of_negative"]) >= 0.005:
+        text += f" ({lump['net_harm_share']:.0%} of the net harm of harmful clusters)"
+    return text
 
 
 # -- attribution findings -----------------------------------------------------------------------
@@ -405,7 +413,7 @@ def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str
         label = f" ({lump['label']})" if lump.get("label") else ""
         rest = lump["rest_mean_per_example"]
         cluster_text = (
-            f"Cluster {accused}{label} carries {lump['share']:.1%} of the negative influence: "
+            f"Cluster {accused}{label} carries {_share_text(lump)}: "
             f"{lump['n']} examples at {lump['mean_per_example']:.4g} per example against "
             f"{rest:.4g} for the rest ({_ratio_text(lump['rate_ratio'])})."
         )
