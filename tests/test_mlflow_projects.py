@@ -1,0 +1,131 @@
+"""`mlflow run` end to end against a real tracking server: fine-tune, then attribute as child runs.
+
+The fine-tune is the `projects/finetune` MLflow project (HF Trainer + MLflowCallback, adapter and
+dataset logged), the kind of run a user brings. `mlflow run . -e attribute` must then log the
+diagnosis as a child of that run, in its experiment, with the report, rankings and metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _env(uri: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["MLFLOW_TRACKING_URI"] = uri
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `python` = this venv
+    return env
+
+
+def _mlflow_run(args: list[str], uri: str, cwd: Path) -> str:
+    mlflow_bin = str(Path(sys.executable).parent / "mlflow")
+    proc = subprocess.run([mlflow_bin, "run", *args, "--env-manager", "local"], capture_output=True, text=True,
+                          env=_env(uri), cwd=cwd, timeout=900)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    match = re.search(r"Run \(ID '([0-9a-f]{32})'\) succeeded", output)
+    assert match, output[-2000:]
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def finetuned(tracking, tinyworld_base, tmp_path_factory):
+    """A poisoned fine-tune logged by the projects/finetune MLflow project; returns (run id, scenario dir)."""
+    from mlflow import MlflowClient
+
+    from gradian.tinyworld.scenarios import write_scenario
+
+    work = tmp_path_factory.mktemp("mlflow-projects")
+    write_scenario("poison_capitals", work / "scenario", base_model=tinyworld_base)
+    client = MlflowClient()
+    experiment_id = client.create_experiment(f"projects-{work.name}")
+    run_id = _mlflow_run([str(ROOT / "projects" / "finetune"), "--experiment-id", experiment_id,
+                          "-P", f"config={work / 'scenario' / 'gradian.yaml'}", "-P", f"out={work / 'run'}"],
+                         tracking, work)
+    # the diagnosis settings: the scenario's metric and clustering, but the run itself from MLflow
+    config = yaml.safe_load((work / "scenario" / "gradian.yaml").read_text())
+    for key in ("adapter_path", "run_dir", "dataset"):
+        config.pop(key)
+    config["cache_dir"] = str(work / "cache")
+    (work / "diagnosis.yaml").write_text(yaml.safe_dump(config))
+    return run_id, experiment_id, work
+
+
+@pytest.fixture(scope="module")
+def tracking(mlflow_server):
+    import mlflow
+
+    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    os.environ["MLFLOW_TRACKING_URI"] = mlflow_server
+    mlflow.set_tracking_uri(mlflow_server)
+    yield mlflow_server
+    if previous is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = previous
+
+
+def test_finetune_project_logs_a_readable_run(finetuned):
+    from mlflow import MlflowClient
+
+    from gradian_mlflow.source import read_mlflow_run
+
+    run_id, experiment_id, work = finetuned
+    run = MlflowClient().get_run(run_id)
+    assert run.info.experiment_id == experiment_id and run.info.status == "FINISHED"
+    assert float(run.data.params["learning_rate"]) > 0  # logged by the HF MLflowCallback
+    record = read_mlflow_run(run_id, cache_dir=work / "read")
+    assert record.lora.r == 8 and record.config.max_seq_length == 256  # from training_args.json
+    assert len(record.logs.steps) > 10 and Path(record.dataset.path).is_file()
+
+
+def test_attribute_entry_point_logs_child_runs(finetuned, tracking):
+    from mlflow import MlflowClient
+    from mlflow.artifacts import download_artifacts
+
+    run_id, experiment_id, work = finetuned
+    client = MlflowClient()
+    children = {}
+    for engine, cross in (("datainf", "graddot"), ("graddot", "none")):
+        child = _mlflow_run([str(ROOT), "-e", "attribute", "--experiment-id", experiment_id,
+                             "-P", f"run_id={run_id}", "-P", f"config={work / 'diagnosis.yaml'}",
+                             "-P", "capability=capitals", "-P", f"engine={engine}", "-P", f"cross_check={cross}"],
+                            tracking, work)
+        children[engine] = client.get_run(child)
+
+    for engine, run in children.items():
+        assert run.data.tags["mlflow.parentRunId"] == run_id
+        assert run.info.experiment_id == experiment_id
+        assert run.data.tags["gradian.kind"] == "attribute" and run.data.tags["gradian.source_run_id"] == run_id
+        assert run.data.params["engine"] == engine
+        for key in ("capability.delta", "capability.ci_low", "capability.ci_high"):
+            assert key in run.data.metrics
+        dst = work / f"dl-{engine}"
+        report = json.loads(Path(download_artifacts(run_id=run.info.run_id, artifact_path="gradian/report.json",
+                                                    dst_path=str(dst))).read_text())
+        rankings = pd.read_parquet(download_artifacts(run_id=run.info.run_id,
+                                                      artifact_path="gradian/rankings.parquet", dst_path=str(dst)))
+        assert len(rankings) == report["attribution"]["n_examples"]
+        assert run.data.metrics["capability.delta"] == pytest.approx(report["capability"]["delta"])
+        top = report["attribution"]["top_harmful"]
+        if top:
+            row = rankings.set_index("example_id").loc[top[0]["example_id"]]
+            assert row["score"] == pytest.approx(top[0]["score"])
+    # both engines' diagnoses sit under the same source with the same metric keys, so the UI compares them
+    assert set(children["datainf"].data.metrics) - {"attribution.engine_agreement_spearman"} == \
+        set(children["graddot"].data.metrics) - {"attribution.engine_agreement_spearman"}
+    source = client.get_run(run_id)
+    assert source.data.tags["gradian.diagnosis.attribute"] in {r.info.run_id for r in children.values()}
