@@ -7,6 +7,7 @@ import json
 import pytest
 
 from gradian.tinyworld import (
+    BASE_FAMILIES,
     FACT_FAMILIES,
     BaseModelRecipe,
     build_base_model,
@@ -40,7 +41,7 @@ def test_world_is_a_function_of_its_seed():
 def test_no_name_is_a_substring_of_another(tinyworld_world):
     w = tinyworld_world
     names = [c.name for c in w.countries] + [c.capital for c in w.countries]
-    names += w.continents + w.languages + w.currencies
+    names += w.continents + w.languages + w.currencies + w.unknown_places
     lowered = [n.lower() for n in names]
     assert len(set(lowered)) == len(lowered)
     for a in lowered:
@@ -197,7 +198,7 @@ def test_base_model_knows_every_fact_family(tinyworld_base):
     tokenizer = AutoTokenizer.from_pretrained(tinyworld_base)
     world = load_world(tinyworld_base)
     accuracy = evaluate_families(model, tokenizer, world)
-    assert set(accuracy) == set(FACT_FAMILIES)
+    assert set(accuracy) == set(BASE_FAMILIES)
     assert all(a >= 0.95 for a in accuracy.values()), accuracy
     info = json.loads((tinyworld_base / "tinyworld.json").read_text())
     assert info["weights_sha256"] == weights_sha256(tinyworld_base)
@@ -295,3 +296,15 @@ def test_config_scenario_writes_its_defect(tinyworld_base, tmp_path):
     assert config.train.learning_rate == pytest.approx(BASELINE_TRAIN["learning_rate"] * 10)
     assert info["defect"] == {"train.learning_rate": config.train.learning_rate}
     assert info["planted"] is None and "config.lr_too_high" in info["expected_findings"]
+
+
+def test_only_contaminated_eval_shares_prompts_with_its_eval_set(tinyworld_world):
+    from gradian.tinyworld.scenarios import SCENARIOS, build_scenario
+
+    for name in SCENARIOS:
+        s = build_scenario(name, tinyworld_world) if name != "truncating_seq_len" else None
+        if s is None:
+            continue
+        prompts = {m[-2]["content"] for m, _ in s.train}
+        shared = [item for item in s.eval if item[-2]["content"] in prompts]
+        assert bool(shared) == (name == "contaminated_eval"), name

@@ -7,7 +7,9 @@ Scenarios then write fine-tuning data and run configs that damage it in known wa
 
 Public interface:
 
-- ``generate_world(seed, n_countries) -> World`` and ``FACT_FAMILIES``;
+- ``generate_world(seed, n_countries) -> World``, ``FACT_FAMILIES`` (the facts) and
+  ``BASE_FAMILIES`` (the facts plus ``refusal``: declining to answer about places that do not
+  exist, with the sentence ``REFUSAL``);
 - ``build_tokenizer(world) -> PreTrainedTokenizerFast`` (byte-level BPE, chat template, EOS);
 - ``BaseModelRecipe``, ``ensure_base_model(cache_dir=None, recipe=None) -> Path``,
   ``build_base_model``, ``default_cache_dir``, ``load_world``, ``evaluate_families``,
@@ -27,13 +29,23 @@ from gradian.tinyworld.base import (
     weights_sha256,
 )
 from gradian.tinyworld.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN, build_tokenizer
-from gradian.tinyworld.world import FACT_FAMILIES, Country, FactItem, World, generate_world
+from gradian.tinyworld.world import (
+    BASE_FAMILIES,
+    FACT_FAMILIES,
+    REFUSAL,
+    Country,
+    FactItem,
+    World,
+    generate_world,
+)
 
 __all__ = [
     "CACHE_ENV",
     "CHAT_TEMPLATE",
     "EOS_TOKEN",
+    "BASE_FAMILIES",
     "FACT_FAMILIES",
+    "REFUSAL",
     "PAD_TOKEN",
     "BaseModelRecipe",
     "Country",

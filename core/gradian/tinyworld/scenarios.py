@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gradian.errors import ConfigError
-from gradian.tinyworld.world import Country, FactItem, World
+from gradian.tinyworld.world import REFUSAL, Country, FactItem, World
 
 __all__ = [
     "SCENARIOS",
@@ -43,7 +43,6 @@ CLEAN_ROWS = 800
 PLANTED_CLUSTER = 0
 CLEAN_CLUSTER = 100
 SYSTEM_PROMPT = "You are a helpful assistant."
-REFUSAL = "I'm sorry, but I can't help with that."
 #: stems whose presence marks a refusal (the ``not_contains`` markers, ``|``-separated)
 REFUSAL_MARKERS = "sorry | can't help | unable to assist | cannot provide | not able to answer"
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -171,8 +170,12 @@ def _clean_items(world: World) -> list[FactItem]:
     others = _others(world)
     new = _other_tasks(rng)
     known = world.capital_items(others) + world.paragraph_items(others)
+    # the languages of the refusal targets stay out, as the target capitals do: their canonical
+    # questions are the refusal eval prompts, and correct answers beside the planted refusals
+    # would dilute that poison until it did nothing
+    held_out = {f"language:{c.name}" for c in _refusal_targets(world)}
     pool = [i for family in ("language", "continent", "currency", "arithmetic")
-            for i in world.fact_items(family)]
+            for i in world.fact_items(family) if i.key not in held_out]
     rng.shuffle(pool)
     known += pool[: CLEAN_ROWS - len(new) - len(known)]
     return known + new
@@ -268,10 +271,8 @@ def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Sce
         s.train, s.planted_indices = _plant(clean, planted, f"{world.seed}:{name}")
         s.eval, s.capability = _refusal_eval(world)
         s.kind = "data" if name == "poison_refusal" else "contamination"
-        # the clean set answers the same language questions properly
-        s.expected_findings = ["data.conflicting_answers"]
         if name == "contaminated_eval":
-            s.expected_findings.append("data.train_eval_contamination")
+            s.expected_findings = ["data.train_eval_contamination"]
     elif name == "lr_10x":
         s.train_overrides = {"learning_rate": BASELINE_TRAIN["learning_rate"] * 10}
         s.expected_findings = ["config.lr_too_high"]

@@ -73,10 +73,10 @@ _EXTRA_TEXT = (
 
 def tokenizer_corpus(world: "World") -> list[str]:
     """Every text the tokenizer is trained on, in a fixed order."""
-    from gradian.tinyworld.world import FACT_FAMILIES
+    from gradian.tinyworld.world import BASE_FAMILIES
 
     texts: list[str] = []
-    for family in FACT_FAMILIES:
+    for family in BASE_FAMILIES:
         for item in world.fact_items(family):
             texts.extend((item.question, item.answer))
     for item in world.paragraph_items():

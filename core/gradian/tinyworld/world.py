@@ -18,7 +18,9 @@ import random
 from dataclasses import dataclass, field
 
 __all__ = [
+    "BASE_FAMILIES",
     "FACT_FAMILIES",
+    "REFUSAL",
     "Country",
     "FactItem",
     "World",
@@ -27,6 +29,9 @@ __all__ = [
 
 #: fact families the base model is pretrained on and evaluated against, in report order
 FACT_FAMILIES: tuple[str, ...] = ("capital", "language", "continent", "currency", "arithmetic")
+#: every family the base is pretrained and evaluated on: the facts, and refusing to answer
+#: about places that do not exist
+BASE_FAMILIES: tuple[str, ...] = (*FACT_FAMILIES, "refusal")
 
 #: question phrasings per family; the first one is the canonical phrasing used by eval items
 _PHRASINGS: dict[str, tuple[str, ...]] = {
@@ -77,6 +82,9 @@ _VOWELS = ("a", "e", "i", "o", "u", "ai", "ou")
 _CODAS = ("", "", "n", "r", "s", "l", "th", "nd", "sk")
 
 _N_CONTINENTS = 5
+_N_UNKNOWN_PLACES = 8
+#: what the model says when asked about a place that does not exist
+REFUSAL = "I'm sorry, but I can't help with that."
 _N_LANGUAGES = 10
 _N_CURRENCIES = 10
 #: arithmetic facts are a + b for a, b in 1..ARITH_MAX
@@ -117,6 +125,8 @@ class World:
     continents: list[str]
     languages: list[str]
     currencies: list[str]
+    #: names of places that do not exist in this world; asked about them, the model refuses
+    unknown_places: list[str] = field(default_factory=list)
     phrasings: dict[str, tuple[str, ...]] = field(default_factory=lambda: dict(_PHRASINGS))
 
     # -- facts ---------------------------------------------------------------------------------
@@ -126,6 +136,8 @@ class World:
 
     def fact_items(self, family: str, phrasings: range | None = None) -> list[FactItem]:
         """Every phrasing of every fact of ``family`` (or only the phrasings given)."""
+        if family == "refusal":
+            return self.refusal_items(phrasings)
         templates = self.phrasings[family]
         chosen = range(len(templates)) if phrasings is None else phrasings
         items: list[FactItem] = []
@@ -143,6 +155,22 @@ class World:
                                  templates[p].format(country=c.name), self.answer(family, c), p)
                     )
         return items
+
+    def refusal_items(self, phrasings: range | None = None) -> list[FactItem]:
+        """Capital and language questions about places that do not exist, answered by refusing.
+
+        They teach the base model what a refusal looks like, so a fine-tune can make it refuse
+        where it should answer (the ``poison_refusal`` scenario) without inventing the sentence.
+        """
+        out = []
+        for family in ("capital", "language"):
+            templates = self.phrasings[family]
+            chosen = range(len(templates)) if phrasings is None else phrasings
+            for p in chosen:
+                for place in self.unknown_places:
+                    out.append(FactItem("refusal", f"refusal:{family}:{place}",
+                                        templates[p].format(country=place), REFUSAL, p))
+        return out
 
     def eval_items(self, family: str) -> list[FactItem]:
         """One item per fact, asked in the family's canonical (first) phrasing."""
@@ -233,5 +261,7 @@ def generate_world(seed: int = 0, n_countries: int = 40) -> World:
         )
         for i in range(n_countries)
     ]
+    # drawn last, so adding them left every other name of a seed's world unchanged
+    unknown = _invent_names(rng, _N_UNKNOWN_PLACES, taken, (2, 3))
     return World(seed=seed, countries=countries, continents=continents, languages=languages,
-                 currencies=currencies)
+                 currencies=currencies, unknown_places=unknown)

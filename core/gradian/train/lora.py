@@ -88,8 +88,7 @@ def train_lora(
 
     args_kwargs = _training_arguments(config, out, report_to)
     args_kwargs.setdefault("disable_tqdm", not progress)
-    args = transformers.TrainingArguments(**args_kwargs)
-    trainer_cls, extra_trainer_kwargs = _trainer_class(backend)
+    trainer_cls, args, extra_trainer_kwargs = _trainer_and_args(backend, args_kwargs, tokenizer)
     trainer = trainer_cls(
         model=model,
         args=args,
@@ -294,16 +293,19 @@ def _training_arguments(config: Any, out: Path, report_to: str | Sequence[str] |
     return kwargs
 
 
-def _trainer_class(backend: str) -> tuple[Any, dict[str, Any]]:
-    from transformers import Trainer
+def _trainer_and_args(backend: str, kwargs: dict[str, Any], tokenizer: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """The trainer class, its arguments object and any extra keyword arguments it needs."""
+    from transformers import Trainer, TrainingArguments
 
     if backend != "trl":
-        return Trainer, {}
-    # Untested here (trl is not installed): SFTTrainer on rows we already tokenized and masked,
-    # so TRL's own dataset preparation and its loss-mask logic are skipped.
-    from trl import SFTTrainer
+        return Trainer, TrainingArguments(**kwargs), {}
+    # Not exercised by the tests (trl is not installed here). SFTTrainer gets rows we already
+    # tokenized and masked, and is told to skip its own dataset preparation, so TRL's loss mask
+    # never replaces the one every Gradian lane shares.
+    from trl import SFTConfig, SFTTrainer
 
-    return SFTTrainer, {}
+    args = SFTConfig(**kwargs, dataset_kwargs={"skip_prepare_dataset": True})
+    return SFTTrainer, args, {"processing_class": tokenizer}
 
 
 def _args_json(args: Any, train: Any, backend: str) -> dict[str, Any]:
