@@ -90,6 +90,7 @@ def run_attribution(
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients
     from gradian.index import GradientIndex
+    from gradian.model_loading import load_tokenizer
     from gradian.query import build_query_gradient, select_query_items
     from gradian.report import assemble_report, cluster_table, top_examples, write_report
     from gradian.runs import resolve_run
@@ -112,7 +113,8 @@ def run_attribution(
 
     log(f"loading {cfg.base_model} with the adapter {cfg.adapter_path}")
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
-    tokenizer = _tokenizer(cfg)
+    # the audit loaded the same tokenizer already (config tokenizer, else the base model's)
+    tokenizer = diagnosis.inputs.tokenizer or load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
 
     cap = None
     eval_items = None
@@ -207,15 +209,6 @@ def run_attribution(
             write_bytes_atomic(target, _parquet_bytes(rankings))
             files.append(target)
     return AttributionOutcome(report=report, rankings=rankings, capability=cap, files=files, run=run)
-
-
-def _tokenizer(cfg: Any) -> Any:
-    from gradian.data import load_tokenizer
-
-    tok = load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
-    if tok.pad_token_id is None and tok.eos_token is not None:
-        tok.pad_token = tok.eos_token  # padding is always masked out
-    return tok
 
 
 def _query_items(cap: Any, eval_set: Any) -> list[Any]:

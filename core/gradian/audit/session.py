@@ -55,7 +55,8 @@ def load_audit_inputs(cfg: Any, max_seq_length: int | None = None, run: Any = No
     The dataset defaults to the one the run recorded, and the tokenizer to the config's
     tokenizer, the base model, or the adapter's base model when that is a local directory.
     """
-    from gradian.data import load_dataset, load_tokenizer
+    from gradian.data import load_dataset
+    from gradian.model_loading import load_tokenizer
     from gradian.runs import resolve_run
 
     if run is None and cfg.run_dir:

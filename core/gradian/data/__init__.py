@@ -2,12 +2,11 @@
 
 Public interface: ``load_dataset``, ``dataset_from_rows``, ``Dataset``, ``Example``,
 ``tokenize_examples``, ``TokenizedExample``, ``render_prompt``, ``render_example``,
-``has_chat_template``, ``normalize_text``, ``example_id``, ``IGNORE_INDEX``, ``load_tokenizer``.
+``has_chat_template``, ``normalize_text``, ``example_id``, ``IGNORE_INDEX``.
 """
 
 from gradian.data.loading import Dataset, dataset_from_rows, load_dataset
 from gradian.data.rows import Example, example_id, normalize_text, row_to_example
-from gradian.data.tokenizer_loading import load_tokenizer
 from gradian.data.tokenize import (
     IGNORE_INDEX,
     TokenizedExample,
@@ -26,7 +25,6 @@ __all__ = [
     "example_id",
     "has_chat_template",
     "load_dataset",
-    "load_tokenizer",
     "normalize_text",
     "render_example",
     "render_prompt",

@@ -2,7 +2,7 @@
 
 Public interface:
 ``load_model_for_gradients(base, adapter, config) -> GradientModel`` (and ``wrap_peft_model`` for
-a PEFT model in memory; ``load_tokenizer``); ``collate`` / ``per_example_loss`` (the loss from
+a PEFT model in memory); ``collate`` / ``per_example_loss`` (the loss from
 logits, supervised positions gathered before the upcast); ``capture_per_example_grads(gm, batch,
 strategy, reduction) -> {block: [rows, dim]}`` with strategies ``hooks`` | ``loop`` | ``vmap``;
 ``iter_example_gradients`` (batches, normalization, projection); ``BlockProjector``.
@@ -16,9 +16,6 @@ from gradian.grads.model import (
     GradientModel,
     fingerprint_path,
     load_model_for_gradients,
-    load_tokenizer,
-    resolve_device,
-    resolve_dtype,
     wrap_peft_model,
 )
 from gradian.grads.projection import PROJECTION_KINDS, BlockProjector
@@ -37,10 +34,7 @@ __all__ = [
     "gradient_widths",
     "iter_example_gradients",
     "load_model_for_gradients",
-    "load_tokenizer",
     "make_projector",
     "per_example_loss",
-    "resolve_device",
-    "resolve_dtype",
     "wrap_peft_model",
 ]

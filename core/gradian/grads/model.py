@@ -26,10 +26,7 @@ __all__ = [
     "GradientBlock",
     "GradientModel",
     "load_model_for_gradients",
-    "load_tokenizer",
     "wrap_peft_model",
-    "resolve_device",
-    "resolve_dtype",
     "fingerprint_path",
 ]
 
@@ -98,42 +95,6 @@ class GradientModel:
         ]
 
 
-def resolve_device(name: str = "auto") -> Any:
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def resolve_dtype(name: str, device: Any) -> Any:
-    import torch
-
-    if name == "auto":
-        # fp32 on CPU (half matmuls are slow and inexact there); bf16 where the GPU supports it
-        if getattr(device, "type", str(device)) == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    return {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-            "float64": torch.float64}[name]
-
-
-def load_tokenizer(path: str, trust_remote_code: bool = False) -> Any:
-    """The fast tokenizer of ``path`` (loss masks need character offsets)."""
-    from transformers import AutoTokenizer
-
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, use_fast=True, trust_remote_code=trust_remote_code)
-    except (OSError, ValueError) as err:
-        raise ModelLoadError(
-            f"cannot load a tokenizer from '{path}' ({str(err).splitlines()[0]}); "
-            "set `tokenizer:` in the config or pass a directory holding tokenizer files"
-        ) from None
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def load_model_for_gradients(base: str, adapter: str, config: Any = None) -> GradientModel:
     """Load ``base`` (hub id or directory) with the LoRA adapter directory ``adapter``.
 
@@ -142,90 +103,13 @@ def load_model_for_gradients(base: str, adapter: str, config: Any = None) -> Gra
     ``None`` means the defaults. Every parameter is frozen except the LoRA A/B weights of the
     selected blocks; dropout is off (eval mode).
     """
-    from transformers import AutoModelForCausalLM
+    from gradian.model_loading import load_peft_model, read_adapter_config
 
-    from gradian.config import GradianConfig
-
-    config = config or GradianConfig()
-    adapter_dir = Path(adapter)
-    if not adapter_dir.is_dir():
-        raise ModelLoadError(f"adapter directory not found: {adapter_dir}; pass --adapter/-a or set adapter_path")
-    adapter_config_path = adapter_dir / "adapter_config.json"
-    if not adapter_config_path.is_file():
-        raise ModelLoadError(
-            f"{adapter_dir} has no adapter_config.json, so it is not a PEFT adapter directory; "
-            "point --adapter at the folder the trainer saved the LoRA adapter in"
-        )
-    try:
-        adapter_config = json.loads(adapter_config_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ModelLoadError(f"{adapter_config_path}:{err.lineno}: not valid JSON ({err.msg})") from None
-    peft_type = str(adapter_config.get("peft_type", "LORA")).upper()
-    if peft_type != "LORA":
-        raise ModelLoadError(f"{adapter_config_path}: peft_type is {peft_type}; attribution supports LoRA adapters only")
-    if not base:
-        base = adapter_config.get("base_model_name_or_path") or ""
-        if not base:
-            raise ModelLoadError("no base model given; pass --base-model/-m or set base_model in the config")
-
-    device = resolve_device(config.device)
-    dtype = resolve_dtype(config.dtype, device)
-    try:
-        model = AutoModelForCausalLM.from_pretrained(
-            base,
-            dtype=dtype,
-            attn_implementation=config.attn_implementation,
-            trust_remote_code=config.trust_remote_code,
-        )
-    except (OSError, ValueError) as err:
-        raise ModelLoadError(
-            f"cannot load base model '{base}' ({str(err).splitlines()[0]}); check base_model / --base-model"
-        ) from None
-    model = _attach_adapter(model, adapter_dir, base)
-    model.to(device)
+    base = base or read_adapter_config(adapter).get("base_model_name_or_path") or ""
+    model = load_peft_model(base, adapter, config)
     gm = wrap_peft_model(model, config)
-    gm.fingerprints = {"base": fingerprint_model(base, model), "adapter": fingerprint_path(adapter_dir)}
+    gm.fingerprints = {"base": fingerprint_model(base, model), "adapter": fingerprint_path(Path(adapter))}
     return gm
-
-
-def _attach_adapter(model: Any, adapter_dir: Path, base: str) -> Any:
-    from peft import PeftModel
-
-    try:
-        peft_model = PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=False)
-    except (RuntimeError, ValueError, KeyError) as err:
-        first = str(err).strip().splitlines()
-        reason = next((line for line in first if "size mismatch" in line or "not found" in line), first[0] if first else "")
-        raise ModelLoadError(
-            f"adapter {adapter_dir} does not fit base model '{base}' ({reason.strip()[:300]}); "
-            "the adapter was trained on another base: pass the base it was trained from"
-        ) from None
-    _check_every_adapter_weight_loaded(peft_model, adapter_dir, base)
-    return peft_model
-
-
-def _check_every_adapter_weight_loaded(peft_model: Any, adapter_dir: Path, base: str) -> None:
-    """PEFT only warns when saved adapter keys find no module; here that is an error."""
-    weights = adapter_dir / "adapter_model.safetensors"
-    if not weights.is_file():
-        return
-    from safetensors import safe_open
-
-    with safe_open(str(weights), framework="pt") as handle:
-        saved = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
-    params = {name: tuple(p.shape) for name, p in peft_model.named_parameters()}
-    adapter_name = peft_model.active_adapter
-    missing = []
-    for key, shape in saved.items():
-        stem, _, last = key.rpartition(".")
-        candidate = f"{stem}.{adapter_name}.{last}"
-        if params.get(candidate) != shape and params.get(key) != shape:
-            missing.append(key)
-    if missing:
-        raise ModelLoadError(
-            f"adapter {adapter_dir}: {len(missing)} saved weight(s) match no module of base model "
-            f"'{base}' (first: {missing[0]}); the adapter was trained on another base"
-        )
 
 
 def wrap_peft_model(model: Any, config: Any = None) -> GradientModel:

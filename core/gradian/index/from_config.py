@@ -31,7 +31,8 @@ def index_from_config(config: Any, *, force: bool = False,
     import torch
 
     from gradian.data import load_dataset
-    from gradian.grads import load_model_for_gradients, load_tokenizer
+    from gradian.grads import load_model_for_gradients
+    from gradian.model_loading import load_tokenizer, read_adapter_config
 
     if not config.dataset:
         raise ConfigError("no training dataset; pass --dataset/-d or set `dataset:` in the config")
@@ -41,8 +42,8 @@ def index_from_config(config: Any, *, force: bool = False,
     torch.manual_seed(config.seed)
     model = load_model_for_gradients(config.base_model, config.adapter_path, config)
     base = config.base_model
-    tokenizer = load_tokenizer(config.tokenizer or base or _base_from_adapter(config.adapter_path),
-                               config.trust_remote_code)
+    name = config.tokenizer or base or read_adapter_config(config.adapter_path).get("base_model_name_or_path", "")
+    tokenizer = load_tokenizer(name, config.trust_remote_code)
     calls: list[int] = []
 
     def track(done: int, total: int) -> None:
@@ -52,11 +53,3 @@ def index_from_config(config: Any, *, force: bool = False,
 
     index = GradientIndex.build(model, tokenizer, dataset, config, force=force, progress=track)
     return IndexBuild(index, model, tokenizer, dataset, cache_hit=not calls)
-
-
-def _base_from_adapter(adapter: str) -> str:
-    import json
-    from pathlib import Path
-
-    data = json.loads((Path(adapter) / "adapter_config.json").read_text(encoding="utf-8"))
-    return data.get("base_model_name_or_path") or ""
