@@ -86,7 +86,7 @@ def run_attribution(
     from gradian.cluster import cluster_examples
     from gradian.config import config_hash, config_to_dict
     from gradian.data import load_dataset
-    from gradian.engines import rank_correlation, score
+    from gradian.engines import rank_correlation
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients
     from gradian.index import GradientIndex

@@ -14,7 +14,6 @@ reported in ``GradientModel.skipped``.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -24,9 +24,7 @@ never served.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -47,19 +45,10 @@ def index_root(cache_dir: str | Path) -> Path:
 
 
 def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            np.save(handle, array)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    from gradian.atomic import atomic_open
+
+    with atomic_open(path) as handle:
+        np.save(handle, array)
 
 
 class GradientIndex:
