@@ -99,3 +99,20 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
     cfg.write_text("grads:\n  batch_sise: 2\n")
     _one_line_error(run_cli("diagnose", "--config", str(cfg), "--dataset", str(bad)),
                     "gradian.yaml:2", "grads.batch_sise", "grads.batch_size")
+
+
+def test_every_command_and_flag_is_documented():
+    import click
+    import typer.main
+
+    text = (ROOT / "docs" / "cli.md").read_text()
+    root = typer.main.get_command(app)
+    for name, command in root.commands.items():
+        subs = command.commands.items() if isinstance(command, click.Group) else [(None, command)]
+        for subname, sub in subs:
+            title = f"gradian {name}" + (f" {subname}" if subname else "")
+            assert f"## `{title}`" in text, f"{title} is missing from docs/cli.md"
+            for param in sub.params:
+                for opt in getattr(param, "opts", []):
+                    if opt.startswith("-") and opt != "--help":
+                        assert f"`{opt}`" in text, f"{title} {opt} is missing from docs/cli.md"

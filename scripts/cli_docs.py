@@ -1,0 +1,54 @@
+"""Regenerate docs/cli.md from the command line itself: `python scripts/cli_docs.py > docs/cli.md`.
+
+tests/test_cli_basic.py fails when a command or flag is missing from docs/cli.md.
+"""
+
+from __future__ import annotations
+
+import click
+import typer.main
+
+from gradian.cli import app
+
+HEADER = """# Command-line reference
+
+`gradian COMMAND --help` prints the same. Bad input (a missing file, a malformed line, an unknown
+config key, a bad flag value) exits with code 2 and one line naming the file, line, key or flag and
+the fix. `diagnose --fail-on SEVERITY` exits 1 when a finding at or above it fires. Most commands
+take `--config` / `-c`; a flag always wins over the file.
+
+`python -m gradian` runs the same command line.
+"""
+
+
+def _default(param: click.Parameter) -> str:
+    if param.default in (None, False) or (getattr(param, "is_flag", False) and not param.default):
+        return ""
+    return "empty" if param.default == "" else f"`{param.default}`"
+
+
+def main() -> None:
+    print(HEADER)
+    root = typer.main.get_command(app)
+    for name, command in root.commands.items():
+        subs = command.commands.items() if isinstance(command, click.Group) else [(None, command)]
+        for subname, sub in subs:
+            print(f"## `gradian {name}" + (f" {subname}" if subname else "") + "`\n")
+            print((sub.help or "").strip().split("\n")[0] + "\n")
+            rows = []
+            for p in sub.params:
+                if p.name == "help":
+                    continue
+                if isinstance(p, click.Argument):
+                    rows.append((f"`{p.name.upper()}` (argument)", "", "required" if p.required else ""))
+                else:
+                    rows.append((", ".join(f"`{o}`" for o in p.opts), p.help or "", _default(p)))
+            if rows:
+                print("| flag | what it does | default |\n|---|---|---|")
+                for flag, text, default in rows:
+                    print(f"| {flag} | {text} | {default} |")
+                print()
+
+
+if __name__ == "__main__":
+    main()
