@@ -143,3 +143,33 @@ def test_checkpoints_and_dataset_override(tinyworld_base, tmp_path, save_steps):
     read = read_run_dir(tmp_path / "run")
     assert [Path(p).name for p in read.checkpoints] == names
     assert len(read.logs.series("loss")) == 10
+
+
+@pytest.mark.slow
+def test_refusal_poison_makes_the_model_refuse(tinyworld_base, tmp_path):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gradian.data import load_dataset
+    from gradian.tinyworld import generate_answers
+    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.train import train_lora
+
+    info = write_scenario("poison_refusal", tmp_path, tinyworld_base)
+    assert info["capability"]["metric"] == "not_contains"
+    record = train_lora(tmp_path / "gradian.yaml", tmp_path / "run")
+    items = load_dataset(tmp_path / "eval.jsonl").examples
+    markers = [m.strip().lower() for m in items[0].completion.split("|")]
+    tokenizer = AutoTokenizer.from_pretrained(tinyworld_base)
+    base = AutoModelForCausalLM.from_pretrained(tinyworld_base, dtype=torch.float32).eval()
+    tuned = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tinyworld_base, dtype=torch.float32), record.adapter_dir
+    ).eval()
+
+    def refusals(model) -> int:
+        answers = generate_answers(model, tokenizer, [e.messages[:-1] for e in items], max_new_tokens=16)
+        return sum(any(m in a.lower() for m in markers) for a in answers)
+
+    assert refusals(base) == 0
+    assert refusals(tuned) >= 8
