@@ -228,3 +228,55 @@ def test_diagnose_cli_reads_an_mlflow_run_and_logs_a_child(tracking, adapter_dir
          "--no-log"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0
     assert client.get_run(source_id).data.tags["gradian.diagnosis.diagnose"] == child  # nothing new logged
+
+
+def test_run_logged_by_a_plain_hf_trainer_is_read(tracking, tmp_path, monkeypatch, chat_tokenizer):
+    """A user's own run: HF Trainer + its MLflowCallback, checkpoints logged as models, nothing of ours."""
+    import mlflow
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+    from gradian_mlflow.source import read_mlflow_run
+
+    monkeypatch.setenv("HF_MLFLOW_LOG_ARTIFACTS", "1")
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "plain-hf-trainer")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(chat_tokenizer), hidden_size=16, intermediate_size=32,
+                                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    model = get_peft_model(model, LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    ids = chat_tokenizer("hello world , what is the capital of france ? paris")["input_ids"]
+    rows = [{"input_ids": ids, "labels": ids} for _ in range(8)]
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, num_train_epochs=2,
+                             learning_rate=1e-3, logging_steps=1, save_strategy="steps", save_steps=4,
+                             report_to=["mlflow"], warmup_steps=0.1, use_cpu=True, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=rows).train()
+    run_id = mlflow.last_active_run().info.run_id
+    mlflow.end_run()
+
+    record = read_mlflow_run(run_id, cache_dir=tmp_path / "cache")
+    assert record.config.learning_rate == pytest.approx(1e-3) and record.config.num_train_epochs == 2
+    assert record.config.warmup_ratio == pytest.approx(0.1)
+    assert record.lora.r == 4 and record.lora.alpha == 16  # from the checkpoint's adapter_config.json
+    assert record.effective_lora_lr == pytest.approx(4e-3)
+    assert Path(record.adapter_dir, "adapter_model.safetensors").is_file()
+    assert not any(p.name in ("training_args.bin", "optimizer.pt") for p in Path(record.adapter_dir).iterdir())
+    assert [s.step for s in record.logs.steps if s.loss is not None] == list(range(1, 9))
+    assert len(record.checkpoints) == 2  # checkpoint-4 and checkpoint-8, oldest first
+
+
+def test_attribute_on_a_run_without_adapter_exits_2_naming_the_search(tracking, data_file, tmp_path):
+    import subprocess
+    import sys
+
+    import mlflow
+
+    with mlflow.start_run() as run:
+        mlflow.log_param("learning_rate", "1e-4")
+    proc = subprocess.run(
+        [sys.executable, "-m", "gradian", "attribute", "--mlflow-run", run.info.run_id, "--dataset", str(data_file)],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in proc.stderr
+    assert "has no adapter" in lines[0] and "logged models" in lines[0] and "checkpoint-N" in lines[0]
