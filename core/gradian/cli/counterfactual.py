@@ -1,0 +1,120 @@
+"""``gradian counterfactual``: retrain without the accused examples and measure the capability again.
+
+What to drop: ``--report`` (a report.json from ``gradian attribute``; its accused cluster, with
+membership from the ``rankings.parquet`` beside it), ``--drop-cluster`` or ``--drop-ids``. The
+retrain uses the config's ``train:`` recipe and seed (or, when the config has none and a run is
+given, the recipe the run recorded). With ``--mlflow-run``/``--run runs:/<id>`` the result is
+logged as a child run of kind ``counterfactual`` beside the diagnosis.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import typer
+
+from gradian.errors import ConfigError
+
+__all__ = ["register", "print_counterfactual"]
+
+
+def _inputs_of(report: Mapping[str, Any] | None, record: Any) -> dict[str, Any]:
+    """Inputs named by the accusing report, then by the original run (first one wins)."""
+    found: dict[str, Any] = {}
+    if report is not None:
+        inputs = (report.get("manifest") or {}).get("inputs") or {}
+        found = {"dataset": (inputs.get("dataset") or {}).get("path"),
+                 "eval_dataset": (inputs.get("eval_dataset") or {}).get("path"),
+                 "adapter_path": inputs.get("adapter"), "base_model": inputs.get("base_model")}
+    if record is not None:
+        data = record.dataset.path if record.dataset.path and Path(record.dataset.path).exists() else None
+        for key, value in (("adapter_path", record.adapter_dir), ("base_model", record.lora.base_model),
+                           ("dataset", data)):
+            found[key] = found.get(key) or value
+    return {k: v for k, v in found.items() if v}
+
+
+def counterfactual_command(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file (its train: section is the recipe)"),
+    report: Optional[Path] = typer.Option(None, "--report", help="report.json from `gradian attribute`: drop its accused cluster"),
+    drop_cluster: Optional[str] = typer.Option(None, "--drop-cluster", help="Drop this cluster (by the report's rankings, else the config's clustering)"),
+    drop_ids: Optional[str] = typer.Option(None, "--drop-ids", help="Drop these example ids: a,b,c or @file (one per line, or a JSON list)"),
+    truth: Optional[Path] = typer.Option(None, "--truth", help="Known-bad rows for removal precision: a tinyworld scenario.json or a list of row indices/ids"),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Training dataset the original fine-tune used"),
+    eval_dataset: Optional[str] = typer.Option(None, "--eval-dataset", "-e", help="Items describing the capability, with the answers you wanted"),
+    base_model: Optional[str] = typer.Option(None, "--base-model", "-m", help="Base model id or path"),
+    adapter: Optional[str] = typer.Option(None, "--adapter", "-a", help="The original LoRA adapter, to measure it when no report is given"),
+    run: Optional[str] = typer.Option(None, "--run", "-r", help="The original run: a run directory or runs:/<mlflow run id>"),
+    mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the result is logged as its child run"),
+    no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the result back"),
+    capability: Optional[str] = typer.Option(None, "--capability", help="Name of the capability (default: the report's, else 'capability')"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the kept rows, the retrained run and report.json/.md/.html"),
+) -> None:
+    """Drop the accused examples, retrain from the same base with the same recipe and seed, re-measure."""
+    import tempfile
+
+    from rich.console import Console
+
+    from gradian.config import load_config
+    from gradian.counterfactual import load_planted, load_report, parse_id_list, plan_removal, run_counterfactual
+    from gradian.data import load_dataset
+    from gradian.runs import publish_report, resolve_run
+
+    if mlflow_run and run:
+        raise ConfigError("--run and --mlflow-run both name a run; pass one of them")
+    if mlflow_run:
+        run = mlflow_run if mlflow_run.startswith("runs:/") else f"runs:/{mlflow_run}"
+    if drop_ids is not None and drop_cluster is not None:
+        raise ConfigError("--drop-ids and --drop-cluster both say what to drop; pass one of them")
+    if report is None and drop_ids is None and drop_cluster is None:
+        raise ConfigError("say what to drop: --report (its accused cluster), --drop-cluster or --drop-ids")
+
+    accusing, rankings = load_report(report) if report is not None else (None, None)
+    flags: dict[str, Any] = {"dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
+                             "adapter_path": adapter, "run_dir": run}
+    cfg = load_config(config, overrides=flags)
+    record = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir) if cfg.run_dir else None
+    # what neither the flags nor the config say comes from the report's inputs, then the run's
+    updates = {k: v for k, v in _inputs_of(accusing, record).items() if not getattr(cfg, k)}
+    if updates:
+        cfg = load_config(config, overrides={**flags, **updates})
+    if not cfg.dataset:
+        raise ConfigError("no training data: pass --dataset (the file the original fine-tune trained on)")
+
+    data = load_dataset(cfg.dataset)
+    plan = plan_removal(data, report=accusing, rankings=rankings, drop_cluster=drop_cluster,
+                        drop_ids=parse_id_list(drop_ids) if drop_ids is not None else None,
+                        clustering=cfg.clustering, seed=cfg.seed)
+    planted = load_planted(truth, data) if truth is not None else None
+    name = capability or ((accusing or {}).get("capability") or {}).get("name") or "capability"
+    console = Console(stderr=True)
+    out_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="gradian-counterfactual-"))
+    outcome = run_counterfactual(
+        cfg, plan, out_dir=out_dir, capability=name,
+        before=(accusing or {}).get("capability"), planted=planted, run=record,
+        log=lambda message: console.print(f"[dim]{message}[/]", highlight=False),
+    )
+    print_counterfactual(Console(), outcome.report)
+    Console().print(f"wrote {out_dir / 'report.html'} (and report.json, report.md, the retrained run in {out_dir / 'run'})",
+                    highlight=False)
+    source = record.source if record is not None else None
+    if not no_log and source and source.startswith("mlflow:"):
+        child = publish_report(source, outcome.report, kind="counterfactual", files=outcome.files)
+        Console().print(f"logged the counterfactual as MLflow run {child} (child of {source[len('mlflow:'):]})", highlight=False)
+
+
+def print_counterfactual(console: Any, report: Mapping[str, Any]) -> None:
+    """One screen: the outcome, the three scores, precision and the predicted sums."""
+    from rich.panel import Panel
+
+    block = report.get("counterfactual") or {}
+    verdict = report.get("verdict") or {}
+    lines = [f"[bold]Counterfactual: {str(block.get('outcome', '?')).replace('_', ' ')}[/]", verdict.get("summary", "")]
+    for hedge in verdict.get("hedges") or []:
+        lines.append(f"[yellow]- {hedge}[/]")
+    console.print(Panel("\n".join(lines), title="Gradian", expand=False), highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("counterfactual")(counterfactual_command)

@@ -1,0 +1,55 @@
+"""Counterfactual retraining: drop the accused examples, retrain, and see if the capability returns.
+
+An attribution names the training examples it believes degraded a capability; this stage puts
+that claim to the only test that settles it. It removes the accused cluster (or a given list of
+example ids), retrains from the same base model with the same recipe and seed, measures the
+capability again, and reports:
+
+- recovery: base, original and retrained scores, the share of the loss recovered, and for pass/fail
+  metrics how many items remain below the base;
+- removal precision and recall, when the truly bad rows are known (tinyworld's planted rows);
+- the accusing attribution's scores summed over the whole set and over the kept rows, and whether
+  the sign changed (the data was net harmful, and is net helpful once the accused rows are gone).
+
+Public interface: ``plan_removal`` / ``load_report`` / ``parse_id_list`` -> ``RemovalPlan``; ``load_planted``;
+``run_counterfactual(cfg, plan, ...) -> CounterfactualOutcome``; ``retrain_config``;
+``write_kept_rows``; the pure figures ``capability_recovery``, ``removal_precision``,
+``predicted_score_sums``, ``counterfactual_outcome`` and ``OUTCOMES``. ``gradian counterfactual``
+is the command line.
+"""
+
+from gradian.counterfactual.experiment import (
+    KEPT_DATA_FILE,
+    RETRAIN_SUBDIR,
+    CounterfactualOutcome,
+    retrain_config,
+    run_counterfactual,
+)
+from gradian.counterfactual.figures import (
+    OUTCOMES,
+    capability_recovery,
+    counterfactual_outcome,
+    predicted_score_sums,
+    removal_precision,
+)
+from gradian.counterfactual.selection import RemovalPlan, load_planted, load_report, parse_id_list, plan_removal
+from gradian.counterfactual.subset import write_kept_rows
+
+__all__ = [
+    "KEPT_DATA_FILE",
+    "OUTCOMES",
+    "RETRAIN_SUBDIR",
+    "CounterfactualOutcome",
+    "RemovalPlan",
+    "capability_recovery",
+    "counterfactual_outcome",
+    "load_planted",
+    "load_report",
+    "parse_id_list",
+    "plan_removal",
+    "predicted_score_sums",
+    "removal_precision",
+    "retrain_config",
+    "run_counterfactual",
+    "write_kept_rows",
+]
