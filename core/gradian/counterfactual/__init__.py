@@ -14,10 +14,23 @@ capability again, and reports:
 Public interface: ``plan_removal`` / ``load_report`` / ``parse_id_list`` -> ``RemovalPlan``; ``load_planted``;
 ``run_counterfactual(cfg, plan, ...) -> CounterfactualOutcome``; ``retrain_config``;
 ``write_kept_rows``; the pure figures ``capability_recovery``, ``removal_precision``,
-``predicted_score_sums``, ``counterfactual_outcome`` and ``OUTCOMES``. ``gradian counterfactual``
-is the command line.
+``predicted_score_sums``, ``counterfactual_outcome`` and ``OUTCOMES``; and, for checking scores
+against many retrains at once (``gradian.counterfactual.datamodel``), ``sample_subsets``,
+``subset_score_sums``, ``spearman``, ``linear_datamodeling_score``, ``group_removal_sums``,
+``compare_rankings``, ``lds_table`` and ``group_removal_table``. ``gradian counterfactual`` is the
+command line.
 """
 
+from gradian.counterfactual.datamodel import (
+    compare_rankings,
+    group_removal_sums,
+    group_removal_table,
+    lds_table,
+    linear_datamodeling_score,
+    sample_subsets,
+    spearman,
+    subset_score_sums,
+)
 from gradian.counterfactual.experiment import (
     KEPT_DATA_FILE,
     RETRAIN_SUBDIR,
@@ -42,7 +55,12 @@ __all__ = [
     "CounterfactualOutcome",
     "RemovalPlan",
     "capability_recovery",
+    "compare_rankings",
     "counterfactual_outcome",
+    "group_removal_sums",
+    "group_removal_table",
+    "lds_table",
+    "linear_datamodeling_score",
     "load_planted",
     "load_report",
     "parse_id_list",
@@ -51,5 +69,8 @@ __all__ = [
     "removal_precision",
     "retrain_config",
     "run_counterfactual",
+    "sample_subsets",
+    "spearman",
+    "subset_score_sums",
     "write_kept_rows",
 ]

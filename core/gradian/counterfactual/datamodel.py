@@ -1,0 +1,162 @@
+"""Fidelity of attribution scores against retraining: the linear datamodeling score and its kin.
+
+An attribution score predicts what retraining without an example would do to the query loss:
+``predicted_loss_delta_if_removed_j = score_j / n`` (``gradian.engines.SIGN_CONVENTION``). Summed
+over a set, the prediction for training on a subset ``S`` alone is
+
+    phi(S) ~= phi(D) + sum_{j not in S} score_j / n  =  const - sum_{i in S} score_i / n,
+
+so the *predicted* loss of subset ``S`` orders like ``-sum_{i in S} score_i``. Two checks compare
+that prediction with measured retraining:
+
+- **LDS** (linear datamodeling score): retrain on ``K`` random subsets (half the data each), measure
+  the loss ``phi(S_k)``, and take ``Spearman(phi(S_k), -sum_{i in S_k} score_i)`` over the ``K``
+  subsets. 1 is a perfect ordering, 0 no better than chance, negative an inverted one.
+- **Leave-one-group-out**: retrain without each group ``c`` (e.g. a declared cluster), measure
+  ``phi(D \\ c) - phi(D)``, and take its Spearman with ``sum_{j in c} score_j`` over the groups.
+
+Both check orderings, not magnitudes. Uncertainty comes from a bootstrap over the subsets (or
+groups): resample them with replacement, recompute every engine's correlation on the same
+resample, and report the percentile interval, plus the paired interval of each engine's margin
+over the next one.
+
+Interface: ``sample_subsets``, ``subset_score_sums``, ``spearman``, ``linear_datamodeling_score``,
+``group_removal_sums``, ``compare_rankings`` (the bootstrap comparison of several engines),
+``lds_table`` and ``group_removal_table``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "compare_rankings",
+    "group_removal_sums",
+    "group_removal_table",
+    "linear_datamodeling_score",
+    "lds_table",
+    "sample_subsets",
+    "spearman",
+    "subset_score_sums",
+]
+
+
+def sample_subsets(n: int, k: int, fraction: float = 0.5, seed: int = 0) -> np.ndarray:
+    """``[k, n]`` boolean masks, each keeping exactly ``round(fraction * n)`` examples at random."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"subset fraction {fraction!r} must lie strictly between 0 and 1")
+    if k < 2 or n < 2:
+        raise ValueError(f"need at least 2 subsets of at least 2 examples, got k={k}, n={n}")
+    size = max(1, min(n - 1, round(fraction * n)))
+    rng = np.random.default_rng(seed)
+    masks = np.zeros((k, n), dtype=bool)
+    for row in masks:
+        row[rng.choice(n, size=size, replace=False)] = True
+    return masks
+
+
+def subset_score_sums(masks: np.ndarray, scores: Sequence[float]) -> np.ndarray:
+    """``[k]``: ``sum_{i in S_k} score_i`` for each subset mask."""
+    masks = np.asarray(masks, dtype=bool)
+    scores = np.asarray(scores, dtype=np.float64)
+    if masks.ndim != 2 or masks.shape[1] != scores.shape[0]:
+        raise ValueError(f"masks are {masks.shape} but there are {scores.shape[0]} scores")
+    return masks.astype(np.float64) @ scores
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    from scipy.stats import rankdata
+
+    return rankdata(x, axis=-1)
+
+
+def _rowwise_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Spearman of matching rows of ``a`` and ``b`` (``[..., m]``); NaN where a row is constant."""
+    ra, rb = _ranks(a), _ranks(b)
+    ra = ra - ra.mean(axis=-1, keepdims=True)
+    rb = rb - rb.mean(axis=-1, keepdims=True)
+    denom = np.sqrt((ra * ra).sum(axis=-1) * (rb * rb).sum(axis=-1))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(denom > 0, (ra * rb).sum(axis=-1) / np.where(denom > 0, denom, 1.0), np.nan)
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (average ranks for ties); NaN when either side is constant."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"spearman needs two vectors of one length, got {a.shape} and {b.shape}")
+    if a.size < 2:
+        return float("nan")
+    return float(_rowwise_spearman(a, b))
+
+
+def linear_datamodeling_score(losses: Sequence[float], masks: np.ndarray, scores: Sequence[float]) -> float:
+    """``Spearman(phi(S_k), -sum_{i in S_k} score_i)``: the LDS of one engine's scores."""
+    return spearman(losses, -subset_score_sums(masks, scores))
+
+
+def group_removal_sums(groups: Sequence[Sequence[int]], scores: Sequence[float]) -> np.ndarray:
+    """``[g]``: ``sum_{j in c} score_j`` for each group of row indices, the predicted loss rise
+    (times ``n``) when the group is removed."""
+    scores = np.asarray(scores, dtype=np.float64)
+    return np.array([scores[np.asarray(list(g), dtype=int)].sum() for g in groups], dtype=np.float64)
+
+
+def compare_rankings(measured: Sequence[float], predicted: Mapping[str, Sequence[float]], *,
+                     n_bootstrap: int = 2000, ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+    """Spearman of ``measured`` with each engine's ``predicted`` values, with bootstrap intervals.
+
+    Returns ``{"n", "engines": {name: {"spearman", "bootstrap_mean", "ci"}}, "ranking",
+    "best", "margins": {name: {"difference", "ci", "share_best_wins"}}}``. ``margins`` compares the
+    best engine with each other one on the same resamples: ``difference`` is best minus other
+    (point estimate), ``share_best_wins`` the share of resamples where the best stays ahead.
+    """
+    y = np.asarray(measured, dtype=np.float64)
+    names = list(predicted)
+    preds = {k: np.asarray(v, dtype=np.float64) for k, v in predicted.items()}
+    for k, v in preds.items():
+        if v.shape != y.shape:
+            raise ValueError(f"engine '{k}' predicts {v.shape[0]} values for {y.shape[0]} measurements")
+    m = y.shape[0]
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, m, size=(n_bootstrap, m))
+    boot = {k: _rowwise_spearman(y[idx], preds[k][idx]) for k in names}
+    lo_q, hi_q = (1 - ci_level) / 2, 1 - (1 - ci_level) / 2
+
+    def interval(values: np.ndarray) -> list[float | None]:
+        finite = values[np.isfinite(values)]
+        if finite.size == 0:
+            return [None, None]
+        return [float(np.quantile(finite, lo_q)), float(np.quantile(finite, hi_q))]
+
+    engines = {}
+    for k in names:
+        finite = boot[k][np.isfinite(boot[k])]
+        engines[k] = {"spearman": spearman(y, preds[k]),
+                      "bootstrap_mean": float(finite.mean()) if finite.size else None,
+                      "ci": interval(boot[k])}
+    ranking = sorted(names, key=lambda k: -np.nan_to_num(engines[k]["spearman"], nan=-np.inf))
+    best = ranking[0] if ranking else None
+    margins = {}
+    for k in ranking[1:]:
+        diff = boot[best] - boot[k]
+        finite = diff[np.isfinite(diff)]
+        margins[k] = {"difference": engines[best]["spearman"] - engines[k]["spearman"],
+                      "ci": interval(diff),
+                      "share_best_wins": float((finite > 0).mean()) if finite.size else None}
+    return {"n": m, "n_bootstrap": n_bootstrap, "ci_level": ci_level, "engines": engines,
+            "ranking": ranking, "best": best, "margins": margins}
+
+
+def lds_table(losses: Sequence[float], masks: np.ndarray, scores: Mapping[str, Sequence[float]],
+              **bootstrap: Any) -> dict[str, Any]:
+    """``compare_rankings`` of the measured subset losses with each engine's predicted ordering."""
+    return compare_rankings(losses, {k: -subset_score_sums(masks, s) for k, s in scores.items()}, **bootstrap)
+
+
+def group_removal_table(deltas: Sequence[float], groups: Sequence[Sequence[int]],
+                        scores: Mapping[str, Sequence[float]], **bootstrap: Any) -> dict[str, Any]:
+    """``compare_rankings`` of measured ``phi(D \\ c) - phi(D)`` with each engine's group sums."""
+    return compare_rankings(deltas, {k: group_removal_sums(groups, s) for k, s in scores.items()}, **bootstrap)
