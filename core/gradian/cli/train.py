@@ -12,7 +12,9 @@ __all__ = ["register"]
 
 def train_command(
     config: Path = typer.Option(..., "--config", "-c", help="YAML config file (its train: section)"),
-    backend: str = typer.Option("hf", "--backend", "-b", help="hf, trl or unsloth"),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", "-b", help="hf, trl or unsloth (default: train.backend, which defaults to hf)"
+    ),
     dataset: Optional[Path] = typer.Option(None, "--dataset", "-d", help="Training data, overriding the config"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Run directory (default: train.output_dir)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a run already in --out"),
@@ -21,8 +23,10 @@ def train_command(
     from gradian.config import load_config
     from gradian.train import require_backend, train_lora
 
-    require_backend(backend)  # fail before loading anything heavy
+    if backend is not None:
+        require_backend(backend)  # fail before reading anything else
     cfg = load_config(config)
+    require_backend(backend or cfg.train.backend)
     record = train_lora(cfg, out, dataset, backend=backend, overwrite=overwrite, progress=True)
     losses = record.logs.series("loss")
     run_dir = record.source
