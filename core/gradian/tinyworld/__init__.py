@@ -14,7 +14,8 @@ Public interface:
 - ``BaseModelRecipe``, ``ensure_base_model(cache_dir=None, recipe=None) -> Path``,
   ``build_base_model``, ``default_cache_dir``, ``load_world``, ``evaluate_families``,
   ``generate_answers``, ``weights_sha256``;
-- ``SCENARIOS``, ``write_scenario(name, out_dir, base_model=None) -> ScenarioInfo``.
+- in ``gradian.tinyworld.scenarios``: ``SCENARIOS``, ``build_scenario(name, world, tokenizer)``
+  and ``write_scenario(name, out_dir, base_model=None, shape="messages") -> dict``.
 """
 
 from gradian.tinyworld.base import (
