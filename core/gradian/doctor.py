@@ -123,29 +123,14 @@ def _features() -> list[FeatureStatus]:
             "semantic clustering", False,
             f"missing {', '.join(missing)}; TF-IDF is used instead (install the 'cluster' extra)",
         ))
-    out.append(FeatureStatus("train backend hf", importlib.util.find_spec("transformers") is not None, "transformers.Trainer"))
-    trl = importlib.util.find_spec("trl") is not None
-    out.append(FeatureStatus("train backend trl", trl, "trl is installed" if trl else "trl is not installed (`pip install trl`)"))
-    unsloth = importlib.util.find_spec("unsloth") is not None
-    cuda = _cuda_available()
-    out.append(FeatureStatus(
-        "train backend unsloth", unsloth and cuda,
-        "unsloth with a CUDA device" if unsloth and cuda
-        else ("no CUDA device visible; unsloth needs one" if unsloth else "unsloth is not installed (it needs a CUDA GPU)"),
-    ))
+    from gradian.train.backends import backend_status
+
+    for name, reason in backend_status().items():
+        out.append(FeatureStatus(f"train backend {name}", reason is None, reason or "available"))
     mlflow = importlib.util.find_spec("mlflow") is not None
     uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db (embedded default)")
     out.append(FeatureStatus("MLflow integration", mlflow, f"tracking URI: {uri}" if mlflow else "mlflow is not installed"))
     return out
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:  # a broken torch install must not break the doctor
-        return False
 
 
 def _devices() -> list[str]:

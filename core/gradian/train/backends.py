@@ -21,11 +21,22 @@ def backend_status() -> dict[str, str | None]:
     """Each backend mapped to ``None`` when it can run, else why it cannot."""
     status: dict[str, str | None] = {}
     for name, module in BACKENDS.items():
-        if module is None or importlib.util.find_spec(module) is not None:
-            status[name] = None
-        else:
+        if module is not None and importlib.util.find_spec(module) is None:
             status[name] = f"the '{module}' package is not installed (pip install {module})"
+        elif name == "unsloth" and not _cuda_visible():
+            status[name] = "no CUDA device is visible; unsloth runs only on a CUDA GPU"
+        else:
+            status[name] = None
     return status
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:  # a broken torch install must not break a status report
+        return False
 
 
 def require_backend(name: str) -> str:
