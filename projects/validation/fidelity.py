@@ -1,0 +1,254 @@
+"""Experiment ``fidelity``: do the engines' scores predict what retraining does? (LDS, leave-one-out)
+
+Setup: tinyworld's ``poison_capitals`` data with finer declared clusters (the nine task families
+of the clean rows, and the planted rows in four groups of four target countries), fine-tuned with
+the scenario's recipe while saving a checkpoint per epoch (TracIn sums over them). ``gradian
+attribute`` scores every row with ``datainf`` (graddot as its cross-check) and again with
+``tracin``; the gradient index is built once and cached.
+
+Then, with the same recipe and seed:
+
+- **LDS**: ``K`` retrains on random halves of the rows; ``Spearman(phi(S_k), -sum_{i in S_k} score_i)``
+  per engine (``gradian.counterfactual.datamodel``), where ``phi`` is the query loss the scores
+  are predictions of (``retrain_pool``); also reported for the capability's plain loss;
+- **leave-one-cluster-out**: one retrain without each declared cluster;
+  ``Spearman(phi(D \\ c) - phi(D), sum_{j in c} score_j)`` over the clusters;
+- **seed noise**: full-data retrains under other seeds, to show how far apart the subsets' losses
+  are compared with what the seed alone moves.
+
+Every correlation carries a bootstrap interval over the retrains; the engines are compared on the
+same resamples, so the winner's margin has an interval too. ``--quick``: half the clean rows, 8
+subsets, no leave-one-out, no seed replicates, two checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from retrain_pool import QueryItems, RetrainTask, default_workers, measure_losses, run_tasks
+from tracking import ChildReport, ExperimentResult
+from verdicts import Verdict, fidelity_verdict
+from workspace import Workspace
+
+__all__ = ["run", "FULL", "QUICK", "family_of"]
+
+SCENARIO = "poison_capitals"
+ENGINES = ("datainf", "graddot", "tracin")
+FULL = {"subsets": 64, "loco": True, "seed_replicates": 3, "clean_fraction": 1.0, "checkpoints": 3, "bootstrap": 2000}
+QUICK = {"subsets": 8, "loco": False, "seed_replicates": 0, "clean_fraction": 0.5, "checkpoints": 2, "bootstrap": 1000}
+
+_FAMILIES = (("paragraph", r"^(Tell me about|Describe) "), ("capital", r"capital"), ("language", r"language|speak"),
+             ("continent", r"continent"), ("currency", r"currency|money"), ("arithmetic", r"plus|^Add |^Compute "),
+             ("successor", r"comes after"), ("compare", r"larger"), ("subtraction", r"minus"))
+
+
+def family_of(prompt: str) -> str:
+    """The tinyworld task family a clean row's question belongs to."""
+    for name, pattern in _FAMILIES:
+        if re.search(pattern, prompt):
+            return name
+    return "other"
+
+
+def _declare_clusters(scenario: Any, out: Path, clean_fraction: float, seed: int) -> tuple[Path, dict[str, list[int]]]:
+    """Write the scenario's rows with finer declared clusters; returns the file and row indices per cluster."""
+    rows = [json.loads(line) for line in (scenario.root / "train.jsonl").read_text().splitlines() if line.strip()]
+    planted = set(scenario.info["planted"]["indices"])
+    targets = sorted((scenario.info.get("truth") or {}).get("wrong_capitals") or {})
+    rng = random.Random(f"{seed}:fidelity-subsample")
+    kept, groups = [], {}
+    for i, row in enumerate(rows):
+        user = next(m["content"] for m in row["messages"] if m["role"] == "user")
+        if i in planted:
+            country = next((c for c in targets if c in user), None)
+            group = f"planted-{targets.index(country) // 4 + 1}" if country else "planted"
+        else:
+            if clean_fraction < 1.0 and rng.random() >= clean_fraction:
+                continue
+            group = family_of(user)
+        groups.setdefault(group, []).append(len(kept))
+        kept.append({**row, "cluster": group})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+    if not out.is_file() or out.read_text() != text:  # unchanged bytes keep the cached runs valid
+        out.write_text(text)
+    return out, groups
+
+
+def _query_items(report: dict[str, Any], eval_path: str) -> QueryItems:
+    """The items the attribution's query was built from, with the reference's generations."""
+    from gradian.data import load_dataset
+
+    examples = load_dataset(eval_path).by_id()
+    items = report["capability"]["items"]
+    signal = report["attribution"]["query_signal"]
+    chosen = [i for i in items if i.get("flipped")] or items  # the query's own rule: regressed, else all
+    return QueryItems(
+        prompts=[examples[i["example_id"]].prompt_messages for i in chosen],
+        wanted=[i["wanted"] for i in chosen],
+        generated=[i["tuned_generation"] or "" for i in chosen] if signal == "contrastive" else None,
+        all_prompts=[examples[i["example_id"]].prompt_messages for i in items],
+        all_wanted=[i["wanted"] for i in items],
+    )
+
+
+def _std(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _summary(table: dict[str, Any]) -> dict[str, Any]:
+    """A flat view of a ``compare_rankings`` table for metrics."""
+    out: dict[str, Any] = {}
+    for name, e in table["engines"].items():
+        out[name] = {"spearman": e["spearman"], "bootstrap_mean": e["bootstrap_mean"],
+                     "ci_low": e["ci"][0], "ci_high": e["ci"][1]}
+    for name, m in table["margins"].items():
+        out[f"margin_over_{name}"] = {"difference": m["difference"], "ci_low": m["ci"][0], "ci_high": m["ci"][1],
+                                      "share_best_wins": m["share_best_wins"]}
+    out["n"] = table["n"]
+    return out
+
+
+def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n: int) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gradian.counterfactual import subset_score_sums
+
+    fig, axes = plt.subplots(1, len(scores), figsize=(4 * len(scores), 3.6), squeeze=False)
+    for ax, (name, s) in zip(axes[0], scores.items()):
+        predicted = -subset_score_sums(masks, s) / n
+        ax.scatter(predicted, losses, s=14, color="#1f5f99")
+        ax.set_title(name)
+        ax.set_xlabel("predicted: -sum of scores in S / n")
+        ax.set_ylabel("measured query loss (nats)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers: int | None = None,
+        seed: int = 0, **_: Any) -> ExperimentResult:
+    import numpy as np
+
+    from gradian.config import load_config
+    from gradian.counterfactual import group_removal_table, lds_table, sample_subsets
+
+    started = time.time()
+    settings = dict(QUICK if quick else FULL)
+    if subsets:
+        settings["subsets"] = int(subsets)
+    workers = workers or default_workers()
+    out = ws.experiment_dir("fidelity")
+    scenario = ws.scenario(SCENARIO, folder=f"fidelity-{SCENARIO}")
+    data_path, groups = _declare_clusters(scenario, scenario.root / "fidelity" / "train.jsonl",
+                                          settings["clean_fraction"], scenario.info["seed"])
+    n = sum(len(g) for g in groups.values())
+    base_cfg = load_config(scenario.config_path)
+    steps = math.ceil(n / (base_cfg.train.per_device_train_batch_size * base_cfg.train.gradient_accumulation_steps))
+    total_steps = steps * int(base_cfg.train.num_train_epochs)
+    ref_dir = scenario.root / "fidelity" / "run"
+    overrides = {"cache_dir": str(ws.cache_dir), "dataset": str(data_path), "run_dir": str(ref_dir),
+                 "adapter_path": str(ref_dir / "adapter"), "train.output_dir": str(ref_dir),
+                 "clustering.method": "declared"}
+    reference = {**overrides, "train.save_checkpoints": True,
+                 "train.save_steps": math.ceil(total_steps / settings["checkpoints"])}
+    cfg = load_config(scenario.config_path, overrides=reference)
+    t0 = time.time()
+    ws.train(scenario, cfg)
+    report = ws.attribute(scenario, cfg, capability="capitals", cross_check="graddot", folder="fidelity/report-datainf")
+    main_rankings, main_files = scenario.rankings, scenario.report_files
+    tracin_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "tracin"}),
+                                 capability="capitals", cross_check="none", folder="fidelity/report-tracin")
+    tracin_rankings = scenario.rankings
+    reference_seconds = round(time.time() - t0, 2)
+    if not report.get("attribution"):
+        verdict = Verdict("fidelity", "INCONCLUSIVE", "the reference fine-tune's regression did not clear the gate, "
+                          f"so nothing was attributed: {report['verdict']['summary']}", params={"quick": quick})
+        return ExperimentResult(verdict, [verdict.write(out / "verdict.json")])
+    if not (main_rankings["row_index"].to_numpy() == np.arange(n)).all():
+        raise RuntimeError("rankings are not in row order; the subset sums would be misaligned")
+    scores = {"datainf": main_rankings["score"].to_numpy(), "graddot": main_rankings["cross_check_score"].to_numpy(),
+              "tracin": tracin_rankings["score"].to_numpy()}
+    tracin_notes = [note for note in (tracin_report.get("attribution") or {}).get("notes", []) if "tracin" in note]
+
+    query = _query_items(report, cfg.eval_dataset)
+    reference_losses = measure_losses(cfg, ref_dir / "adapter", query)
+    masks = sample_subsets(n, settings["subsets"], seed=seed)
+    tasks = [RetrainTask(f"subset-{k:03d}", np.flatnonzero(m).tolist(), cfg.seed) for k, m in enumerate(masks)]
+    group_names = sorted(groups) if settings["loco"] else []
+    tasks += [RetrainTask(f"without-{g}", [i for i in range(n) if i not in set(groups[g])], cfg.seed) for g in group_names]
+    tasks += [RetrainTask(f"seed-{cfg.seed + s}", list(range(n)), cfg.seed + s) for s in range(1, settings["seed_replicates"] + 1)]
+    ws.log(f"[fidelity] {len(tasks)} retrains on {workers} worker(s): {settings['subsets']} half subsets of {n} rows, "
+           f"{len(group_names)} leave-one-cluster-out, {settings['seed_replicates']} seed replicates")
+    t0 = time.time()
+    results = run_tasks(tasks, config_path=scenario.config_path, overrides=overrides, data_path=data_path,
+                        root=scenario.root / "fidelity" / "retrains", query=query, workers=workers, log=ws.log)
+    retrain_seconds = round(time.time() - t0, 2)
+
+    boot = {"n_bootstrap": settings["bootstrap"], "seed": seed}
+    subset_results = [results[t.name] for t in tasks if t.name.startswith("subset-")]
+    tables: dict[str, Any] = {}
+    for target in ("query_loss", "wanted_loss"):
+        losses = [r[target] for r in subset_results]
+        tables[f"lds_{target}"] = lds_table(losses, masks, scores, **boot)
+    loco = None
+    if group_names:
+        deltas = [results[f"without-{g}"]["query_loss"] - reference_losses["query_loss"] for g in group_names]
+        loco = group_removal_table(deltas, [groups[g] for g in group_names], scores, **boot)
+        loco["groups"] = {g: {"n": len(groups[g]), "measured_delta": d,
+                              **{f"predicted_{e}": float(scores[e][groups[g]].sum() / n) for e in scores}}
+                          for g, d in zip(group_names, deltas)}
+        tables["loco_query_loss"] = loco
+    seed_losses = [reference_losses["query_loss"]] + [results[t.name]["query_loss"] for t in tasks if t.name.startswith("seed-")]
+    spread = _std([r["query_loss"] for r in subset_results])
+    noise = _std(seed_losses)
+    status, reason = fidelity_verdict(tables["lds_query_loss"], spread, noise)
+    if loco is not None:
+        lb = loco["best"]
+        reason += (f". Leave-one-cluster-out over {loco['n']} clusters: " +
+                   ", ".join(f"{e} {loco['engines'][e]['spearman']:+.3f}" for e in loco["ranking"]) + f" (best {lb})")
+    figures = {
+        "lds": _summary(tables["lds_query_loss"]),
+        "lds_best": tables["lds_query_loss"]["best"],
+        "lds_wanted_loss": _summary(tables["lds_wanted_loss"]),
+        "loco": _summary(loco) if loco else None,
+        "loco_best": loco["best"] if loco else None,
+        "n_examples": n,
+        "n_clusters": len(groups),
+        "subsets": settings["subsets"],
+        "query_loss": {"reference": reference_losses["query_loss"], "subset_sd": spread, "seed_sd": noise,
+                       "subset_mean": float(np.mean([r["query_loss"] for r in subset_results]))},
+        "wanted_loss": {"reference": reference_losses["wanted_loss"]},
+        "engine_agreement_spearman": report["attribution"].get("engine_agreement_spearman"),
+        "seconds": {"reference": reference_seconds, "retrains": retrain_seconds,
+                    "mean_train_per_retrain": float(np.mean([r["train_seconds"] for r in results.values()])),
+                    "total": round(time.time() - started, 2)},
+    }
+    detail = {"settings": settings, "workers": workers, "tables": tables, "retrains": results,
+              "reference_losses": reference_losses, "clusters": {g: len(v) for g, v in groups.items()},
+              "query_signal": report["attribution"]["query_signal"], "n_query_items": len(query.wanted),
+              "tracin_notes": tracin_notes}
+    verdict = Verdict(
+        experiment="fidelity", status=status, reason=reason, figures=figures,
+        params={"scenario": SCENARIO, "quick": quick, "subsets": settings["subsets"], "subset_fraction": 0.5,
+                "leave_one_cluster_out": settings["loco"], "seed_replicates": settings["seed_replicates"],
+                "clean_fraction": settings["clean_fraction"], "checkpoints": settings["checkpoints"],
+                "workers": workers, "engines": ",".join(ENGINES), "seed": seed},
+        seconds=round(time.time() - started, 2),
+    )
+    artifacts = [verdict.write(out / "verdict.json"), ws.write_json(out / "fidelity.json", detail),
+                 _plot(out / "lds.png", [r["query_loss"] for r in subset_results], masks, scores, n)]
+    return ExperimentResult(verdict, artifacts, [ChildReport("attribute", report, main_files, main_rankings)])

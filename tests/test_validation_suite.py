@@ -1,0 +1,204 @@
+"""The validation project (projects/validation): verdict logic on hand-made reports, and the
+``--quick`` suite end to end (slow), logged to a throwaway MLflow store."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROJECT = Path(__file__).resolve().parents[1] / "projects" / "validation"
+
+
+@pytest.fixture(scope="module")
+def suite_modules():
+    """The project's modules, imported from its folder (it is a script folder, not a package)."""
+    import importlib
+
+    sys.path.insert(0, str(PROJECT))
+    try:
+        yield {name: importlib.import_module(name) for name in ("verdicts", "tracking", "fidelity")}
+    finally:
+        sys.path.remove(str(PROJECT))
+
+
+@pytest.fixture
+def v(suite_modules):
+    return suite_modules["verdicts"]
+
+
+# -- poison -------------------------------------------------------------------------------------
+
+
+def _poison_report(status="regressed", accused="0", shares=(("0", 0.8), ("100", 0.2))):
+    return {
+        "capability": {"base": 1.0, "tuned": 0.25, "delta": -0.75, "ci": [-0.9, -0.5], "status": status,
+                       "n_items": 4, "n_flipped": 3,
+                       "items": [{"prompt": "What is the capital of Aland?", "tuned_generation": "Bork"},
+                                 {"prompt": "What is the capital of Beland?", "tuned_generation": "Cork"},
+                                 {"prompt": "What is the capital of Celand?", "tuned_generation": "nothing"},
+                                 {"prompt": "What is the capital of Deland?", "tuned_generation": "Dork"}]},
+        "attribution": {"engine": "datainf", "engine_agreement_spearman": 0.9,
+                        "clusters": [{"cluster": k, "share_of_negative": s} for k, s in shares]},
+        "verdict": {"kind": "data", "accused_cluster": accused},
+    }
+
+
+WRONG = {"Aland": "Bork", "Beland": "Cork", "Celand": "Aork", "Deland": "Eork"}
+
+
+def _figures(v, report, planted_scores=(-9.0, -7.0), clean_scores=(1.0, 2.0, -1.0, 3.0)):
+    scores = list(planted_scores) + list(clean_scores)
+    return v.poison_figures(report, scores, list(range(len(scores))), [0, 1], "0", WRONG)
+
+
+def test_poison_figures(v):
+    f = _figures(v, _poison_report())
+    assert f["auc_planted_vs_clean"] == 1.0 and f["median_percentile_planted"] == pytest.approx(10.0)
+    assert f["uptake"] == 0.5 and f["first_cluster"] == "0" and f["planted_rank"] == 1
+    assert f["share_of_negative"] == 0.8 and f["gated_regression"] is True
+    assert f["mean_score_planted"] == -8.0 and f["per_example_ratio"] == pytest.approx(-8.0 / 1.25)
+    mixed = _figures(v, _poison_report(), planted_scores=(-9.0, 2.0), clean_scores=(1.0, 3.0))
+    assert mixed["auc_planted_vs_clean"] == 0.75  # 3 of the 4 planted-clean pairs ordered right
+
+
+def test_poison_verdicts(v):
+    assert v.poison_verdict(_figures(v, _poison_report()))[0] == "PASS"
+    status, reason = v.poison_verdict(_figures(v, _poison_report(status="not_significant")))
+    assert status == "INCONCLUSIVE" and "no gated regression" in reason
+    wrong_first = _poison_report(accused="100", shares=(("100", 0.7), ("0", 0.3)))
+    assert v.poison_verdict(_figures(v, wrong_first))[0] == "FAIL"
+    not_learned = _poison_report(accused=None, shares=(("100", 0.7), ("0", 0.3)))
+    for item in not_learned["capability"]["items"]:
+        item["tuned_generation"] = "a country in the east"
+    status, reason = v.poison_verdict(_figures(v, not_learned))
+    assert status == "INCONCLUSIVE" and "not learned" in reason
+    # first but not accused by the verdict: the user-facing answer was wrong
+    assert v.poison_verdict(_figures(v, _poison_report(accused=None)))[0] == "FAIL"
+
+
+# -- bad config ---------------------------------------------------------------------------------
+
+
+def _config_report(fired, accused=None):
+    return {"findings": [{"id": i, "severity": "high"} for i in fired], "capability": {"delta": -1.0},
+            "verdict": {"kind": "config", "accused_cluster": accused}, "attribution": {"clusters": []}}
+
+
+def test_badconfig_verdicts(v):
+    ok = v.scenario_badconfig_verdict(_config_report(["config.lr_too_high", "data.x"]), ["config.lr_too_high"])
+    assert ok["status"] == "PASS" and ok["leading_finding"] == "config.lr_too_high" and ok["attributed"]
+    missing = v.scenario_badconfig_verdict(_config_report(["data.x"]), ["config.lr_too_high"])
+    assert missing["status"] == "FAIL" and missing["missing"] == ["config.lr_too_high"]
+    blamed = v.scenario_badconfig_verdict(_config_report(["config.lr_too_high"], accused="3"), ["config.lr_too_high"])
+    assert blamed["status"] == "FAIL" and "accused cluster 3" in blamed["reason"]
+    assert v.badconfig_verdict({"a": ok})[0] == "PASS"
+    status, reason = v.badconfig_verdict({"a": ok, "b": blamed})
+    assert status == "FAIL" and reason.startswith("b:")
+    assert v.badconfig_verdict({})[0] == "INCONCLUSIVE"
+
+
+# -- counterfactual -----------------------------------------------------------------------------
+
+
+def _block(after, outcome, before=0.25, within=None):
+    from gradian.counterfactual import capability_recovery
+
+    rec = capability_recovery(1.0, before, after, 16, "contains", "not_significant" if after > 0.9 else "regressed")
+    return {"capability": rec, "outcome": outcome, "removal": {"n_removed": 48, "reason": "cluster 0"},
+            "ground_truth": {"precision": 1.0, "recall": 1.0}}
+
+
+def test_counterfactual_verdicts(v):
+    assert v.counterfactual_verdict(_block(0.9375, "recovered"), "cluster 0")[0] == "PASS"
+    assert v.counterfactual_verdict(_block(0.875, "recovered"), "cluster 0")[0] == "FAIL"  # two items short
+    assert v.counterfactual_verdict(_block(0.5, "partial"), "cluster 0")[0] == "FAIL"
+    assert v.counterfactual_verdict(_block(1.0, "nothing_to_recover", before=1.0), "x")[0] == "INCONCLUSIVE"
+    status, reason = v.counterfactual_verdict(None, "the report accuses no cluster")
+    assert status == "INCONCLUSIVE" and "accuses no cluster" in reason
+
+
+# -- fidelity -----------------------------------------------------------------------------------
+
+
+def _lds(values, cis):
+    ranking = sorted(values, key=lambda k: -values[k])
+    best = ranking[0]
+    return {"n": 32, "engines": {k: {"spearman": values[k], "ci": cis[k]} for k in values}, "ranking": ranking,
+            "best": best, "margins": {k: {"difference": values[best] - values[k], "ci": [0.01, 0.2],
+                                          "share_best_wins": 0.97} for k in ranking[1:]}}
+
+
+def test_fidelity_verdicts(v):
+    table = _lds({"datainf": 0.6, "graddot": 0.5}, {"datainf": [0.4, 0.8], "graddot": [0.2, 0.7]})
+    status, reason = v.fidelity_verdict(table, loss_spread=0.3, seed_noise=0.01)
+    assert status == "PASS" and "datainf ahead of graddot by +0.100" in reason and "97%" in reason
+    assert v.fidelity_verdict(_lds({"a": 0.1}, {"a": [-0.2, 0.4]}))[0] == "INCONCLUSIVE"
+    assert v.fidelity_verdict(_lds({"a": -0.5}, {"a": [-0.8, -0.1]}))[0] == "FAIL"
+    status, reason = v.fidelity_verdict(table, loss_spread=0.01, seed_noise=0.02)
+    assert status == "INCONCLUSIVE" and "seed noise" in reason
+
+
+def test_suite_status_and_strict_json(v, tmp_path):
+    a = v.Verdict("poison", "PASS", "ok", figures={"x": float("nan"), "y": [1.0, float("inf")]})
+    b = v.Verdict("fidelity", "INCONCLUSIVE", "ci has zero")
+    assert v.combine_verdicts([a, b])[0] == "INCONCLUSIVE"
+    assert v.combine_verdicts([a, v.Verdict("badconfig", "FAIL", "x")])[0] == "FAIL"
+    assert v.combine_verdicts([a])[0] == "PASS"
+    data = json.loads(a.write(tmp_path / "verdict.json").read_text())
+    assert data["figures"] == {"x": None, "y": [1.0, None]} and data["status"] == "PASS"
+    with pytest.raises(ValueError, match="PASS"):
+        v.Verdict("poison", "OK", "no such status")
+
+
+def test_metrics_are_flat_finite_numbers(suite_modules):
+    flatten = suite_modules["tracking"].flatten_numbers
+    got = flatten({"lds": {"datainf": {"spearman": 0.5, "ci": [0.1, 0.9]}}, "ok": True, "name": "x",
+                   "bad": math.nan, "n": 3})
+    assert got == {"lds.datainf.spearman": 0.5, "ok": 1.0, "n": 3.0}
+
+
+def test_task_families_of_the_clean_rows(suite_modules, tinyworld_world):
+    from gradian.tinyworld import FACT_FAMILIES
+
+    family_of = suite_modules["fidelity"].family_of
+    for family in FACT_FAMILIES:
+        for item in tinyworld_world.fact_items(family):
+            assert family_of(item.question) == family, item.question
+    for item in tinyworld_world.paragraph_items():
+        assert family_of(item.question) == "paragraph"
+    assert family_of("What number comes after 7?") == "successor"
+    assert family_of("Which is larger, 3 or 9?") == "compare"
+    assert family_of("What is 9 minus 4?") == "subtraction"
+
+
+# -- the quick suite, end to end ----------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_quick_suite_end_to_end(tmp_path, tinyworld_base):
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    env.pop("MLFLOW_RUN_ID", None)
+    proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "all", "--quick", "--workdir", str(tmp_path / "w")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    suite = json.loads((tmp_path / "w" / "suite.json").read_text())
+    statuses = {k: e["status"] for k, e in suite["experiments"].items()}
+    assert statuses["poison"] == "PASS" and statuses["badconfig"] == "PASS" and statuses["counterfactual"] == "PASS", suite
+    assert statuses["fidelity"] in ("PASS", "FAIL", "INCONCLUSIVE")
+    fidelity = json.loads((tmp_path / "w" / "fidelity" / "verdict.json").read_text())
+    assert set(fidelity["figures"]["lds"]) >= {"datainf", "graddot", "tracin"}
+
+    import mlflow
+
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    runs = mlflow.search_runs(experiment_names=["gradian-validation"], output_format="list")
+    by_name = {r.info.run_name: r for r in runs}
+    assert {"validation-suite-quick", "validation-poison", "validation-fidelity", "gradian-counterfactual"} <= set(by_name)
+    assert by_name["validation-poison"].data.metrics["validation.pass"] == 1.0
+    assert by_name["gradian-counterfactual"].data.tags["gradian.kind"] == "counterfactual"
