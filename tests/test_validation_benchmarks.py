@@ -1,0 +1,51 @@
+"""projects/benchmarks/run_all.py: finding the scripts and reading their figures."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "projects" / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def run_all():
+    import importlib
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module("run_all")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_every_bench_script_is_found(run_all):
+    found = {p.name for p in run_all.discover()}
+    assert {"bench_diagnose.py", "bench_grads.py"} <= found
+    assert all(name.startswith("bench_") for name in found)
+
+
+def test_figures_from_printed_lines(run_all):
+    text = (
+        "rows: 10000\n"
+        "load dataset: 0.52 s, tokenize: 1.30 s\n"
+        "slowest checks (each timed alone, tokenization included where needed):\n"
+        "  data.near_duplicates                     2.11 s\n"
+        "diagnose total: 3.21 s  ->  3,115 rows/second\n"
+    )
+    assert run_all.figures_from_text(text) == {
+        "rows": 10000.0, "load_dataset_s": 0.52, "tokenize_s": 1.3, "data.near_duplicates_s": 2.11,
+        "diagnose_total_s": 3.21, "rows_per_second": 3115.0,
+    }
+
+
+def test_figures_from_json(run_all):
+    doc = {"capture": {"hooks_over_plain": 1.4, "vmap_error": "RuntimeError: x", "threads": 2},
+           "datainf": {"n=2000": {"ms_per_example_per_query_1": 0.01}}, "ok": True, "nan": float("nan")}
+    got = run_all.flatten_numbers(doc)
+    assert got == {"capture.hooks_over_plain": 1.4, "capture.threads": 2.0,
+                   "datainf.n_2000.ms_per_example_per_query_1": 0.01, "ok": 1.0}
+    assert run_all._last_json('noise\n{"a": 1}\n') == {"a": 1}
+    assert run_all._last_json("no json here") is None
