@@ -5,7 +5,6 @@ tests/test_cli_basic.py fails when a command or flag is missing from docs/cli.md
 
 from __future__ import annotations
 
-import click
 import typer.main
 
 from gradian.cli import app
@@ -21,7 +20,7 @@ take `--config` / `-c`; a flag always wins over the file.
 """
 
 
-def _default(param: click.Parameter) -> str:
+def _default(param: object) -> str:
     if param.default in (None, False) or (getattr(param, "is_flag", False) and not param.default):
         return ""
     return "empty" if param.default == "" else f"`{param.default}`"
@@ -31,7 +30,7 @@ def main() -> None:
     print(HEADER)
     root = typer.main.get_command(app)
     for name, command in root.commands.items():
-        subs = command.commands.items() if isinstance(command, click.Group) else [(None, command)]
+        subs = command.commands.items() if hasattr(command, "commands") else [(None, command)]
         for subname, sub in subs:
             print(f"## `gradian {name}" + (f" {subname}" if subname else "") + "`\n")
             print((sub.help or "").strip().split("\n")[0] + "\n")
@@ -39,7 +38,7 @@ def main() -> None:
             for p in sub.params:
                 if p.name == "help":
                     continue
-                if isinstance(p, click.Argument):
+                if type(p).__name__.endswith("Argument"):
                     rows.append((f"`{p.name.upper()}` (argument)", "", "required" if p.required else ""))
                 else:
                     rows.append((", ".join(f"`{o}`" for o in p.opts), p.help or "", _default(p)))

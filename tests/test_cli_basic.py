@@ -102,13 +102,12 @@ def test_bad_inputs_exit_2_with_one_line(tmp_path):
 
 
 def test_every_command_and_flag_is_documented():
-    import click
     import typer.main
 
     text = (ROOT / "docs" / "cli.md").read_text()
     root = typer.main.get_command(app)
     for name, command in root.commands.items():
-        subs = command.commands.items() if isinstance(command, click.Group) else [(None, command)]
+        subs = command.commands.items() if hasattr(command, "commands") else [(None, command)]
         for subname, sub in subs:
             title = f"gradian {name}" + (f" {subname}" if subname else "")
             assert f"## `{title}`" in text, f"{title} is missing from docs/cli.md"
