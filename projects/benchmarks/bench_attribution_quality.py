@@ -1,0 +1,180 @@
+"""How well each engine finds the planted rows of tinyworld's ``poison_capitals`` scenario.
+
+One fine-tune (the scenario's own settings, plus a checkpoint saved every ``--save-steps`` steps
+so TracIn has a trajectory to sum over), then the attribution pipeline once per engine
+(``datainf``, ``graddot``, ``tracin``) and query signal (``target``, ``contrastive``). For each
+pair, against the ground truth in ``scenario.json``:
+
+- ``auc``: ROC AUC of planted against clean rows, with harm = -score (1.0: every planted row is
+  more harmful than every clean row; 0.5: chance);
+- ``top_k_precision``: share of planted rows among the k most harmful, k = number planted;
+- ``median_planted_percentile``: median harm percentile of the planted rows (100 = the most
+  harmful row of the whole set, 50 = the middle);
+- ``planted_share_of_negative`` and ``planted_cluster_rank``: the planted cluster's share of the
+  negative influence in the report's cluster table, and its rank by that share (1 = first);
+- ``planted_mean_rank``: its rank by mean score per example, most harmful first;
+- ``verdict``: the verdict the report reached with that engine and signal.
+
+It also prints the Spearman agreement of every pair of engines under each signal. Every figure
+comes from one run; nothing is averaged over seeds.
+
+Run: ``python projects/benchmarks/bench_attribution_quality.py [--work DIR] [--out results.json]``.
+The work directory keeps the fine-tune and the gradient indexes, so a second run only scores.
+About five minutes on 2 CPU cores the first time (one minute of it training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ENGINES = ("datainf", "graddot", "tracin")
+SIGNALS = ("target", "contrastive")
+SCENARIO = "poison_capitals"
+
+
+def prepare_run(work: Path, save_steps: int) -> tuple[Path, dict[str, Any], float]:
+    """Write the scenario and fine-tune it once (reused when the run already exists)."""
+    from gradian.config import load_config
+    from gradian.tinyworld import ensure_base_model
+    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.train import train_lora
+
+    root = work / SCENARIO
+    run = root / "run"
+    config_path = root / "gradian.yaml"
+    if (run / "gradian_run.json").is_file() and (root / "scenario.json").is_file():
+        return config_path, json.loads((root / "scenario.json").read_text()), 0.0
+    info = write_scenario(SCENARIO, root, ensure_base_model())
+    cfg = load_config(config_path, _overrides(root, save_steps))
+    started = time.perf_counter()
+    train_lora(cfg, run, overwrite=True)
+    return config_path, info, time.perf_counter() - started
+
+
+def _overrides(root: Path, save_steps: int) -> dict[str, Any]:
+    return {"train.save_checkpoints": True, "train.save_steps": save_steps,
+            "cache_dir": str(root / ".gradian"), "device": "cpu"}
+
+
+def quality(rankings: Any, clusters: list[dict[str, Any]], planted: set[int], planted_cluster: str) -> dict[str, Any]:
+    """The figures of the module docstring for one ranking."""
+    from sklearn.metrics import roc_auc_score
+
+    harm = -rankings["score"].to_numpy(dtype=np.float64)
+    is_planted = rankings["row_index"].isin(planted).to_numpy()
+    k = int(is_planted.sum())
+    order = np.argsort(-harm, kind="stable")
+    # harm percentile: share of rows at most as harmful as this one (100 = the most harmful)
+    ranks = np.argsort(np.argsort(harm, kind="stable"), kind="stable")
+    percentile = 100.0 * (ranks + 1) / len(harm)
+    by_share = sorted(clusters, key=lambda c: -c["share_of_negative"])
+    by_mean = sorted(clusters, key=lambda c: c["mean_per_example"])
+    row = next((c for c in clusters if str(c["cluster"]) == planted_cluster), None)
+    return {
+        "n": len(harm),
+        "n_planted": k,
+        "auc": float(roc_auc_score(is_planted, harm)),
+        "top_k_precision": float(is_planted[order[:k]].mean()),
+        "median_planted_percentile": float(np.median(percentile[is_planted])),
+        "planted_share_of_negative": float(row["share_of_negative"]) if row else None,
+        "planted_cluster_rank": 1 + [str(c["cluster"]) for c in by_share].index(planted_cluster) if row else None,
+        "planted_mean_rank": 1 + [str(c["cluster"]) for c in by_mean].index(planted_cluster) if row else None,
+        "n_clusters": len(clusters),
+    }
+
+
+def measure(config_path: Path, info: dict[str, Any], save_steps: int) -> dict[str, Any]:
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+    from gradian.engines import rank_correlation
+
+    root = config_path.parent
+    planted = set(info["planted"]["indices"])
+    planted_cluster = str(info["planted"]["cluster"])
+    results: list[dict[str, Any]] = []
+    scores: dict[tuple[str, str], np.ndarray] = {}
+    for signal in SIGNALS:
+        for engine in ENGINES:
+            cfg = load_config(config_path, {**_overrides(root, save_steps), "engine.name": engine,
+                                            "evaluation.query_signal": signal})
+            started = time.perf_counter()
+            outcome = run_attribution(cfg, capability="capitals", cross_check=None)
+            seconds = time.perf_counter() - started
+            attribution = outcome.report["attribution"]
+            if attribution is None:
+                raise SystemExit(f"attribution did not run for {engine}/{signal}: {outcome.report['verdict']}")
+            figures = quality(outcome.rankings, attribution["clusters"], planted, planted_cluster)
+            figures.update(engine=engine, query_signal=attribution["query_signal"],
+                           verdict=outcome.report["verdict"]["kind"], seconds=round(seconds, 1),
+                           notes=[n for n in attribution["notes"] if n.startswith(engine)])
+            results.append(figures)
+            scores[(engine, signal)] = outcome.rankings["score"].to_numpy(dtype=np.float64)
+            print(f"  {engine:8s} {signal:12s} AUC {figures['auc']:.3f}  ({seconds:.0f} s)", flush=True)
+    agreement = {
+        signal: {f"{a} vs {b}": float(rank_correlation(scores[(a, signal)], scores[(b, signal)]))
+                 for i, a in enumerate(ENGINES) for b in ENGINES[i + 1:]}
+        for signal in SIGNALS
+    }
+    cap = outcome.capability
+    return {
+        "scenario": SCENARIO,
+        "n_train": info["n_train"],
+        "n_planted": len(planted),
+        "capability": {"base": cap.base, "tuned": cap.tuned, "delta": cap.delta, "ci": list(cap.ci),
+                       "n_flipped": cap.n_flipped, "n_items": cap.n_items},
+        "save_steps": save_steps,
+        "results": results,
+        "engine_agreement_spearman": agreement,
+    }
+
+
+def table(summary: dict[str, Any]) -> str:
+    head = (f"{'engine':8s} {'query':12s} {'AUC':>6s} {'P@k':>6s} {'med.pct':>8s} "
+            f"{'share-':>7s} {'rank':>5s} {'mean rank':>9s}  verdict")
+    lines = [head, "-" * len(head)]
+    for r in summary["results"]:
+        share = f"{r['planted_share_of_negative']:.2f}" if r["planted_share_of_negative"] is not None else "-"
+        lines.append(f"{r['engine']:8s} {r['query_signal']:12s} {r['auc']:6.3f} {r['top_k_precision']:6.3f} "
+                     f"{r['median_planted_percentile']:8.1f} {share:>7s} {r['planted_cluster_rank']!s:>5s} "
+                     f"{r['planted_mean_rank']!s:>9s}  {r['verdict']}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", default=str(Path.home() / ".cache" / "gradian" / "bench" / "attribution_quality"),
+                        help="keeps the fine-tune and the indexes between runs")
+    parser.add_argument("--save-steps", type=int, default=212,
+                        help="checkpoint interval for TracIn (212 steps = one epoch of this scenario at batch 4)")
+    parser.add_argument("--out", default=None, help="write the JSON here as well as printing it")
+    args = parser.parse_args()
+
+    work = Path(args.work).resolve()
+    config_path, info, train_seconds = prepare_run(work, args.save_steps)
+    checkpoints = sorted(p.name for p in (config_path.parent / "run").glob("checkpoint-*"))
+    print(f"{SCENARIO}: {info['n_train']} rows, {info['planted']['n']} planted; "
+          f"checkpoints {', '.join(checkpoints) or 'none'}"
+          + (f"; trained in {train_seconds:.0f} s" if train_seconds else " (reused)"), flush=True)
+    summary = measure(config_path, info, args.save_steps)
+    summary["checkpoints"] = checkpoints
+    summary["train_seconds"] = round(train_seconds, 1)
+    cap = summary["capability"]
+    print(f"\ncapability: {cap['base']:.3f} -> {cap['tuned']:.3f}, {cap['n_flipped']} of {cap['n_items']} flipped")
+    print(table(summary))
+    print("\nengine agreement (Spearman):")
+    for signal, pairs in summary["engine_agreement_spearman"].items():
+        print(f"  {signal:12s} " + "  ".join(f"{k} {v:.3f}" for k, v in pairs.items()))
+    text = json.dumps(summary, indent=2)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

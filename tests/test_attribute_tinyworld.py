@@ -1,0 +1,181 @@
+"""Acceptance of ``gradian attribute`` on tinyworld, against each scenario's ground truth.
+
+Every scenario is fine-tuned once per session (``tinyworld_run`` in tests/plugins/) and attributed
+once per module (``attributed`` below), with the product's defaults: DataInf, the contrastive
+query, graddot as the cross-check, the scenario's declared clusters (planted rows are cluster
+``0``, clean rows ``100``).
+
+- ``poison_capitals``: 48 rows teaching wrong capitals among 800 clean ones. The planted rows rank
+  at the harmful end, their cluster is accused, and the verdict is ``data``.
+- ``too_many_epochs`` / ``lr_10x``: clean data, one bad setting. The audit's finding leads and no
+  row is offered for deletion. Where the setting really broke the capability (``lr_10x`` erases the
+  capitals) the verdict is ``config``; a run that kept it (12 epochs of the clean set leave the
+  target capitals intact on this base) has no regression to attribute, and says so.
+- ``poison_duplicates``: the planted rows repeat three of themselves word for word, so the accused
+  cluster also trips ``data.duplicates``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+pytest.importorskip("torch")
+
+PLANTED_CLUSTER = "0"
+
+
+@pytest.fixture(scope="module")
+def attributed(tinyworld_run, tmp_path_factory):
+    """``attributed(name) -> (run, outcome, out_dir)``: one attribution per scenario per module."""
+    from gradian.attribution import run_attribution
+
+    done: dict[str, tuple] = {}
+
+    def attribute(name: str):
+        if name not in done:
+            run = tinyworld_run(name)
+            out = tmp_path_factory.mktemp(f"report-{name}")
+            cfg = run.config(**{"evaluation.query_signal": "contrastive"})
+            outcome = run_attribution(cfg, capability="capitals", cross_check="graddot", out_dir=out)
+            done[name] = (run, outcome, out)
+        return done[name]
+
+    return attribute
+
+
+def _harm_figures(rankings, planted: set[int]) -> dict[str, float]:
+    """AUC of planted vs clean with harm = -score, precision in the top k, median harm percentile."""
+    from sklearn.metrics import roc_auc_score
+
+    harm = -rankings["score"].to_numpy(dtype=np.float64)
+    is_planted = rankings["row_index"].isin(planted).to_numpy()
+    k = int(is_planted.sum())
+    top = np.argsort(-harm, kind="stable")[:k]
+    percentile = 100.0 * (np.argsort(np.argsort(harm, kind="stable")) + 1) / len(harm)
+    return {"auc": float(roc_auc_score(is_planted, harm)), "top_k_precision": float(is_planted[top].mean()),
+            "median_percentile": float(np.median(percentile[is_planted])), "k": k}
+
+
+# -- poison_capitals -------------------------------------------------------------------------------
+
+
+def test_poisoned_run_ranks_the_planted_rows_at_the_harmful_end(attributed):
+    run, outcome, _ = attributed("poison_capitals")
+    attr = outcome.report["attribution"]
+    assert attr is not None, outcome.report["verdict"]
+    assert attr["engine"] == "datainf" and attr["query_signal"] == "contrastive"
+    assert outcome.report["capability"]["status"] == "regressed"
+
+    rankings = outcome.rankings
+    assert len(rankings) == run.info["n_train"]
+    figures = _harm_figures(rankings, run.planted_rows)
+    assert figures["k"] == run.info["planted"]["n"] == 48
+    assert figures["auc"] >= 0.7, figures
+    # most planted rows sit in the top tenth by harm; the rest look neutral or helpful, because
+    # each wrong capital taught is another target's right one, so a row about a country that kept
+    # its capital makes a flipped country's wanted answer likelier
+    assert figures["median_percentile"] >= 90.0, figures
+    assert figures["top_k_precision"] >= 0.4, figures
+    # the rows offered for deletion are planted ones
+    top = attr["top_harmful"]
+    assert top, attr.get("deletions_withheld")
+    planted_ids = set(rankings.loc[rankings["row_index"].isin(run.planted_rows), "example_id"])
+    assert sum(r["example_id"] in planted_ids for r in top) >= 0.8 * len(top), top
+
+
+def test_poisoned_run_accuses_the_planted_cluster_with_a_data_verdict(attributed):
+    _, outcome, out = attributed("poison_capitals")
+    report = outcome.report
+    clusters = report["attribution"]["clusters"]
+    by_share = max(clusters, key=lambda c: c["share_of_negative"])
+    by_rate = min(clusters, key=lambda c: c["mean_per_example"])
+    assert by_share["cluster"] == PLANTED_CLUSTER and by_rate["cluster"] == PLANTED_CLUSTER, clusters
+
+    verdict = report["verdict"]
+    assert verdict["kind"] == "data", verdict
+    assert verdict["accused_cluster"] == PLANTED_CLUSTER
+    assert f"Cluster {PLANTED_CLUSTER} " in verdict["summary"], verdict["summary"]
+
+    # the engine agreement figure is stated: in report.json, the summary and report.md
+    rho = report["attribution"]["engine_agreement_spearman"]
+    assert report["attribution"]["cross_check"] == "graddot"
+    assert isinstance(rho, float) and -1.0 <= rho <= 1.0
+    assert f"{rho:.3f}" in verdict["summary"]
+    assert f"{rho:.3f}" in (out / "report.md").read_text()
+    on_disk = json.loads((out / "report.json").read_text())
+    assert on_disk["verdict"]["kind"] == "data"
+
+
+def test_poisoned_report_html_opens_in_headless_chromium(attributed):
+    from tests.test_report_browser import _browser, _run
+
+    browser = _browser()
+    _, outcome, out = attributed("poison_capitals")
+    url = (out / "report.html").as_uri()
+    shot = out / "screenshot.png"
+    done = _run(browser, f"--screenshot={shot}", "--window-size=1280,4000", url)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert shot.exists() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+    dom = _run(browser, "--dump-dom", url)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = dom.stdout
+    for element in ('id="verdict-kind"', 'id="verdict-summary"', 'id="capability"', 'id="cluster-table"',
+                    'id="engine-agreement"', 'id="plot-capability"', 'id="plot-clusters"', 'id="plot-scores"',
+                    'id="plot-training"', 'id="findings-table"', 'id="top-harmful"', 'id="provenance"',
+                    'id="config-hash"'):
+        assert element in page, element
+    rho = outcome.report["attribution"]["engine_agreement_spearman"]
+    assert f"{rho:.3f}" in page
+    assert f"Cluster {PLANTED_CLUSTER} " in page
+
+
+# -- clean data, one bad setting -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name, finding", [("too_many_epochs", "config.overtraining"),
+                                           ("lr_10x", "config.lr_too_high")])
+def test_config_fault_leads_and_nothing_is_offered_for_deletion(attributed, name, finding):
+    run, outcome, _ = attributed(name)
+    report = outcome.report
+    assert finding in run.info["expected_findings"]
+    findings = report["findings"]
+    assert findings and findings[0]["id"] == finding, [(f["id"], f["severity"]) for f in findings]
+    assert findings[0]["category"] == "config"
+
+    verdict = report["verdict"]
+    assert verdict["accused_cluster"] is None, verdict
+    assert finding in verdict["summary"], verdict["summary"]
+    attr = report["attribution"]
+    if report["capability"]["status"] == "regressed":
+        # the regression is real, so attribution ran, and still no row is offered
+        assert verdict["kind"] == "config", verdict
+        assert attr is not None and attr["top_harmful"] == [] and attr["deletions_withheld"]
+        assert all(not c["top_examples"] for c in attr["clusters"])
+    else:
+        # a fine-tune that did not regress the capability has nothing to attribute; the config
+        # finding still leads the report
+        assert verdict["kind"] in ("config", "no_regression"), verdict
+        assert attr is None or attr["top_harmful"] == []
+
+
+# -- duplicates inside the poison -------------------------------------------------------------------
+
+
+def test_duplicated_poison_matches_the_duplicates_finding(attributed):
+    run, outcome, _ = attributed("poison_duplicates")
+    report = outcome.report
+    ids = [f["id"] for f in report["findings"]]
+    assert "data.duplicates" in ids, ids
+    assert report["verdict"]["kind"] == "data" and report["verdict"]["accused_cluster"] == PLANTED_CLUSTER
+    match = next((f for f in report["findings"] if f["id"] == "attribution.cluster_matches_data_defect"), None)
+    assert match is not None, ids
+    assert "data.duplicates" in match["evidence"]["findings"]
+    # the copies named by the audit are among the rows the match points at
+    rankings = outcome.rankings
+    copies = set(rankings.loc[rankings["row_index"].isin(run.info["planted"]["duplicate_indices"][3:]), "example_id"])
+    assert copies and copies <= set(match["example_ids"]), (copies, match["example_ids"])
