@@ -28,35 +28,6 @@ def _cli(argv: list[str]) -> None:
     gradian_main(argv)
 
 
-def _index(args: argparse.Namespace) -> None:
-    """Build the gradient index of the run's adapter and log its manifest as a child run."""
-    from gradian.config import load_config
-    from gradian.index import index_from_config
-    from gradian.runs import publish_report, resolve_run
-
-    cfg = load_config(args.config or None)
-    record = resolve_run(f"runs:/{args.run_id}", cache_dir=cfg.cache_dir)
-    overrides = {
-        "dataset": args.dataset or cfg.dataset or record.dataset.path,
-        "base_model": args.base_model or cfg.base_model or record.lora.base_model,
-        "adapter_path": record.adapter_dir,
-    }
-    cfg = load_config(args.config or None, overrides=overrides)
-    built = index_from_config(cfg)
-    index = built.index
-    summary = f"Gradient index {index.index_id}: {index.n} examples, {index.disk_bytes() / 1e6:.1f} MB"
-    report = {
-        "capability": None, "findings": [], "attribution": None,
-        "verdict": {"kind": "inconclusive", "summary": summary, "hedges": []},
-        "manifest": {"kind": "index", "index": {"index_id": index.index_id, "n_examples": index.n,
-                                                  "bytes": index.disk_bytes(),
-                                                  "bytes_per_example": index.disk_bytes() / max(index.n, 1)},
-                     "index_manifest": index.manifest},
-    }
-    child = publish_report(record.source, report, kind="index", files=[index.root / "manifest.json"])
-    print(f"{summary}; logged as MLflow run {child}")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     from gradian.errors import GradianError
 
@@ -108,7 +79,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             _flag(cli, "--out", args.out)
             _cli(cli)
         elif args.command == "index":
-            _index(args)
+            cli = ["index", "--mlflow-run", args.run_id]
+            _flag(cli, "--dataset", args.dataset)
+            _flag(cli, "--base-model", args.base_model)
+            _flag(cli, "--config", args.config)
+            _cli(cli)
         elif args.command == "train":
             from gradian_mlflow.training import train_and_log
 

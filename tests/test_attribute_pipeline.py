@@ -111,3 +111,23 @@ def test_attribute_cli_end_to_end(tmp_path, tiny_lora_dirs, data_files):
     assert "Verdict" in proc.stdout
     report = json.loads((tmp_path / "o" / "report.json").read_text())
     assert report["attribution"]["engine"] == "graddot" and report["attribution"]["cross_check"] is None
+
+
+def test_index_cli_and_show_index(tmp_path, tiny_lora_dirs, data_files):
+    base_dir, adapter_dir = tiny_lora_dirs
+    train, _ = data_files
+    cfg = tmp_path / "gradian.yaml"
+    cfg.write_text(f"cache_dir: {tmp_path / 'cache'}\ngrads:\n  chunk_size: 8\n")
+    cmd = [sys.executable, "-m", "gradian", "index", "-c", str(cfg), "-m", str(base_dir), "-a", str(adapter_dir),
+           "-d", str(train)]
+    first = subprocess.run(cmd, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.stdout.startswith("built index")
+    again = subprocess.run(cmd, capture_output=True, text=True)
+    assert again.stdout.startswith("reused index")  # same inputs: a cache hit
+    root = tmp_path / "cache" / "index"
+    shown = subprocess.run([sys.executable, "-m", "gradian", "show-index", str(root), "--json"],
+                           capture_output=True, text=True)
+    manifest = json.loads(shown.stdout)
+    assert manifest["n_examples"] == 20 and manifest["status"] == "complete"
+    assert manifest["index_id"] in first.stdout

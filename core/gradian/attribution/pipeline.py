@@ -27,7 +27,7 @@ import numpy as np
 
 from gradian.errors import ConfigError, ModelLoadError
 
-__all__ = ["AttributionOutcome", "run_attribution", "rankings_frame"]
+__all__ = ["AttributionOutcome", "run_attribution", "rankings_frame", "fill_from_run"]
 
 Progress = Callable[[int, int], None]
 
@@ -42,8 +42,11 @@ class AttributionOutcome:
     run: Any = None
 
 
-def _resolve_inputs(cfg: Any, run: Any) -> Any:
-    """Fill adapter, base model and dataset from the run record where the config leaves them empty."""
+def fill_from_run(cfg: Any, run: Any) -> Any:
+    """Fill adapter, base model and dataset from the run record where the config leaves them empty.
+
+    Raises when no adapter or no dataset can be found, naming where the adapter was looked for.
+    """
     updates: dict[str, Any] = {}
     if not cfg.adapter_path and run is not None and run.adapter_dir:
         updates["adapter_path"] = run.adapter_dir
@@ -100,7 +103,7 @@ def run_attribution(
         raise ConfigError(f"--cross-check {cross_check} is the main engine too; pick another engine or 'none'")
     if run is None and cfg.run_dir:
         run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
-    cfg = _resolve_inputs(cfg, run)
+    cfg = fill_from_run(cfg, run)
     torch.manual_seed(cfg.seed)
 
     findings: list[Any] = []

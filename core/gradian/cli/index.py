@@ -15,16 +15,29 @@ def index_command(
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Training dataset (.jsonl, .json or a save_to_disk dir)"),
     base_model: Optional[str] = typer.Option(None, "--base-model", "-m", help="Base model id or path"),
     adapter: Optional[str] = typer.Option(None, "--adapter", "-a", help="LoRA adapter directory"),
+    run: Optional[str] = typer.Option(None, "--run", "-r", help="Run directory or runs:/<mlflow run id> holding the adapter and data"),
+    mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the index manifest is logged as its child run"),
+    no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log anything back"),
     force: bool = typer.Option(False, "--force", help="Rebuild even when the same inputs are already indexed"),
 ) -> None:
     """Compute every training example's LoRA gradient and store it in the content-addressed index."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from gradian.attribution import fill_from_run
     from gradian.config import load_config
+    from gradian.errors import ConfigError
     from gradian.index import index_from_config
+    from gradian.runs import publish_report, resolve_run
 
-    cfg = load_config(config, {"dataset": dataset, "base_model": base_model, "adapter_path": adapter})
+    if mlflow_run and run:
+        raise ConfigError("--run and --mlflow-run both name a run; pass one of them")
+    if mlflow_run:
+        run = mlflow_run if mlflow_run.startswith("runs:/") else f"runs:/{mlflow_run}"
+    cfg = load_config(config, {"dataset": dataset, "base_model": base_model, "adapter_path": adapter, "run_dir": run})
+    record = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir) if cfg.run_dir else None
+    if record is not None:
+        cfg = fill_from_run(cfg, record)
     console = Console(stderr=True)
     columns = (TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]} examples/s"), TimeRemainingColumn())
@@ -48,9 +61,29 @@ def index_command(
     typer.echo(f"{verb} index {index.index_id}: {index.n} examples x {index.manifest['total_width']} values "
                f"({len(index.block_names)} blocks, {index.manifest['storage_dtype']}), {_size(index.disk_bytes())}")
     typer.echo(str(index.root))
+    if record is not None and not no_log and (record.source or "").startswith("mlflow:"):
+        child = publish_report(record.source, _index_report(index, verb), kind="index",
+                               files=[index.root / "manifest.json"])
+        typer.echo(f"logged the index manifest as MLflow run {child}")
 
 
-def show_index_command(path: Path = typer.Argument(..., help="An index directory (<cache_dir>/index/<id>)")) -> None:
+def _index_report(index: object, verb: str) -> dict:
+    """The report.json shape for an index build: only the manifest and a one-line summary."""
+    size = index.disk_bytes()
+    summary = f"{verb.capitalize()} gradient index {index.index_id}: {index.n} examples, {_size(size)}"
+    return {
+        "capability": None, "findings": [], "attribution": None,
+        "verdict": {"kind": "inconclusive", "summary": summary, "hedges": []},
+        "manifest": {"kind": "index", "index": {"index_id": index.index_id, "n_examples": index.n, "bytes": size,
+                                                 "bytes_per_example": round(size / max(index.n, 1), 1)},
+                     "index_manifest": index.manifest},
+    }
+
+
+def show_index_command(
+    path: Path = typer.Argument(..., help="An index directory (<cache_dir>/index/<id>), or <cache_dir>/index to list them"),
+    as_json: bool = typer.Option(False, "--json", help="Print the manifest as JSON"),
+) -> None:
     """Print what an index was built from and how big it is."""
     import json
 
@@ -61,8 +94,24 @@ def show_index_command(path: Path = typer.Argument(..., help="An index directory
 
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
-        raise IndexMismatchError(f"{path} is not a gradient index (no manifest.json)")
+        found = sorted(p.parent for p in path.glob("*/manifest.json")) if path.is_dir() else []
+        if len(found) == 1:
+            path, manifest_path = found[0], found[0] / "manifest.json"
+        elif found:
+            listing = Table(title=f"{len(found)} indexes in {path}")
+            for col in ("index id", "examples", "status", "dataset"):
+                listing.add_column(col)
+            for folder in found:
+                m = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+                listing.add_row(m["index_id"], str(m["n_examples"]), m["status"], str(m["sources"].get("dataset")))
+            Console().print(listing)
+            return
+        else:
+            raise IndexMismatchError(f"{path} is not a gradient index (no manifest.json); pass <cache_dir>/index/<id>")
     m = json.loads(manifest_path.read_text(encoding="utf-8"))
+    if as_json:
+        typer.echo(json.dumps(m, indent=2, sort_keys=True))
+        return
     ident = m["identity"]
     grads = ident["grads"]
     console = Console()
