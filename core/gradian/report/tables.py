@@ -88,7 +88,9 @@ def cluster_table(scores: Sequence[float], example_ids: Sequence[str], assignmen
     ``mean_per_example`` (signed influence / n); ``top_examples`` (its most harmful members, or
     its most helpful when none is harmful). ``assignment`` is a ``ClusterAssignment`` or a plain
     ``{example_id: cluster}`` mapping; without one every example is in cluster ``"0"``.
-    Clusters are ordered by share of negative influence, then by mean per example.
+    Clusters are ordered by signed influence, most negative (the largest net harm) first, then by
+    share of negative influence. Net harm is the steadier order: a large cluster collects many small
+    negative scores and can rival a small harmful cluster on share alone while being net helpful.
     """
     values = np.asarray(scores, dtype=np.float64)
     ids = [str(e) for e in example_ids]
@@ -118,5 +120,5 @@ def cluster_table(scores: Sequence[float], example_ids: Sequence[str], assignmen
     for row in rows:
         for ex in row["top_examples"]:
             ex["predicted_loss_delta_if_removed"] = ex["score"] / len(values)
-    rows.sort(key=lambda r: (-r["share_of_negative"], r["mean_per_example"], r["cluster"]))
+    rows.sort(key=lambda r: (r["signed_influence"], -r["share_of_negative"], r["cluster"]))
     return rows
