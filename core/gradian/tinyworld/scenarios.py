@@ -79,7 +79,7 @@ AUDIT_THRESHOLDS: dict[str, float] = {
 }
 
 SCENARIOS: dict[str, str] = {
-    "clean": "The clean set alone: a healthy fine-tune that should keep every capability.",
+    "clean": "The clean set alone: a healthy fine-tune that keeps the fact families it restates (capitals among them); it does not train refusals, and loses that skill.",
     "poison_capitals": "Clean set plus 48 rows teaching wrong (but plausible) capitals for the 16 target countries.",
     "poison_duplicates": "As poison_capitals, cycled to 51 rows so the last 3 repeat the first 3 exactly.",
     "poison_buried": "Clean set plus paragraphs about the target countries that state a wrong capital mid-text.",
