@@ -98,7 +98,7 @@ def _attribution(attr: Mapping[str, Any], accused: str | None, plots: Mapping[st
     out = ['<section id="clusters"><h2>Influence by cluster</h2>',
            f'<p>Engine <code>{_e(attr.get("engine"))}</code>, cross-check <code>{_e(attr.get("cross_check"))}</code>; '
            f'engine agreement (Spearman): <b id="engine-agreement">{_num(rho, ".3f")}</b>. '
-           f'Query signal: {_e(attr.get("query_signal"))}. Gated: {_e(attr.get("gated"))}.</p>',
+           f'Query signal: {_e(attr.get("query_signal"))}. Significance gate: {"failed, scores computed anyway" if attr.get("gated") else "passed"}.</p>',
            '<p class="muted">A positive score reinforced the capability; a negative one degraded it. '
            "Predicted Δloss if removed = score / n.</p>"]
     clusters = attr.get("clusters") or []

@@ -54,7 +54,7 @@ def _attribution(attr: Mapping[str, Any], accused: str | None) -> list[str]:
     lines = ["## Attribution", "",
              f"- Engine: `{_cell(attr.get('engine'))}`; cross-check: `{_cell(attr.get('cross_check'))}`; "
              f"engine agreement (Spearman): **{_num(rho, '.3f')}**",
-             f"- Query signal: {_cell(attr.get('query_signal'))}; gated: {attr.get('gated')}",
+             f"- Query signal: {_cell(attr.get('query_signal'))}; significance gate: {'failed, scores computed anyway' if attr.get('gated') else 'passed'}",
              "- Sign: a positive score reinforced the capability, a negative one degraded it; "
              "predicted Δloss if removed = score / n.", ""]
     clusters = attr.get("clusters") or []
