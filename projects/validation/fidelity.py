@@ -13,12 +13,16 @@ Then, with the same recipe and seed:
   are predictions of (``retrain_pool``); also reported for the capability's plain loss;
 - **leave-one-cluster-out**: one retrain without each declared cluster;
   ``Spearman(phi(D \\ c) - phi(D), sum_{j in c} score_j)`` over the clusters;
-- **seed noise**: full-data retrains under other seeds, to show how far apart the subsets' losses
-  are compared with what the seed alone moves.
+- **seed noise**: the first subsets retrained again under other seeds. The pooled spread of one
+  subset's loss across seeds is the part of ``phi`` no score can predict; against the spread
+  across subsets it gives a rough ceiling on the attainable correlation,
+  ``sqrt(1 - noise^2 / spread^2)``. With leave-one-cluster-out, the full set is also retrained
+  under those seeds, the noise of a near-full retrain.
 
 Every correlation carries a bootstrap interval over the retrains; the engines are compared on the
-same resamples, so the winner's margin has an interval too. ``--quick``: half the clean rows, 8
-subsets, no leave-one-out, no seed replicates, two checkpoints.
+same resamples, so the winner's margin has an interval too. The full run: 128 subsets, 13
+clusters, 2 subsets x 3 extra seeds and the full set x 3. ``--quick``: half the clean rows, 8 subsets, no
+leave-one-out, no seed replicates, two checkpoints.
 """
 
 from __future__ import annotations
@@ -40,8 +44,11 @@ __all__ = ["run", "FULL", "QUICK", "family_of"]
 
 SCENARIO = "poison_capitals"
 ENGINES = ("datainf", "graddot", "tracin")
-FULL = {"subsets": 64, "loco": True, "seed_replicates": 3, "clean_fraction": 1.0, "checkpoints": 3, "bootstrap": 2000}
-QUICK = {"subsets": 8, "loco": False, "seed_replicates": 0, "clean_fraction": 0.5, "checkpoints": 2, "bootstrap": 1000}
+#: ``noise_subsets`` subsets are each retrained under ``seed_replicates`` more seeds
+FULL = {"subsets": 128, "loco": True, "noise_subsets": 2, "seed_replicates": 3, "clean_fraction": 1.0,
+        "checkpoints": 3, "bootstrap": 2000}
+QUICK = {"subsets": 8, "loco": False, "noise_subsets": 0, "seed_replicates": 0, "clean_fraction": 0.5,
+         "checkpoints": 2, "bootstrap": 1000}
 
 _FAMILIES = (("paragraph", r"^(Tell me about|Describe) "), ("capital", r"capital"), ("language", r"language|speak"),
              ("continent", r"continent"), ("currency", r"currency|money"), ("arithmetic", r"plus|^Add |^Compute "),
@@ -103,6 +110,13 @@ def _std(values: list[float]) -> float | None:
         return None
     mean = sum(values) / len(values)
     return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _pooled_std(groups: list[list[float]]) -> float | None:
+    """Within-group standard deviation pooled over groups (the seed-to-seed spread of one subset)."""
+    ss = sum(sum((v - sum(g) / len(g)) ** 2 for v in g) for g in groups if len(g) > 1)
+    dof = sum(len(g) - 1 for g in groups if len(g) > 1)
+    return math.sqrt(ss / dof) if dof else None
 
 
 def _summary(table: dict[str, Any]) -> dict[str, Any]:
@@ -190,16 +204,22 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     tasks = [RetrainTask(f"subset-{k:03d}", np.flatnonzero(m).tolist(), cfg.seed) for k, m in enumerate(masks)]
     group_names = sorted(groups) if settings["loco"] else []
     tasks += [RetrainTask(f"without-{g}", [i for i in range(n) if i not in set(groups[g])], cfg.seed) for g in group_names]
-    tasks += [RetrainTask(f"seed-{cfg.seed + s}", list(range(n)), cfg.seed + s) for s in range(1, settings["seed_replicates"] + 1)]
+    replicated = list(range(min(settings["noise_subsets"], len(masks))))
+    tasks += [RetrainTask(f"subset-{k:03d}-seed-{cfg.seed + s}", np.flatnonzero(masks[k]).tolist(), cfg.seed + s)
+              for k in replicated for s in range(1, settings["seed_replicates"] + 1)]
+    # leave-one-cluster-out retrains are near-full runs: their noise is the full set's under other seeds
+    full_seeds = list(range(1, settings["seed_replicates"] + 1)) if group_names else []
+    tasks += [RetrainTask(f"full-seed-{cfg.seed + s}", list(range(n)), cfg.seed + s) for s in full_seeds]
     ws.log(f"[fidelity] {len(tasks)} retrains on {workers} worker(s): {settings['subsets']} half subsets of {n} rows, "
-           f"{len(group_names)} leave-one-cluster-out, {settings['seed_replicates']} seed replicates")
+           f"{len(group_names)} leave-one-cluster-out, {len(replicated)} x {settings['seed_replicates']} seed replicates"
+           f" of subsets, {len(full_seeds)} of the full set")
     t0 = time.time()
     results = run_tasks(tasks, config_path=scenario.config_path, overrides=overrides, data_path=data_path,
                         root=scenario.root / "fidelity" / "retrains", query=query, workers=workers, log=ws.log)
     retrain_seconds = round(time.time() - t0, 2)
 
     boot = {"n_bootstrap": settings["bootstrap"], "seed": seed}
-    subset_results = [results[t.name] for t in tasks if t.name.startswith("subset-")]
+    subset_results = [results[f"subset-{k:03d}"] for k in range(len(masks))]
     tables: dict[str, Any] = {}
     for target in ("query_loss", "wanted_loss"):
         losses = [r[target] for r in subset_results]
@@ -212,23 +232,35 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                               **{f"predicted_{e}": float(scores[e][groups[g]].sum() / n) for e in scores}}
                           for g, d in zip(group_names, deltas)}
         tables["loco_query_loss"] = loco
-    seed_losses = [reference_losses["query_loss"]] + [results[t.name]["query_loss"] for t in tasks if t.name.startswith("seed-")]
+        loco["delta_sd"] = _std(deltas)
+        loco["full_seed_sd"] = _std([reference_losses["query_loss"]]
+                                    + [results[f"full-seed-{cfg.seed + s}"]["query_loss"] for s in full_seeds])
     spread = _std([r["query_loss"] for r in subset_results])
-    noise = _std(seed_losses)
+    noise = _pooled_std([[results[f"subset-{k:03d}"]["query_loss"]]
+                         + [results[f"subset-{k:03d}-seed-{cfg.seed + s}"]["query_loss"]
+                            for s in range(1, settings["seed_replicates"] + 1)] for k in replicated])
+    ceiling = math.sqrt(max(0.0, 1 - (noise / spread) ** 2)) if noise is not None and spread else None
     status, reason = fidelity_verdict(tables["lds_query_loss"], spread, noise)
+    if noise is not None and spread:
+        reason += (f". The subsets' query losses spread {spread:.3f} (sd); one subset under other seeds "
+                   f"{noise:.3f}, which caps the attainable correlation near {ceiling:.2f}")
     if loco is not None:
         lb = loco["best"]
         reason += (f". Leave-one-cluster-out over {loco['n']} clusters: " +
-                   ", ".join(f"{e} {loco['engines'][e]['spearman']:+.3f}" for e in loco["ranking"]) + f" (best {lb})")
+                   ", ".join(f"{e} {loco['engines'][e]['spearman']:+.3f}" for e in loco["ranking"]) + f" (best {lb}); "
+                   f"the clusters' loss changes spread {loco['delta_sd']:.3f} (sd), the full set under other seeds "
+                   f"{loco['full_seed_sd'] if loco['full_seed_sd'] is None else round(loco['full_seed_sd'], 3)}")
     figures = {
         "lds": _summary(tables["lds_query_loss"]),
         "lds_best": tables["lds_query_loss"]["best"],
         "lds_wanted_loss": _summary(tables["lds_wanted_loss"]),
         "loco": _summary(loco) if loco else None,
         "loco_best": loco["best"] if loco else None,
+        "loco_noise": {"delta_sd": loco["delta_sd"], "full_seed_sd": loco["full_seed_sd"]} if loco else None,
         "n_examples": n,
         "n_clusters": len(groups),
         "subsets": settings["subsets"],
+        "noise_ceiling": ceiling,
         "query_loss": {"reference": reference_losses["query_loss"], "subset_sd": spread, "seed_sd": noise,
                        "subset_mean": float(np.mean([r["query_loss"] for r in subset_results]))},
         "wanted_loss": {"reference": reference_losses["wanted_loss"]},
@@ -244,7 +276,8 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     verdict = Verdict(
         experiment="fidelity", status=status, reason=reason, figures=figures,
         params={"scenario": SCENARIO, "quick": quick, "subsets": settings["subsets"], "subset_fraction": 0.5,
-                "leave_one_cluster_out": settings["loco"], "seed_replicates": settings["seed_replicates"],
+                "leave_one_cluster_out": settings["loco"], "noise_subsets": settings["noise_subsets"],
+                "seed_replicates": settings["seed_replicates"],
                 "clean_fraction": settings["clean_fraction"], "checkpoints": settings["checkpoints"],
                 "workers": workers, "engines": ",".join(ENGINES), "seed": seed},
         seconds=round(time.time() - started, 2),
