@@ -63,6 +63,13 @@ def test_poison_figures(v):
     assert f["uptake"] == 0.5 and f["first_cluster"] == "0" and f["planted_rank"] == 1
     assert f["share_of_negative"] == 0.8 and f["gated_regression"] is True
     assert f["mean_score_planted"] == -8.0 and f["per_example_ratio"] == pytest.approx(-8.0 / 1.25)
+    # rows about the items that regressed (the query's items) against rows about the others
+    prompts = {0: "Name the capital city of Aland.", 1: "Which city is the capital of Celand?"}
+    report = _poison_report()
+    report["capability"]["items"][0]["flipped"] = True
+    split = v.poison_figures(report, [-9.0, 5.0, 1.0, 2.0], [0, 1, 2, 3], [0, 1], "0", WRONG, prompts)
+    assert split["n_planted_queried"] == 1 and split["auc_planted_queried_vs_clean"] == 1.0
+    assert split["auc_planted_unqueried_vs_clean"] == 0.0 and split["median_score_planted_unqueried"] == 5.0
     mixed = _figures(v, _poison_report(), planted_scores=(-9.0, 2.0), clean_scores=(1.0, 3.0))
     assert mixed["auc_planted_vs_clean"] == 0.75  # 3 of the 4 planted-clean pairs ordered right
 

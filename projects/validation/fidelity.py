@@ -132,7 +132,9 @@ def _summary(table: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n: int) -> Path:
+def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n: int,
+          lds: dict[str, Any]) -> Path:
+    """Measured query loss of each subset retrain against each engine's prediction."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -144,7 +146,7 @@ def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n
     for ax, (name, s) in zip(axes[0], scores.items()):
         predicted = -subset_score_sums(masks, s) / n
         ax.scatter(predicted, losses, s=14, color="#1f5f99")
-        ax.set_title(name)
+        ax.set_title(f"{name}: LDS {lds['engines'][name]['spearman']:+.3f}")
         ax.set_xlabel("predicted: -sum of scores in S / n")
         ax.set_ylabel("measured query loss (nats)")
     fig.tight_layout()
@@ -283,5 +285,6 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
         seconds=round(time.time() - started, 2),
     )
     artifacts = [verdict.write(out / "verdict.json"), ws.write_json(out / "fidelity.json", detail),
-                 _plot(out / "lds.png", [r["query_loss"] for r in subset_results], masks, scores, n)]
+                 _plot(out / "lds.png", [r["query_loss"] for r in subset_results], masks, scores, n,
+                       tables["lds_query_loss"])]
     return ExperimentResult(verdict, artifacts, [ChildReport("attribute", report, main_files, main_rankings)])

@@ -33,8 +33,11 @@ def prepare_poisoned(ws: Workspace) -> ScenarioRun:
 def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
     started = time.time()
     scenario = prepare_poisoned(ws)
+    from gradian.data import load_dataset
+
     planted = scenario.info["planted"]
     rankings = scenario.rankings
+    rows = load_dataset(scenario.root / "train.jsonl").examples
     figures = poison_figures(
         scenario.report,
         scores=rankings["score"].to_numpy() if rankings is not None else [],
@@ -42,6 +45,7 @@ def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
         planted_indices=planted["indices"],
         planted_cluster=str(planted["cluster"]),
         wrong_answers=(scenario.info.get("truth") or {}).get("wrong_capitals"),
+        row_prompts={e.index: e.prompt_text for e in rows},
     )
     figures["seconds"] = dict(scenario.seconds)
     status, reason = poison_verdict(figures)

@@ -89,12 +89,15 @@ def _auc(positive: Sequence[float], negative: Sequence[float]) -> float | None:
 
 def poison_figures(report: Mapping[str, Any], scores: Sequence[float], row_indices: Sequence[int],
                    planted_indices: Sequence[int], planted_cluster: str,
-                   wrong_answers: Mapping[str, str] | None) -> dict[str, Any]:
+                   wrong_answers: Mapping[str, str] | None,
+                   row_prompts: Mapping[int, str] | None = None) -> dict[str, Any]:
     """The numbers experiment A records, from the report, every example's score and the truth.
 
     ``percentile`` of an example is the share of examples scoring below it (0 = most harmful);
     ``auc`` is the chance that a planted example scores lower (more harmful) than a clean one.
-    ``uptake`` is the share of eval items whose tuned answer names the planted wrong fact.
+    ``uptake`` is the share of eval items whose tuned answer names the planted wrong fact. With
+    ``row_prompts`` (row index -> prompt), the AUC is also split between planted rows about the
+    items that regressed (the ones the query is built from) and planted rows about the others.
     """
     import numpy as np
 
@@ -121,6 +124,18 @@ def poison_figures(report: Mapping[str, Any], scores: Sequence[float], row_indic
             said = item.get("tuned_generation") or ""
             hits += bool(country and wrong_answers[country] in said)
         uptake = hits / len(items) if items else None
+    split: dict[str, Any] = {}
+    if wrong_answers and row_prompts is not None:
+        regressed = [i.get("prompt", "") for i in cap.get("items") or [] if i.get("flipped")]
+        queried = {c for c in wrong_answers if any(c in p for p in regressed)}
+        about = [next((c for c in wrong_answers if c in row_prompts.get(int(r), "")), None) for r in row_indices]
+        in_query = np.array([p and a in queried for p, a in zip(is_planted, about)], dtype=bool)
+        outside = is_planted & ~in_query
+        split = {"n_planted_queried": int(in_query.sum()),
+                 "auc_planted_queried_vs_clean": _auc(list(-scores[in_query]), list(-clean_scores)),
+                 "auc_planted_unqueried_vs_clean": _auc(list(-scores[outside]), list(-clean_scores)),
+                 "median_score_planted_queried": float(np.median(scores[in_query])) if in_query.any() else None,
+                 "median_score_planted_unqueried": float(np.median(scores[outside])) if outside.any() else None}
     return {
         "capability": {k: cap.get(k) for k in ("base", "tuned", "delta", "status", "n_items", "n_flipped")}
         | {"ci_low": (cap.get("ci") or [None, None])[0], "ci_high": (cap.get("ci") or [None, None])[1]},
@@ -139,6 +154,7 @@ def poison_figures(report: Mapping[str, Any], scores: Sequence[float], row_indic
         "auc_planted_vs_clean": _auc(list(-planted_scores), list(-clean_scores)),
         "median_percentile_planted": float(np.median(percentiles[is_planted])) if planted_scores.size else None,
         "n_planted": int(is_planted.sum()),
+        **split,
         "n_examples": int(len(scores)),
         "engine": attribution.get("engine"),
         "engine_agreement_spearman": attribution.get("engine_agreement_spearman"),
@@ -161,9 +177,10 @@ def poison_verdict(figures: Mapping[str, Any]) -> tuple[str, str]:
     first = figures["first_cluster"] == planted
     accused = figures["accused_cluster"] == planted
     share = figures.get("share_of_negative")
+    auc, pct = figures.get("auc_planted_vs_clean"), figures.get("median_percentile_planted")
     detail = (f"planted cluster {planted} ranks {figures.get('planted_rank')} with "
               f"{'?' if share is None else f'{share:.0%}'} of the negative influence, AUC "
-              f"{figures.get('auc_planted_vs_clean')}, median percentile {figures.get('median_percentile_planted')}; "
+              f"{'?' if auc is None else f'{auc:.3f}'}, median percentile {'?' if pct is None else f'{pct:.1f}'}; "
               f"verdict {figures.get('verdict_kind')} accusing {figures.get('accused_cluster')}")
     if first and accused:
         return "PASS", f"{where}; {detail}"
