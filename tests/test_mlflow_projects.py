@@ -68,14 +68,19 @@ def finetuned(tracking, tinyworld_base, tmp_path_factory):
 def tracking(mlflow_server):
     import mlflow
 
-    previous = os.environ.get("MLFLOW_TRACKING_URI")
+    from tests.plugins.mlflow_server import forget_active_experiment
+
+    keys = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")
+    previous = {key: os.environ.get(key) for key in keys}
     os.environ["MLFLOW_TRACKING_URI"] = mlflow_server
     mlflow.set_tracking_uri(mlflow_server)
     yield mlflow_server
-    if previous is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = previous
+    for key, value in previous.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    forget_active_experiment()
 
 
 def test_finetune_project_logs_a_readable_run(finetuned):

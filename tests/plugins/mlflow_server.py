@@ -64,7 +64,23 @@ def tracking(mlflow_server, monkeypatch):
     import mlflow
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)
+    # mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID: restore both afterwards, so no later
+    # subprocess inherits an experiment that exists only on this server
+    saved = {key: os.environ.get(key) for key in ("MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME")}
     mlflow.set_tracking_uri(mlflow_server)
     yield mlflow_server
     while mlflow.active_run() is not None:
         mlflow.end_run()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    forget_active_experiment()
+
+
+def forget_active_experiment() -> None:
+    """Drop the experiment mlflow.set_experiment remembered in this process."""
+    import mlflow.tracking.fluent as fluent
+
+    fluent._active_experiment_id = None
