@@ -5,7 +5,9 @@ entry point ``all`` logs each experiment as a nested run under it. Run standalon
 to the ``gradian-validation`` experiment of the current tracking URI (MLflow's default is
 ``sqlite:///mlflow.db`` in the working directory).
 
-Metrics are the verdict's numeric figures, flattened to dotted keys (``lds.datainf.spearman``);
+Params are the verdict's parameters under ``validation.`` (``mlflow run`` has already logged the
+entry point's own). Metrics are the verdict's numeric figures, flattened to dotted keys
+(``lds.datainf.spearman``);
 ``validation.pass`` is 1 for PASS, 0 for FAIL and -1 for INCONCLUSIVE. Reports that Gradian itself
 wrote (the attribution, the counterfactual) are logged through ``gradian.runs.publish_report`` as
 child runs of the experiment's run, the way a user's diagnosis hangs under their training run.
@@ -91,7 +93,8 @@ def log_result(result: ExperimentResult, *, nested: bool = False) -> str:
     with _start(f"validation-{v.experiment}", nested=nested) as run:
         mlflow.set_tags({"gradian.kind": "validation", "validation.experiment": v.experiment,
                          "validation.status": v.status, "mlflow.note.content": v.reason[:5000]})
-        params = {_safe_key(k): str(val)[:500] for k, val in v.params.items()}
+        # prefixed: under `mlflow run` the entry point's own parameters (quick, workdir) are params already
+        params = {_safe_key(f"validation.{k}"): str(val)[:500] for k, val in v.params.items()}
         if params:
             mlflow.log_params(params)
         metrics = {_safe_key(k): val for k, val in flatten_numbers(v.figures).items()}
