@@ -190,7 +190,8 @@ def test_task_families_of_the_clean_rows(suite_modules, tinyworld_world):
 @pytest.mark.slow
 def test_quick_suite_end_to_end(tmp_path, tinyworld_base):
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    env.pop("MLFLOW_RUN_ID", None)
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        env.pop(name, None)  # a run or experiment of another test's store must not leak in
     proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "all", "--quick", "--workdir", str(tmp_path / "w")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1800)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
