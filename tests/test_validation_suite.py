@@ -202,10 +202,11 @@ def test_quick_suite_end_to_end(tmp_path, tinyworld_base):
     fidelity = json.loads((tmp_path / "w" / "fidelity" / "verdict.json").read_text())
     assert set(fidelity["figures"]["lds"]) >= {"datainf", "graddot", "tracin"}
 
-    import mlflow
+    from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
-    runs = mlflow.search_runs(experiment_names=["gradian-validation"], output_format="list")
+    client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])  # not the process-wide URI
+    experiment = client.get_experiment_by_name("gradian-validation")
+    runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
     assert {"validation-suite-quick", "validation-poison", "validation-fidelity", "gradian-counterfactual"} <= set(by_name)
     assert by_name["validation-poison"].data.metrics["validation.pass"] == 1.0
