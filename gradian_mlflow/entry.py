@@ -49,6 +49,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             p.add_argument("--engine", default="datainf")
             p.add_argument("--cross-check", default="graddot")
             p.add_argument("--out", default="")
+    p = sub.add_parser("counterfactual")
+    p.add_argument("--run-id", required=True)
+    for flag in ("--config", "--report", "--drop-cluster", "--drop-ids", "--truth"):
+        p.add_argument(flag, default="")
     p = sub.add_parser("train")
     p.add_argument("--config", required=True)
     p.add_argument("--dataset", default="")
@@ -83,6 +87,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             _flag(cli, "--dataset", args.dataset)
             _flag(cli, "--base-model", args.base_model)
             _flag(cli, "--config", args.config)
+            _cli(cli)
+        elif args.command == "counterfactual":
+            cli = ["counterfactual", "--mlflow-run", args.run_id]
+            for flag in ("config", "report", "drop_cluster", "drop_ids", "truth"):
+                _flag(cli, "--" + flag.replace("_", "-"), getattr(args, flag))
             _cli(cli)
         elif args.command == "train":
             from gradian_mlflow.training import train_and_log

@@ -82,6 +82,19 @@ def report_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     for severity in ("critical", "high", "medium", "low", "info"):
         metrics[f"audit.n_{severity}"] = float(sum(f.get("severity") == severity for f in findings))
 
+    counterfactual = report.get("counterfactual") or {}
+    for section, prefix in (("capability", "counterfactual."), ("predicted", "counterfactual.predicted.")):
+        for key, value in (counterfactual.get(section) or {}).items():
+            if _num(value) is not None:
+                metrics[f"{prefix}{key}"] = _num(value)
+    for key in ("precision", "recall"):
+        value = (counterfactual.get("ground_truth") or {}).get(key)
+        if _num(value) is not None:
+            metrics[f"counterfactual.removal_{key}"] = _num(value)
+    removal = counterfactual.get("removal") or {}
+    if _num(removal.get("n_removed")) is not None:
+        metrics["counterfactual.n_removed"] = _num(removal["n_removed"])
+
     index = (report.get("manifest") or {}).get("index") or {}
     for key, value in index.items():
         if _num(value) is not None:
@@ -118,6 +131,8 @@ def _tags(report: Mapping[str, Any], source_run_id: str, kind: str) -> dict[str,
         tags["gradian.index_id"] = str(index_id)
     if (report.get("capability") or {}).get("name"):
         tags["gradian.capability"] = str(report["capability"]["name"])
+    if (report.get("counterfactual") or {}).get("outcome"):
+        tags["gradian.counterfactual_outcome"] = str(report["counterfactual"]["outcome"])
     return tags
 
 
@@ -144,6 +159,9 @@ def _clusters_table(report: Mapping[str, Any]) -> dict[str, list[Any]] | None:
 def _open_child(client: Any, source: Any, kind: str, tags: dict[str, str]) -> tuple[str, bool]:
     """(run id, whether we created it). Reuses the project run inside ``mlflow run``."""
     project_run_id = os.environ.get("MLFLOW_RUN_ID")
+    # never adopt the project run when the source is its own child: the two would parent each other
+    if project_run_id and source.data.tags.get("mlflow.parentRunId") == project_run_id:
+        project_run_id = None
     if project_run_id and project_run_id != source.info.run_id:
         project = call("reading the project run", lambda: client.get_run(project_run_id))
         if project.info.experiment_id == source.info.experiment_id:

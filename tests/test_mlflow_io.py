@@ -280,3 +280,19 @@ def test_attribute_on_a_run_without_adapter_exits_2_naming_the_search(tracking, 
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(lines) == 1 and "Traceback" not in proc.stderr
     assert "has no adapter" in lines[0] and "logged models" in lines[0] and "checkpoint-N" in lines[0]
+
+
+def test_report_metrics_cover_counterfactual_reports():
+    from gradian_mlflow.sink import _tags, report_metrics
+
+    report = {"findings": [], "counterfactual": {
+        "outcome": "recovered",
+        "capability": {"base": 1.0, "before": 0.25, "after": 0.9375, "recovered_fraction": 0.92, "note": "x"},
+        "ground_truth": {"precision": 1.0, "recall": 1.0, "n_removed": 48},
+        "predicted": {"sum_all": -268.3, "sum_kept": 625.4, "sign_changed": True},
+        "removal": {"n_removed": 48}}}
+    metrics = report_metrics(report)
+    assert metrics["counterfactual.after"] == 0.9375 and metrics["counterfactual.recovered_fraction"] == 0.92
+    assert metrics["counterfactual.removal_precision"] == 1.0 and metrics["counterfactual.n_removed"] == 48
+    assert metrics["counterfactual.predicted.sign_changed"] == 1.0 and "counterfactual.note" not in metrics
+    assert _tags(report, "a" * 32, "counterfactual")["gradian.counterfactual_outcome"] == "recovered"

@@ -83,7 +83,7 @@ def main() -> None:
 
     from gradian.audit import all_checks, run_audit
     from gradian.cli import app
-    from gradian.cli.diagnose import load_tokenizer
+    from gradian.model_loading import load_tokenizer
     from gradian.data import load_dataset
     from gradian.runs import read_run_dir
 
