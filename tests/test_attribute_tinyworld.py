@@ -111,23 +111,11 @@ def test_poisoned_run_accuses_the_planted_cluster_with_a_data_verdict(attributed
 
 
 def test_poisoned_report_html_opens_in_headless_chromium(attributed):
-    from tests.test_report_browser import _browser, _run
+    from tests.test_report_browser import KEY_ELEMENTS, render_page
 
-    browser = _browser()
     _, outcome, out = attributed("poison_capitals")
-    url = (out / "report.html").as_uri()
-    shot = out / "screenshot.png"
-    done = _run(browser, f"--screenshot={shot}", "--window-size=1280,4000", url)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert shot.exists() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
-
-    dom = _run(browser, "--dump-dom", url)
-    assert dom.returncode == 0, dom.stderr[-2000:]
-    page = dom.stdout
-    for element in ('id="verdict-kind"', 'id="verdict-summary"', 'id="capability"', 'id="cluster-table"',
-                    'id="engine-agreement"', 'id="plot-capability"', 'id="plot-clusters"', 'id="plot-scores"',
-                    'id="plot-training"', 'id="findings-table"', 'id="top-harmful"', 'id="provenance"',
-                    'id="config-hash"'):
+    page = render_page(out / "report.html")
+    for element in KEY_ELEMENTS + ('id="engine-agreement"',):
         assert element in page, element
     rho = outcome.report["attribution"]["engine_agreement_spearman"]
     assert f"{rho:.3f}" in page

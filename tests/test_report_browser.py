@@ -31,23 +31,29 @@ def _run(browser: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
-def test_report_html_opens_in_headless_chromium(tmp_path):
-    browser = _browser()
-    report, rankings = full_report(evil="<img src=x onerror=alert(1)>")
-    write_report(report, tmp_path, rankings=rankings, logs=_logs())
-    url = (tmp_path / "report.html").as_uri()
+KEY_ELEMENTS = ('id="verdict-kind"', 'id="verdict-summary"', 'id="capability"', 'id="cluster-table"',
+                'id="plot-capability"', 'id="plot-clusters"', 'id="plot-scores"', 'id="plot-training"',
+                'id="findings-table"', 'id="top-harmful"', 'id="provenance"', 'id="config-hash"')
 
-    shot = tmp_path / "screenshot.png"
+
+def render_page(html_path) -> str:
+    """Screenshot ``html_path`` (beside it, checked non-blank) and return its DOM after loading."""
+    browser = _browser()
+    url = html_path.as_uri()
+    shot = html_path.parent / "screenshot.png"
     done = _run(browser, f"--screenshot={shot}", "--window-size=1280,4000", url)
     assert done.returncode == 0, done.stderr[-2000:]
     assert shot.exists() and shot.stat().st_size > 20_000  # a rendered page, not a blank one
-
     dom = _run(browser, "--dump-dom", url)
     assert dom.returncode == 0, dom.stderr[-2000:]
-    page = dom.stdout
-    for element in ('id="verdict-kind"', 'id="verdict-summary"', 'id="capability"', 'id="cluster-table"',
-                    'id="plot-capability"', 'id="plot-clusters"', 'id="plot-scores"', 'id="plot-training"',
-                    'id="findings-table"', 'id="top-harmful"', 'id="provenance"', 'id="config-hash"'):
+    return dom.stdout
+
+
+def test_report_html_opens_in_headless_chromium(tmp_path):
+    report, rankings = full_report(evil="<img src=x onerror=alert(1)>")
+    write_report(report, tmp_path, rankings=rankings, logs=_logs())
+    page = render_page(tmp_path / "report.html")
+    for element in KEY_ELEMENTS:
         assert element in page, element
     # the escaped payload stayed text: no element was injected
     assert "<img src=\"x\"" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
