@@ -65,33 +65,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         if args.command == "doctor":
             _cli(["doctor"])
-        elif args.command == "diagnose":
-            cli = ["diagnose", "--mlflow-run", args.run_id]
-            _flag(cli, "--dataset", args.dataset)
-            _flag(cli, "--eval-dataset", args.eval_dataset)
-            _flag(cli, "--base-model", args.base_model)
-            _flag(cli, "--max-seq-length", args.max_seq_length)
-            _flag(cli, "--config", args.config)
-            _cli(cli)
-        elif args.command == "attribute":
-            cli = ["attribute", "--mlflow-run", args.run_id, "--capability", args.capability,
-                   "--engine", args.engine, "--cross-check", args.cross_check]
-            _flag(cli, "--dataset", args.dataset)
-            _flag(cli, "--eval-dataset", args.eval_dataset)
-            _flag(cli, "--base-model", args.base_model)
-            _flag(cli, "--config", args.config)
-            _flag(cli, "--out", args.out)
-            _cli(cli)
-        elif args.command == "index":
-            cli = ["index", "--mlflow-run", args.run_id]
-            _flag(cli, "--dataset", args.dataset)
-            _flag(cli, "--base-model", args.base_model)
-            _flag(cli, "--config", args.config)
-            _cli(cli)
-        elif args.command == "counterfactual":
-            cli = ["counterfactual", "--mlflow-run", args.run_id]
-            for flag in ("config", "report", "drop_cluster", "drop_ids", "truth"):
-                _flag(cli, "--" + flag.replace("_", "-"), getattr(args, flag))
+        elif args.command in ("diagnose", "attribute", "index", "counterfactual"):
+            # every parameter maps to the CLI flag of the same name; empty means "not given"
+            cli = [args.command, "--mlflow-run", args.run_id]
+            for name, value in vars(args).items():
+                if name not in ("command", "run_id"):
+                    _flag(cli, "--" + name.replace("_", "-"), value)
             _cli(cli)
         elif args.command == "train":
             from gradian_mlflow.training import train_and_log

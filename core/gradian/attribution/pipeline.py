@@ -100,7 +100,10 @@ def run_attribution(
 
     started = time.time()
     if cross_check == cfg.engine.name:
-        raise ConfigError(f"--cross-check {cross_check} is the main engine too; pick another engine or 'none'")
+        # the default cross-check (graddot) collides with --engine graddot: compare with the other
+        # curvature-aware choice instead of reporting an engine's agreement with itself
+        cross_check = "datainf" if cfg.engine.name != "datainf" else "graddot"
+        log(f"the cross-check engine equalled the main engine; cross-checking with {cross_check} instead")
     if run is None and cfg.run_dir:
         run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
     cfg = fill_from_run(cfg, run)
