@@ -33,13 +33,10 @@ def attribute_command(
     from rich.console import Console
 
     from gradian.attribution import run_attribution
+    from gradian.cli.run_flags import index_progress, publish_to_source, run_reference
     from gradian.config import load_config
-    from gradian.runs import publish_report
 
-    if mlflow_run and run:
-        raise ConfigError("--run and --mlflow-run both name a run; pass one of them")
-    if mlflow_run:
-        run = mlflow_run if mlflow_run.startswith("runs:/") else f"runs:/{mlflow_run}"
+    run = run_reference(run, mlflow_run)
     if cross_check not in ("datainf", "graddot", "tracin", "none"):
         raise ConfigError(f"--cross-check {cross_check!r}: use datainf, graddot, tracin or none")
     cfg = load_config(config, overrides={
@@ -53,7 +50,7 @@ def attribute_command(
         )
     console = Console(stderr=True)
     out_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="gradian-attribute-"))
-    with _progress(console) as progress:
+    with index_progress(console) as progress:
         outcome = run_attribution(
             cfg, capability=capability, cross_check=cross_check, force=force, out_dir=out_dir,
             progress=progress, log=lambda message: console.print(f"[dim]{message}[/]", highlight=False),
@@ -61,41 +58,8 @@ def attribute_command(
     print_summary(Console(), outcome.report)
     if out is not None:
         Console().print(f"wrote {out / 'report.html'} (and report.json, report.md, rankings.parquet)", highlight=False)
-    source = outcome.run.source if outcome.run is not None else None
-    if not no_log and source and source.startswith("mlflow:"):
-        child = publish_report(source, outcome.report, kind="attribute", files=outcome.files,
-                               rankings=outcome.rankings)
-        Console().print(f"logged the report as MLflow run {child} (child of {source[len('mlflow:'):]})", highlight=False)
-
-
-class _progress:
-    """A rich progress bar with examples/second for the index build."""
-
-    def __init__(self, console: Any) -> None:
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
-        self._bar = Progress(TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("{task.fields[rate]}"), TimeRemainingColumn(), console=console,
-                             transient=True)
-        self._task = None
-        self._start = 0.0
-
-    def __enter__(self) -> Any:
-        import time
-
-        self._bar.__enter__()
-        self._start = time.time()
-
-        def update(done: int, total: int) -> None:
-            rate = done / max(time.time() - self._start, 1e-9)
-            if self._task is None:
-                self._task = self._bar.add_task("index", total=total, rate="")
-            self._bar.update(self._task, completed=done, total=total, rate=f"{rate:.1f} ex/s")
-
-        return update
-
-    def __exit__(self, *exc: Any) -> None:
-        self._bar.__exit__(*exc)
+    publish_to_source(outcome.run, outcome.report, "attribute", outcome.files, rankings=outcome.rankings,
+                      no_log=no_log, console=Console())
 
 
 def print_summary(console: Any, report: dict) -> None:

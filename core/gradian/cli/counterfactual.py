@@ -59,12 +59,10 @@ def counterfactual_command(
     from gradian.config import load_config
     from gradian.counterfactual import load_planted, load_report, parse_id_list, plan_removal, run_counterfactual
     from gradian.data import load_dataset
-    from gradian.runs import publish_report, resolve_run
+    from gradian.cli.run_flags import publish_to_source, run_reference
+    from gradian.runs import resolve_run
 
-    if mlflow_run and run:
-        raise ConfigError("--run and --mlflow-run both name a run; pass one of them")
-    if mlflow_run:
-        run = mlflow_run if mlflow_run.startswith("runs:/") else f"runs:/{mlflow_run}"
+    run = run_reference(run, mlflow_run)
     if drop_ids is not None and drop_cluster is not None:
         raise ConfigError("--drop-ids and --drop-cluster both say what to drop; pass one of them")
     if report is None and drop_ids is None and drop_cluster is None:
@@ -98,10 +96,7 @@ def counterfactual_command(
     print_counterfactual(Console(), outcome.report)
     Console().print(f"wrote {out_dir / 'report.html'} (and report.json, report.md, the retrained run in {out_dir / 'run'})",
                     highlight=False)
-    source = record.source if record is not None else None
-    if not no_log and source and source.startswith("mlflow:"):
-        child = publish_report(source, outcome.report, kind="counterfactual", files=outcome.files)
-        Console().print(f"logged the counterfactual as MLflow run {child} (child of {source[len('mlflow:'):]})", highlight=False)
+    publish_to_source(record, outcome.report, "counterfactual", outcome.files, no_log=no_log, console=Console())
 
 
 def print_counterfactual(console: Any, report: Mapping[str, Any]) -> None:

@@ -38,16 +38,13 @@ def diagnose_command(
     from gradian.audit import write_diagnosis
     from gradian.audit.session import diagnose
     from gradian.config import load_config
-    from gradian.runs import publish_report
+    from gradian.cli.run_flags import publish_to_source, run_reference
 
     if fail_on is not None and fail_on.lower() not in SEVERITIES:
         raise ConfigError(f"--fail-on {fail_on!r}: use one of {', '.join(SEVERITIES)}")
     if max_seq_length is not None and max_seq_length <= 0:
         raise ConfigError(f"--max-seq-length {max_seq_length}: must be a positive number of tokens")
-    if mlflow_run and run:
-        raise ConfigError("--run and --mlflow-run both name a run; pass one of them")
-    if mlflow_run:
-        run = f"runs:/{mlflow_run}" if not mlflow_run.startswith("runs:/") else mlflow_run
+    run = run_reference(run, mlflow_run)
     cfg = load_config(
         config,
         overrides={"dataset": dataset, "eval_dataset": eval_dataset, "run_dir": run, "base_model": base_model},
@@ -60,14 +57,12 @@ def diagnose_command(
     if out is not None:
         files = list(write_diagnosis(report, out))
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
-    source = diagnosis.inputs.run.source if diagnosis.inputs.run is not None else None
-    if not no_log and source and source.startswith("mlflow:"):
-        if not files:
-            import tempfile
+    record = diagnosis.inputs.run
+    if not no_log and record is not None and (record.source or "").startswith("mlflow:") and not files:
+        import tempfile
 
-            files = list(write_diagnosis(report, tempfile.mkdtemp(prefix="gradian-diagnose-")))
-        child = publish_report(source, report, kind="diagnose", files=files)
-        console.print(f"logged the diagnosis as MLflow run {child} (child of {source[len('mlflow:'):]})", highlight=False)
+        files = list(write_diagnosis(report, tempfile.mkdtemp(prefix="gradian-diagnose-")))
+    publish_to_source(record, report, "diagnose", files, no_log=no_log, console=console)
     if fail_on is not None and result.at_least(fail_on.lower()):
         n = len(result.at_least(fail_on.lower()))
         console.print(f"[bold red]{n} finding(s) at or above {fail_on.lower()}: failing (--fail-on).[/]")

@@ -22,49 +22,27 @@ def index_command(
 ) -> None:
     """Compute every training example's LoRA gradient and store it in the content-addressed index."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from gradian.attribution import fill_from_run
+    from gradian.cli.run_flags import index_progress, publish_to_source, run_reference
     from gradian.config import load_config
-    from gradian.errors import ConfigError
     from gradian.index import index_from_config
-    from gradian.runs import publish_report, resolve_run
+    from gradian.runs import resolve_run
 
-    if mlflow_run and run:
-        raise ConfigError("--run and --mlflow-run both name a run; pass one of them")
-    if mlflow_run:
-        run = mlflow_run if mlflow_run.startswith("runs:/") else f"runs:/{mlflow_run}"
+    run = run_reference(run, mlflow_run)
     cfg = load_config(config, {"dataset": dataset, "base_model": base_model, "adapter_path": adapter, "run_dir": run})
     record = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir) if cfg.run_dir else None
     if record is not None:
         cfg = fill_from_run(cfg, record)
-    console = Console(stderr=True)
-    columns = (TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]} examples/s"), TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("index", total=None, rate="-")
-        state: dict[str, float] = {}
-
-        def progress(done: int, total: int) -> None:
-            import time
-
-            now = time.perf_counter()
-            if "t0" not in state:
-                state["t0"], state["d0"] = now, done
-            elapsed = now - state["t0"]
-            rate = (done - state["d0"]) / elapsed if elapsed > 0 else 0.0
-            bar.update(task, completed=done, total=total, rate=f"{rate:.1f}")
-
+    with index_progress(Console(stderr=True)) as progress:
         built = index_from_config(cfg, force=force, progress=progress)
     index = built.index
     verb = "reused" if built.cache_hit else "built"
     typer.echo(f"{verb} index {index.index_id}: {index.n} examples x {index.manifest['total_width']} values "
                f"({len(index.block_names)} blocks, {index.manifest['storage_dtype']}), {_size(index.disk_bytes())}")
     typer.echo(str(index.root))
-    if record is not None and not no_log and (record.source or "").startswith("mlflow:"):
-        child = publish_report(record.source, _index_report(index, verb), kind="index",
-                               files=[index.root / "manifest.json"])
-        typer.echo(f"logged the index manifest as MLflow run {child}")
+    publish_to_source(record, _index_report(index, verb), "index", [index.root / "manifest.json"],
+                      no_log=no_log, console=Console())
 
 
 def _index_report(index: object, verb: str) -> dict:
