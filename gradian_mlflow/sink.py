@@ -23,11 +23,11 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from gradian_mlflow.client import call, get_client, parse_run_ref
 
-__all__ = ["ArtifactKeys", "log_diagnosis", "publish", "report_metrics"]
+__all__ = ["ArtifactKeys", "flatten_numbers", "log_diagnosis", "publish", "report_metrics"]
 
 
 class ArtifactKeys:
@@ -47,6 +47,26 @@ def _num(value: Any) -> float | None:
     if isinstance(value, (int, float)) and math.isfinite(float(value)):
         return float(value)
     return None
+
+
+def flatten_numbers(data: Any, prefix: str = "", *, key: Callable[[str], str] = str,
+                    max_list: int = 0) -> dict[str, float]:
+    """Finite numbers (booleans as 0/1) in nested mappings, keyed by their dotted path.
+
+    ``key`` rewrites each mapping key (e.g. into MLflow-safe characters); lists of at most
+    ``max_list`` items are flattened by position, longer ones (and all, at 0) are skipped.
+    """
+    out: dict[str, float] = {}
+    if isinstance(data, Mapping):
+        for k, v in data.items():
+            name = key(str(k))
+            out.update(flatten_numbers(v, f"{prefix}.{name}" if prefix else name, key=key, max_list=max_list))
+    elif isinstance(data, list) and len(data) <= max_list:
+        for i, v in enumerate(data):
+            out.update(flatten_numbers(v, f"{prefix}.{i}", key=key, max_list=max_list))
+    elif _num(data) is not None:
+        out[prefix] = _num(data)
+    return out
 
 
 def report_metrics(report: Mapping[str, Any]) -> dict[str, float]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import subprocess
@@ -45,19 +44,10 @@ def _slug(text: str) -> str:
 
 
 def flatten_numbers(data: Any, prefix: str = "") -> dict[str, float]:
-    """Finite numbers in nested dicts and lists, keyed by their dotted path (MLflow-safe)."""
-    out: dict[str, float] = {}
-    if isinstance(data, dict):
-        for k, v in data.items():
-            out.update(flatten_numbers(v, f"{prefix}.{_slug(str(k))}" if prefix else _slug(str(k))))
-    elif isinstance(data, list) and len(data) <= 16:
-        for i, v in enumerate(data):
-            out.update(flatten_numbers(v, f"{prefix}.{i}"))
-    elif isinstance(data, bool):
-        out[prefix] = float(data)
-    elif isinstance(data, (int, float)) and math.isfinite(float(data)):
-        out[prefix] = float(data)
-    return out
+    """Finite numbers in nested dicts and short lists, keyed by their dotted path (MLflow-safe)."""
+    from gradian_mlflow.sink import flatten_numbers as flatten
+
+    return flatten(data, prefix, key=_slug, max_list=16)
 
 
 def _last_json(text: str) -> Any:

@@ -15,12 +15,11 @@ child runs of the experiment's run, the way a user's diagnosis hangs under their
 
 from __future__ import annotations
 
-import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from verdicts import Verdict
 
@@ -49,15 +48,9 @@ class ExperimentResult:
 
 def flatten_numbers(data: Any, prefix: str = "") -> dict[str, float]:
     """Finite numbers (and booleans) in nested dicts, keyed by their dotted path."""
-    out: dict[str, float] = {}
-    if isinstance(data, Mapping):
-        for k, v in data.items():
-            out.update(flatten_numbers(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(data, bool):
-        out[prefix] = float(data)
-    elif isinstance(data, (int, float)) and math.isfinite(float(data)):
-        out[prefix] = float(data)
-    return out
+    from gradian_mlflow.sink import flatten_numbers as flatten
+
+    return flatten(data, prefix)
 
 
 def _safe_key(key: str) -> str:
