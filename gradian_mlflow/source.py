@@ -84,11 +84,20 @@ def _rank(folder: str) -> tuple[int, int]:
     return (1, -int(match.group(1))) if match else (0, folder.count("/"))
 
 
-def find_adapters(client: Any, run: Any) -> tuple[AdapterLocation | None, list[AdapterLocation]]:
-    """(the final adapter, checkpoints oldest first) from run artifacts, then logged models."""
+def _run_files(client: Any, run_id: str) -> list[str]:
+    """Every artifact file path of the run, four folders deep at most (listed once per read)."""
+    return call(f"listing artifacts of run {run_id}",
+                lambda: _walk(lambda p: client.list_artifacts(run_id, p or None), "", 4))
+
+
+def find_adapters(client: Any, run: Any, files: list[str] | None = None,
+                  ) -> tuple[AdapterLocation | None, list[AdapterLocation]]:
+    """(the final adapter, checkpoints oldest first) from run artifacts, then logged models.
+
+    ``files`` is the run's artifact listing when the caller has it already.
+    """
     run_id = run.info.run_id
-    files = call(f"listing artifacts of run {run_id}",
-                 lambda: _walk(lambda p: client.list_artifacts(run_id, p or None), "", 4))
+    files = files if files is not None else _run_files(client, run_id)
     locations = [AdapterLocation(f"runs:/{run_id}/{d}".rstrip("/"), d or "(run root)", _step(d))
                  for d in _adapter_dirs(files)]
     if not locations:
@@ -216,11 +225,9 @@ def _dataset_from_inputs(run: Any, cache_dir: Path) -> DatasetRef:
 _DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-def _dataset_from_artifacts(client: Any, run_id: str, cache_dir: Path) -> DatasetRef:
+def _dataset_from_artifacts(run_id: str, files: list[str], cache_dir: Path) -> DatasetRef:
     """A single data file logged under the run's ``data/`` artifacts, when the inputs named none."""
-    files = call(f"listing data artifacts of run {run_id}",
-                 lambda: _walk(lambda p: client.list_artifacts(run_id, p or None), "data", 1))
-    data = [f for f in files if f.endswith(_DATA_SUFFIXES)]
+    data = [f for f in files if f.startswith("data/") and f.count("/") == 1 and f.endswith(_DATA_SUFFIXES)]
     if len(data) != 1:
         return DatasetRef()
     path = _resolve_data_uri(f"runs:/{run_id}/{data[0]}", cache_dir)
@@ -252,12 +259,11 @@ def _resolve_data_uri(uri: str, cache_dir: Path) -> Path | None:
 _JSON_ARGS = ("training_args.json", "gradian_run.json")
 
 
-def _fill_from_json_artifacts(client: Any, run_id: str, record: RunRecord, cache: Path) -> None:
+def _fill_from_json_artifacts(run_id: str, files: list[str], record: RunRecord, cache: Path) -> None:
     """Fill config fields the params left empty from JSON argument files among the artifacts."""
     from mlflow.artifacts import download_artifacts
 
-    names = {Path(a.path).name for a in call(f"listing artifacts of run {run_id}",
-                                            lambda: client.list_artifacts(run_id)) if not a.is_dir}
+    names = {f for f in files if "/" not in f}  # files at the artifact root
     for name in _JSON_ARGS:
         if name not in names:
             continue
@@ -285,10 +291,11 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
     record = RunRecord(source=f"mlflow:{run_id}")
     record.config = normalize_trainer_config(run.data.params)
     run_cache = cache / run_id
-    _fill_from_json_artifacts(client, run_id, record, run_cache)
+    files = _run_files(client, run_id)
+    _fill_from_json_artifacts(run_id, files, record, run_cache)
     record.logs = _logs_from_history(client, run_id)
 
-    final, checkpoints = find_adapters(client, run)
+    final, checkpoints = find_adapters(client, run, files)
     if final is not None:
         adapter_dir = _cached_download(final.artifact_uri, run_cache / "adapters", only=_ADAPTER_FILES)
         if not (adapter_dir / "adapter_config.json").is_file():
@@ -304,5 +311,5 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
                 record.logs = TrainingLogs.from_log_history(json.loads(state.read_text()).get("log_history") or [])
     record.dataset = _dataset_from_inputs(run, run_cache)
     if record.dataset.path is None:
-        record.dataset = _dataset_from_artifacts(client, run_id, run_cache)
+        record.dataset = _dataset_from_artifacts(run_id, files, run_cache)
     return record
