@@ -131,3 +131,18 @@ def test_index_cli_and_show_index(tmp_path, tiny_lora_dirs, data_files):
     manifest = json.loads(shown.stdout)
     assert manifest["n_examples"] == 20 and manifest["status"] == "complete"
     assert manifest["index_id"] in first.stdout
+
+
+def test_without_an_eval_set_the_report_says_it_has_no_capability_target(tmp_path, tiny_lora_dirs, data_files):
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+
+    base_dir, adapter_dir = tiny_lora_dirs
+    train, _ = data_files
+    cfg = load_config(overrides={"base_model": str(base_dir), "adapter_path": str(adapter_dir),
+                                 "dataset": str(train), "cache_dir": str(tmp_path / "cache"),
+                                 "clustering.method": "declared", "grads.chunk_size": 8})
+    report = run_attribution(cfg, cross_check="none").report
+    ids = [f["id"] for f in report["findings"]]
+    assert ids.count("attribution.no_capability_target") == 1
+    assert report["capability"] is None and report["attribution"]["query"]["scope"] == "training_fallback"

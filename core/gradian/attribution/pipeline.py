@@ -180,9 +180,7 @@ def run_attribution(
             "notes": list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes),
             "metrics": {"index_seconds": round(index_seconds, 3)},
         }
-        for fid in qg.finding_ids:
-            if not any(getattr(f, "id", None) == fid for f in findings):
-                findings.append(_attribution_finding(fid))
+        # attribution.no_capability_target (no eval set) is raised by the verdict synthesis
         manifest["index"] = {
             "index_id": index.index_id,
             "path": str(index.root),
@@ -261,20 +259,6 @@ def _tracin_checkpoints(cfg: Any, run: Any, tokenizer: Any, dataset: Any, items:
         q = build_query_gradient(gm, tokenizer, items, qg.signal, cfg.grads, scope=qg.scope)
         out.append(TracInCheckpoint(weight=weight, train=index, query=q.vectors, label=Path(path).name))
     return out
-
-
-def _attribution_finding(fid: str) -> Any:
-    from gradian.findings import Finding
-
-    if fid == "attribution.no_capability_target":
-        return Finding(
-            id=fid, category="attribution", severity="high",
-            title="No capability target: attributed against training examples",
-            message="No eval set was given, so the query was built from the first training examples. "
-                    "The ranking is a smoke test of the pipeline, not a diagnosis of a regression.",
-            fix="Pass --eval-dataset with items describing the capability and the answers you wanted.",
-        )
-    return Finding(id=fid, category="attribution", severity="medium", title=fid, message=fid, fix="")
 
 
 def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: list[Any],
