@@ -108,3 +108,37 @@ def test_hash_is_stable_and_sensitive():
     assert config_hash(a) == config_hash(config_to_dict(a))  # dict and dataclass agree
     changed = load_config(overrides={"engine.lambda_scale": 0.2})
     assert config_hash(changed) != config_hash(a)
+
+
+# the worked example's own file, written as the documentation spells it (``adapter:``)
+WORKED_EXAMPLE = """\
+base_model: unsloth/Llama-3.2-1B-Instruct
+adapter: results/A-wrong_facts/run/adapter
+dataset: results/A-wrong_facts/train.jsonl
+eval_dataset: results/A-wrong_facts/eval.jsonl
+evaluation:
+  metric: contains
+clustering:
+  method: declared
+"""
+
+
+def test_adapter_is_accepted_as_adapter_path(tmp_path):
+    c = load_config(write(tmp_path, WORKED_EXAMPLE))
+    assert c.adapter_path == "results/A-wrong_facts/run/adapter"
+    assert c.evaluation.metric == "contains" and c.clustering.method == "declared"
+
+
+def test_alias_and_canonical_key_together_is_an_error_naming_both(tmp_path):
+    path = write(tmp_path, "adapter: a\nseed: 1\nadapter_path: b\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "'adapter'" in msg and "'adapter_path'" in msg
+    assert f"{path}:1" in msg and f"{path}:3" in msg
+
+
+def test_starter_config_writes_the_canonical_name():
+    text = render_starter_config()
+    assert "\nadapter_path: " in text
+    assert "\nadapter: " not in text

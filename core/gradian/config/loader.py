@@ -46,7 +46,7 @@ def load_config(
     if path is not None:
         path = Path(path)
         where = str(path)
-        data = _read_yaml(path)
+        data = _apply_key_aliases(_read_yaml(path), path)
         _reject_unknown_keys(data, GradianConfig, path)
         layers.append(OmegaConf.create(data))
     if overrides:
@@ -92,6 +92,29 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 
 _line_numbers: dict[str, int] = {}
+
+#: other spellings a config file may use -> the canonical key (top level). The documentation's
+#: worked examples write ``adapter:``; ``init-config`` and the dataclasses keep ``adapter_path``.
+_KEY_ALIASES: dict[str, str] = {"adapter": "adapter_path"}
+
+
+def _apply_key_aliases(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Rename alias keys to their canonical name; an alias beside its canonical key is an error."""
+    out = dict(data)
+    for alias, canonical in _KEY_ALIASES.items():
+        if alias not in out:
+            continue
+        if canonical in out:
+            lines = [_line_numbers.get(k) for k in (alias, canonical)]
+            where = ", ".join(f"{path}:{n}" for n in lines if n) or str(path)
+            raise ConfigError(
+                f"{where}: both '{alias}' and '{canonical}' are set; '{alias}' is another name for "
+                f"'{canonical}', keep one of them"
+            )
+        out[canonical] = out.pop(alias)
+        if alias in _line_numbers:
+            _line_numbers[canonical] = _line_numbers.pop(alias)
+    return out
 
 
 def _key_lines(text: str) -> dict[str, int]:
