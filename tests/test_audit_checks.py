@@ -497,3 +497,22 @@ def test_isolated_clipped_grad_spike_is_medium_and_sustained_is_high():
     assert severity(run_with({20}, 1.0)) == "medium"
     assert severity(run_with({10, 20, 30}, 1.0)) == "high"
     assert severity(run_with({20}, 0.0)) == "high"
+
+
+# -- config.overtraining at the reference's figures --------------------------------------------
+
+_ROWS_800 = clean_rows(800, seed=7)
+
+
+@pytest.mark.parametrize("epochs, rows, expected", [
+    ("3", _ROWS_800, "medium"),  # the reference's run: 3 epochs over 800 rows is flagged medium
+    ("12", _ROWS_800, "high"),
+    ("2", _ROWS_800, None),
+    ("3", clean_rows(5000, seed=8), None),  # a large set takes the default 3 epochs unflagged
+])
+def test_overtraining_follows_epochs_and_dataset_size(epochs, rows, expected):
+    run = make_run({"num_train_epochs": epochs})
+    result = run_audit(checks=["config.overtraining"], dataset=dataset_from_rows(copy.deepcopy(rows)), run=run)
+    assert result.ran == ["config.overtraining"], result.skipped
+    found = {f.id: f.severity for f in result.findings}
+    assert found.get("config.overtraining") == expected

@@ -331,14 +331,18 @@ def overtraining(ctx: AuditContext):
         severity = "medium"
     else:
         return None
+    small = n < cfg.overtraining_small_dataset
     return ctx.finding(
         severity,
         f"{epochs:g} epochs over {n} examples risks memorization",
         f"Every row was seen {epochs:g} times. On {n} rows, repeated passes push the adapter to "
         "memorize their exact wording and drift away from what the base model did well.",
-        "Train for 1-3 epochs and stop on eval loss (load_best_model_at_end with an eval set); "
-        "add data rather than epochs.",
-        evidence={"epochs": epochs, "n_examples": n},
+        ("Hold out an eval set and stop on eval loss (load_best_model_at_end), train fewer "
+         "epochs" + (" (1-2 on a set this small)" if small else " (1-3)") + ", and add data rather "
+         "than epochs."),
+        evidence={"epochs": epochs, "n_examples": n,
+                  "epochs_threshold": cfg.overtraining_epochs_high if severity == "high" else cfg.overtraining_epochs_medium,
+                  "small_dataset_below": cfg.overtraining_small_dataset},
     )
 
 

@@ -48,7 +48,8 @@ class AuditConfig:
     )
     # -- training length -------------------------------------------------------------------------
     overtraining_epochs_medium: float = _f(
-        4.0, "config.overtraining (medium): epochs at or above this on a dataset below overtraining_small_dataset rows (3, the trainers' default, is not flagged)"
+        3.0, "config.overtraining (medium): epochs at or above this on a dataset below overtraining_small_dataset rows "
+        "(3 passes over a few hundred rows already invite memorization; raise to 4 to leave the trainers' default unflagged)"
     )
     overtraining_epochs_high: float = _f(
         6.0, "config.overtraining (high): epochs at or above this on any dataset size"
