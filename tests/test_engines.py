@@ -8,6 +8,7 @@ import pytest
 from gradian.config import EngineConfig
 from gradian.engines import (
     SIGN_CONVENTION,
+    EngineState,
     InMemoryGradients,
     TracInCheckpoint,
     available_engines,
@@ -42,17 +43,22 @@ def test_datainf_equals_explicit_per_block_solve(override):
     query = {b: rng.normal(size=g.shape[1]) for b, g in blocks.items()}
     config = EngineConfig(name="datainf", lambda_scale=0.1, lambda_override=override)
     result = score(InMemoryGradients(blocks, chunk_size=7), query, config)
-    lam = block_damping({b: (g ** 2).sum(1) for b, g in blocks.items()}, 0.1, override)
+    lam = block_damping({b: (g ** 2).sum(1) for b, g in blocks.items()}, {b: g.shape[1] for b, g in blocks.items()},
+                        0.1, override)
     assert result.damping == pytest.approx(lam)
+    if override is None:  # DataInf's published rule: 0.1 x the block's mean |g|^2 over its width
+        for b, g in blocks.items():
+            assert lam[b] == pytest.approx(0.1 * np.mean((g ** 2).sum(1)) / g.shape[1], rel=1e-12)
     expected = _explicit_datainf(blocks, query, lam)
     np.testing.assert_allclose(result.scores, expected, rtol=1e-10, atol=1e-12 * np.abs(expected).max())
 
 
-def test_datainf_damping_is_scale_times_mean_squared_norm():
+def test_datainf_damping_is_scale_times_mean_squared_norm_over_width():
     g = {"b": np.array([[3.0, 4.0], [0.0, 1.0]])}
-    assert block_damping({"b": (g["b"] ** 2).sum(1)}, 0.1, None) == {"b": pytest.approx(0.1 * 13.0)}
+    # mean |g|^2 = 13, width 2: the mean eigenvalue of (1/n) sum g g^T is 13 / 2
+    assert block_damping({"b": (g["b"] ** 2).sum(1)}, {"b": 2}, 0.1, None) == {"b": pytest.approx(0.1 * 13.0 / 2)}
     with pytest.raises(ConfigError, match="lambda_override"):
-        block_damping({"b": np.ones(2)}, 0.1, -1.0)
+        block_damping({"b": np.ones(2)}, {"b": 2}, 0.1, -1.0)
 
 
 def test_many_queries_at_once_equal_one_at_a_time():
@@ -87,10 +93,10 @@ def test_tracin_sums_checkpoints_by_learning_rate_and_says_when_it_falls_back():
     engine = get_engine("tracin")
     ckpts = [TracInCheckpoint(2e-4, InMemoryGradients(c1), q1, "checkpoint-10"),
              TracInCheckpoint(1e-4, InMemoryGradients(c2), q2, "checkpoint-20")]
-    result = engine.score(InMemoryGradients(c2), q2, EngineConfig(name="tracin"), checkpoints=ckpts)
+    result = engine.score(EngineState("tracin", InMemoryGradients(c2)), q2, EngineConfig(name="tracin"), checkpoints=ckpts)
     expected = 2e-4 * sum(g @ q1[b] for b, g in c1.items()) + 1e-4 * sum(g @ q2[b] for b, g in c2.items())
     np.testing.assert_allclose(result.scores, expected, rtol=1e-12)
-    fallback = engine.score(InMemoryGradients(c2), q2, EngineConfig(name="tracin"))
+    fallback = engine.score(engine.fit(InMemoryGradients(c2), EngineConfig(name="tracin")), q2, EngineConfig(name="tracin"))
     assert "fell back" in fallback.notes[0]
     assert rank_correlation(fallback.scores, score(InMemoryGradients(c2), q2, EngineConfig(name="graddot")).scores) == 1.0
 
@@ -107,8 +113,9 @@ def test_checkpoint_learning_rates_from_logs():
 
 def test_registry_and_errors():
     assert {"datainf", "graddot", "tracin"} <= set(available_engines())
-    with pytest.raises(ConfigError, match="engine.name 'ekfac'.*datainf"):
-        get_engine("ekfac")
+    assert {"ekfac", "kfac"} <= set(available_engines())
+    with pytest.raises(ConfigError, match="engine.name 'nosuch'.*datainf"):
+        get_engine("nosuch")
     with pytest.raises(IndexMismatchError, match="no block 'b1'"):
         score(InMemoryGradients({"b0": np.ones((2, 3)), "b1": np.ones((2, 3))}), {"b0": np.ones(3)})
     with pytest.raises(IndexMismatchError, match="wide"):
@@ -208,3 +215,60 @@ def test_sign_on_a_tiny_lora_one_sgd_step():
         assert np.sign(delta) == -np.sign(scores[j]), (j, delta, scores[j])
         assert delta == pytest.approx(-lr * scores[j], rel=0.05)
     assert scores[0] > 0  # the query itself reinforces itself
+
+
+def test_tracin_fit_loads_checkpoints_as_adapters_on_one_base(tmp_path, tiny_lora_dirs, chat_tokenizer):
+    """Checkpoints loaded beside the final adapter give the scores of models loaded one by one."""
+    import dataclasses
+
+    from gradian.config import load_config
+    from gradian.data import dataset_from_rows, tokenize_examples
+    from gradian.engines import FitContext
+    from gradian.grads import capture_per_example_grads, collate, load_model_for_gradients
+    from gradian.index import GradientIndex
+    from gradian.runs.record import RunRecord
+    from tests.plugins.tiny_lora import save_tiny_lora
+
+    base, final = tiny_lora_dirs
+    _, second = save_tiny_lora(tmp_path / "other", seed=5)  # another adapter over a different base init
+    # a checkpoint must share the base: copy the other adapter's weights under the same base
+    ckpt = tmp_path / "run" / "checkpoint-10"
+    import shutil
+
+    shutil.copytree(second, ckpt)
+    cfg = load_config(overrides={"dtype": "float64", "device": "cpu", "attn_implementation": "sdpa",
+                                 "cache_dir": str(tmp_path / "cache"), "base_model": str(base)})
+    rows = [{"prompt": "say hello", "completion": c} for c in ("hello world", "no", "one two three")]
+    dataset = dataset_from_rows(rows)
+    gm = load_model_for_gradients(str(base), str(final), cfg)
+    index = GradientIndex.build(gm, chat_tokenizer, dataset, cfg)
+    record = RunRecord.from_dict({})
+    record.checkpoints = [str(ckpt), str(final)]
+    context = FitContext(gm=gm, tokenizer=chat_tokenizer, dataset=dataset, grads=cfg.grads, run=record, config=cfg,
+                         pad_id=chat_tokenizer.pad_token_id)
+    engine = get_engine("tracin")
+    state = engine.fit(index, cfg.engine, context)
+    assert [c["label"] for c in state.meta["checkpoints"]] == ["checkpoint-10", final.name]
+    assert "equivalent_to" not in state.meta
+    query_rows = tokenize_examples(dataset_from_rows([{"prompt": "say hello", "completion": "hello"}]).examples,
+                                   chat_tokenizer, 64)
+
+    def query_for(view):
+        view.model.set_adapter(view.adapter_name)
+        grads = capture_per_example_grads(view, collate(query_rows, chat_tokenizer.pad_token_id))
+        return {k: v[0].detach().numpy() for k, v in grads.items()}
+
+    result = engine.score(state, query_for(gm), cfg.engine, query_for=query_for)
+    train_rows = tokenize_examples(dataset.examples, chat_tokenizer, cfg.grads.max_seq_length)
+    expected = np.zeros(len(rows))
+    weights = checkpoint_learning_rates([str(ckpt), str(final)], record)
+    for path, weight in zip((ckpt, final), weights):
+        alone = load_model_for_gradients(str(base), str(path), cfg)
+        train = capture_per_example_grads(alone, collate(train_rows, chat_tokenizer.pad_token_id))
+        q = query_for(alone)
+        expected += weight * sum(train[b].detach().numpy() @ q[b] for b in q)
+    np.testing.assert_allclose(result.scores, expected, rtol=1e-6)  # the index stores float32
+    # only the final adapter among the checkpoints: TracIn is graddot scaled, and says so
+    record.checkpoints = [str(final)]
+    one = engine.fit(index, cfg.engine, dataclasses.replace(context, run=record))
+    assert one.meta.get("equivalent_to") == "graddot"

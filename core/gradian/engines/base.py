@@ -1,10 +1,15 @@
 """The engine interface, the gradient containers it reads, and the sign convention.
 
-Interface: an engine is an ``Engine`` subclass with a ``name`` and
-``score(train, query, config, **context) -> EngineResult``. ``train`` is any ``TrainGradients``
-(an ``InMemoryGradients`` or an opened ``GradientIndex``): per-block ``[n, width]`` arrays read
-chunk by chunk, plus per-block squared norms. ``query`` is ``{block: [width]}`` or
-``{block: [queries, width]}``.
+Interface: an engine is an ``Engine`` subclass with a ``name``, ``fit(train, config, context) ->
+EngineState`` (whatever the engine computes once per index: curvature factors, per-checkpoint
+data) and ``score(state, query, config, **context) -> EngineResult`` (``[n_train]``, or
+``[n_train, n_queries]`` for a query matrix). ``train`` is any ``TrainGradients`` (an
+``InMemoryGradients`` or an opened ``GradientIndex``): per-block ``[n, width]`` arrays read chunk
+by chunk, plus per-block squared norms. ``query`` is ``{block: [width]}`` or
+``{block: [queries, width]}``. ``FitContext`` carries what a fit may need beyond the stored
+gradients (the model, the tokenized training set, the run); engines that need none ignore it.
+``settings(config)`` lists the settings a fitted state depends on: with the index id they make
+the state's id (``gradian.engines.state``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ __all__ = [
     "SIGN_CONVENTION",
     "Engine",
     "EngineResult",
+    "EngineState",
+    "FitContext",
     "InMemoryGradients",
     "TrainGradients",
     "as_query_matrix",
@@ -125,15 +132,75 @@ def as_query_matrix(query: Mapping[str, Any], blocks: list[str]) -> tuple[dict[s
     return out, single
 
 
+@dataclass
+class FitContext:
+    """What a fit may need beyond the stored gradients; every field may be missing.
+
+    ``gm`` is the ``GradientModel`` the index was built under, ``tokenized`` the training set as
+    the index saw it (``TokenizedExample`` rows, dataset order), ``pad_id`` the tokenizer's pad
+    id, ``grads`` the ``GradsConfig`` of the index, ``run`` the ``RunRecord`` (checkpoints),
+    ``seed`` the run's seed, ``progress(done, total)`` a progress callback.
+    """
+
+    gm: Any = None
+    tokenized: Any = None
+    pad_id: int | None = None
+    grads: Any = None
+    run: Any = None
+    seed: int = 0
+    tokenizer: Any = None
+    dataset: Any = None
+    progress: Any = None
+    log: Any = None
+    #: the whole ``GradianConfig`` (model loading and index settings for per-checkpoint indexes)
+    config: Any = None
+
+
+@dataclass
+class EngineState:
+    """A fitted engine: its arrays (persisted), a small JSON ``meta`` and the training gradients.
+
+    ``train`` is not persisted: a state is stored beside the index it was fitted on and
+    re-attached to it when loaded. ``state_id`` is set once the state is stored;
+    ``cache_hit`` says it was loaded rather than fitted.
+    """
+
+    engine: str
+    train: Any
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    state_id: str | None = None
+    cache_hit: bool = False
+    fit_seconds: float = 0.0
+    #: objects that live only in memory (models, opened per-checkpoint indexes)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
 class Engine(ABC):
     """One attribution method. Subclasses register themselves with ``@register_engine``."""
 
     name: str = ""
     #: one line for ``--help`` and the report
     summary: str = ""
+    #: what the method does with curvature: ``none`` (gradient dot products), ``datainf``
+    #: (per-example rank-one inverses), ``kronecker`` (Kronecker-factored). Two engines of the same
+    #: family with equivalent settings are not an independent cross-check of each other.
+    curvature: str = "none"
+    #: the fit reads the model (not only the stored gradients); it then needs ``FitContext.gm``
+    needs_model: bool = False
+    #: the fitted state is worth storing beside the index (it cost a pass over the data)
+    persist_state: bool = False
+
+    def settings(self, config: Any) -> dict[str, Any]:
+        """The settings the fitted state depends on (with the index id, they make its id)."""
+        return {}
+
+    def fit(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
+        """Compute what scoring needs once per index; the default keeps only the gradients."""
+        return EngineState(self.name, train)
 
     @abstractmethod
-    def score(self, train: TrainGradients, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
+    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
         """Score every training example against the query; see ``SIGN_CONVENTION``."""
 
 

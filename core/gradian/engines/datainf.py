@@ -9,7 +9,11 @@ term (the swap of sum and inverse is DataInf's approximation), each term by Sher
 
     score_j = sum_l < r_l, g_j^(l) >
 
-``lam`` is ``lambda_scale`` times the block's mean squared gradient norm, or ``lambda_override``.
+``lam`` is DataInf's published rule, ``lambda_scale * mean_i |g_i|^2 / d`` with ``d`` the block's
+width (the mean eigenvalue of the block's curvature ``(1/n) sum_i g_i g_i^T``, whose trace is
+``mean_i |g_i|^2``), or ``lambda_override``. Dividing by ``d`` matters: without it the damping is
+``d`` times too large (thousands of times on real LoRA blocks), and the blocks with the smallest
+gradients then dominate the score.
 No matrix is formed; the cost is two passes over the stored gradients, vectorized over examples
 and queries (three matrix products per chunk and block).
 """
@@ -20,24 +24,25 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from gradian.engines.base import Engine, EngineResult, TrainGradients, as_query_matrix, check_widths, compute_dtype
+from gradian.engines.base import Engine, EngineResult, EngineState, TrainGradients, as_query_matrix, check_widths, compute_dtype
 from gradian.engines.registry import register_engine
 from gradian.errors import ConfigError
 
 __all__ = ["DataInfEngine", "block_damping"]
 
 
-def block_damping(sq_norms: Mapping[str, np.ndarray], lambda_scale: float, lambda_override: float | None) -> dict[str, float]:
-    """Damping per block: ``lambda_override``, or ``lambda_scale * mean_i |g_i|^2``."""
+def block_damping(sq_norms: Mapping[str, np.ndarray], widths: Mapping[str, int], lambda_scale: float,
+                  lambda_override: float | None) -> dict[str, float]:
+    """Damping per block: ``lambda_override``, or ``lambda_scale * mean_i |g_i|^2 / width``."""
     if lambda_override is not None:
-        if lambda_override <= 0:
+        if not lambda_override > 0:
             raise ConfigError(f"engine.lambda_override must be positive, got {lambda_override}")
         return {b: float(lambda_override) for b in sq_norms}
-    if lambda_scale <= 0:
+    if not lambda_scale > 0:
         raise ConfigError(f"engine.lambda_scale must be positive, got {lambda_scale}")
     out = {}
     for b, norms in sq_norms.items():
-        mean = float(np.mean(norms)) if len(norms) else 0.0
+        mean = float(np.mean(norms)) / max(int(widths[b]), 1) if len(norms) else 0.0
         # a block whose gradients are all zero contributes nothing; any positive damping will do
         out[b] = lambda_scale * mean if mean > 0 else 1.0
     return out
@@ -48,12 +53,15 @@ class DataInfEngine(Engine):
     name = "datainf"
     summary = "closed-form inverse curvature per LoRA block (default)"
 
-    def score(self, train: TrainGradients, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
+    curvature = "datainf"
+
+    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
+        train = state.train
         blocks = train.block_names
         q, single = as_query_matrix(query, blocks)
         check_widths(train, q)
         norms = train.sq_norms()
-        lam = block_damping(norms, config.lambda_scale, config.lambda_override)
+        lam = block_damping(norms, {b: q[b].shape[1] for b in blocks}, config.lambda_scale, config.lambda_override)
         n = train.n
 
         # pass 1: acc_l = sum_i (g_i . q)/(lam + |g_i|^2) g_i, all queries at once

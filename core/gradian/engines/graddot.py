@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from gradian.engines.base import Engine, EngineResult, TrainGradients, as_query_matrix, check_widths, compute_dtype
+from gradian.engines.base import Engine, EngineResult, EngineState, TrainGradients, as_query_matrix, check_widths, compute_dtype
 from gradian.engines.registry import register_engine
 
 __all__ = ["GradDotEngine", "gradient_dot"]
@@ -39,6 +39,6 @@ class GradDotEngine(Engine):
     name = "graddot"
     summary = "plain gradient dot product, no curvature (baseline)"
 
-    def score(self, train: TrainGradients, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
-        scores, single = gradient_dot(train, query, getattr(config, "normalize_query", False))
+    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
+        scores, single = gradient_dot(state.train, query, getattr(config, "normalize_query", False))
         return EngineResult(self.name, scores[:, 0] if single else scores)

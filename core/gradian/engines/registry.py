@@ -6,7 +6,7 @@ from __future__ import annotations
 from gradian.engines.base import Engine
 from gradian.errors import ConfigError
 
-__all__ = ["register_engine", "get_engine", "available_engines"]
+__all__ = ["register_engine", "get_engine", "available_engines", "engine_summaries"]
 
 _ENGINES: dict[str, type[Engine]] = {}
 
@@ -32,3 +32,8 @@ def get_engine(name: str) -> Engine:
 
 def available_engines() -> list[str]:
     return sorted(_ENGINES)
+
+
+def engine_summaries() -> dict[str, str]:
+    """``{name: one-line summary}`` of every registered engine, for help texts and docs."""
+    return {name: _ENGINES[name].summary for name in available_engines()}

@@ -3,19 +3,25 @@
     score_j = sum_c  eta_c * sum_l < q_l^(c), g_j^(l,c) >
 
 where ``eta_c`` is the learning rate in effect at checkpoint ``c``, and both gradients are taken
-at that checkpoint's adapter. Pass the checkpoints as ``checkpoints=[TracInCheckpoint(...)]``.
-Without saved checkpoints it scores the final adapter alone (weight 1), which ranks exactly like
-``graddot``, and says so in the result's notes.
+at that checkpoint's adapter. ``fit`` loads each saved checkpoint of ``FitContext.run`` as an extra
+adapter on the one base model already in memory, indexes the training set under it (each
+checkpoint gets its own content-addressed index) and keeps the checkpoint's ``GradientModel``;
+``score`` takes the query at each checkpoint from ``query_for(gm)`` (a callable the caller passes)
+or from checkpoints given directly as ``checkpoints=[TracInCheckpoint(...)]``. Without saved
+checkpoints it scores the final adapter alone (weight 1), which ranks exactly like ``graddot``,
+and says so in the result's notes (and ``EngineState.meta["equivalent_to"]`` names graddot, so a
+cross-check between the two is not mistaken for agreement).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from gradian.engines.base import Engine, EngineResult, TrainGradients
+from gradian.engines.base import Engine, EngineResult, EngineState, FitContext, TrainGradients
 from gradian.engines.graddot import gradient_dot
 from gradian.engines.registry import register_engine
 from gradian.errors import ConfigError
@@ -29,8 +35,10 @@ class TracInCheckpoint:
 
     weight: float
     train: TrainGradients
-    query: Mapping[str, Any]
+    query: Mapping[str, Any] | None = None
     label: str = ""
+    #: the ``GradientModel`` of this checkpoint (its query is measured under it)
+    gm: Any = None
 
 
 def checkpoint_learning_rates(checkpoints: Sequence[str], record: Any) -> list[float]:
@@ -55,14 +63,80 @@ def checkpoint_learning_rates(checkpoints: Sequence[str], record: Any) -> list[f
     return out
 
 
+def checkpoint_model(gm: Any, path: str | Path, label: str, config: Any = None) -> Any:
+    """A ``GradientModel`` over the same base with the adapter at ``path`` loaded beside the others.
+
+    The adapter is added to ``gm.model`` under the name ``label`` (once); the returned model
+    activates it. Call ``activate(gm)`` to switch back before using another view.
+    """
+    from gradian.errors import ModelLoadError
+    from gradian.grads import fingerprint_path, wrap_peft_model
+
+    model = gm.model
+    if label not in getattr(model, "peft_config", {}):
+        try:
+            model.load_adapter(str(path), adapter_name=label, is_trainable=False)
+        except (RuntimeError, ValueError, KeyError, OSError) as err:
+            first = (str(err).strip().splitlines() or [""])[0]
+            raise ModelLoadError(f"cannot load the TracIn checkpoint {path} as an adapter ({first}); "
+                                 "check that it was saved by the same run") from None
+    view = activate(gm, label, config)
+    view.fingerprints = {"base": gm.fingerprints.get("base", "in-memory"), "adapter": fingerprint_path(Path(path))}
+    return view
+
+
+def activate(gm: Any, adapter_name: str | None = None, config: Any = None) -> Any:
+    """Make ``adapter_name`` (default: ``gm``'s own) the active adapter; returns its ``GradientModel``."""
+    from gradian.grads import wrap_peft_model
+
+    name = adapter_name or gm.adapter_name
+    gm.model.set_adapter(name)
+    view = wrap_peft_model(gm.model, config)
+    view.fingerprints = dict(gm.fingerprints)
+    return view
+
+
 @register_engine
 class TracInEngine(Engine):
     name = "tracin"
     summary = "learning-rate-weighted gradient dot products over saved checkpoints"
+    curvature = "none"
+    needs_model = True
 
-    def score(self, train: TrainGradients, query: Mapping[str, Any], config: Any,
-              checkpoints: Sequence[TracInCheckpoint] | None = None, **context: Any) -> EngineResult:
+    def fit(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
+        run = context.run if context is not None else None
+        paths = list(getattr(run, "checkpoints", None) or [])
+        if not paths or context is None or context.gm is None:
+            return EngineState(self.name, train, meta={"checkpoints": [], "equivalent_to": "graddot"})
+        from gradian.index import GradientIndex
+
+        weights = checkpoint_learning_rates(paths, run)
+        full = context.config
+        checkpoints = []
+        try:
+            for path, weight in zip(paths, weights):
+                label = Path(path).name
+                view = checkpoint_model(context.gm, path, label, full)
+                if context.log:
+                    context.log(f"tracin: indexing under {label}")
+                index = GradientIndex.build(view, context.tokenizer, context.dataset, full)
+                checkpoints.append(TracInCheckpoint(weight=weight, train=index, label=label, gm=view))
+        finally:
+            activate(context.gm, None, full)
+        meta: dict[str, Any] = {"checkpoints": [{"label": c.label, "weight": c.weight,
+                                                 "index_id": getattr(c.train, "index_id", None)} for c in checkpoints]}
+        final_id = getattr(train, "index_id", None)
+        if len(checkpoints) == 1 and final_id is not None and meta["checkpoints"][0]["index_id"] == final_id:
+            # one checkpoint, and it is the final adapter: a scaled gradient dot product
+            meta["equivalent_to"] = "graddot"
+        return EngineState(self.name, train, meta=meta, extra={"checkpoints": checkpoints})
+
+    def score(self, state: EngineState, query: Mapping[str, Any], config: Any,
+              checkpoints: Sequence[TracInCheckpoint] | None = None, query_for: Any = None,
+              **context: Any) -> EngineResult:
+        train = state.train
         normalize = getattr(config, "normalize_query", False)
+        checkpoints = list(checkpoints or state.extra.get("checkpoints") or [])
         if not checkpoints:
             scores, single = gradient_dot(train, query, normalize)
             note = ("tracin: the run saved no checkpoints, so it fell back to the final adapter alone; "
@@ -76,7 +150,13 @@ class TracInEngine(Engine):
                     f"tracin checkpoint {ckpt.label or '?'} has {ckpt.train.n} examples, the final one {train.n}; "
                     "index every checkpoint on the same dataset"
                 )
-            scores, single = gradient_dot(ckpt.train, ckpt.query, normalize)
+            q = ckpt.query
+            if q is None:
+                if query_for is None or ckpt.gm is None:
+                    raise ConfigError(f"tracin checkpoint {ckpt.label or '?'} has no query gradient; "
+                                      "pass query_for= to measure it under the checkpoint")
+                q = query_for(ckpt.gm)
+            scores, single = gradient_dot(ckpt.train, q, normalize)
             total = ckpt.weight * scores if total is None else total + ckpt.weight * scores
         assert total is not None
         note = f"tracin: summed over {len(checkpoints)} checkpoints weighted by their learning rates"

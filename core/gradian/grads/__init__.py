@@ -8,7 +8,7 @@ strategy, reduction) -> {block: [rows, dim]}`` with strategies ``hooks`` | ``loo
 ``iter_example_gradients`` (batches, normalization, projection); ``BlockProjector``.
 """
 
-from gradian.grads.capture import STRATEGIES, capture_per_example_grads
+from gradian.grads.capture import STRATEGIES, capture_per_example_grads, linear_inputs_and_output_grads
 from gradian.grads.extract import NORMALIZATIONS, gradient_widths, iter_example_gradients, make_projector
 from gradian.grads.loss import TokenBatch, collate, per_example_loss
 from gradian.grads.model import (
@@ -33,6 +33,7 @@ __all__ = [
     "fingerprint_path",
     "gradient_widths",
     "iter_example_gradients",
+    "linear_inputs_and_output_grads",
     "load_model_for_gradients",
     "make_projector",
     "per_example_loss",

@@ -22,7 +22,7 @@ from typing import Any
 from gradian.errors import ConfigError
 from gradian.grads.loss import TokenBatch, per_example_loss
 
-__all__ = ["capture_per_example_grads", "STRATEGIES"]
+__all__ = ["capture_per_example_grads", "linear_inputs_and_output_grads", "STRATEGIES"]
 
 STRATEGIES = ("hooks", "loop", "vmap")
 
@@ -55,7 +55,19 @@ def _flatten_blocks(gm: Any, per_linear: dict[int, Any], out_dtype: Any) -> dict
     return out
 
 
-def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
+def linear_inputs_and_output_grads(gm: Any, batch: TokenBatch, reduction: str = "mean",
+                                   labels: Any = None) -> tuple[dict[int, Any], dict[int, list[tuple[Any, Any]]]]:
+    """One forward and one backward of the summed per-row losses, seen from every LoRA Linear.
+
+    Returns ``(linears, io)``: ``linears`` maps ``id(module)`` to the ``nn.Linear``; ``io`` maps it
+    to one ``(x, g)`` pair per call of the module in the forward, ``x`` its input
+    ``[rows, tokens, in]`` and ``g`` the gradient of the summed loss with respect to its output
+    ``[rows, tokens, out]`` (zeros when the output did not reach the loss). Row ``b`` of ``g`` is
+    row ``b``'s own output gradient, since rows do not interact. ``labels`` replaces the batch's
+    labels (curvature fits with labels sampled from the model); it may be a callable that takes
+    the logits and returns the labels. This is the one hook pass that both the per-example
+    gradients and the Kronecker curvature factors are computed from.
+    """
     import torch
 
     linears = {id(lin): lin for block in gm.blocks for lin in block.linears}
@@ -68,25 +80,35 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
     try:
         with torch.enable_grad():
             logits = gm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-            total = per_example_loss(logits, batch.labels, reduction).sum()
+            target = batch.labels if labels is None else (labels(logits) if callable(labels) else labels)
+            total = per_example_loss(logits, target, reduction).sum()
             outputs = [out for key in linears for _, out in calls[key]]
             grads = torch.autograd.grad(total, outputs, allow_unused=True)
     finally:
         for handle in handles:
             handle.remove()
-    out_dtype = _out_dtype(gm)
-    per_linear: dict[int, Any] = {}
+    io: dict[int, list[tuple[Any, Any]]] = {key: [] for key in linears}
     k = 0
-    for key, lin in linears.items():
-        acc = None
+    for key in linears:
         for x, out in calls[key]:
             g = grads[k]
             k += 1
             if g is None:
                 g = torch.zeros_like(out)
-            x = x.to(out_dtype).reshape(x.shape[0], -1, x.shape[-1])
-            g = g.to(out_dtype).reshape(g.shape[0], -1, g.shape[-1])
-            term = torch.einsum("bto,bti->boi", g, x)
+            io[key].append((x.reshape(x.shape[0], -1, x.shape[-1]), g.detach().reshape(g.shape[0], -1, g.shape[-1])))
+    return linears, io
+
+
+def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
+    import torch
+
+    linears, io = linear_inputs_and_output_grads(gm, batch, reduction)
+    out_dtype = _out_dtype(gm)
+    per_linear: dict[int, Any] = {}
+    for key, lin in linears.items():
+        acc = None
+        for x, g in io[key]:
+            term = torch.einsum("bto,bti->boi", g.to(out_dtype), x.to(out_dtype))
             acc = term if acc is None else acc + term
         if acc is None:  # the module was never called: its gradient is zero
             acc = torch.zeros((len(batch), *lin.weight.shape), dtype=out_dtype, device=lin.weight.device)

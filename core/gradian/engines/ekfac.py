@@ -1,0 +1,273 @@
+"""EK-FAC and K-FAC: influence with Kronecker-factored curvature over the LoRA matrices.
+
+Each LoRA module is two linear layers, ``lora_A`` (``[r, in]``) and ``lora_B`` (``[out, r]``);
+each gets its own Kronecker factors (``gradian.engines.kronecker``), and the curvature is block
+diagonal over them. The score of training example ``j`` is
+
+    score_j = sum_layers < (F_l + lam_l I)^-1 q_l , g_j^(l) >
+
+with ``q`` the query gradient and ``g_j`` the stored per-example gradient, so the sign
+convention is the one every engine shares. ``lam_l = lambda_scale * mean(Lambda_l)`` (the layer's
+mean eigenvalue), or ``lambda_override``.
+
+``fit`` makes one pass over the training set with the hooks that capture per-example gradients,
+collecting each layer's input covariance ``A`` and output-gradient covariance ``S``; then one
+eigendecomposition per factor; then (``ekfac``, not ``kfac``) the eigenvalue correction from the
+per-example gradients, read from the index when it holds them unchanged (empirical Fisher, no
+normalization, no projection), otherwise recomputed in a second pass.
+
+Fisher: ``empirical`` (default, deterministic) uses the training labels. ``true`` samples the
+labels of the supervised positions from the model's own predictions, seeded by
+``engine.fisher_seed`` (part of the state id), averaged over ``engine.fisher_samples`` draws.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping
+
+import numpy as np
+
+from gradian.engines.base import Engine, EngineResult, EngineState, FitContext, TrainGradients, as_query_matrix, check_widths
+from gradian.engines.graddot import gradient_dot
+from gradian.engines.kronecker import KroneckerEigen, KroneckerFactors, corrected_eigenvalues, damped_inverse, eigendecompose
+from gradian.engines.registry import register_engine
+from gradian.errors import ConfigError
+
+__all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS"]
+
+FISHER_KINDS = ("empirical", "true")
+
+
+def _layers(gm: Any) -> list[dict[str, Any]]:
+    """Every LoRA linear layer: its key, block, column offset inside the block and shape."""
+    out = []
+    for block in gm.blocks:
+        offset = 0
+        for j, (lin, (rows, cols)) in enumerate(zip(block.linears, block.shapes)):
+            out.append({"key": f"{block.name}#{j}", "block": block.name, "offset": offset,
+                        "out": int(rows), "in": int(cols), "id": id(lin)})
+            offset += rows * cols
+    return out
+
+
+def _sampler(seed: int, draw: int, offset: int) -> Any:
+    """Labels drawn from the model's predictions at the supervised positions (true Fisher)."""
+    import torch
+
+    digest = hashlib.sha256(f"{seed}:{draw}:{offset}".encode()).digest()
+    gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+    def sample(logits: Any, labels: Any) -> Any:
+        keep = labels[:, 1:] != -100
+        probs = torch.softmax(logits[:, :-1][keep].detach().double().cpu(), dim=-1)
+        drawn = torch.multinomial(probs, 1, generator=gen).squeeze(1).to(labels.device)
+        new = labels.clone()
+        new[:, 1:][keep] = drawn
+        return new
+
+    return sample
+
+
+class _KroneckerEngine(Engine):
+    curvature = "kronecker"
+    needs_model = True
+    persist_state = True
+    correct_eigenvalues = True
+
+    def settings(self, config: Any) -> dict[str, Any]:
+        fisher = getattr(config, "fisher", "empirical")
+        if fisher not in FISHER_KINDS:
+            raise ConfigError(f"engine.fisher '{fisher}' is not one of {', '.join(FISHER_KINDS)}")
+        out: dict[str, Any] = {"fisher": fisher, "eigenvalue_correction": self.correct_eigenvalues}
+        if fisher == "true":
+            if int(config.fisher_samples) < 1:
+                raise ConfigError(f"engine.fisher_samples must be at least 1, got {config.fisher_samples}")
+            out.update(fisher_samples=int(config.fisher_samples), fisher_seed=int(config.fisher_seed))
+        return out
+
+    # -- fit --------------------------------------------------------------------------------------
+
+    def fit(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
+        if context is None or context.gm is None or context.tokenized is None:
+            raise ConfigError(f"engine '{self.name}' fits its curvature on the model: it needs the model and the "
+                              "tokenized training set (run it through `gradian attribute`)")
+        gm, grads = context.gm, context.grads
+        settings = self.settings(config)
+        layers = _layers(gm)
+        widths = _train_widths(train)
+        for block in gm.blocks:
+            if widths.get(block.name) != block.dim:
+                raise ConfigError(
+                    f"engine '{self.name}' needs the full per-example gradients, but block '{block.name}' is stored "
+                    f"{widths.get(block.name)} wide instead of {block.dim} (grads.projection_dim is set); "
+                    "set grads.projection_dim: null, or use engine.name: datainf"
+                )
+        draws = settings.get("fisher_samples", 1) if settings["fisher"] == "true" else 1
+        factors = {layer["key"]: KroneckerFactors.zeros(layer["out"], layer["in"]) for layer in layers}
+        total_steps = draws * len(context.tokenized) * (2 if self._second_pass(settings, grads) else 1)
+        done = [0]
+
+        def tick(rows: int) -> None:
+            done[0] += rows
+            if context.progress:
+                context.progress(done[0], total_steps)
+
+        for draw in range(draws):
+            for offset, x_g, examples in self._passes(context, layers, settings, draw):
+                for key, (x, g) in x_g.items():
+                    factors[key].add(x, g, examples)
+                tick(examples)
+        eigen = {}
+        for layer in layers:
+            a, s = factors[layer["key"]].finish()
+            eigen[layer["key"]] = eigendecompose(a, s)
+        corrected = None
+        if self.correct_eigenvalues:
+            sums = {key: np.zeros_like(e.eigenvalues) for key, e in eigen.items()}
+            n_rows = 0
+            if self._second_pass(settings, grads):
+                for draw in range(draws):
+                    for rows, per_layer in self._per_example_pass(context, layers, settings, draw):
+                        for key, g in per_layer.items():
+                            sums[key] += corrected_eigenvalues(eigen[key], g)
+                        n_rows += rows
+                        tick(rows)
+            else:
+                for _, chunk in train.iter_chunks():
+                    rows = next(iter(chunk.values())).shape[0]
+                    for layer in layers:
+                        cols = chunk[layer["block"]][:, layer["offset"]: layer["offset"] + layer["out"] * layer["in"]]
+                        g = np.asarray(cols, dtype=np.float64).reshape(rows, layer["out"], layer["in"])
+                        sums[layer["key"]] += corrected_eigenvalues(eigen[layer["key"]], g)
+                    n_rows += rows
+            corrected = {key: v / max(n_rows, 1) for key, v in sums.items()}
+        arrays: dict[str, np.ndarray] = {}
+        for key, e in eigen.items():
+            arrays[f"{key}.q_a"] = e.q_a
+            arrays[f"{key}.q_s"] = e.q_s
+            arrays[f"{key}.eigenvalues"] = corrected[key] if corrected is not None else e.eigenvalues
+        meta = {"layers": [{k: v for k, v in layer.items() if k != "id"} for layer in layers],
+                "n_examples": len(context.tokenized),
+                "tokens": {key: f.tokens for key, f in factors.items()},
+                "eigenvalues_from": ("index" if self.correct_eigenvalues and not self._second_pass(settings, grads)
+                                     else "second pass" if self.correct_eigenvalues else "kronecker product")}
+        return EngineState(self.name, train, arrays=arrays, meta=meta)
+
+    @staticmethod
+    def _second_pass(settings: dict[str, Any], grads: Any) -> bool:
+        """The stored gradients are not the Fisher's per-example gradients: recompute them."""
+        if settings["fisher"] != "empirical":
+            return True
+        return grads is not None and getattr(grads, "normalization", "none") != "none"
+
+    def _batches(self, context: FitContext) -> Any:
+        from gradian.grads import collate
+
+        size = int(context.grads.batch_size) if context.grads is not None else 4
+        for offset in range(0, len(context.tokenized), size):
+            rows = context.tokenized[offset: offset + size]
+            yield offset, collate(rows, context.pad_id, context.gm.device)
+
+    def _labels(self, settings: dict[str, Any], context: FitContext, draw: int, offset: int, batch: Any) -> Any:
+        if settings["fisher"] != "true":
+            return None
+        sample = _sampler(settings["fisher_seed"], draw, offset)
+        return lambda logits: sample(logits, batch.labels)
+
+    def _passes(self, context: FitContext, layers: list[dict[str, Any]], settings: dict[str, Any], draw: int) -> Any:
+        """Per batch: ``{layer: (x [tokens, in], g [tokens, out])}`` over the real tokens."""
+        import torch
+
+        from gradian.grads import linear_inputs_and_output_grads
+
+        reduction = context.grads.loss_reduction if context.grads is not None else "mean"
+        by_id = {layer["id"]: layer["key"] for layer in layers}
+        for offset, batch in self._batches(context):
+            _, io = linear_inputs_and_output_grads(context.gm, batch, reduction,
+                                                   self._labels(settings, context, draw, offset, batch))
+            real = batch.attention_mask.bool()
+            out = {}
+            for lin_id, key in by_id.items():
+                xs, gs = [], []
+                for x, g in io[lin_id]:
+                    mask = real if x.shape[1] == real.shape[1] else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+                    xs.append(x[mask].double().cpu().numpy())
+                    gs.append(g[mask].double().cpu().numpy())
+                if xs:
+                    out[key] = (np.concatenate(xs), np.concatenate(gs))
+            yield offset, out, len(batch)
+
+    def _per_example_pass(self, context: FitContext, layers: list[dict[str, Any]], settings: dict[str, Any],
+                          draw: int) -> Any:
+        """Per batch: ``(rows, {layer: G [rows, out, in]})`` under the fit's labels."""
+        import torch
+
+        from gradian.grads import linear_inputs_and_output_grads
+
+        reduction = context.grads.loss_reduction if context.grads is not None else "mean"
+        by_id = {layer["id"]: layer for layer in layers}
+        for offset, batch in self._batches(context):
+            _, io = linear_inputs_and_output_grads(context.gm, batch, reduction,
+                                                   self._labels(settings, context, draw, offset, batch))
+            out = {}
+            for lin_id, layer in by_id.items():
+                acc = torch.zeros((len(batch), layer["out"], layer["in"]), dtype=torch.float64)
+                for x, g in io[lin_id]:
+                    acc += torch.einsum("bto,bti->boi", g.double().cpu(), x.double().cpu())
+                out[layer["key"]] = acc.numpy()
+            yield len(batch), out
+
+    # -- score ------------------------------------------------------------------------------------
+
+    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
+        train = state.train
+        q, single = as_query_matrix(query, train.block_names)
+        check_widths(train, q)
+        layers = state.meta["layers"]
+        known = {layer["block"] for layer in layers}
+        if set(train.block_names) != known:
+            raise ConfigError(f"the fitted {self.name} state covers other blocks than the index; refit it")
+        override = getattr(config, "lambda_override", None)
+        scale = float(getattr(config, "lambda_scale", 0.1))
+        if override is not None and not override > 0:
+            raise ConfigError(f"engine.lambda_override must be positive, got {override}")
+        if override is None and not scale > 0:
+            raise ConfigError(f"engine.lambda_scale must be positive, got {scale}")
+        pre = {b: np.zeros_like(v) for b, v in q.items()}
+        damping: dict[str, float] = {}
+        for layer in layers:
+            key, b, o, i, off = layer["key"], layer["block"], layer["out"], layer["in"], layer["offset"]
+            eigen = KroneckerEigen(state.arrays[f"{key}.q_a"], state.arrays[f"{key}.q_s"],
+                                   state.arrays[f"{key}.eigenvalues"])
+            mean = float(eigen.eigenvalues.mean())
+            lam = float(override) if override is not None else (scale * mean if mean > 0 else 1.0)
+            damping[key] = lam
+            part = q[b][:, off: off + o * i].reshape(-1, o, i)
+            pre[b][:, off: off + o * i] = damped_inverse(eigen, part, lam).reshape(part.shape[0], -1)
+        scores, _ = gradient_dot(train, pre)
+        fisher = state.meta.get("settings", {}).get("fisher", "empirical")
+        notes = [f"{self.name}: Kronecker-factored {fisher} Fisher over {len(layers)} LoRA matrices, "
+                 f"eigenvalues from {state.meta.get('eigenvalues_from', '?')}, damping "
+                 + (f"{override:g} (absolute)" if override is not None else f"{scale:g} x each matrix's mean eigenvalue")]
+        return EngineResult(self.name, scores[:, 0] if single else scores, notes=notes, damping=damping)
+
+
+def _train_widths(train: TrainGradients) -> dict[str, int]:
+    for _, chunk in train.iter_chunks():
+        return {b: int(v.shape[1]) for b, v in chunk.items()}
+    return {}
+
+
+@register_engine
+class EKFACEngine(_KroneckerEngine):
+    name = "ekfac"
+    summary = "eigenvalue-corrected Kronecker-factored curvature per LoRA matrix (EK-FAC)"
+    correct_eigenvalues = True
+
+
+@register_engine
+class KFACEngine(_KroneckerEngine):
+    name = "kfac"
+    summary = "Kronecker-factored curvature per LoRA matrix, no eigenvalue correction (K-FAC)"
+    correct_eigenvalues = False

@@ -1,0 +1,259 @@
+"""EK-FAC and K-FAC against ground truth: explicit Fisher matrices, loop gradients, an SGD step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gradian.config import EngineConfig, GradsConfig
+from gradian.engines import EngineState, FitContext, InMemoryGradients, fit_engine, get_engine, score
+from gradian.engines.kronecker import KroneckerFactors, corrected_eigenvalues, damped_inverse, eigendecompose
+from gradian.errors import ConfigError
+
+
+def _explicit_fisher(per_example):
+    """``F = (1/N) sum_b vec(G_b) vec(G_b)^T`` with ``vec`` row-major over ``[out, in]``."""
+    flat = per_example.reshape(per_example.shape[0], -1)
+    return flat.T @ flat / flat.shape[0]
+
+
+def _kron_basis(eigen):
+    # row-major vec(Q_S^T G Q_A) = (Q_S^T kron Q_A^T) vec(G)
+    return np.kron(eigen.q_s, eigen.q_a)
+
+
+def test_kfac_with_one_example_of_one_token_is_the_exact_damped_solve():
+    rng = np.random.default_rng(0)
+    out_dim, in_dim = 3, 5
+    x, g = rng.normal(size=(1, in_dim)), rng.normal(size=(1, out_dim))
+    factors = KroneckerFactors.zeros(out_dim, in_dim)
+    factors.add(x, g, examples=1)
+    eigen = eigendecompose(*factors.finish())
+    fisher = _explicit_fisher((g.T @ x)[None])  # G = g x^T: F = (x x^T) kron (g g^T) exactly
+    lam = 0.1 * np.trace(fisher) / fisher.shape[0]  # 0.1 x the mean eigenvalue
+    assert lam == pytest.approx(0.1 * eigen.eigenvalues.mean(), rel=1e-10)
+    v = rng.normal(size=(2, out_dim, in_dim))
+    got = damped_inverse(eigen, v, lam).reshape(2, -1)
+    want = np.linalg.solve(fisher + lam * np.eye(fisher.shape[0]), v.reshape(2, -1).T).T
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+    # one example of one token: the eigenvalue correction changes nothing
+    ek = corrected_eigenvalues(eigen, (g.T @ x)[None])
+    np.testing.assert_allclose(ek, eigen.eigenvalues, rtol=1e-9, atol=1e-12 * ek.max())
+
+
+def test_ekfac_eigenvalues_are_the_fisher_diagonal_in_the_kronecker_basis():
+    rng = np.random.default_rng(1)
+    n, tokens, out_dim, in_dim = 12, 6, 4, 3
+    x = rng.normal(size=(n, tokens, in_dim))
+    g = rng.normal(size=(n, tokens, out_dim)) * np.linspace(0.5, 2.0, out_dim)
+    factors = KroneckerFactors.zeros(out_dim, in_dim)
+    for b in range(n):
+        factors.add(x[b], g[b], examples=1)
+    a, s = factors.finish()
+    np.testing.assert_allclose(a, np.einsum("bti,btj->ij", x, x) / (n * tokens))
+    np.testing.assert_allclose(s, np.einsum("bto,btp->op", g, g) / n)
+    eigen = eigendecompose(a, s)
+    per_example = np.einsum("bto,bti->boi", g, x)
+    fisher = _explicit_fisher(per_example)
+    basis = _kron_basis(eigen)
+    lam_ek = corrected_eigenvalues(eigen, per_example) / n
+    np.testing.assert_allclose(lam_ek.ravel(), np.diag(basis.T @ fisher @ basis), rtol=1e-9)
+    # the EK-FAC inverse is the exact inverse of the Fisher's diagonal part in that basis
+    damping = 0.1 * lam_ek.mean()
+    eigen.eigenvalues = lam_ek
+    v = rng.normal(size=(1, out_dim, in_dim))
+    approx = basis @ np.diag(lam_ek.ravel()) @ basis.T
+    want = np.linalg.solve(approx + damping * np.eye(approx.shape[0]), v.reshape(-1))
+    np.testing.assert_allclose(damped_inverse(eigen, v, damping).reshape(-1), want, rtol=1e-9)
+
+
+# -- on a tiny LoRA model -------------------------------------------------------------------------
+
+
+def _setup(batch_size=3, normalization="none"):
+    import torch
+
+    from gradian.data import dataset_from_rows, tokenize_examples
+    from gradian.grads import capture_per_example_grads, collate, wrap_peft_model
+    from tests.plugins.chat_tokenizer import build_chat_tokenizer
+    from tests.plugins.tiny_lora import build_tiny_lora
+
+    tok = build_chat_tokenizer()
+    rows = [{"prompt": p, "completion": c} for p, c in [
+        ("what is the capital of france ?", "paris"), ("what is the capital of japan ?", "tokyo is the capital"),
+        ("say hello", "hello world"), ("count to three", "one two three"), ("is it raining ?", "no"),
+        ("what is the capital of france ?", "rome"), ("name a colour", "blue and green and red")]]
+    tokenized = tokenize_examples(dataset_from_rows(rows).examples, tok, 64)
+    gm = wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64, target_modules=["q_proj", "down_proj"]))
+    grads = {k: v.numpy() for k, v in capture_per_example_grads(gm, collate(tokenized, tok.pad_token_id)).items()}
+    context = FitContext(gm=gm, tokenized=tokenized, pad_id=tok.pad_token_id,
+                         grads=GradsConfig(batch_size=batch_size, normalization=normalization))
+    return gm, tok, tokenized, grads, context
+
+
+def _loop_per_example(gm, tok, tokenized):
+    """Ground truth: one backward per example, weight gradients read off autograd."""
+    import torch
+
+    from gradian.grads import collate, per_example_loss
+
+    out = {}
+    for t in tokenized:
+        one = collate([t], tok.pad_token_id)
+        loss = per_example_loss(gm.model(input_ids=one.input_ids).logits, one.labels).sum()
+        for block in gm.blocks:
+            gs = torch.autograd.grad(loss, block.parameters, retain_graph=True)
+            for j, g in enumerate(gs):
+                out.setdefault(f"{block.name}#{j}", []).append(g.numpy())
+    return {k: np.stack(v) for k, v in out.items()}
+
+
+def test_ekfac_fit_on_a_model_matches_loop_gradients_and_ignores_padding():
+    gm, tok, tokenized, grads, context = _setup(batch_size=3)
+    state = get_engine("ekfac").fit(InMemoryGradients(grads), EngineConfig(name="ekfac"), context)
+    assert state.meta["eigenvalues_from"] == "index"
+    loop = _loop_per_example(gm, tok, tokenized)
+    for layer in state.meta["layers"]:
+        key = layer["key"]
+        from gradian.engines.kronecker import KroneckerEigen
+
+        eigen = KroneckerEigen(state.arrays[f"{key}.q_a"], state.arrays[f"{key}.q_s"], state.arrays[f"{key}.eigenvalues"])
+        want = np.diag(_kron_basis(eigen).T @ _explicit_fisher(loop[key]) @ _kron_basis(eigen)).reshape(eigen.eigenvalues.shape)
+        np.testing.assert_allclose(eigen.eigenvalues, want, rtol=1e-8, atol=1e-14 * want.max())
+    # batch 1 (no padding at all) gives the same factors as padded batches of 3
+    one = dict(vars(context))
+    one["grads"] = GradsConfig(batch_size=1)
+    unpadded = get_engine("kfac").fit(InMemoryGradients(grads), EngineConfig(name="kfac"), FitContext(**one))
+    padded = get_engine("kfac").fit(InMemoryGradients(grads), EngineConfig(name="kfac"), context)
+    for key, value in padded.arrays.items():
+        if key.endswith(".eigenvalues"):
+            np.testing.assert_allclose(value, unpadded.arrays[key], rtol=1e-9, atol=1e-15)
+
+
+def test_second_pass_corrections_equal_the_index_ones():
+    gm, tok, tokenized, grads, context = _setup()
+    engine = get_engine("ekfac")
+    from_index = engine.fit(InMemoryGradients(grads), EngineConfig(name="ekfac"), context)
+    # an l2-normalized index does not hold the Fisher's gradients: the fit recomputes them
+    normalized = FitContext(**{**vars(context), "grads": GradsConfig(batch_size=3, normalization="l2")})
+    recomputed = engine.fit(InMemoryGradients(grads), EngineConfig(name="ekfac"), normalized)
+    assert recomputed.meta["eigenvalues_from"] == "second pass"
+    for key, value in from_index.arrays.items():
+        np.testing.assert_allclose(recomputed.arrays[key], value, rtol=1e-9, atol=1e-15)
+
+
+def test_ekfac_sign_with_a_real_preconditioned_sgd_step():
+    """A step -lr H^-1 g_j changes the query loss by about -lr <q, H^-1 g_j> = -lr score_j."""
+    import torch
+
+    from gradian.grads import capture_per_example_grads, collate, per_example_loss
+
+    gm, tok, tokenized, grads, context = _setup()
+    query_rows = tokenized[:1]
+    qb = collate(query_rows, tok.pad_token_id)
+    query = {k: v[0].numpy() for k, v in capture_per_example_grads(gm, qb).items()}
+    config = EngineConfig(name="ekfac")
+    engine = get_engine("ekfac")
+    state = engine.fit(InMemoryGradients(grads), config, context)
+    scores = engine.score(state, query, config).scores
+    # the preconditioned training gradient H^-1 g_j, by the engine's own inverse (H is symmetric)
+    params = [p for b in gm.blocks for p in b.parameters]
+
+    def qloss():
+        with torch.no_grad():
+            return per_example_loss(gm.model(input_ids=qb.input_ids).logits, qb.labels).item()
+
+    base = qloss()
+    lr = 1e-7  # H^-1 amplifies the step by up to 1/damping: keep it in the linear regime
+    for j in range(len(tokenized)):
+        step = engine.score(state, {b: g[j] for b, g in grads.items()}, config)  # unused scores; damping per layer
+        pre = _precondition(state, {b: g[j] for b, g in grads.items()}, step.damping)
+        saved = [p.detach().clone() for p in params]
+        with torch.no_grad():
+            k = 0
+            for block in gm.blocks:
+                offset = 0
+                for p in block.parameters:
+                    size = p.numel()
+                    p -= lr * torch.from_numpy(pre[block.name][offset: offset + size].reshape(p.shape))
+                    offset += size
+                    k += 1
+        delta = qloss() - base
+        with torch.no_grad():
+            for p, s in zip(params, saved):
+                p.copy_(s)
+        assert np.sign(delta) == -np.sign(scores[j]), (j, delta, scores[j])
+        assert delta == pytest.approx(-lr * scores[j], rel=0.05)
+
+
+def _precondition(state, vector, damping):
+    from gradian.engines.kronecker import KroneckerEigen
+
+    out = {b: np.zeros_like(v, dtype=np.float64) for b, v in vector.items()}
+    for layer in state.meta["layers"]:
+        key, b, o, i, off = layer["key"], layer["block"], layer["out"], layer["in"], layer["offset"]
+        eigen = KroneckerEigen(state.arrays[f"{key}.q_a"], state.arrays[f"{key}.q_s"], state.arrays[f"{key}.eigenvalues"])
+        part = vector[b][off: off + o * i].reshape(1, o, i)
+        out[b][off: off + o * i] = damped_inverse(eigen, part, damping[key]).reshape(-1)
+    return out
+
+
+class _StoredGradients(InMemoryGradients):
+    index_id = "0123456789abcdef0123"
+
+
+def test_fit_is_deterministic_and_cached_beside_the_index(tmp_path):
+    gm, tok, tokenized, grads, context = _setup()
+    config = EngineConfig(name="ekfac")
+    first = fit_engine("ekfac", _StoredGradients(grads), config, context, cache_dir=tmp_path)
+    assert not first.cache_hit and first.state_id
+    again = fit_engine("ekfac", _StoredGradients(grads), config, context)  # no cache: fitted anew
+    for key, value in first.arrays.items():
+        assert np.array_equal(value, again.arrays[key]), key  # bit-identical on CPU
+    hit = fit_engine("ekfac", _StoredGradients(grads), config, None, cache_dir=tmp_path)
+    assert hit.cache_hit and hit.state_id == first.state_id
+    q = {b: g[0] for b, g in grads.items()}
+    engine = get_engine("ekfac")
+    assert np.array_equal(engine.score(hit, q, config).scores, engine.score(first, q, config).scores)
+    # damping is applied when scoring: it does not change the state id; the Fisher kind does
+    damped = fit_engine("ekfac", _StoredGradients(grads), EngineConfig(name="ekfac", lambda_scale=0.5), None,
+                        cache_dir=tmp_path)
+    assert damped.cache_hit
+    true = fit_engine("ekfac", _StoredGradients(grads), EngineConfig(name="ekfac", fisher="true"), context,
+                      cache_dir=tmp_path)
+    assert not true.cache_hit and true.state_id != first.state_id
+    assert true.meta["eigenvalues_from"] == "second pass"
+
+
+def test_true_fisher_is_seeded():
+    gm, tok, tokenized, grads, context = _setup()
+    engine = get_engine("kfac")
+    a = engine.fit(InMemoryGradients(grads), EngineConfig(name="kfac", fisher="true", fisher_seed=3), context)
+    b = engine.fit(InMemoryGradients(grads), EngineConfig(name="kfac", fisher="true", fisher_seed=3), context)
+    c = engine.fit(InMemoryGradients(grads), EngineConfig(name="kfac", fisher="true", fisher_seed=4), context)
+    key = next(k for k in a.arrays if k.endswith(".eigenvalues"))
+    assert np.array_equal(a.arrays[key], b.arrays[key])
+    assert not np.array_equal(a.arrays[key], c.arrays[key])
+
+
+def test_ekfac_refuses_projected_gradients_and_a_missing_model():
+    gm, tok, tokenized, grads, context = _setup()
+    with pytest.raises(ConfigError, match="needs the model"):
+        score(InMemoryGradients(grads), {b: g[0] for b, g in grads.items()}, EngineConfig(name="ekfac"))
+    narrow = {b: g[:, :4] for b, g in grads.items()}
+    with pytest.raises(ConfigError, match="projection_dim"):
+        get_engine("ekfac").fit(InMemoryGradients(narrow), EngineConfig(name="ekfac"), context)
+    with pytest.raises(ConfigError, match="fisher_samples"):
+        get_engine("ekfac").settings(EngineConfig(name="ekfac", fisher="true", fisher_samples=0))
+
+
+def test_equivalent_engines_are_recognised():
+    from gradian.engines import equivalent_engines
+
+    train = InMemoryGradients({"b": np.ones((3, 2))})
+    tracin = get_engine("tracin").fit(train, EngineConfig(name="tracin"))  # no checkpoints
+    graddot = get_engine("graddot").fit(train, EngineConfig(name="graddot"))
+    datainf = get_engine("datainf").fit(train, EngineConfig(name="datainf"))
+    assert "graddot scaled" in equivalent_engines(tracin, graddot)
+    assert equivalent_engines(datainf, graddot) is None
+    assert equivalent_engines(EngineState("ekfac", train), EngineState("ekfac", train)) == "both are ekfac"
