@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             p.add_argument("--max-seq-length", type=float, default=0)
         if name == "attribute":
             p.add_argument("--capability", default="capability")
-            p.add_argument("--engine", default="datainf")
+            p.add_argument("--engine", default="")  # empty: the config's engine.name
             p.add_argument("--cross-check", default="graddot")
             p.add_argument("--out", default="")
     p = sub.add_parser("counterfactual")

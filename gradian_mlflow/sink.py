@@ -132,9 +132,17 @@ def _params(report: Mapping[str, Any]) -> dict[str, str]:
         "engine": attribution.get("engine"),
         "cross_check": attribution.get("cross_check"),
         "query_signal": attribution.get("query_signal"),
+        "damping": _engine_setting(manifest, "lambda_override") or _engine_setting(manifest, "lambda_scale"),
+        "damping_kind": ("absolute" if _engine_setting(manifest, "lambda_override") is not None
+                         else "scale" if attribution.get("engine") else None),
+        "fisher": ((manifest.get("engine_state") or {}).get("settings") or {}).get("fisher"),
         "metric": cap.get("metric"),
     }
     return {k: str(v)[:500] for k, v in raw.items() if v is not None}
+
+
+def _engine_setting(manifest: Mapping[str, Any], key: str) -> Any:
+    return ((manifest.get("config") or {}).get("engine") or {}).get(key)
 
 
 def _tags(report: Mapping[str, Any], source_run_id: str, kind: str) -> dict[str, str]:

@@ -89,7 +89,7 @@ def run_attribution(
     from gradian.cluster import cluster_examples
     from gradian.config import config_hash, config_to_dict
     from gradian.data import load_dataset
-    from gradian.engines import rank_correlation
+    from gradian.engines import equivalent_engines, rank_correlation
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients
     from gradian.index import GradientIndex
@@ -99,11 +99,6 @@ def run_attribution(
     from gradian.runs import resolve_run
 
     started = time.time()
-    if cross_check == cfg.engine.name:
-        # the default cross-check (graddot) collides with --engine graddot: compare with the other
-        # curvature-aware choice instead of reporting an engine's agreement with itself
-        cross_check = "datainf" if cfg.engine.name != "datainf" else "graddot"
-        log(f"the cross-check engine equalled the main engine; cross-checking with {cross_check} instead")
     if run is None and cfg.run_dir:
         run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
     cfg = fill_from_run(cfg, run)
@@ -154,13 +149,29 @@ def run_attribution(
         items, scope, notes, finding_ids = select_query_items(eval_items, dataset.examples)
         qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
                                   scope=scope, notes=notes, finding_ids=finding_ids)
-        log(f"scoring with {cfg.engine.name}" + (f" and {cross_check}" if cross_check and cross_check != "none" else ""))
-        main = _score(cfg, cfg.engine.name, index, qg, gm, tokenizer, dataset, items, run)
+        log(f"fitting and scoring with {cfg.engine.name}" + (f" and {cross_check}" if cross_check and cross_check != "none" else ""))
+        t0 = time.time()
+        main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log)
+        fit_seconds = {cfg.engine.name: round(time.time() - t0, 3)}
+        main = _score(cfg, main_state, qg, gm, tokenizer, items)
         scores = np.asarray(main.scores, dtype=np.float64)
         agreement = None
         cross = None
+        cross_note = None
         if cross_check and cross_check != "none":
-            cross = _score(cfg, cross_check, index, qg, gm, tokenizer, dataset, items, run)
+            t0 = time.time()
+            cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log)
+            same = equivalent_engines(main_state, cross_state)
+            if same:
+                # an engine agrees with itself: pick one that ranks by another method
+                other = _independent_cross_check(cfg.engine.name, main_state)
+                cross_note = (f"cross-check {cross_check} is not independent of {cfg.engine.name} ({same}); "
+                              f"cross-checking with {other} instead")
+                log(cross_note)
+                cross_check = other
+                cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log)
+            fit_seconds[cross_check] = round(time.time() - t0, 3)
+            cross = _score(cfg, cross_state, qg, gm, tokenizer, items)
             agreement = float(rank_correlation(scores, np.asarray(cross.scores, dtype=np.float64)))
         log("clustering the training examples")
         assignment = cluster_examples(dataset.examples, cfg.clustering, seed=cfg.seed)
@@ -177,8 +188,10 @@ def run_attribution(
             "clusters": clusters,
             "top_harmful": top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True),
             "top_helpful": top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False),
-            "notes": list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes),
-            "metrics": {"index_seconds": round(index_seconds, 3)},
+            "notes": list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
+                     + ([cross_note] if cross_note else []),
+            "metrics": {"index_seconds": round(index_seconds, 3),
+                        **{f"fit_seconds.{k}": v for k, v in fit_seconds.items()}},
         }
         # attribution.no_capability_target (no eval set) is raised by the verdict synthesis
         manifest["index"] = {
@@ -191,6 +204,10 @@ def run_attribution(
         }
         manifest["index_manifest"] = index.manifest
         manifest["damping"] = main.damping
+        manifest["engine_state"] = {
+            "engine": main_state.engine, "state_id": main_state.state_id, "cache_hit": main_state.cache_hit,
+            "settings": main_state.meta.get("settings", {}), "fit_seconds": round(main_state.fit_seconds, 3),
+        }
         manifest["clustering"] = {k: v for k, v in assignment.to_dict().items() if k != "labels"}
         rankings = rankings_frame(dataset, scores, assignment, findings, cross.scores if cross else None)
     manifest["seconds"] = round(time.time() - started, 2)
@@ -233,32 +250,52 @@ def _query_items(cap: Any, eval_set: Any) -> list[Any]:
     ]
 
 
-def _score(cfg: Any, engine: str, index: Any, qg: Any, gm: Any, tokenizer: Any, dataset: Any,
-           items: Any, run: Any) -> Any:
-    from gradian.engines import score
+def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any,
+         progress: Progress | None, log: Callable[[str], None]) -> Any:
+    """The engine's fitted state on ``index`` (from the cache beside it when fitted before)."""
+    from gradian.data import tokenize_examples
+    from gradian.engines import FitContext, fit_engine, get_engine
 
     engine_cfg = dataclasses.replace(cfg.engine, name=engine)
-    context: dict[str, Any] = {}
-    if engine == "tracin" and run is not None and run.checkpoints:
-        context["checkpoints"] = _tracin_checkpoints(cfg, run, tokenizer, dataset, items, qg)
-    return score(index, qg.vectors, engine_cfg, **context)
+    context = FitContext(gm=gm, tokenizer=tokenizer, dataset=dataset, grads=cfg.grads, run=run, seed=cfg.seed,
+                         pad_id=tokenizer.pad_token_id, progress=progress, log=log, config=cfg)
+    if get_engine(engine).needs_model:
+        context.tokenized = tokenize_examples(dataset.examples, tokenizer, cfg.grads.max_seq_length)
+    state = fit_engine(engine, index, engine_cfg, context, cache_dir=cfg.cache_dir)
+    if state.state_id:
+        log(f"{engine}: fitted state {state.state_id}" + (" (cached)" if state.cache_hit else f" in {state.fit_seconds:.1f} s"))
+    return state
 
 
-def _tracin_checkpoints(cfg: Any, run: Any, tokenizer: Any, dataset: Any, items: Any, qg: Any) -> list[Any]:
-    """One index and query gradient per saved checkpoint, weighted by its learning rate."""
-    from gradian.engines import TracInCheckpoint, checkpoint_learning_rates
-    from gradian.grads import load_model_for_gradients
-    from gradian.index import GradientIndex
+def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any) -> Any:
+    from gradian.engines import get_engine
     from gradian.query import build_query_gradient
 
-    weights = checkpoint_learning_rates(run.checkpoints, run)
-    out = []
-    for path, weight in zip(run.checkpoints, weights):
-        gm = load_model_for_gradients(cfg.base_model, path, cfg)
-        index = GradientIndex.build(gm, tokenizer, dataset, cfg)
-        q = build_query_gradient(gm, tokenizer, items, qg.signal, cfg.grads, scope=qg.scope)
-        out.append(TracInCheckpoint(weight=weight, train=index, query=q.vectors, label=Path(path).name))
-    return out
+    engine_cfg = dataclasses.replace(cfg.engine, name=state.engine)
+
+    def query_for(view: Any) -> Any:  # the query measured under another adapter (TracIn checkpoints)
+        try:
+            return build_query_gradient(view_active(view), tokenizer, items, qg.signal, cfg.grads, scope=qg.scope).vectors
+        finally:
+            view_active(gm)
+
+    def view_active(view: Any) -> Any:
+        view.model.set_adapter(view.adapter_name)
+        for b in view.blocks:
+            for p in b.parameters:
+                p.requires_grad_(True)
+        return view
+
+    return get_engine(state.engine).score(state, qg.vectors, engine_cfg, query_for=query_for)
+
+
+def _independent_cross_check(engine: str, state: Any) -> str:
+    """A cross-check that ranks by another method than ``engine``: curvature vs none."""
+    from gradian.engines import get_engine
+
+    if get_engine(engine).curvature == "none" or state.meta.get("equivalent_to"):
+        return "datainf"
+    return "graddot"
 
 
 def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: list[Any],

@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import typer
 
+from gradian.engines.registry import available_engines
 from gradian.errors import ConfigError
 
 __all__ = ["register", "print_summary"]
@@ -22,8 +23,8 @@ def attribute_command(
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the report is logged as its child run"),
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the report back"),
     capability: str = typer.Option("capability", "--capability", help="Name of the capability, used in the report"),
-    engine: Optional[str] = typer.Option(None, "--engine", help="datainf, graddot or tracin (default: the config's, datainf)"),
-    cross_check: str = typer.Option("graddot", "--cross-check", help="Second engine for rank agreement, or none"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Attribution engine: " + ", ".join(available_engines()) + " (default: the config's engine.name)"),
+    cross_check: str = typer.Option("graddot", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), or none; one that ranks by the same method as --engine is swapped for one that does not"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write report.json/.md/.html, plots and rankings.parquet here"),
     force: bool = typer.Option(False, "--force", help="Rebuild the gradient index even if a cached one matches"),
 ) -> None:
@@ -37,8 +38,8 @@ def attribute_command(
     from gradian.config import load_config
 
     run = run_reference(run, mlflow_run)
-    if cross_check not in ("datainf", "graddot", "tracin", "none"):
-        raise ConfigError(f"--cross-check {cross_check!r}: use datainf, graddot, tracin or none")
+    if cross_check not in (*available_engines(), "none"):
+        raise ConfigError(f"--cross-check {cross_check!r}: use {', '.join(available_engines())} or none")
     cfg = load_config(config, overrides={
         "dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
         "adapter_path": adapter, "run_dir": run, "engine.name": engine,

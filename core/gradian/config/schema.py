@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from gradian.config.audit import AuditConfig
+from gradian.engines.registry import available_engines, engine_summaries
+import gradian.engines  # noqa: F401,E402  (fills the engine registry that the choices below read)
 
 __all__ = [
     "GradsConfig",
@@ -47,10 +49,13 @@ class GradsConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = _f("datainf", "Attribution engine: datainf, graddot or tracin")
-    lambda_scale: float = _f(0.1, "DataInf damping as a multiple of each block's mean squared gradient norm")
-    lambda_override: Optional[float] = _f(None, "Absolute damping for every block; overrides lambda_scale")
+    name: str = _f("datainf", "Attribution engine: " + ", ".join(f"{k} ({v})" for k, v in engine_summaries().items()))
+    lambda_scale: float = _f(0.1, "Damping as a multiple of the mean curvature eigenvalue: per block |g|^2/width averaged over examples (datainf), per LoRA matrix (ekfac, kfac)")
+    lambda_override: Optional[float] = _f(None, "Absolute damping for every block or matrix; overrides lambda_scale")
     normalize_query: bool = _f(False, "Scale the query gradient to unit norm (curvature-free engines only)")
+    fisher: str = _f("empirical", "Curvature of ekfac/kfac: empirical (training labels, deterministic) or true (labels sampled from the model)")
+    fisher_samples: int = _f(1, "Label draws averaged by the true Fisher")
+    fisher_seed: int = _f(0, "Seed of the true Fisher's label draws; part of the fitted state's id")
 
 
 @dataclass
@@ -136,7 +141,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grads.block_granularity": ("module", "matrix"),
     "grads.projection_kind": ("countsketch", "rademacher"),
     "grads.storage_dtype": ("float32", "float16"),
-    "engine.name": ("datainf", "graddot", "tracin"),
+    "engine.name": tuple(available_engines()),
+    "engine.fisher": ("empirical", "true"),
     "evaluation.metric": ("exact_match", "contains", "not_contains", "loglik"),
     "evaluation.query_signal": ("auto", "contrastive", "target"),
     "clustering.method": ("auto", "hdbscan", "kmeans", "declared", "none"),
