@@ -47,6 +47,15 @@ def _rate_text(lr: float, scale: float, effective: float, label: str) -> str:
     return f"lr={lr:g} x {label}={scale:g} = {effective:g}"
 
 
+def _inferred_note(ctx: AuditContext, *names: str) -> str:
+    """A sentence naming the settings this finding used that the run did not record."""
+    used = [name for name in names if name in _run(ctx).inferred]
+    if not used:
+        return ""
+    return (f" ({', '.join(used)} not recorded by the run: inferred from its logged learning rates; "
+            "see evidence.inferred.)")
+
+
 def _epochs(ctx: AuditContext) -> float | None:
     """Passes over the data: ``max_steps`` converted when it overrides the epoch count."""
     run = _run(ctx)
@@ -168,7 +177,7 @@ def grad_clip_disabled(ctx: AuditContext):
         f"max_grad_norm={max_norm:g} turns clipping off, so one batch with an outsized gradient "
         "can move the adapter far in a single step.",
         "Set max_grad_norm=1.0 (the transformers default).",
-        evidence={"max_grad_norm": max_norm},
+        evidence=_run(ctx).label_inferred({"max_grad_norm": max_norm}, "max_grad_norm"),
     )
 
 
@@ -207,16 +216,17 @@ def lr_too_high(ctx: AuditContext):
         f"Effective LoRA learning rate is high ({_rate_text(lr, scale, effective, label)})",
         f"LoRA scales its update by {label}, so the configured {lr:g} acts like {effective:g}: "
         f"{effective / cfg.reference_effective_lr:.1f}x the usual {cfg.reference_effective_lr:g} "
-        f"(2e-4 at alpha = 2r). Rates this high overwrite what the base model knew.",
+        f"(2e-4 at alpha = 2r). Rates this high overwrite what the base model knew."
+        + _inferred_note(ctx, "learning_rate"),
         f"Lower learning_rate to about {usual_lr:.2g} at this {label} (or lower alpha), and keep "
         "warmup on.",
-        evidence={
+        evidence=_run(ctx).label_inferred({
             "learning_rate": lr,
             "scale": scale,
             "effective_lr": effective,
             "reference_effective_lr": cfg.reference_effective_lr,
             "use_rslora": _run(ctx).lora.use_rslora,
-        },
+        }, "learning_rate"),
     )
 
 
@@ -232,9 +242,10 @@ def lr_too_low(ctx: AuditContext):
         f"An effective rate of {effective:g} is below {cfg.lr_low_effective:g}, about "
         f"{cfg.reference_effective_lr / effective:.0f}x under the usual {cfg.reference_effective_lr:g}; "
         "LoRA's zero-initialized B matrix barely moves at such rates, so the adapter may have learned "
-        "almost nothing.",
+        "almost nothing." + _inferred_note(ctx, "learning_rate"),
         f"Raise learning_rate toward {cfg.reference_effective_lr / scale:.2g} at this {label}.",
-        evidence={"learning_rate": lr, "scale": scale, "effective_lr": effective},
+        evidence=_run(ctx).label_inferred({"learning_rate": lr, "scale": scale, "effective_lr": effective},
+                                          "learning_rate"),
     )
 
 
@@ -309,10 +320,11 @@ def no_warmup(ctx: AuditContext):
         f"No warmup at effective learning rate {effective:g}",
         f"The first optimizer steps run at the full effective rate {effective:g} (above "
         f"{threshold:g}) while Adam's moment estimates are still empty; that is when early loss "
-        "spikes and divergence happen.",
+        "spikes and divergence happen." + _inferred_note(ctx, "learning_rate", "warmup_steps"),
         "Set warmup_steps to 3-10% of the run (transformers 5 reads a float below 1 as a ratio, e.g. "
         "warmup_steps=0.05).",
-        evidence={"warmup_fraction": warmup, "effective_lr": effective},
+        evidence=_run(ctx).label_inferred({"warmup_fraction": warmup, "effective_lr": effective},
+                                          "learning_rate", "warmup_steps"),
     )
 
 
@@ -402,24 +414,38 @@ def seed_unset(ctx: AuditContext):
 @register("config.small_effective_batch", "Effective batch of 1-2 at a high learning rate", needs=("run",))
 def small_effective_batch(ctx: AuditContext):
     run = _run(ctx)
-    batch = run.effective_batch_size
-    if batch is None:
+    c = run.config
+    if c.per_device_train_batch_size is None:
         raise CheckSkipped("the run did not record per_device_train_batch_size")
     lr, _, effective, _ = _rate_figures(ctx)
+    accumulation, how = c.gradient_accumulation_steps, "recorded"
+    if accumulation is None:
+        # A run folder without its arguments (trainer_state.json only) does not say; the logged
+        # epoch per step and the dataset size do. Failing that, the trainers' default of 1.
+        accumulation = run.inferred_gradient_accumulation(ctx.n_examples)
+        how = ("inferred from the logged epoch per step and the dataset size" if accumulation is not None
+               else "not recorded; the trainers' default of 1 assumed")
+        accumulation = accumulation or 1
+    batch = c.per_device_train_batch_size * accumulation * (c.world_size or 1)
     cfg = ctx.config
     if batch > cfg.small_batch_max or effective <= cfg.small_batch_effective_lr:
         return None
-    c = run.config
+    evidence = {"effective_batch_size": batch, "learning_rate": lr, "effective_lr": effective,
+                "gradient_accumulation_steps": accumulation}
+    if how != "recorded":
+        evidence["gradient_accumulation_source"] = how
     return ctx.finding(
         "medium",
         f"Effective batch size {batch} with lr={lr:g} is unstable",
         f"Each update follows {batch} example(s) (per-device {c.per_device_train_batch_size} x "
-        f"accumulation {c.gradient_accumulation_steps or 1} x {c.world_size or 1} device(s)) at an "
+        f"accumulation {accumulation} x {c.world_size or 1} device(s)) at an "
         f"effective rate of {effective:g}; single-example gradients are noisy and at this rate "
-        "each one pulls the adapter hard in its own direction.",
+        "each one pulls the adapter hard in its own direction."
+        + ("" if how == "recorded" else f" (Gradient accumulation {how}.)")
+        + _inferred_note(ctx, "learning_rate"),
         "Raise gradient_accumulation_steps so the effective batch is 8-32, or halve the learning "
         "rate for each halving of the batch.",
-        evidence={"effective_batch_size": batch, "learning_rate": lr, "effective_lr": effective},
+        evidence=run.label_inferred(evidence, "learning_rate"),
     )
 
 

@@ -63,13 +63,13 @@ def always_clipping(ctx: AuditContext):
         "means every update has the same length and the learning rate no longer sets the step size.",
         "Lower the learning rate, raise the effective batch size, or both, until clipping is "
         "occasional; do not simply raise max_grad_norm.",
-        evidence={
+        evidence=ctx.run.label_inferred({
             "clipped_steps": len(clipped),
             "logged_steps": len(norms),
             "share": round(share, 4),
             "max_grad_norm": max_norm,
             "median_grad_norm": median,
-        },
+        }, "max_grad_norm"),
     )
 
 
@@ -185,11 +185,14 @@ def lr_schedule_incomplete(ctx: AuditContext):
         f"The last logged learning rate ({last:.3g} at step {last_step}) is still {fraction:.0%} of "
         f"the peak {peak:.3g}; a {kind} schedule should end near zero. The run stopped early, or "
         "max_steps/epochs planned a longer run than the one that happened, so the low-rate phase "
-        "that settles the adapter never came.",
+        "that settles the adapter never came."
+        + (" (The run did not record its scheduler; the shape was fitted to the logged rates.)"
+           if "lr_scheduler_type" in ctx.run.inferred else ""),
         "Let the run finish, or set max_steps/num_train_epochs to the length you actually train so "
         "the schedule reaches its end.",
-        evidence={"scheduler": kind, "peak_lr": peak, "final_lr": last, "final_step": last_step,
-                  "final_fraction": round(fraction, 4)},
+        evidence=ctx.run.label_inferred({"scheduler": kind, "peak_lr": peak, "final_lr": last,
+                                         "final_step": last_step, "final_fraction": round(fraction, 4)},
+                                        "lr_scheduler_type"),
     )
 
 

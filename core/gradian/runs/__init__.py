@@ -3,10 +3,15 @@
 Public interface: ``RunRecord`` (with ``TrainerConfig``, ``LoraSettings``, ``TrainingLogs``,
 ``LogStep``, ``DatasetRef``), ``normalize_trainer_config``, ``parse_param_value``,
 ``read_run_dir``, ``find_adapter_dir``, ``list_checkpoints``, ``resolve_run`` (a local dir or,
-through the ``gradian.run_sources`` entry points, a tracking-server run).
+through the ``gradian.run_sources`` entry points, a tracking-server run), ``read_training_args``
+(``training_args.bin`` through ``torch.load(weights_only=True)`` and an allowlist;
+``TrainingArgsRefused`` otherwise) and ``fill_config_from_logs`` (learning rate, schedule and
+warmup fitted to the logged rates when no argument file recorded them).
 """
 
 from gradian.runs.reader import find_adapter_dir, list_checkpoints, read_run_dir
+from gradian.runs.schedule import fill_config_from_logs
+from gradian.runs.training_args import TrainingArgsRefused, read_training_args
 from gradian.runs.sources import is_remote_run_ref, publish_report, resolve_run
 from gradian.runs.record import (
     DatasetRef,
@@ -25,7 +30,9 @@ __all__ = [
     "LoraSettings",
     "RunRecord",
     "TrainerConfig",
+    "TrainingArgsRefused",
     "TrainingLogs",
+    "fill_config_from_logs",
     "find_adapter_dir",
     "is_remote_run_ref",
     "list_checkpoints",
@@ -33,5 +40,6 @@ __all__ = [
     "parse_param_value",
     "publish_report",
     "read_run_dir",
+    "read_training_args",
     "resolve_run",
 ]

@@ -1,10 +1,16 @@
 """Read a local run directory, as the HF Trainer, PEFT or ``gradian train`` leave it.
 
 Looked for, in order of trust: ``gradian_run.json`` (a RunRecord we wrote), a JSON dump of the
-training arguments (``training_args.json``, ``args.json``, ``training_config.json``, ``config.json``
-when it holds trainer arguments), ``trainer_state.json`` (``log_history`` and a few settings),
-and ``adapter_config.json`` for the LoRA settings. ``training_args.bin`` is a pickle and is never
-loaded. The adapter is the run dir itself, ``adapter/``, or the newest ``checkpoint-N/``.
+training arguments (``training_args.json``, ``args.json``, ``training_config.json``,
+``trainer_config.json``), else ``training_args.bin`` (the Trainer's pickle, read only through
+``gradian.runs.training_args``: ``torch.load(weights_only=True)`` with an allowlist of argument
+classes, never a general unpickle), ``trainer_state.json`` (``log_history`` and a few settings),
+and ``adapter_config.json`` for the LoRA settings. The adapter is the run dir itself,
+``adapter/``, or the newest ``checkpoint-N/``.
+
+Settings no file recorded are left empty, except the learning rate, schedule and warmup, which
+``gradian.runs.schedule`` fits to the logged learning rates and lists in ``RunRecord.inferred``.
+A ``training_args.bin`` that is refused leaves a one-line note in ``RunRecord.notes``.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from gradian.runs.record import (
     TrainingLogs,
     normalize_trainer_config,
 )
+from gradian.runs.schedule import fill_config_from_logs
 
 __all__ = ["read_run_dir", "find_adapter_dir", "list_checkpoints"]
 
@@ -52,13 +59,34 @@ def find_adapter_dir(run_dir: Path) -> Path | None:
     return None
 
 
-def _find_trainer_state(run_dir: Path) -> Path | None:
-    if (run_dir / "trainer_state.json").is_file():
-        return run_dir / "trainer_state.json"
+def _find_in_run(run_dir: Path, name: str) -> Path | None:
+    """``name`` in the run dir, else in the newest checkpoint that has it."""
+    if (run_dir / name).is_file():
+        return run_dir / name
     for checkpoint in reversed(list_checkpoints(run_dir)):
-        if (checkpoint / "trainer_state.json").is_file():
-            return checkpoint / "trainer_state.json"
+        if (checkpoint / name).is_file():
+            return checkpoint / name
     return None
+
+
+def _read_pickled_args(run_dir: Path, record: RunRecord) -> dict[str, Any]:
+    """The arguments in ``training_args.bin``, or {} with a note saying why it was not used."""
+    from gradian.runs.training_args import TrainingArgsRefused, read_training_args
+
+    path = _find_in_run(run_dir, "training_args.bin")
+    if path is None:
+        return {}
+    try:
+        return read_training_args(path)
+    except TrainingArgsRefused as err:
+        fallback = (
+            "using trainer_state.json instead (learning rate, schedule and warmup fitted to its "
+            "logged learning rates)" if _find_in_run(run_dir, "trainer_state.json") else
+            "no trainer_state.json either, so the run's settings stay unknown; pass a "
+            "training_args.json (TrainingArguments.to_json_string()) beside it"
+        )
+        record.notes.append(f"{err}; {fallback}")
+        return {}
 
 
 def read_run_dir(path: str | Path) -> RunRecord:
@@ -80,14 +108,23 @@ def read_run_dir(path: str | Path) -> RunRecord:
             if isinstance(data, dict):
                 raw_args.update(data)
             break
+    if not raw_args and not own.is_file():
+        raw_args = _read_pickled_args(run_dir, record)
 
-    state_path = _find_trainer_state(run_dir)
+    state_path = _find_in_run(run_dir, "trainer_state.json")
     state: dict[str, Any] = _load_json(state_path) if state_path else {}
     if state:
-        # trainer_state.json records a few arguments itself; explicit args files win.
-        for key in ("num_train_epochs", "max_steps", "train_batch_size", "logging_steps"):
+        # trainer_state.json records a few arguments itself; explicit args files win. Its
+        # max_steps is the trainer's plan (derived from epochs when the user set none), not the
+        # user's max_steps, so it is kept apart.
+        for key in ("num_train_epochs", "train_batch_size", "logging_steps"):
             if key in state and key not in raw_args:
                 raw_args[key] = state[key]
+        if "per_device_train_batch_size" in raw_args:  # the state's figure counts every GPU
+            raw_args.pop("train_batch_size", None)
+        planned = state.get("max_steps")
+        if isinstance(planned, int) and planned > 0:
+            record.planned_steps = planned
         if not record.logs.steps:
             record.logs = TrainingLogs.from_log_history(state.get("log_history") or [])
 
@@ -100,6 +137,9 @@ def read_run_dir(path: str | Path) -> RunRecord:
         else:
             record.config = parsed
 
+    if record.logs.steps:
+        fill_config_from_logs(record)
+
     adapter = find_adapter_dir(run_dir)
     if adapter is not None:
         record.adapter_dir = str(adapter)
@@ -111,6 +151,7 @@ def read_run_dir(path: str | Path) -> RunRecord:
     if not (own.is_file() or raw_args or state or adapter):
         raise RunRecordError(
             f"{run_dir}: no trainer output found (looked for gradian_run.json, training_args.json, "
-            "trainer_state.json, adapter_config.json); point --run at the trainer's output_dir"
+            "training_args.bin, trainer_state.json, adapter_config.json); point --run at the "
+            "trainer's output_dir" + (f" ({record.notes[-1]})" if record.notes else "")
         )
     return record

@@ -162,6 +162,13 @@ class RunRecord:
     source: str | None = None
     #: checkpoint directories found beside the adapter, oldest first (for TracIn)
     checkpoints: list[str] = field(default_factory=list)
+    #: optimizer steps the trainer planned (``max_steps`` in trainer_state.json), whether the
+    #: user set max_steps or the trainer derived it from epochs
+    planned_steps: int | None = None
+    #: config fields the run did not record and the reader inferred: field name -> how
+    inferred: dict[str, str] = field(default_factory=dict)
+    #: what the reader had to say about the run's files (a refused training_args.bin, ...)
+    notes: list[str] = field(default_factory=list)
 
     # -- derived figures, computed here once -------------------------------------------------
 
@@ -188,13 +195,16 @@ class RunRecord:
     def total_optimizer_steps(self, n_examples: int | None = None) -> int | None:
         """Optimizer steps the run was set up to take.
 
-        ``max_steps`` wins when positive. Otherwise ceil(n / (batch x world)) batches per epoch,
-        grouped by gradient accumulation (rounded up, as the HF Trainer does), times epochs.
-        Falls back to the last logged step when the dataset size is unknown.
+        ``max_steps`` wins when positive, then the trainer's own plan (``planned_steps``).
+        Otherwise ceil(n / (batch x world)) batches per epoch, grouped by gradient accumulation
+        (rounded up, as the HF Trainer does), times epochs. Falls back to the last logged step
+        when the dataset size is unknown.
         """
         c = self.config
         if c.max_steps is not None and c.max_steps > 0:
             return c.max_steps
+        if self.planned_steps:
+            return self.planned_steps
         n = n_examples if n_examples is not None else self.dataset.n_examples
         if n and c.per_device_train_batch_size and c.num_train_epochs:
             per_step = c.per_device_train_batch_size * (c.world_size or 1)
@@ -203,6 +213,32 @@ class RunRecord:
             return math.ceil(updates_per_epoch * c.num_train_epochs)
         if self.logs.steps:
             return max(s.step for s in self.logs.steps)
+        return None
+
+    def inferred_gradient_accumulation(self, n_examples: int | None = None) -> int | None:
+        """Gradient accumulation implied by the logs, for a run that did not record it.
+
+        The logged ``epoch`` grows by 1 / U per optimizer step, U the updates per epoch; the
+        trainer makes U = ceil(B / g) updates from B = ceil(n / (batch x world)) batches, so g is
+        the accumulation for which ceil(B / g) = U. None without the dataset size, the
+        per-device batch or two logged epochs.
+        """
+        c = self.config
+        n = n_examples if n_examples is not None else self.dataset.n_examples
+        points = [(s.step, s.epoch) for s in self.logs.steps if s.epoch is not None and s.epoch > 0]
+        if not n or not c.per_device_train_batch_size or len(points) < 2:
+            return None
+        (s0, e0), (s1, e1) = points[0], points[-1]
+        if e1 <= e0 or s1 <= s0:
+            return None
+        updates = round((s1 - s0) / (e1 - e0))
+        if updates < 1:
+            return None
+        batches = math.ceil(n / (c.per_device_train_batch_size * (c.world_size or 1)))
+        guess = max(1, round(batches / updates))
+        for g in sorted(range(max(1, guess - 2), guess + 3), key=lambda g: abs(g - guess)):
+            if math.ceil(batches / g) == updates:
+                return g
         return None
 
     @property
@@ -217,6 +253,11 @@ class RunRecord:
                 return c.warmup_steps / total
             return 0.0 if c.warmup_steps == 0 else None
         return None
+
+    def label_inferred(self, evidence: dict[str, Any], *names: str) -> dict[str, Any]:
+        """``evidence`` plus ``inferred`` {field: how} for those of ``names`` the reader inferred."""
+        used = {name: self.inferred[name] for name in names if name in self.inferred}
+        return {**evidence, "inferred": used} if used else evidence
 
     # -- serialization: the ``gradian_run.json`` artifact ------------------------------------
 
@@ -235,6 +276,9 @@ class RunRecord:
             dataset=_dataclass_from(DatasetRef, data.get("dataset") or {}),
             source=data.get("source"),
             checkpoints=list(data.get("checkpoints") or []),
+            planned_steps=_as_int(data.get("planned_steps")),
+            inferred=dict(data.get("inferred") or {}),
+            notes=list(data.get("notes") or []),
         )
 
     def write_json(self, path: str | Path) -> None:
