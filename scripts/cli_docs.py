@@ -17,6 +17,12 @@ the fix. `diagnose --fail-on SEVERITY` exits 1 when a finding at or above it fir
 take `--config` / `-c`; a flag always wins over the file.
 
 `python -m gradian` runs the same command line.
+
+On a terminal, tables are drawn with rich. When stdout is a pipe or a file they are printed as one
+row per line, cells separated by tabs, never truncated (`gradian checks | grep config.`), and
+`checks`, `diagnose` and `doctor` take `--json` for the same data as JSON. Library warnings,
+advisories and download bars are kept out of the output; `gradian --verbose COMMAND` lets them
+through.
 """
 
 

@@ -115,3 +115,87 @@ def test_every_command_and_flag_is_documented():
                 for opt in getattr(param, "opts", []):
                     if opt.startswith("-") and opt != "--help":
                         assert f"`{opt}`" in text, f"{title} {opt} is missing from docs/cli.md"
+
+
+# -- output a script can read ----------------------------------------------------------------------
+
+def _gradian(*args: str) -> subprocess.CompletedProcess:
+    """The console entry with stdout a pipe, as in `gradian checks | grep config.`."""
+    return subprocess.run([sys.executable, "-m", "gradian", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_checks_through_a_pipe_prints_every_id_whole():
+    from gradian.audit import all_checks
+
+    proc = _gradian("checks")
+    assert proc.returncode == 0, proc.stderr
+    registry = all_checks()
+    for category in ("config", "data", "dynamics"):
+        expected = sorted(c.id for c in registry if c.category == category)
+        lines = [line for line in proc.stdout.splitlines() if line.startswith(f"{category}.")]
+        assert sorted(line.split("\t")[0] for line in lines) == expected
+    assert len(proc.stdout.splitlines()) == len(registry)  # rows only; the title goes to stderr
+    by_id = {line.split("\t")[0]: line.split("\t") for line in proc.stdout.splitlines()}
+    check = registry[0]
+    assert by_id[check.id] == [check.id, check.category, check.description, ", ".join(check.needs)]
+    assert "…" not in proc.stdout
+
+
+def test_checks_json_matches_the_registry():
+    import json
+
+    from gradian.audit import all_checks
+
+    proc = _gradian("checks", "--json")
+    assert proc.returncode == 0, proc.stderr
+    listed = json.loads(proc.stdout)
+    assert [c["id"] for c in listed] == [c.id for c in all_checks()]
+    assert set(listed[0]) == {"id", "category", "description", "needs"}
+
+
+def test_doctor_json_and_plain_lines():
+    import json
+
+    proc = _gradian("doctor", "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert any(p["name"] == "torch" for p in report["packages"]) and report["devices"]
+    plain = _gradian("doctor").stdout.splitlines()
+    torch_line = next(line for line in plain if line.startswith("torch\t"))
+    assert torch_line.split("\t")[-1] == "ok"
+    assert not any(c in "".join(plain) for c in "┏│━")  # no box drawing in a pipe
+
+
+def test_diagnose_json_is_the_report_alone_on_stdout(tmp_path):
+    import json
+
+    rows = tmp_path / "train.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"q{i}", "completion": f"a{i}"}) + "\n" for i in range(5)))
+    proc = _gradian("diagnose", "--dataset", str(rows), "--json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert {"findings", "verdict", "skipped", "manifest"} <= set(report)
+    plain = _gradian("diagnose", "--dataset", str(rows))
+    assert any(line.startswith("Skipped checks") for line in plain.stdout.splitlines())
+    assert any(line.startswith("config.lr_too_high\t") for line in plain.stdout.splitlines())
+
+
+def test_library_future_warnings_are_quiet_unless_verbose():
+    import warnings
+
+    from gradian.cli.output import quiet_libraries
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_libraries(verbose=False)
+        warnings.warn("deprecated somewhere in a library", FutureWarning)
+    assert seen == []
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_libraries(verbose=True)
+        warnings.warn("deprecated somewhere in a library", FutureWarning)
+    assert len(seen) == 1
+
+
+def test_verbose_is_a_global_flag():
+    assert _gradian("--verbose", "checks", "--json").returncode == 0

@@ -3,7 +3,8 @@
 ``app`` is a typer application. Each command group lives in its own module under ``gradian.cli``
 and exposes ``register(app)``; ``_COMMAND_MODULES`` lists them in help order. ``main`` is the
 console-script entry: it turns every ``GradianError`` into one line on stderr and exit code 2,
-never a traceback.
+never a traceback. ``--verbose`` (before the command) lets libraries' warnings and download bars
+through; ``gradian.cli.output`` keeps them out otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +26,17 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+@app.callback()
+def _global_options(
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="Let libraries print their warnings, advisories and download bars"),
+) -> None:
+    """Find the training examples, or the setting, that broke a LoRA fine-tune."""
+    from gradian.cli.output import quiet_libraries
+
+    quiet_libraries(verbose)
+
 
 #: command modules, each with ``register(app)``; a module not present yet is simply skipped
 _COMMAND_MODULES = (

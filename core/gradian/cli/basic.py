@@ -5,8 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from gradian.errors import ConfigError
 
@@ -20,36 +18,35 @@ def version_command() -> None:
     typer.echo(f"gradian {__version__}")
 
 
-def doctor_command() -> None:
+def doctor_command(
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON (packages, features, devices, determinism, problems)"),
+) -> None:
     """Check the environment: packages against the supported window, devices, determinism, extras."""
+    import dataclasses
+
+    from gradian.cli.output import print_json, print_line, print_table
     from gradian.doctor import collect_report
 
     report = collect_report()
-    console = Console()
-    table = Table(title="Packages", show_lines=False)
-    for col in ("package", "installed", "supported", "status"):
-        table.add_column(col)
-    for row in report.packages:
-        style = {"ok": "green", "outside window": "yellow", "missing": "red"}.get(row.status, "")
-        table.add_row(row.name, row.installed or "-", row.window, f"[{style}]{row.status}[/]")
-    console.print(table)
-
-    extras = Table(title="Optional features")
-    for col in ("feature", "available", "why"):
-        extras.add_column(col)
-    for row in report.features:
-        extras.add_row(row.name, "[green]yes[/]" if row.available else "[yellow]no[/]", row.reason)
-    console.print(extras)
-
-    console.print(f"[bold]Devices:[/] {', '.join(report.devices)}")
+    if as_json:
+        print_json(dataclasses.asdict(report))
+        return
+    status_style = {"ok": "green", "outside window": "yellow", "missing": "red"}
+    print_table("Packages", ("package", "installed", "supported", "status"),
+                [(row.name, row.installed or "-", row.window, row.status) for row in report.packages],
+                styles=[status_style.get(row.status, "") for row in report.packages])
+    print_table("Optional features", ("feature", "available", "why"),
+                [(row.name, "yes" if row.available else "no", row.reason) for row in report.features],
+                styles=["" if row.available else "yellow" for row in report.features])
+    print_line(f"Devices: {', '.join(report.devices)}")
     for line in report.determinism:
-        console.print(f"[bold]Determinism:[/] {line}")
+        print_line(f"Determinism: {line}")
     if report.problems:
-        console.print(f"[yellow]{len(report.problems)} warning(s):[/]")
+        print_line(f"{len(report.problems)} warning(s):", "yellow")
         for problem in report.problems:
-            console.print(f"  - {problem}")
+            print_line(f"  - {problem}")
     else:
-        console.print("[green]Everything required is installed and inside the supported window.[/]")
+        print_line("Everything required is installed and inside the supported window.", "green")
 
 
 def init_config_command(

@@ -31,11 +31,13 @@ def diagnose_command(
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Sequence length used in training (default: the run's)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write diagnose.json and diagnose.md to this directory"),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help=f"Exit 1 when a finding at or above this severity fires ({', '.join(SEVERITIES)})"),
+    as_json: bool = typer.Option(False, "--json", help="Print the diagnosis (the diagnose.json report) as JSON on stdout instead of tables"),
 ) -> None:
     """Audit a dataset, trainer config and training logs. No GPU, no model weights."""
     from rich.console import Console
 
     from gradian.audit import write_diagnosis
+    from gradian.cli.output import print_json
     from gradian.audit.session import diagnose
     from gradian.config import load_config
     from gradian.cli.run_flags import publish_to_source, run_reference
@@ -51,13 +53,19 @@ def diagnose_command(
     )
     diagnosis = diagnose(cfg, max_seq_length)
     result, report = diagnosis.result, diagnosis.report
-    console = Console()
-    _print_result(console, result)
+    # with --json, stdout carries the JSON alone; everything else goes to stderr
+    console = Console(stderr=as_json)
+    record = diagnosis.inputs.run
+    for note in (record.notes if record is not None else []):
+        Console(stderr=True).print(f"[yellow]note:[/] {note}", highlight=False, soft_wrap=True)
+    if as_json:
+        print_json(report)
+    else:
+        _print_result(result)
     files: list[Path] = []
     if out is not None:
         files = list(write_diagnosis(report, out))
-        console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False)
-    record = diagnosis.inputs.run
+        console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False, soft_wrap=True)
     if not no_log and record is not None and (record.source or "").startswith("mlflow:") and not files:
         import tempfile
 
@@ -65,53 +73,49 @@ def diagnose_command(
     publish_to_source(record, report, "diagnose", files, no_log=no_log, console=console)
     if fail_on is not None and result.at_least(fail_on.lower()):
         n = len(result.at_least(fail_on.lower()))
-        console.print(f"[bold red]{n} finding(s) at or above {fail_on.lower()}: failing (--fail-on).[/]")
+        Console(stderr=True).print(f"[bold red]{n} finding(s) at or above {fail_on.lower()}: failing (--fail-on).[/]",
+                                   highlight=False, soft_wrap=True)
         raise typer.Exit(code=1)
 
 
-def _print_result(console: Any, result: Any) -> None:
-    from rich.table import Table
+def _print_result(result: Any) -> None:
+    from gradian.cli.output import print_line, print_table
 
     verdict = result.verdict()
     critical = result.at_least("critical")
     if critical:
-        console.print(
-            f"[bold red]{len(critical)} critical issue(s) invalidate or dominate this run: fix these first.[/]"
-        )
-    table = Table(title=f"Audit findings ({len(result.findings)} fired, {len(result.ran)} checks ran)")
-    for col in ("severity", "check", "finding", "fix"):
-        table.add_column(col, overflow="fold")
-    for f in result.findings:
-        style = _STYLE.get(f.severity, "")
-        table.add_row(f"[{style}]{f.severity}[/]", f.id, f.title, f.fix)
+        print_line(f"{len(critical)} critical issue(s) invalidate or dominate this run: fix these first.", "bold red")
     if result.findings:
-        console.print(table)
+        print_table(f"Audit findings ({len(result.findings)} fired, {len(result.ran)} checks ran)",
+                    ("severity", "check", "finding", "fix"),
+                    [(f.severity, f.id, f.title, f.fix) for f in result.findings],
+                    styles=[_STYLE.get(f.severity, "") for f in result.findings])
     else:
-        console.print("[green]No check fired.[/]")
-    console.print(f"[bold]Verdict ({verdict['kind']}):[/] {verdict['summary']}", highlight=False)
+        print_line("No check fired.", "green")
+    print_line(f"Verdict ({verdict['kind']}): {verdict['summary']}", "bold")
     if result.skipped:
-        skipped = Table(title=f"Skipped checks ({len(result.skipped)})")
-        skipped.add_column("check")
-        skipped.add_column("why", overflow="fold")
-        for s in result.skipped:
-            skipped.add_row(s.id, s.reason)
-        console.print(skipped)
+        print_table(f"Skipped checks ({len(result.skipped)})", ("check", "why"),
+                    [(s.id, s.reason) for s in result.skipped])
 
 
-def checks_command() -> None:
-    """List every registered diagnostic check: category, id and description."""
-    from rich.console import Console
-    from rich.table import Table
+def checks_command(
+    as_json: bool = typer.Option(False, "--json", help="Print the checks as a JSON list (id, category, description, needs)"),
+) -> None:
+    """List every registered diagnostic check: id, category, description and the inputs it needs.
 
+    Piped or redirected, one check per line (tab-separated: id, category, description, needs).
+    """
     from gradian.audit import all_checks
+    from gradian.cli.output import print_json, print_table
 
     checks = all_checks()
-    table = Table(title=f"{len(checks)} diagnostic checks")
-    for col in ("category", "id", "description", "needs"):
-        table.add_column(col)
-    for c in checks:
-        table.add_row(c.category, c.id, c.description, ", ".join(c.needs))
-    Console().print(table)
+    if as_json:
+        print_json([{"id": c.id, "category": c.category, "description": c.description, "needs": list(c.needs)}
+                    for c in checks])
+        return
+    print_table(f"{len(checks)} diagnostic checks", ("id", "category", "description", "needs"),
+                [(c.id, c.category, c.description, ", ".join(c.needs)) for c in checks],
+                title_on_stderr=True)
 
 
 def register(app: typer.Typer) -> None:
