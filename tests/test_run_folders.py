@@ -255,3 +255,21 @@ def test_refused_pickle_without_logs_says_nothing_replaces_it(hf_trainer_runs, t
     (note,) = record.notes
     assert "no trainer_state.json either" in note and record.config.learning_rate is None
     assert not (tmp_path / "pwned").exists()
+
+
+def test_no_warmup_is_skipped_when_the_logs_start_too_late(hf_trainer_runs, tmp_path):
+    import json
+
+    src, _ = hf_trainer_runs["planted"]
+    run = _copy(src, tmp_path / "run", drop="training_args.bin")
+    state_path = run / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    # as with logging_steps=4: the first logged rate is at step 4
+    state["log_history"] = [e for e in state["log_history"] if e.get("step", 0) % 4 == 0]
+    state_path.write_text(json.dumps(state))
+    record = read_run_dir(run)
+    assert "learning_rate" in record.inferred and record.config.warmup_steps is None
+    record.dataset.n_examples = N_ROWS
+    result = run_audit(run=record, checks=["config.no_warmup"])
+    ((_, reason),) = [(s.id, s.reason) for s in result.skipped]
+    assert "start at step 4" in reason

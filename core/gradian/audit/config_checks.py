@@ -309,8 +309,15 @@ def no_eval_set(ctx: AuditContext):
 @register("config.no_warmup", "High learning rate from the very first step (no warmup)", needs=("run",))
 def no_warmup(ctx: AuditContext):
     _, _, effective, _ = _rate_figures(ctx)
-    warmup = _run(ctx).warmup_fraction
+    run = _run(ctx)
+    warmup = run.warmup_fraction
     if warmup is None:
+        rates = run.logs.series("learning_rate")
+        if rates and rates[0][0] > 1 and run.config.warmup_steps is None:
+            raise CheckSkipped(
+                f"the run recorded neither warmup_steps nor warmup_ratio, and its logged rates start at "
+                f"step {rates[0][0]}: a warmup over the steps before cannot be told from none"
+            )
         raise CheckSkipped("the run recorded neither warmup_steps nor warmup_ratio")
     threshold = ctx.config.no_warmup_effective_lr
     if warmup > 0 or effective <= threshold:
