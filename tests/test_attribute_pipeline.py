@@ -68,6 +68,14 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
         assert cluster["n"] == len(members)
         assert cluster["signed_influence"] == pytest.approx(members["score"].sum(), rel=1e-6, abs=1e-9)
 
+    # per-item scores: every row names the regressed item it hurts most (or none) and its share
+    assert set(rankings["worst_item"]) - {""} <= set(attr["query"]["item_ids"]) and len(attr["query"]["item_ids"]) == 4
+    hurting = rankings[rankings["worst_item"] != ""]
+    assert ((hurting["worst_item_share"] > 0) & (hurting["worst_item_share"] <= 1)).all()
+    assert (rankings.loc[rankings["worst_item"] == "", "worst_item_share"] == 0).all()
+    for row in attr["top_harmful"]:
+        assert row["items_hurt"] and sum(i["share"] for i in row["items_hurt"]) <= 1.0 + 1e-9
+
     # a second run with the same inputs is served from the index cache
     again = run_attribution(cfg, capability="capitals")
     assert again.report["manifest"]["index"]["index_id"] == report["manifest"]["index"]["index_id"]
@@ -146,3 +154,24 @@ def test_without_an_eval_set_the_report_says_it_has_no_capability_target(tmp_pat
     ids = [f["id"] for f in report["findings"]]
     assert ids.count("attribution.no_capability_target") == 1
     assert report["capability"] is None and report["attribution"]["query"]["scope"] == "training_fallback"
+
+
+def test_ekfac_through_the_pipeline_caches_its_state_and_picks_an_independent_cross_check(tmp_path, tiny_lora_dirs,
+                                                                                       data_files):
+    from gradian.attribution import run_attribution
+
+    base_dir, adapter_dir = tiny_lora_dirs
+    cfg = make_config(tmp_path, base_dir, adapter_dir, *data_files, **{"engine.name": "ekfac"})
+    first = run_attribution(cfg, capability="capitals", cross_check="kfac")
+    attr, manifest = first.report["attribution"], first.report["manifest"]
+    assert attr["engine"] == "ekfac" and attr["cross_check"] == "kfac"
+    state = manifest["engine_state"]
+    assert state["engine"] == "ekfac" and state["state_id"] and not state["cache_hit"]
+    assert state["settings"] == {"fisher": "empirical", "eigenvalue_correction": True}
+    assert (tmp_path / "cache" / "engines" / state["state_id"] / "arrays.npz").is_file()
+    again = run_attribution(cfg, capability="capitals", cross_check="ekfac")
+    assert again.report["manifest"]["engine_state"]["cache_hit"]
+    assert again.rankings["score"].tolist() == first.rankings["score"].tolist()
+    # ekfac cross-checked against itself is no cross-check: graddot (no curvature) is used instead
+    assert again.report["attribution"]["cross_check"] == "graddot"
+    assert any("not independent" in n for n in again.report["attribution"]["notes"])

@@ -15,7 +15,9 @@ pair, against the ground truth in ``scenario.json``:
 - ``planted_mean_rank``: its rank by mean score per example, most harmful first;
 - ``verdict``: the verdict the report reached with that engine and signal.
 
-It also prints the Spearman agreement of every pair of engines under each signal. Every figure
+It also prints the Spearman agreement of every pair of engines under each signal, and, for every
+engine against ``datainf`` under the same signal, the AUC difference with a 95% paired bootstrap
+interval (rows resampled within the planted and the clean group, 2,000 resamples). Every figure
 comes from one run; nothing is averaged over seeds.
 
 Run: ``python projects/benchmarks/bench_attribution_quality.py [--work DIR] [--out results.json]``.
@@ -33,24 +35,24 @@ from typing import Any
 
 import numpy as np
 
-ENGINES = ("datainf", "graddot", "tracin")
+ENGINES = ("ekfac", "kfac", "datainf", "graddot", "tracin")
 SIGNALS = ("target", "contrastive")
 SCENARIO = "poison_capitals"
 
 
-def prepare_run(work: Path, save_steps: int) -> tuple[Path, dict[str, Any], float]:
+def prepare_run(work: Path, save_steps: int, scenario: str = SCENARIO) -> tuple[Path, dict[str, Any], float]:
     """Write the scenario and fine-tune it once (reused when the run already exists)."""
     from gradian.config import load_config
     from gradian.tinyworld import ensure_base_model
     from gradian.tinyworld.scenarios import write_scenario
     from gradian.train import train_lora
 
-    root = work / SCENARIO
+    root = work / scenario
     run = root / "run"
     config_path = root / "gradian.yaml"
     if (run / "gradian_run.json").is_file() and (root / "scenario.json").is_file():
         return config_path, json.loads((root / "scenario.json").read_text()), 0.0
-    info = write_scenario(SCENARIO, root, ensure_base_model())
+    info = write_scenario(scenario, root, ensure_base_model())
     cfg = load_config(config_path, _overrides(root, save_steps))
     started = time.perf_counter()
     train_lora(cfg, run, overwrite=True)
@@ -89,7 +91,28 @@ def quality(rankings: Any, clusters: list[dict[str, Any]], planted: set[int], pl
     }
 
 
-def measure(config_path: Path, info: dict[str, Any], save_steps: int) -> dict[str, Any]:
+def is_planted_mask(rankings: Any, planted: set[int]) -> np.ndarray:
+    return rankings["row_index"].isin(planted).to_numpy()
+
+
+def auc_difference(scores_a: np.ndarray, scores_b: np.ndarray, planted: np.ndarray, n_boot: int = 2000,
+                   seed: int = 0) -> dict[str, float]:
+    """AUC(a) - AUC(b) on the same rows (harm = -score), with a 95% paired bootstrap interval."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(seed)
+    pos, neg = np.flatnonzero(planted), np.flatnonzero(~planted)
+    point = roc_auc_score(planted, -scores_a) - roc_auc_score(planted, -scores_b)
+    draws = []
+    for _ in range(n_boot):
+        rows = np.concatenate([rng.choice(pos, pos.size), rng.choice(neg, neg.size)])
+        draws.append(roc_auc_score(planted[rows], -scores_a[rows]) - roc_auc_score(planted[rows], -scores_b[rows]))
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return {"difference": float(point), "ci": [float(lo), float(hi)]}
+
+
+def measure(config_path: Path, info: dict[str, Any], save_steps: int, engines: tuple[str, ...] = ENGINES,
+            scenario: str = SCENARIO) -> dict[str, Any]:
     from gradian.attribution import run_attribution
     from gradian.config import load_config
     from gradian.engines import rank_correlation
@@ -100,7 +123,7 @@ def measure(config_path: Path, info: dict[str, Any], save_steps: int) -> dict[st
     results: list[dict[str, Any]] = []
     scores: dict[tuple[str, str], np.ndarray] = {}
     for signal in SIGNALS:
-        for engine in ENGINES:
+        for engine in engines:
             cfg = load_config(config_path, {**_overrides(root, save_steps), "engine.name": engine,
                                             "evaluation.query_signal": signal})
             started = time.perf_counter()
@@ -116,14 +139,19 @@ def measure(config_path: Path, info: dict[str, Any], save_steps: int) -> dict[st
             results.append(figures)
             scores[(engine, signal)] = outcome.rankings["score"].to_numpy(dtype=np.float64)
             print(f"  {engine:8s} {signal:12s} AUC {figures['auc']:.3f}  ({seconds:.0f} s)", flush=True)
+    differences = {
+        signal: {engine: auc_difference(scores[(engine, signal)], scores[("datainf", signal)], is_planted_mask(outcome.rankings, planted))
+                 for engine in engines if engine != "datainf"}
+        for signal in SIGNALS
+    }
     agreement = {
         signal: {f"{a} vs {b}": float(rank_correlation(scores[(a, signal)], scores[(b, signal)]))
-                 for i, a in enumerate(ENGINES) for b in ENGINES[i + 1:]}
+                 for i, a in enumerate(engines) for b in engines[i + 1:]}
         for signal in SIGNALS
     }
     cap = outcome.capability
     return {
-        "scenario": SCENARIO,
+        "scenario": scenario,
         "n_train": info["n_train"],
         "n_planted": len(planted),
         "capability": {"base": cap.base, "tuned": cap.tuned, "delta": cap.delta, "ci": list(cap.ci),
@@ -131,6 +159,7 @@ def measure(config_path: Path, info: dict[str, Any], save_steps: int) -> dict[st
         "save_steps": save_steps,
         "results": results,
         "engine_agreement_spearman": agreement,
+        "auc_minus_datainf": differences,
     }
 
 
@@ -153,20 +182,27 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=212,
                         help="checkpoint interval for TracIn (212 steps = one epoch of this scenario at batch 4)")
     parser.add_argument("--out", default=None, help="write the JSON here as well as printing it")
+    parser.add_argument("--scenario", default=SCENARIO, help="a poison scenario of tinyworld (or of another offline world)")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines; datainf is always measured")
     args = parser.parse_args()
 
     work = Path(args.work).resolve()
-    config_path, info, train_seconds = prepare_run(work, args.save_steps)
+    engines = tuple(dict.fromkeys(["datainf", *[e for e in args.engines.split(",") if e]]))
+    config_path, info, train_seconds = prepare_run(work, args.save_steps, args.scenario)
     checkpoints = sorted(p.name for p in (config_path.parent / "run").glob("checkpoint-*"))
-    print(f"{SCENARIO}: {info['n_train']} rows, {info['planted']['n']} planted; "
+    print(f"{args.scenario}: {info['n_train']} rows, {info['planted']['n']} planted; "
           f"checkpoints {', '.join(checkpoints) or 'none'}"
           + (f"; trained in {train_seconds:.0f} s" if train_seconds else " (reused)"), flush=True)
-    summary = measure(config_path, info, args.save_steps)
+    summary = measure(config_path, info, args.save_steps, engines, args.scenario)
     summary["checkpoints"] = checkpoints
     summary["train_seconds"] = round(train_seconds, 1)
     cap = summary["capability"]
     print(f"\ncapability: {cap['base']:.3f} -> {cap['tuned']:.3f}, {cap['n_flipped']} of {cap['n_items']} flipped")
     print(table(summary))
+    print("\nAUC minus datainf's (95% paired bootstrap interval):")
+    for signal, rows in summary["auc_minus_datainf"].items():
+        print(f"  {signal:12s} " + "  ".join(f"{k} {v['difference']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}]"
+                                               for k, v in rows.items()))
     print("\nengine agreement (Spearman):")
     for signal, pairs in summary["engine_agreement_spearman"].items():
         print(f"  {signal:12s} " + "  ".join(f"{k} {v:.3f}" for k, v in pairs.items()))

@@ -154,9 +154,11 @@ def run_attribution(
         main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log)
         fit_seconds = {cfg.engine.name: round(time.time() - t0, 3)}
         main = _score(cfg, main_state, qg, gm, tokenizer, items)
-        scores = np.asarray(main.scores, dtype=np.float64)
+        item_scores = np.asarray(main.scores, dtype=np.float64)
+        scores = _mean_over_items(item_scores)
         agreement = None
         cross = None
+        cross_scores = None
         cross_note = None
         if cross_check and cross_check != "none":
             t0 = time.time()
@@ -172,7 +174,8 @@ def run_attribution(
                 cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log)
             fit_seconds[cross_check] = round(time.time() - t0, 3)
             cross = _score(cfg, cross_state, qg, gm, tokenizer, items)
-            agreement = float(rank_correlation(scores, np.asarray(cross.scores, dtype=np.float64)))
+            cross_scores = _mean_over_items(cross.scores)
+            agreement = float(rank_correlation(scores, cross_scores))
         log("clustering the training examples")
         assignment = cluster_examples(dataset.examples, cfg.clustering, seed=cfg.seed)
         ids = dataset.ids
@@ -186,7 +189,8 @@ def run_attribution(
             "gated": gated,
             "n_examples": len(ids),
             "clusters": clusters,
-            "top_harmful": top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True),
+            "top_harmful": _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True),
+                                            ids, item_scores, qg.item_ids),
             "top_helpful": top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False),
             "notes": list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
                      + ([cross_note] if cross_note else []),
@@ -209,7 +213,8 @@ def run_attribution(
             "settings": main_state.meta.get("settings", {}), "fit_seconds": round(main_state.fit_seconds, 3),
         }
         manifest["clustering"] = {k: v for k, v in assignment.to_dict().items() if k != "labels"}
-        rankings = rankings_frame(dataset, scores, assignment, findings, cross.scores if cross else None)
+        rankings = rankings_frame(dataset, scores, assignment, findings, cross_scores if cross else None,
+                                  item_scores=item_scores if item_scores.ndim == 2 else None, item_ids=qg.item_ids)
     manifest["seconds"] = round(time.time() - started, 2)
 
     report = assemble_report(
@@ -268,6 +273,7 @@ def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: An
 
 
 def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any) -> Any:
+    """The engine's ``[n, items]`` scores, one column per query item (their mean is the ranking)."""
     from gradian.engines import get_engine
     from gradian.query import build_query_gradient
 
@@ -275,18 +281,26 @@ def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any) -
 
     def query_for(view: Any) -> Any:  # the query measured under another adapter (TracIn checkpoints)
         try:
-            return build_query_gradient(view_active(view), tokenizer, items, qg.signal, cfg.grads, scope=qg.scope).vectors
+            q = build_query_gradient(_active(view), tokenizer, items, qg.signal, cfg.grads, scope=qg.scope)
+            return q.per_item if qg.per_item is not None else q.vectors
         finally:
-            view_active(gm)
+            _active(gm)
 
-    def view_active(view: Any) -> Any:
-        view.model.set_adapter(view.adapter_name)
-        for b in view.blocks:
-            for p in b.parameters:
-                p.requires_grad_(True)
-        return view
+    query = qg.per_item if qg.per_item is not None else qg.vectors
+    return get_engine(state.engine).score(state, query, engine_cfg, query_for=query_for)
 
-    return get_engine(state.engine).score(state, qg.vectors, engine_cfg, query_for=query_for)
+
+def _active(view: Any) -> Any:
+    view.model.set_adapter(view.adapter_name)
+    for b in view.blocks:
+        for p in b.parameters:
+            p.requires_grad_(True)
+    return view
+
+
+def _mean_over_items(scores: Any) -> np.ndarray:
+    values = np.asarray(scores, dtype=np.float64)
+    return values.mean(axis=1) if values.ndim == 2 else values
 
 
 def _independent_cross_check(engine: str, state: Any) -> str:
@@ -298,9 +312,42 @@ def _independent_cross_check(engine: str, state: Any) -> str:
     return "graddot"
 
 
+def item_harm(item_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row: the query item it hurts most (column index) and that item's share of the row's harm.
+
+    Harm on item ``i`` is ``max(-score_i, 0)``; the share is the worst item's harm over the row's
+    total harm across items (0 when the row hurts no item). The ranking itself stays the mean over
+    items: ranking by each row's worst item would reward being on topic, not being harmful.
+    """
+    harm = np.clip(-np.asarray(item_scores, dtype=np.float64), 0.0, None)
+    worst = harm.argmax(axis=1)
+    total = harm.sum(axis=1)
+    share = np.divide(harm[np.arange(len(harm)), worst], total, out=np.zeros(len(harm)), where=total > 0)
+    return worst, share
+
+
+def _with_items_hurt(rows: list[dict[str, Any]], ids: list[str], item_scores: np.ndarray,
+                     item_ids: list[str], k: int = 3) -> list[dict[str, Any]]:
+    """Each listed row with the query items it hurts most: ``items_hurt`` [{item_id, share}]."""
+    if item_scores.ndim != 2 or not rows:
+        return rows
+    position = {eid: j for j, eid in enumerate(ids)}
+    for row in rows:
+        harm = np.clip(-item_scores[position[row["example_id"]]], 0.0, None)
+        total = float(harm.sum())
+        order = [int(i) for i in np.argsort(-harm, kind="stable")[:k] if harm[i] > 0]
+        row["items_hurt"] = [{"item_id": item_ids[i] if i < len(item_ids) else str(i),
+                              "share": round(float(harm[i]) / total, 4)} for i in order]
+    return rows
+
+
 def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: list[Any],
-                   cross_scores: Any = None) -> Any:
-    """One row per training example: id, score, predicted loss delta, cluster, flags."""
+                   cross_scores: Any = None, item_scores: Any = None, item_ids: list[str] | None = None) -> Any:
+    """One row per training example: id, score, predicted loss delta, cluster, flags.
+
+    With ``item_scores`` (``[n, items]``): ``worst_item`` (the query item the row hurts most, empty
+    when it hurts none) and ``worst_item_share`` (that item's share of the row's harm).
+    """
     import pandas as pd
 
     n = len(dataset)
@@ -324,6 +371,12 @@ def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: 
     })
     if cross_scores is not None:
         frame["cross_check_score"] = np.asarray(cross_scores, dtype=np.float64)
+    if item_scores is not None:
+        worst, share = item_harm(item_scores)
+        names = list(item_ids or [])
+        frame["worst_item"] = [names[w] if s > 0 and w < len(names) else ("" if s <= 0 else str(w))
+                               for w, s in zip(worst, share)]
+        frame["worst_item_share"] = share
     return frame
 
 

@@ -62,7 +62,11 @@ class QueryItem:
 
 @dataclass
 class QueryGradient:
-    """``vectors``: ``{block: [width]}``; ``signal``: the one actually used; notes for the report."""
+    """``vectors``: ``{block: [width]}``; ``signal``: the one actually used; notes for the report.
+
+    ``per_item``: ``{block: [items, width]}``, one query gradient per item (``vectors`` is their
+    mean, so the mean of the per-item scores is the score of ``vectors``); ``item_ids`` names them.
+    """
 
     vectors: dict[str, np.ndarray]
     signal: str
@@ -71,10 +75,13 @@ class QueryGradient:
     scope: str = "regressed"
     notes: list[str] = field(default_factory=list)
     finding_ids: list[str] = field(default_factory=list)
+    per_item: dict[str, np.ndarray] | None = None
+    item_ids: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {"signal": self.signal, "requested_signal": self.requested_signal, "n_items": self.n_items,
-                "scope": self.scope, "notes": list(self.notes), "finding_ids": list(self.finding_ids)}
+                "scope": self.scope, "notes": list(self.notes), "finding_ids": list(self.finding_ids),
+                "item_ids": list(self.item_ids)}
 
 
 def resolve_signal(requested: str, items: Sequence[QueryItem]) -> tuple[str, list[str]]:
@@ -124,8 +131,9 @@ def select_query_items(eval_items: Sequence[QueryItem] | None, train_examples: S
     ], [NO_CAPABILITY_TARGET]
 
 
-def _mean_gradient(gm: Any, tokenizer: Any, prompts: Sequence[list[dict[str, str]]], answers: Sequence[str],
-                   grads_config: Any, projector: Any) -> dict[str, np.ndarray]:
+def _item_gradients(gm: Any, tokenizer: Any, prompts: Sequence[list[dict[str, str]]], answers: Sequence[str],
+                    grads_config: Any, projector: Any) -> dict[str, np.ndarray]:
+    """``{block: [items, width]}``: each item's gradient (float64)."""
     from gradian.data import dataset_from_rows, tokenize_examples
     from gradian.grads import iter_example_gradients
 
@@ -138,12 +146,12 @@ def _mean_gradient(gm: Any, tokenizer: Any, prompts: Sequence[list[dict[str, str
             f"{len(lost)} query item(s) have no supervised token left within grads.max_seq_length="
             f"{grads_config.max_seq_length}; raise it or shorten the eval prompts"
         )
-    total: dict[str, np.ndarray] = {}
-    for _, chunk in iter_example_gradients(gm, tokenized, grads_config, tokenizer.pad_token_id, projector=projector):
+    parts: dict[str, list[np.ndarray]] = {}
+    for _, chunk in iter_example_gradients(gm, tokenized, grads_config, tokenizer.pad_token_id,
+                                           projector=projector):
         for b, g in chunk.items():
-            s = g.astype(np.float64).sum(axis=0)
-            total[b] = total[b] + s if b in total else s
-    return {b: v / len(rows) for b, v in total.items()}
+            parts.setdefault(b, []).append(g.astype(np.float64))
+    return {b: np.concatenate(v, axis=0) for b, v in parts.items()}
 
 
 def build_query_gradient(gm: Any, tokenizer: Any, items: Sequence[QueryItem], signal: str = "auto",
@@ -164,12 +172,14 @@ def build_query_gradient(gm: Any, tokenizer: Any, items: Sequence[QueryItem], si
     used, signal_notes = resolve_signal(signal, items)
     projector = make_projector(grads_config)
     prompts = [item.prompt_messages for item in items]
-    vectors = _mean_gradient(gm, tokenizer, prompts, [i.wanted for i in items], grads_config, projector)
+    per_item = _item_gradients(gm, tokenizer, prompts, [i.wanted for i in items], grads_config, projector)
     all_notes = list(notes) + signal_notes
     if used == "contrastive":
-        generated = _mean_gradient(gm, tokenizer, prompts, [i.generated or "" for i in items], grads_config, projector)
-        vectors = {b: vectors[b] - generated[b] for b in vectors}
+        generated = _item_gradients(gm, tokenizer, prompts, [i.generated or "" for i in items], grads_config, projector)
+        per_item = {b: per_item[b] - generated[b] for b in per_item}
         same = sum(1 for i in items if (i.generated or "").strip() == i.wanted.strip())
         if same:
             all_notes.append(f"{same} query item(s) generated the wanted answer and add nothing to a contrastive query")
-    return QueryGradient(vectors, used, signal, len(items), scope, all_notes, list(finding_ids))
+    vectors = {b: v.mean(axis=0) for b, v in per_item.items()}
+    return QueryGradient(vectors, used, signal, len(items), scope, all_notes, list(finding_ids), per_item=per_item,
+                         item_ids=[item.item_id or str(k) for k, item in enumerate(items)])
