@@ -77,8 +77,20 @@ def _agree(a: str, b: str) -> bool:
     return bool(short) and f" {short} " in f" {long} "
 
 
+def _all_agree(distinct: list[str]) -> bool:
+    """Whether every pair of these distinct answers agrees, in one pass instead of all pairs.
+
+    Agreement between distinct answers is whole-word containment, which is transitive, and two
+    distinct answers of equal length never agree; so the pairs all agree exactly when, sorted by
+    length, each answer agrees with the next one.
+    """
+    ordered = sorted(distinct, key=len)
+    return all(_agree(a, b) for a, b in zip(ordered, ordered[1:]))
+
+
 @register("data.conflicting_answers", "One prompt, several disagreeing answers", needs=("dataset",))
 def conflicting_answers(ctx: AuditContext):
+    examples = ctx.examples  # a fresh list on each access: read it once
     groups: dict[str, list[int]] = defaultdict(list)
     for i, prompt in enumerate(ctx.normalized_prompts):
         if prompt:
@@ -89,18 +101,16 @@ def conflicting_answers(ctx: AuditContext):
         if len(rows) < 2:
             continue
         distinct = list(dict.fromkeys(answers[i] for i in rows))[:50]
-        if len(distinct) < 2:
-            continue
-        if any(not _agree(a, b) for j, a in enumerate(distinct) for b in distinct[j + 1 :]):
+        if len(distinct) >= 2 and not _all_agree(distinct):
             conflicting.append(rows)
     if not conflicting:
         return None
-    n = len(ctx.examples)
+    n = len(examples)
     rows = [i for group in conflicting for i in group]
     share = len(rows) / n
     severity = "high" if share >= ctx.config.conflicting_high_share else "medium"
-    ex = ctx.examples[conflicting[0][0]]
-    sample = [ctx.examples[i].completion[:80] for i in conflicting[0][:3]]
+    ex = examples[conflicting[0][0]]
+    sample = [examples[i].completion[:80] for i in conflicting[0][:3]]
     return ctx.finding(
         severity,
         f"{_rows(len(conflicting), 'question')} with contradictory answers ({len(rows)} examples, {share:.1%})",
@@ -110,7 +120,7 @@ def conflicting_answers(ctx: AuditContext):
         "planted or corrupted rows usually look exactly like this.",
         "Decide which answer is right for each listed prompt and remove or correct the others.",
         evidence={"n_prompts": len(conflicting), "n_examples": len(rows), "share": round(share, 4)},
-        example_ids=[ctx.examples[i].id for i in rows],
+        example_ids=[examples[i].id for i in rows],
     )
 
 
@@ -122,9 +132,10 @@ def _exact_key(example: Any) -> str:
 
 @register("data.duplicates", "Rows repeated word for word", needs=("dataset",))
 def duplicates(ctx: AuditContext):
+    examples = ctx.examples  # a fresh list on each access: indexing it per copy was quadratic
     seen: dict[str, int] = {}
     copies: list[int] = []
-    for i, example in enumerate(ctx.examples):
+    for i, example in enumerate(examples):
         key = _exact_key(example)
         if key in seen:
             copies.append(i)
@@ -132,7 +143,7 @@ def duplicates(ctx: AuditContext):
             seen[key] = i
     if not copies:
         return None
-    n = len(ctx.examples)
+    n = len(examples)
     share = len(copies) / n
     severity = "medium" if share >= ctx.config.duplicate_medium_share else "low"
     return ctx.finding(
@@ -144,7 +155,7 @@ def duplicates(ctx: AuditContext):
         "Deduplicate the dataset (keep the first copy of each row) unless the repetition is a "
         "deliberate upsampling.",
         evidence={"n_duplicates": len(copies), "share": round(share, 4), "n_unique": len(seen)},
-        example_ids=[ctx.examples[i].id for i in copies],
+        example_ids=[examples[i].id for i in copies],
     )
 
 
@@ -251,6 +262,7 @@ def length_outliers(ctx: AuditContext):
     outliers = [i for i, n in enumerate(lengths) if n > limit]
     if not outliers:
         return None
+    ids = ctx.example_ids
     longest = max(lengths)
     return ctx.finding(
         "low",
@@ -261,7 +273,7 @@ def length_outliers(ctx: AuditContext):
         "Inspect the listed rows; split, shorten or drop the ones that are not real examples.",
         evidence={"n_outliers": len(outliers), "median_length": median, "limit": limit,
                   "longest": longest, "unit": unit},
-        example_ids=[ctx.examples[i].id for i in outliers],
+        example_ids=[ids[i] for i in outliers],
     )
 
 
@@ -391,35 +403,51 @@ def _band_shape(num_perm: int, threshold: float) -> tuple[int, int]:
 
 def near_duplicate_groups(texts: list[str], threshold: float, num_perm: int) -> list[list[int]]:
     """Groups (by index, sorted) of texts whose estimated 3-gram Jaccard similarity links them
-    at ``threshold`` or above, found by LSH banding over the MinHash signatures."""
+    at ``threshold`` or above, found by LSH banding over the MinHash signatures.
+
+    In each band, every text is a candidate pair with the first text of its bucket (the bucket's
+    lowest index); candidate pairs whose signatures agree on at least ``threshold`` of their
+    columns are linked, and a group is a connected component of those links. Everything is done
+    per band on whole arrays (sort-based bucketing, batched signature comparison), so a dataset
+    made mostly of near-copies, whose buckets hold thousands of rows, costs about what a dataset
+    of distinct rows costs.
+    """
+    import numpy as np
+
+    n = len(texts)
+    if n < 2:
+        return []
     signatures = minhash_signatures(texts, num_perm)
     bands, rows = _band_shape(num_perm, threshold)
-    parent = list(range(len(texts)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    checked: set[tuple[int, int]] = set()
+    index = np.arange(n, dtype=np.int64)
+    candidates = []
     for band in range(bands):
-        buckets: dict[bytes, list[int]] = defaultdict(list)
-        block = signatures[:, band * rows : (band + 1) * rows]
-        for i in range(len(texts)):
-            buckets[block[i].tobytes()].append(i)
-        for members in buckets.values():
-            for i in members[1:]:
-                pair = (members[0], i)
-                if pair in checked or root(pair[0]) == root(i):
-                    continue
-                checked.add(pair)
-                if float((signatures[pair[0]] == signatures[i]).mean()) >= threshold:
-                    parent[root(i)] = root(pair[0])
-    groups: dict[int, list[int]] = defaultdict(list)
-    for i in range(len(texts)):
-        groups[root(i)].append(i)
-    return [sorted(g) for g in groups.values() if len(g) > 1]
+        block = np.ascontiguousarray(signatures[:, band * rows : (band + 1) * rows])
+        keys = block.view(np.dtype((np.void, block.dtype.itemsize * rows))).ravel()
+        _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        head = first[inverse.ravel()].astype(np.int64)  # np.unique's first occurrence: the lowest index
+        mask = head != index
+        candidates.append(head[mask] * n + index[mask])
+    pairs = np.unique(np.concatenate(candidates))
+    linked = []
+    step = max(1, (1 << 24) // max(num_perm, 1))  # bounds the (pairs x num_perm) temporary
+    for lo in range(0, len(pairs), step):
+        chunk = pairs[lo : lo + step]
+        a, b = chunk // n, chunk % n
+        agree = (signatures[a] == signatures[b]).mean(axis=1)
+        linked.append(chunk[agree >= threshold])
+    links = np.concatenate(linked) if linked else np.zeros(0, dtype=np.int64)
+    if not len(links):
+        return []
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    graph = coo_matrix((np.ones(len(links), dtype=np.int8), (links // n, links % n)), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    order = np.argsort(labels, kind="stable")  # members of each component in index order
+    sizes = np.bincount(labels)
+    groups = [g.tolist() for g in np.split(order, np.cumsum(sizes)[:-1]) if len(g) > 1]
+    return sorted(groups, key=lambda g: g[0])
 
 
 @register("data.near_duplicates", "Rows that are almost copies of each other (MinHash)", needs=("dataset",))
@@ -574,8 +602,9 @@ def tiny_dataset(ctx: AuditContext):
 def train_eval_contamination(ctx: AuditContext):
     from gradian.data import normalize_text
 
+    examples = ctx.examples  # a fresh list on each access: read it once
     train: dict[str, list[int]] = defaultdict(list)
-    for i, (e, prompt) in enumerate(zip(ctx.examples, ctx.normalized_prompts)):
+    for i, (e, prompt) in enumerate(zip(examples, ctx.normalized_prompts)):
         train[prompt or normalize_text(e.full_text)].append(i)
     answers = ctx.normalized_completions
     items = list(ctx.eval_dataset.examples)
@@ -605,7 +634,7 @@ def train_eval_contamination(ctx: AuditContext):
         "training set.",
         evidence={"n_eval_items": len(items), "n_contaminated": len(hits), "with_same_answer": with_answer,
                   "share": round(share, 4), "eval_item_ids": hits[:50]},
-        example_ids=[ctx.examples[i].id for i in sorted(train_rows)],
+        example_ids=[examples[i].id for i in sorted(train_rows)],
     )
 
 
