@@ -273,3 +273,34 @@ def test_no_warmup_is_skipped_when_the_logs_start_too_late(hf_trainer_runs, tmp_
     result = run_audit(run=record, checks=["config.no_warmup"])
     ((_, reason),) = [(s.id, s.reason) for s in result.skipped]
     assert "start at step 4" in reason
+
+
+class _CallsTheArguments:
+    """Pickles as a call TrainingArguments(...): allowlisted class, but run with the file's values."""
+
+    def __init__(self, output_dir: str):
+        self.output_dir = output_dir
+
+    def __reduce__(self):
+        from transformers import TrainingArguments
+
+        return (TrainingArguments, (self.output_dir,))
+
+
+def test_an_allowlisted_class_may_be_rebuilt_but_not_called(tmp_path):
+    import torch
+
+    path = tmp_path / "training_args.bin"
+    torch.save(_CallsTheArguments(str(tmp_path / "elsewhere")), path)
+    with pytest.raises(TrainingArgsRefused, match="TrainingArguments is called in the pickle"):
+        read_training_args(path)
+
+
+def test_legacy_format_pickle_is_refused_too(tmp_path):
+    import torch
+
+    path, marker = tmp_path / "training_args.bin", tmp_path / "pwned"
+    torch.save({"payload": _Payload(marker)}, path, _use_new_zipfile_serialization=False)
+    with pytest.raises(TrainingArgsRefused, match=r"system"):
+        read_training_args(path)
+    assert not marker.exists()

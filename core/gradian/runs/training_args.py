@@ -10,8 +10,9 @@ builds tensors, containers and nothing else unless a class is allowlisted throug
 ``TrainingArguments`` and ``Seq2SeqTrainingArguments``; TRL's ``SFTConfig`` and ``DPOConfig``),
 the enums their fields hold and two small records:
 
-- transformers' own classes are used as they are: building one calls only ``cls.__new__`` and
-  fills its ``__dict__``; its ``__post_init__`` never runs.
+- transformers' own classes are rebuilt as in any pickle, by ``cls.__new__`` and filling the
+  ``__dict__``, never by calling the class: a file that calls one (which would run
+  ``__post_init__`` on values of the file's choosing) is refused.
 - accelerate's ``PartialState`` (the process topology the arguments cache) is mapped by name to
   an inert record that keeps its fields (``num_processes`` is the world size) and runs none of
   accelerate's code.
@@ -45,15 +46,32 @@ class _InertRecord:
     """Stands in for a class we refuse to run (accelerate state, TRL configs without trl): fields only."""
 
 
+def _fields_only(cls: type) -> type:
+    """A subclass of ``cls`` that a pickle may rebuild but not call.
+
+    An honest file rebuilds an argument object with ``cls.__new__`` and fills its ``__dict__``
+    (pickle's NEWOBJ and BUILD). Calling the class (pickle's REDUCE) would run its
+    ``__post_init__`` on whatever values the file chose, so that is refused.
+    """
+
+    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+        import pickle
+
+        raise pickle.UnpicklingError(f"{cls.__module__}.{cls.__qualname__} is called in the pickle; "
+                                     "argument objects may only be rebuilt from their stored fields")
+
+    return type(cls.__name__, (cls,), {"__init__": refuse, "__module__": __name__})
+
+
 def _transformers_classes() -> dict[str, Any]:
     from transformers import trainer_pt_utils, trainer_utils, training_args
     from transformers.debug_utils import DebugOption
 
     found: dict[str, Any] = {
-        "transformers.training_args.TrainingArguments": training_args.TrainingArguments,
+        "transformers.training_args.TrainingArguments": _fields_only(training_args.TrainingArguments),
         "transformers.training_args.OptimizerNames": training_args.OptimizerNames,
         "transformers.training_args.ParallelMode": training_args.ParallelMode,
-        "transformers.trainer_pt_utils.AcceleratorConfig": trainer_pt_utils.AcceleratorConfig,
+        "transformers.trainer_pt_utils.AcceleratorConfig": _fields_only(trainer_pt_utils.AcceleratorConfig),
         "transformers.debug_utils.DebugOption": DebugOption,
     }
     for name in ("IntervalStrategy", "SaveStrategy", "HubStrategy", "SchedulerType", "FSDPOption"):
@@ -62,7 +80,7 @@ def _transformers_classes() -> dict[str, Any]:
     try:
         from transformers.training_args_seq2seq import Seq2SeqTrainingArguments
 
-        found["transformers.training_args_seq2seq.Seq2SeqTrainingArguments"] = Seq2SeqTrainingArguments
+        found["transformers.training_args_seq2seq.Seq2SeqTrainingArguments"] = _fields_only(Seq2SeqTrainingArguments)
     except ImportError:
         pass
     return found
@@ -78,7 +96,7 @@ def _trl_classes() -> dict[str, Any]:
         from trl.trainer.sft_config import SFTConfig
     except Exception:  # trl missing or broken: keep the fields, run none of its code
         return {name: _InertRecord for name in _TRL_CONFIGS}
-    found: dict[str, Any] = {_TRL_CONFIGS[0]: SFTConfig, _TRL_CONFIGS[1]: DPOConfig}
+    found: dict[str, Any] = {_TRL_CONFIGS[0]: _fields_only(SFTConfig), _TRL_CONFIGS[1]: _fields_only(DPOConfig)}
     try:
         from trl.trainer.dpo_config import FDivergenceType
 
@@ -213,10 +231,17 @@ def read_training_args(path: str | Path) -> dict[str, Any]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    for line in text.splitlines():
-        if "Unsupported global" in line or "not an allowed global" in line:
-            return line.strip()[:300]
-    return (text.splitlines() or [""])[0][:300]
+#: the advice torch wraps around every weights-only refusal; the reason is the line that is not
+_TORCH_BOILERPLATE = ("Weights only load failed", "Please file an issue", "Check the documentation",
+                      "(1)", "(2)", "WeightsUnpickler error:")
 
+
+def _first_line(err: BaseException) -> str:
+    """The reason inside torch's multi-paragraph weights-only error, else its first line."""
+    text = str(err).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in lines:
+        reason = line.partition("WeightsUnpickler error:")[2].strip() if "WeightsUnpickler error:" in line else line
+        if reason and not reason.startswith(_TORCH_BOILERPLATE):
+            return reason[:300]
+    return (lines or [""])[0][:300]
