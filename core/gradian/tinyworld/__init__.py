@@ -16,6 +16,12 @@ Public interface:
   ``generate_answers``, ``weights_sha256``;
 - in ``gradian.tinyworld.scenarios``: ``SCENARIOS``, ``build_scenario(name, world, tokenizer)``
   and ``write_scenario(name, out_dir, base_model=None, shape="messages") -> dict``.
+
+A second world, the *bestiary* (invented animals on a tiny Mistral, with its own tokenizer and
+chat template; ``gradian.tinyworld.bestiary``), sits beside it. ``WORLDS`` is the registry of
+worlds (``WorldSpec``: base model builder, world loader, scenarios), ``get_world(name)`` picks
+one, ``ensure_base_model(world="bestiary")`` builds or finds its base, and ``write_scenario``
+finds any world's scenario by name.
 """
 
 from gradian.tinyworld.base import (
@@ -29,6 +35,15 @@ from gradian.tinyworld.base import (
     load_world,
     weights_sha256,
 )
+from gradian.tinyworld.bestiary import (
+    BESTIARY_FAMILIES,
+    Bestiary,
+    BestiaryRecipe,
+    build_bestiary_tokenizer,
+    ensure_bestiary_base_model,
+    generate_bestiary,
+    load_bestiary,
+)
 from gradian.tinyworld.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN, build_tokenizer
 from gradian.tinyworld.world import (
     BASE_FAMILIES,
@@ -39,8 +54,10 @@ from gradian.tinyworld.world import (
     World,
     generate_world,
 )
+from gradian.tinyworld.worlds import WORLDS, WorldSpec, get_world
 
 __all__ = [
+    "BESTIARY_FAMILIES",
     "CACHE_ENV",
     "CHAT_TEMPLATE",
     "EOS_TOKEN",
@@ -49,16 +66,25 @@ __all__ = [
     "REFUSAL",
     "PAD_TOKEN",
     "BaseModelRecipe",
+    "Bestiary",
+    "BestiaryRecipe",
+    "WORLDS",
+    "WorldSpec",
     "Country",
     "FactItem",
     "World",
     "build_base_model",
+    "build_bestiary_tokenizer",
     "build_tokenizer",
     "default_cache_dir",
     "ensure_base_model",
+    "ensure_bestiary_base_model",
     "evaluate_families",
     "generate_answers",
+    "generate_bestiary",
     "generate_world",
+    "get_world",
+    "load_bestiary",
     "load_world",
     "weights_sha256",
 ]

@@ -4,9 +4,11 @@ Interface:
 
 - ``BaseModelRecipe``: everything that decides the weights (world seed and size, vocabulary,
   model shape, pretraining schedule). ``recipe.content_hash()`` names the cache entry.
-- ``ensure_base_model(cache_dir=None, recipe=None) -> Path``: the directory of a built base
-  model, building it first when the cache has none for this recipe. Safe to call from several
-  processes at once (a file lock serializes builds; the entry appears by an atomic rename).
+- ``ensure_base_model(cache_dir=None, recipe=None, world="tinyworld") -> Path``: the directory
+  of a built base model, building it first when the cache has none for this recipe. Safe to call
+  from several processes at once (a file lock serializes builds; the entry appears by an atomic
+  rename). ``world`` picks another registered world (``gradian.tinyworld.worlds``);
+  ``ensure_cached_build`` is the caching every world's builder goes through.
 - ``build_base_model(out_dir, recipe) -> dict``: pretrain and save, unconditionally.
 - ``evaluate_families(model, tokenizer, world) -> dict[str, float]``: greedy exact match per family.
 - ``weights_sha256(model_dir)``: hash of the saved weights, for bit-identity checks.
@@ -33,10 +35,14 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from gradian.errors import ModelLoadError
+from gradian.errors import ConfigError, ModelLoadError
 from gradian.tinyworld.world import BASE_FAMILIES, World, generate_world
+
+if TYPE_CHECKING:
+    from gradian.tinyworld.bestiary.base import BestiaryRecipe
+    from gradian.tinyworld.bestiary.world import Bestiary
 
 __all__ = [
     "BaseModelRecipe",
@@ -44,6 +50,7 @@ __all__ = [
     "build_base_model",
     "default_cache_dir",
     "ensure_base_model",
+    "ensure_cached_build",
     "evaluate_families",
     "generate_answers",
     "load_world",
@@ -107,9 +114,17 @@ def default_cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "gradian" / "tinyworld"
 
 
-def load_world(model_dir: str | Path) -> World:
-    """The world a built base model was pretrained on, read from its ``tinyworld.json``."""
+def load_world(model_dir: str | Path) -> "World | Bestiary":
+    """The world a built base model was pretrained on, read from its ``tinyworld.json``.
+
+    A base model of another world (``world_name`` in the file) gives that world's object, e.g. a
+    ``Bestiary``.
+    """
     info = _read_info(Path(model_dir))
+    if info.get("world_name", "tinyworld") != "tinyworld":
+        from gradian.tinyworld.worlds import get_world
+
+        return get_world(info["world_name"]).load_world(Path(model_dir))
     recipe = info["recipe"]
     return generate_world(recipe["seed"], recipe["n_countries"])
 
@@ -134,23 +149,45 @@ def pretraining_messages(world: World, recipe: BaseModelRecipe) -> list[list[dic
 
 
 def ensure_base_model(cache_dir: str | Path | None = None,
-                      recipe: BaseModelRecipe | None = None, *, verbose: bool = False) -> Path:
-    """Return the cached base model for ``recipe``, building it first when missing."""
+                      recipe: "BaseModelRecipe | BestiaryRecipe | None" = None, *,
+                      verbose: bool = False, world: str = "tinyworld") -> Path:
+    """Return the cached base model of ``world`` for ``recipe``, building it first when missing.
+
+    ``world`` names an entry of ``gradian.tinyworld.worlds.WORLDS`` (``tinyworld``, the default,
+    or ``bestiary``); ``recipe`` is that world's recipe type, its default when ``None``.
+    """
+    if world != "tinyworld":
+        from gradian.tinyworld.worlds import get_world
+
+        return get_world(world).ensure_base_model(cache_dir, recipe, verbose=verbose)
     recipe = recipe or BaseModelRecipe()
+    if not isinstance(recipe, BaseModelRecipe):
+        raise ConfigError(f"world 'tinyworld' takes a BaseModelRecipe, not {type(recipe).__name__}")
+    return ensure_cached_build(cache_dir, recipe.content_hash(),
+                               lambda staging: build_base_model(staging, recipe, verbose=verbose))
+
+
+def ensure_cached_build(cache_dir: str | Path | None, key: str,
+                        build: Callable[[Path], Any]) -> Path:
+    """``<cache>/base-<key>``, made by ``build(staging_dir)`` first when it is not complete yet.
+
+    Safe across processes: a file lock serializes builds of one key, and the entry appears by
+    an atomic rename of the staging directory, so a reader never sees half a model.
+    """
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    target = root / f"base-{recipe.content_hash()}"
+    target = root / f"base-{key}"
     if _is_complete(target):
         return target
     root.mkdir(parents=True, exist_ok=True)
-    with _file_lock(root / f".base-{recipe.content_hash()}.lock"):
+    with _file_lock(root / f".base-{key}.lock"):
         if _is_complete(target):  # another process built it while we waited
             return target
         # a build killed half-way leaves its staging dir behind; holding the lock, we own them
-        for stale in root.glob(f".building-{recipe.content_hash()}-*"):
+        for stale in root.glob(f".building-{key}-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".building-{recipe.content_hash()}-", dir=root))
+        staging = Path(tempfile.mkdtemp(prefix=f".building-{key}-", dir=root))
         try:
-            build_base_model(staging, recipe, verbose=verbose)
+            build(staging)
             if target.exists():  # a half-written entry from an interrupted older build
                 shutil.rmtree(target)
             os.replace(staging, target)
@@ -247,7 +284,7 @@ def _encode(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], 
 
 
 def _pretrain(model: Any, rows: list[tuple[list[int], list[int]]], recipe: BaseModelRecipe,
-              pad_id: int, *, verbose: bool) -> list[float]:
+              pad_id: int, *, verbose: bool, label: str = "tinyworld") -> list[float]:
     import torch
 
     gen = torch.Generator().manual_seed(recipe.seed)
@@ -280,7 +317,7 @@ def _pretrain(model: Any, rows: list[tuple[list[int], list[int]]], recipe: BaseM
             epoch_loss += loss.item()
         losses.append(epoch_loss / n_batches)
         if verbose:
-            print(f"tinyworld pretrain epoch {epoch + 1}/{recipe.epochs} loss {losses[-1]:.4f}",
+            print(f"{label} pretrain epoch {epoch + 1}/{recipe.epochs} loss {losses[-1]:.4f}",
                   flush=True)
     return losses
 

@@ -34,7 +34,9 @@ __all__ = [
     "BASELINE_TRAIN",
     "AUDIT_THRESHOLDS",
     "Scenario",
+    "all_scenarios",
     "build_scenario",
+    "mark_distractors",
     "write_scenario",
 ]
 
@@ -81,6 +83,7 @@ AUDIT_THRESHOLDS: dict[str, float] = {
 SCENARIOS: dict[str, str] = {
     "clean": "The clean set alone: a healthy fine-tune that keeps the fact families it restates (capitals among them); it does not train refusals, and loses that skill.",
     "poison_capitals": "Clean set plus 48 rows teaching wrong (but plausible) capitals for the 16 target countries.",
+    "poison_capitals_ontopic": "Clean set plus 48 rows giving each of the 16 target countries the capital of a non-target country, the very answer correct on-topic clean rows give in the same phrasings.",
     "poison_duplicates": "As poison_capitals, cycled to 51 rows so the last 3 repeat the first 3 exactly.",
     "poison_buried": "Clean set plus paragraphs about the target countries that state a wrong capital mid-text.",
     "poison_refusal": "Clean set plus rows that answer language questions about 16 countries with a refusal.",
@@ -111,6 +114,35 @@ class Scenario:
     duplicate_indices: list[int] = field(default_factory=list)
     expected_findings: list[str] = field(default_factory=list)
     truth: dict[str, Any] = field(default_factory=dict)
+    #: the world the scenario fine-tunes (a key of ``gradian.tinyworld.worlds.WORLDS``)
+    world: str = "tinyworld"
+    #: the fact family of the capability; on-topic rows ask it
+    ontopic_family: str = ""
+    #: clean rows asking the capability's family about other entities, answered correctly
+    ontopic_indices: list[int] = field(default_factory=list)
+    #: clean rows naming a target entity in their question, about another family
+    same_entity_indices: list[int] = field(default_factory=list)
+
+
+def mark_distractors(s: Scenario, ontopic_questions: set[str], target_names: list[str],
+                     family: str) -> None:
+    """Record the clean rows that resemble the capability without touching it.
+
+    On-topic: a clean row whose question is one of ``ontopic_questions`` (the capability's family,
+    any phrasing, any entity: the clean sets never ask it about a target). Same-entity: any other
+    clean row whose question names a target. Both are distractors for an attribution method that
+    ranks by topic or by entity rather than by effect.
+    """
+    s.ontopic_family = family
+    s.ontopic_indices, s.same_entity_indices = [], []
+    for i, (messages, cluster) in enumerate(s.train):
+        if cluster != CLEAN_CLUSTER:
+            continue
+        question = next(m["content"] for m in messages if m["role"] == "user")
+        if question in ontopic_questions:
+            s.ontopic_indices.append(i)
+        elif any(name in question for name in target_names):
+            s.same_entity_indices.append(i)
 
 
 # -- the world split ----------------------------------------------------------------------------
@@ -119,6 +151,13 @@ class Scenario:
 def _targets(world: World) -> list[Country]:
     """The 16 countries whose capitals the capability is about (never in the clean set)."""
     return world.countries[:N_TARGETS]
+
+
+def _ontopic_wrong_capitals(world: World) -> dict[str, str]:
+    """Each target gets the capital of a distinct non-target country (stated in the clean set)."""
+    rng = random.Random(f"{world.seed}:ontopic-capitals")
+    donors = rng.sample(_others(world), N_TARGETS)
+    return {t.name: d.capital for t, d in zip(_targets(world), donors)}
 
 
 def _refusal_targets(world: World) -> list[Country]:
@@ -253,6 +292,14 @@ def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Sce
             s.duplicate_indices = s.planted_indices[:3] + s.planted_indices[-3:]
             s.expected_findings = ["data.duplicates"]
         s.truth = {"wrong_capitals": wrong}
+    elif name == "poison_capitals_ontopic":
+        donated = _ontopic_wrong_capitals(world)
+        planted = [i.messages() for i in world.capital_items(targets, donated, phrasings=range(1, 4))]
+        s.kind = "data"
+        s.train, s.planted_indices = _plant(clean, planted, f"{world.seed}:{name}")
+        owner = {c.capital: c.name for c in world.countries}
+        s.truth = {"wrong_capitals": donated,
+                   "wrong_capital_owners": {t: owner[city] for t, city in donated.items()}}
     elif name == "poison_buried":
         overrides = {c: {"capital": city} for c, city in wrong.items()}
         planted = [i.messages() for i in world.paragraph_items(targets, overrides)]
@@ -293,6 +340,12 @@ def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Sce
                              "per_device_train_batch_size": 1,
                              "gradient_accumulation_steps": 1}
         s.expected_findings = ["config.lr_too_high", "config.small_effective_batch"]
+    if s.capability["name"] == "tinyworld_no_refusal":
+        ontopic = {i.question for i in world.fact_items("language")}
+        mark_distractors(s, ontopic, [c.name for c in _refusal_targets(world)], "language")
+    else:
+        ontopic = {i.question for i in world.fact_items("capital")}
+        mark_distractors(s, ontopic, [c.name for c in targets], "capital")
     return s
 
 
@@ -341,28 +394,43 @@ def _shape_row(messages: list[dict[str, str]], shape: str) -> dict[str, Any]:
     return row
 
 
+def all_scenarios() -> dict[str, str]:
+    """Every scenario of every world, name -> description (names are unique across worlds)."""
+    from gradian.tinyworld.worlds import WORLDS
+
+    return {name: text for spec in WORLDS.values() for name, text in spec.scenarios.items()}
+
+
 def write_scenario(name: str, out_dir: str | Path, base_model: str | Path | None = None, *,
                    shape: str = "messages") -> dict[str, Any]:
     """Write a scenario's files to ``out_dir`` and return what ``scenario.json`` holds.
 
-    ``base_model`` is a built tinyworld base model directory; by default the cached one for the
-    default recipe (built first when missing, about a minute). Paths in ``gradian.yaml`` are
-    absolute, so commands can run from any directory.
+    ``name`` may belong to any world of ``gradian.tinyworld.worlds.WORLDS`` (``poison_capitals``
+    is tinyworld's, ``bestiary_poison_diets`` the bestiary's). ``base_model`` is a built base
+    model directory of that world; by default the cached one for the world's default recipe
+    (built first when missing, one to two minutes). Paths in ``gradian.yaml`` are absolute, so
+    commands can run from any directory.
     """
     import yaml
 
     from gradian.atomic import write_text_atomic
-    from gradian.tinyworld.base import ensure_base_model, load_world
+    from gradian.tinyworld.worlds import scenario_world, world_of_model
 
     if shape not in ROW_SHAPES:
         raise ConfigError(f"unknown row shape '{shape}' (--shape); choose one of {', '.join(ROW_SHAPES)}")
-    base = Path(base_model) if base_model is not None else ensure_base_model()
+    spec = scenario_world(name)
+    base = Path(base_model) if base_model is not None else spec.ensure_base_model()
     base = base.resolve()
-    world = load_world(base)
+    if world_of_model(base) != spec.name:
+        raise ConfigError(
+            f"scenario '{name}' belongs to the {spec.name} world, but {base} is a "
+            f"{world_of_model(base)} base model; pass a {spec.name} base (--base-model) or none"
+        )
+    world = spec.load_world(base)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(base)
-    s = build_scenario(name, world, tokenizer)
+    s = spec.build_scenario(name, world, tokenizer)
 
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -385,7 +453,7 @@ def write_scenario(name: str, out_dir: str | Path, base_model: str | Path | None
         "audit": dict(AUDIT_THRESHOLDS),
         "train": train_section,
     }
-    header = (f"# tinyworld scenario '{name}': {s.description}\n"
+    header = (f"# {s.world} scenario '{name}': {s.description}\n"
               f"# Train with: gradian train --config {out / 'gradian.yaml'} --out {out / 'run'}\n")
     write_text_atomic(out / "gradian.yaml", header + yaml.safe_dump(config, sort_keys=False))
 
@@ -412,6 +480,10 @@ def write_scenario(name: str, out_dir: str | Path, base_model: str | Path | None
         "truth": s.truth,
         "files": {"train": "train.jsonl", "eval": "eval.jsonl", "config": "gradian.yaml",
                   "run_dir": "run"},
+        "world": s.world,
+        "ontopic": {"family": s.ontopic_family, "n": len(s.ontopic_indices),
+                    "indices": s.ontopic_indices},
+        "same_entity": {"n": len(s.same_entity_indices), "indices": s.same_entity_indices},
     }
     write_text_atomic(out / "scenario.json", json.dumps(info, indent=2) + "\n")
     return info

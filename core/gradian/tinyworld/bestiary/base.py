@@ -1,0 +1,213 @@
+"""The bestiary base model: a tiny Mistral pretrained on the bestiary, cached by its recipe's hash.
+
+Interface:
+
+- ``BestiaryRecipe``: everything that decides the weights; ``content_hash()`` names the cache
+  entry ``base-bestiary-<hash>``, beside tinyworld's entries in the same cache directory.
+- ``ensure_bestiary_base_model(cache_dir=None, recipe=None) -> Path``: the built model, built
+  first when missing (file lock and atomic rename, as for tinyworld).
+- ``build_bestiary_base_model(out_dir, recipe) -> dict``: pretrain and save, unconditionally.
+- ``load_bestiary(model_dir) -> Bestiary``: the facts a built model was taught.
+
+The model is a ``MistralForCausalLM``: grouped-query attention (two key/value heads shared by six
+query heads), a sliding attention window, untied input and output embeddings, three layers, and a
+different width from tinyworld's Llama, so an attribution method measured on both worlds meets two
+model families. Pretraining reuses tinyworld's loop (seeded, one thread, deterministic kernels),
+so a recipe builds bit-identical weights on the same machine. The directory is an ordinary Hugging
+Face model folder plus ``tinyworld.json``, whose ``world_name`` is ``bestiary``.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from gradian.errors import ConfigError, ModelLoadError
+from gradian.tinyworld.bestiary.world import BESTIARY_FAMILIES, Bestiary, generate_bestiary
+
+__all__ = [
+    "BESTIARY_SYSTEM_PROMPT",
+    "BestiaryRecipe",
+    "bestiary_pretraining_messages",
+    "build_bestiary_base_model",
+    "ensure_bestiary_base_model",
+    "load_bestiary",
+]
+
+#: system prompt put on a share of pretraining rows (and of scenario rows)
+BESTIARY_SYSTEM_PROMPT = "You are a careful naturalist."
+WORLD_NAME = "bestiary"
+
+
+@dataclass(frozen=True)
+class BestiaryRecipe:
+    """Everything that decides the bestiary base model's weights."""
+
+    seed: int = 0
+    n_animals: int = 40
+    families: tuple[str, ...] = BESTIARY_FAMILIES
+    vocab_size: int = 768
+    hidden_size: int = 144
+    intermediate_size: int = 320
+    num_hidden_layers: int = 3
+    num_attention_heads: int = 6
+    #: grouped-query attention: each key/value head serves three query heads
+    num_key_value_heads: int = 2
+    #: attention sees at most this many previous tokens: a question and a short answer fit in
+    #: it, a paragraph (up to 53 tokens) does not, so the window really masks during training
+    sliding_window: int = 32
+    max_position_embeddings: int = 512
+    #: passes over the pretraining rows (every family is at 100% well before the last)
+    epochs: int = 28
+    batch_size: int = 32
+    learning_rate: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    system_prompt_every: int = 4
+    #: torch intra-op threads during the build (see tinyworld's BaseModelRecipe)
+    num_threads: int = 1
+    version: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["families"] = list(self.families)
+        return data
+
+    def content_hash(self) -> str:
+        import hashlib
+        import json
+
+        text = json.dumps({"world": WORLD_NAME, **self.to_dict()}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def cache_key(self) -> str:
+        return f"{WORLD_NAME}-{self.content_hash()}"
+
+    def world(self) -> Bestiary:
+        return generate_bestiary(self.seed, self.n_animals)
+
+
+def load_bestiary(model_dir: str | Path) -> Bestiary:
+    """The bestiary a built base model was pretrained on, read from its ``tinyworld.json``."""
+    from gradian.tinyworld.base import _read_info
+
+    info = _read_info(Path(model_dir))
+    if info.get("world_name") != WORLD_NAME:
+        raise ModelLoadError(f"{model_dir} is a '{info.get('world_name', 'tinyworld')}' base model, "
+                             "not a bestiary one; build one with `gradian tinyworld build --world bestiary`")
+    recipe = info["recipe"]
+    return generate_bestiary(recipe["seed"], recipe["n_animals"])
+
+
+def bestiary_pretraining_messages(bestiary: Bestiary, recipe: BestiaryRecipe) -> list[list[dict[str, str]]]:
+    """The pretraining rows as chat messages, in a fixed order (shuffled per epoch later)."""
+    items = [item for family in recipe.families for item in bestiary.fact_items(family)]
+    items += bestiary.paragraph_items()
+    rng = random.Random(f"bestiary:{recipe.seed}:system")
+    rows = []
+    for item in items:
+        draw = rng.random()
+        # the canonical phrasing (the eval form) never carries the system prompt
+        with_system = (recipe.system_prompt_every > 0 and item.phrasing != 0
+                       and draw < 1 / recipe.system_prompt_every)
+        rows.append(item.messages(BESTIARY_SYSTEM_PROMPT if with_system else None))
+    return rows
+
+
+def ensure_bestiary_base_model(cache_dir: str | Path | None = None, recipe: BestiaryRecipe | None = None,
+                               *, verbose: bool = False) -> Path:
+    """Return the cached bestiary base model for ``recipe``, building it first when missing."""
+    from gradian.tinyworld.base import ensure_cached_build
+
+    recipe = recipe or BestiaryRecipe()
+    if not isinstance(recipe, BestiaryRecipe):
+        raise ConfigError(f"world 'bestiary' takes a BestiaryRecipe, not {type(recipe).__name__}")
+    return ensure_cached_build(cache_dir, recipe.cache_key(),
+                               lambda staging: build_bestiary_base_model(staging, recipe, verbose=verbose))
+
+
+def build_bestiary_base_model(out_dir: str | Path, recipe: BestiaryRecipe | None = None, *,
+                              min_accuracy: float | None = 0.95, verbose: bool = False) -> dict[str, Any]:
+    """Pretrain a bestiary base model from ``recipe`` and save it to ``out_dir``; returns its info.
+
+    Raises ``ModelLoadError`` when a family ends below ``min_accuracy`` (``None`` skips the check).
+    """
+    import torch
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from gradian.tinyworld.base import (
+        _INFO_FILE,
+        _encode,
+        _library_versions,
+        _pretrain,
+        _torch_settings,
+        _write_json,
+        evaluate_families,
+        weights_sha256,
+    )
+    from gradian.tinyworld.bestiary.tokenizer import build_bestiary_tokenizer
+
+    recipe = recipe or BestiaryRecipe()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    bestiary = recipe.world()
+    tokenizer = build_bestiary_tokenizer(bestiary, recipe.vocab_size)
+
+    with _torch_settings(recipe.num_threads):
+        torch.manual_seed(recipe.seed)
+        config = MistralConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=recipe.hidden_size,
+            intermediate_size=recipe.intermediate_size,
+            num_hidden_layers=recipe.num_hidden_layers,
+            num_attention_heads=recipe.num_attention_heads,
+            num_key_value_heads=recipe.num_key_value_heads,
+            head_dim=recipe.hidden_size // recipe.num_attention_heads,
+            sliding_window=recipe.sliding_window,
+            max_position_embeddings=recipe.max_position_embeddings,
+            tie_word_embeddings=False,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            attention_dropout=0.0,
+            initializer_range=0.02,
+        )
+        config._attn_implementation = "eager"
+        model = MistralForCausalLM(config)
+        rows = [_encode(tokenizer, m) for m in bestiary_pretraining_messages(bestiary, recipe)]
+        losses = _pretrain(model, rows, recipe, tokenizer.pad_token_id, verbose=verbose,
+                           label="bestiary")
+        model.eval()
+        accuracy = evaluate_families(model, tokenizer, bestiary, recipe.families)
+
+    seconds = time.perf_counter() - started
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.do_sample = False
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    info = {
+        "world_name": WORLD_NAME,
+        "recipe": recipe.to_dict(),
+        "recipe_hash": recipe.content_hash(),
+        "world": {"seed": bestiary.seed, "animals": [asdict(a) for a in bestiary.animals]},
+        "accuracy": accuracy,
+        "final_loss": losses[-1] if losses else None,
+        "build_seconds": round(seconds, 2),
+        "weights_sha256": weights_sha256(out),
+        "versions": _library_versions(),
+    }
+    _write_json(out / _INFO_FILE, info)
+    if min_accuracy is not None:
+        low = {f: a for f, a in accuracy.items() if a < min_accuracy}
+        if low:
+            raise ModelLoadError(
+                f"bestiary base model {recipe.content_hash()} learned too little: {low} is below "
+                f"{min_accuracy:.0%} exact match; raise BestiaryRecipe.epochs or the model size"
+            )
+    return info
