@@ -51,7 +51,7 @@ def block_damping(sq_norms: Mapping[str, np.ndarray], widths: Mapping[str, int],
 @register_engine
 class DataInfEngine(Engine):
     name = "datainf"
-    summary = "closed-form inverse curvature per LoRA block (default)"
+    summary = "closed-form inverse curvature per LoRA block"
 
     curvature = "datainf"
 
