@@ -81,3 +81,194 @@ def test_one_pass_answer_agreement_equals_the_pairwise_test():
     for _ in range(2000):
         distinct = list(dict.fromkeys(rng.sample(pieces, rng.randint(2, 4))))
         assert _all_agree(distinct) == _agree_pairwise(distinct), distinct
+
+
+# -- the verified gradient index ---------------------------------------------------------------
+
+torch = pytest.importorskip("torch")
+
+import json  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from gradian.config import load_config  # noqa: E402
+from gradian.engines import score  # noqa: E402
+from gradian.errors import GradianError, IndexCorruptError, IndexMismatchError  # noqa: E402
+from gradian.grads import wrap_peft_model  # noqa: E402
+from gradian.index import GradientIndex  # noqa: E402
+from tests.plugins.tiny_lora import build_tiny_lora  # noqa: E402
+
+_INDEX_WORDS = "what is the capital of france paris japan tokyo hello world one two three four five".split()
+
+
+def _index_rows(n):
+    rng = np.random.default_rng(0)
+    return [{"prompt": " ".join(rng.choice(_INDEX_WORDS, 4)), "completion": " ".join(rng.choice(_INDEX_WORDS, 1 + i % 3))}
+            for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def gm():
+    return wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64))
+
+
+def _index_config(cache):
+    return load_config(overrides={"cache_dir": str(cache), "grads.chunk_size": 4, "grads.batch_size": 3,
+                                  "grads.max_seq_length": 64})
+
+
+@pytest.fixture
+def built(tmp_path, gm, chat_tokenizer):
+    """A complete 10-row index in 3 chunks (4 + 4 + 2 rows) and what built it."""
+    dataset = dataset_from_rows(_index_rows(10))
+    config = _index_config(tmp_path / "cache")
+    index = GradientIndex.build(gm, chat_tokenizer, dataset, config)
+    reference = {name: index.block(name).copy() for name in index.block_names}
+    return index, dataset, config, reference
+
+
+def _flip_byte(path, at=-5):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def _query(index):
+    return {name: np.ones(index.manifest["blocks"][j]["width"]) for j, name in enumerate(index.block_names)}
+
+
+def test_a_flipped_byte_in_a_chunk_stops_scoring_naming_the_file_and_the_rebuild(built):
+    index, *_ = built
+    chunk = index.root / "chunks" / "00001.npy"
+    _flip_byte(chunk)
+    opened = GradientIndex.open(index.root)  # same size: found when the chunk is first read
+    with pytest.raises(IndexCorruptError, match=r"00001\.npy is damaged .*sha256.*gradian index .*--force"):
+        score(opened, _query(opened))
+    with pytest.raises(IndexCorruptError, match=r"00001\.npy"):
+        GradientIndex.open(index.root).verify()
+
+
+@pytest.mark.parametrize("damage, file", [
+    ("truncate", "chunks/00002.npy"),
+    ("delete", "chunks/00000.norms.npy"),
+    ("flip", "chunks/00001.norms.npy"),
+    ("flip", "example_ids.json"),
+    ("delete", "chunks/00001.npy"),
+])
+def test_damaged_files_are_refused_on_open(built, damage, file):
+    index, *_ = built
+    path = index.root / file
+    if damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-17])
+    elif damage == "delete":
+        path.unlink()
+    else:
+        _flip_byte(path, at=len(path.read_bytes()) // 2)
+    with pytest.raises(IndexCorruptError) as err:
+        GradientIndex.open(index.root)
+    message = str(err.value)
+    assert str(path) in message and "--force" in message and "\n" not in message
+    assert isinstance(err.value, GradianError) and err.value.exit_code == 2
+
+
+def test_a_damaged_manifest_is_refused_on_open(built):
+    index, *_ = built
+    path = index.root / "manifest.json"
+    text = path.read_text()
+    path.write_text(text.replace('"n_examples": 10', '"n_examples": 11'))  # still valid JSON
+    with pytest.raises(IndexCorruptError, match=r"manifest\.json is damaged \(its content does not match its checksum\)"):
+        GradientIndex.open(index.root)
+    path.write_text(text[: len(text) // 2])
+    with pytest.raises(IndexCorruptError, match=r"manifest\.json is damaged \(not valid JSON"):
+        GradientIndex.open(index.root)
+
+
+def test_build_recomputes_only_the_damaged_chunk(built, gm, chat_tokenizer, monkeypatch):
+    import gradian.index.store as store
+
+    index, dataset, config, reference = built
+    _flip_byte(index.root / "chunks" / "00001.npy")
+    written = []
+    original = store._write_chunk
+    monkeypatch.setattr(store, "_write_chunk", lambda root, k, rows, s: (written.append(k), original(root, k, rows, s))[1])
+    repaired = GradientIndex.build(gm, chat_tokenizer, dataset, config)
+    assert written == [1] and not repaired.cache_hit
+    assert [note.split(" ")[0] for note in repaired.repaired] == [str(index.root / "chunks" / "00001.npy")]
+    for name in repaired.block_names:
+        np.testing.assert_array_equal(repaired.block(name), reference[name])
+    again = GradientIndex.build(gm, chat_tokenizer, dataset, config)
+    assert again.cache_hit and written == [1]
+    GradientIndex.open(index.root).verify()
+
+
+def test_build_replaces_a_damaged_manifest_and_example_ids(built, gm, chat_tokenizer, monkeypatch):
+    import gradian.index.store as store
+
+    index, dataset, config, reference = built
+    _flip_byte(index.root / "example_ids.json", at=10)
+    written = []
+    original = store._write_chunk
+    monkeypatch.setattr(store, "_write_chunk", lambda root, k, rows, s: (written.append(k), original(root, k, rows, s))[1])
+    fixed = GradientIndex.build(gm, chat_tokenizer, dataset, config)
+    assert written == [] and fixed.cache_hit and fixed.example_ids == dataset.ids
+    (index.root / "manifest.json").write_text("{\"index_id\": ")
+    rebuilt = GradientIndex.build(gm, chat_tokenizer, dataset, config)
+    assert written == [0, 1, 2] and not rebuilt.cache_hit
+    for name in rebuilt.block_names:
+        np.testing.assert_array_equal(rebuilt.block(name), reference[name])
+
+
+def test_build_removes_leftovers_of_a_killed_write(built, gm, chat_tokenizer):
+    index, dataset, config, _ = built
+    leftovers = [index.root / ".manifest.json.k2j4.tmp", index.root / "chunks" / ".00001.npy.x8a1.tmp"]
+    for path in leftovers:
+        path.write_bytes(b"half a write")
+    again = GradientIndex.build(gm, chat_tokenizer, dataset, config)
+    assert again.cache_hit and not any(p.exists() for p in leftovers)
+    assert len(again.repaired) == 2
+
+
+def test_two_concurrent_builds_of_one_index_do_the_work_once(tmp_path, gm, chat_tokenizer, monkeypatch):
+    import gradian.index.store as store
+
+    dataset = dataset_from_rows(_index_rows(10))
+    config = _index_config(tmp_path / "cache")
+    written = []
+    first_chunk = threading.Event()
+    original = store._write_chunk
+
+    def slow_write(root, k, rows, s):
+        written.append(k)
+        first_chunk.set()
+        time.sleep(0.3)  # the second build starts while this one holds the lock
+        return original(root, k, rows, s)
+
+    monkeypatch.setattr(store, "_write_chunk", slow_write)
+    results = {}
+
+    def build(name):
+        results[name] = GradientIndex.build(gm, chat_tokenizer, dataset, config)
+
+    one = threading.Thread(target=build, args=("one",))
+    one.start()
+    assert first_chunk.wait(60)
+    two = threading.Thread(target=build, args=("two",))
+    two.start()
+    one.join(120)
+    two.join(120)
+    assert written == [0, 1, 2]
+    assert not results["one"].cache_hit and results["two"].cache_hit
+    assert results["two"].root == results["one"].root
+
+
+def test_an_index_of_the_previous_format_is_refused_with_the_rebuild(built):
+    index, *_ = built
+    path = index.root / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["checksum"]
+    manifest["identity"]["format_version"] = 1
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(IndexMismatchError, match=r"index format 1.*gradian index -d .*--force"):
+        GradientIndex.open(index.root)

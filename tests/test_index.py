@@ -61,21 +61,40 @@ def test_same_inputs_are_a_cache_hit_and_force_rebuilds(tmp_path, gm64, chat_tok
 
     calls = []
     original = store._write_chunk
-    monkeypatch.setattr(store, "_write_chunk", lambda *a: (calls.append(1), original(*a)))
+    monkeypatch.setattr(store, "_write_chunk", lambda *a: (calls.append(1), original(*a))[1])
     again = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
     assert again.root == first.root and calls == []
-    GradientIndex.build(gm64, chat_tokenizer, dataset, config, force=True)
-    assert len(calls) == 2
+    assert again.cache_hit and not first.cache_hit
+    rebuilt = GradientIndex.build(gm64, chat_tokenizer, dataset, config, force=True)
+    assert len(calls) == 2 and not rebuilt.cache_hit
 
 
-def test_changed_inputs_get_a_new_index(tmp_path, gm64, chat_tokenizer):
+def test_changed_inputs_get_a_new_index(tmp_path, gm64, chat_tokenizer, plain_tokenizer):
     config = _config(tmp_path)
     a = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6)), config)
     b = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6, seed=1)), config)
     c = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6)), _config(tmp_path, projection_dim=8))
-    d = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6)),
-                            load_config(overrides={**_flat(config), "engine.lambda_scale": 0.5}))
+    # same vocabulary, no chat template: rows render differently, so the stored numbers differ
+    d = GradientIndex.build(gm64, plain_tokenizer, dataset_from_rows(_rows(6)), config)
     assert len({a.index_id, b.index_id, c.index_id, d.index_id}) == 4
+    assert d.identity["tokenizer"] != a.identity["tokenizer"]
+
+
+def test_engine_damping_is_not_part_of_the_index(tmp_path, gm64, chat_tokenizer):
+    """Damping changes no stored number: another lambda reuses the same index as a cache hit."""
+    config = _config(tmp_path)
+    a = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6)), config)
+    damped = load_config(overrides={**_flat(config), "engine.lambda_scale": 0.5, "engine.lambda_override": 0.01})
+    b = GradientIndex.build(gm64, chat_tokenizer, dataset_from_rows(_rows(6)), damped)
+    assert b.index_id == a.index_id and b.cache_hit
+
+
+def test_library_versions_name_the_installed_distribution():
+    from importlib.metadata import version
+
+    from gradian.index import library_versions
+
+    assert library_versions()["gradian"] == version("gradian-mlflow")
 
 
 def _flat(config):
@@ -96,18 +115,18 @@ def test_interrupted_build_resumes_from_its_last_complete_chunk(tmp_path, gm64, 
         if len(written) == 2:
             raise KeyboardInterrupt("simulated interruption")
         written.append(k)
-        original(root, k, rows, storage)
+        return original(root, k, rows, storage)
 
     monkeypatch.setattr(store, "_write_chunk", crash_on_third)
     with pytest.raises(KeyboardInterrupt):
         GradientIndex.build(gm64, chat_tokenizer, dataset, config)
-    root = next((tmp_path / "index").iterdir())
+    root = next(p for p in (tmp_path / "index").iterdir() if p.is_dir())
     assert json.loads((root / "manifest.json").read_text())["status"] == "building"
     with pytest.raises(IndexMismatchError, match="did not finish.*resume"):
         GradientIndex.open(root)
 
     resumed = []
-    monkeypatch.setattr(store, "_write_chunk", lambda root, k, rows, storage: (resumed.append(k), original(root, k, rows, storage)))
+    monkeypatch.setattr(store, "_write_chunk", lambda root, k, rows, storage: (resumed.append(k), original(root, k, rows, storage))[1])
     index = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
     assert resumed == [2]  # chunks 0 and 1 were kept
     for name in index.block_names:

@@ -14,6 +14,8 @@ __all__ = [
     "RunRecordError",
     "ModelLoadError",
     "IndexMismatchError",
+    "IndexCorruptError",
+    "AdapterWeightsError",
     "MissingDependencyError",
 ]
 
@@ -42,6 +44,14 @@ class ModelLoadError(GradianError, ValueError):
 
 class IndexMismatchError(GradianError, ValueError):
     """A stored gradient index was built from different inputs than the ones given."""
+
+
+class IndexCorruptError(IndexMismatchError):
+    """A stored gradient index file is missing, truncated or does not match its recorded checksum."""
+
+
+class AdapterWeightsError(ModelLoadError):
+    """An adapter's saved weights are missing, incomplete, mis-shaped or not finite."""
 
 
 class MissingDependencyError(GradianError, ImportError):

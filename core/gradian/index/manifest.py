@@ -1,20 +1,35 @@
 """What an index was built from, and the id derived from it.
 
 Interface: ``index_identity(...)`` collects every input that changes the stored numbers (model
-and adapter fingerprints, dataset content hash, gradient spec, seed, damping, library versions,
-blocks); ``index_id(identity)`` hashes it; ``first_difference(a, b)`` names the first field two
-identities disagree on, for the error that refuses a mismatched store.
+and adapter fingerprints, tokenizer and chat-template fingerprint, dataset content hash, gradient
+spec, seed, library versions, blocks); ``index_id(identity)`` hashes it; ``first_difference(a,
+b)`` names the first field two identities disagree on, for the error that refuses a mismatched
+store; ``tokenizer_fingerprint(tokenizer)`` hashes what decides the token ids and loss masks.
+
+Engine settings (damping and the rest) are not part of it: they change no stored number, and a
+fitted engine state gets its own id beside the index (``gradian.engines.state``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
 
-__all__ = ["FORMAT_VERSION", "index_identity", "index_id", "first_difference", "library_versions", "GRADS_ID_FIELDS"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
-FORMAT_VERSION = 1
+__all__ = ["FORMAT_VERSION", "index_identity", "index_id", "first_difference", "library_versions",
+           "tokenizer_fingerprint", "GRADS_ID_FIELDS"]
+
+#: 2: chunk checksums and a manifest checksum; tokenizer fingerprint in, engine damping out
+FORMAT_VERSION = 2
+
+#: the importable name recorded -> the installed distribution that carries it
+_DISTRIBUTIONS = {"gradian": "gradian-mlflow", "torch": "torch", "transformers": "transformers", "peft": "peft",
+                  "numpy": "numpy"}
 
 #: grads settings that change stored values or layout (batch_size does not: capture is exact per row)
 GRADS_ID_FIELDS = ("strategy", "loss_reduction", "normalization", "max_seq_length", "module_filter",
@@ -26,25 +41,51 @@ def library_versions() -> dict[str, str]:
     from importlib.metadata import PackageNotFoundError, version
 
     out = {}
-    for name in ("gradian", "torch", "transformers", "peft", "numpy"):
+    for name, distribution in _DISTRIBUTIONS.items():
         try:
-            out[name] = version(name)
+            out[name] = version(distribution)
         except PackageNotFoundError:
             out[name] = "not installed"
     return out
 
 
+def tokenizer_fingerprint(tokenizer: "PreTrainedTokenizerBase | None") -> str:
+    """sha256 over what turns a row into token ids and a loss mask: the tokenizer's model
+    (vocabulary, merges, normalizer, pre-tokenizer and added tokens, as the fast backend
+    serializes them; else the files ``save_pretrained`` writes), its BOS/EOS tokens and its chat
+    template. Two tokenizers with the same fingerprint tokenize every row the same way."""
+    if tokenizer is None:
+        return "none"
+    digest = hashlib.sha256()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "to_str"):
+        digest.update(b"backend\0" + backend.to_str().encode("utf-8"))
+    else:
+        with tempfile.TemporaryDirectory(prefix="gradian-tokenizer-") as tmp:
+            tokenizer.save_pretrained(tmp)
+            for path in sorted(p for p in Path(tmp).rglob("*") if p.is_file()):
+                digest.update(f"file\0{path.relative_to(tmp).as_posix()}\0".encode("utf-8") + path.read_bytes())
+    extras = {"chat_template": getattr(tokenizer, "chat_template", None),
+              "bos_token": getattr(tokenizer, "bos_token", None), "eos_token": getattr(tokenizer, "eos_token", None)}
+    digest.update(b"extras\0" + json.dumps(extras, sort_keys=True, default=str).encode("utf-8"))
+    return digest.hexdigest()
+
+
 def index_identity(*, base_fingerprint: str, adapter_fingerprint: str, dataset_sha256: str, n_examples: int,
-                   config: Any, blocks: list[dict[str, Any]], model_dtype: str) -> dict[str, Any]:
+                   config: Any, blocks: list[dict[str, Any]], model_dtype: str,
+                   tokenizer_fingerprint: str = "unknown") -> dict[str, Any]:
     grads = config.grads
     return {
         "format_version": FORMAT_VERSION,
         "base": base_fingerprint,
         "adapter": adapter_fingerprint,
+        "tokenizer": tokenizer_fingerprint,
         "dataset": {"sha256": dataset_sha256, "n_examples": n_examples},
         "grads": {name: getattr(grads, name) for name in GRADS_ID_FIELDS},
         "seed": config.seed,
-        "damping": {"lambda_scale": config.engine.lambda_scale, "lambda_override": config.engine.lambda_override},
+        # A constant, kept only because `gradian show-index` still prints this key; engine
+        # settings are not part of the index (see the module docstring).
+        "damping": "not part of the index: engine settings live in the engine state",
         "model_dtype": model_dtype,
         "libraries": library_versions(),
         "blocks": blocks,

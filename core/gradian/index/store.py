@@ -1,39 +1,60 @@
 """The gradient index: every training example's per-block gradient, on disk, content-addressed.
 
 Interface: ``GradientIndex.build(gm, tokenizer, dataset, config) -> GradientIndex`` (a cache hit
-when the same inputs were indexed before; ``force=True`` rebuilds), ``GradientIndex.open(path,
-expect=identity)``, and on an opened index ``n``, ``block_names``, ``example_ids``,
-``iter_chunks()``, ``sq_norms()``, ``block(name)`` (the engines read it as ``TrainGradients``).
+when the same inputs were indexed before, ``index.cache_hit`` says so; ``force=True`` rebuilds),
+``GradientIndex.open(path, expect=identity)``, and on an opened index ``n``, ``block_names``,
+``example_ids``, ``iter_chunks()``, ``sq_norms()``, ``block(name)`` (the engines read it as
+``TrainGradients``), ``verify()``.
 
 Layout of ``<cache_dir>/index/<index_id>/``::
 
     manifest.json          identity (what it was built from), blocks and their column ranges,
-                           status building|complete, sizes
+                           status building|complete, sizes, a sha256 per chunk file and one for
+                           example_ids.json, and a checksum of the manifest itself
     example_ids.json       dataset order
     chunks/NNNNN.npy       [rows, total width] in storage_dtype, blocks side by side
     chunks/NNNNN.norms.npy [rows, blocks] float64 squared norms of the stored values
 
-Every file is written beside its target and renamed into place, and a chunk's data file is
-written last, so a chunk either exists whole or not at all. An interrupted build leaves
-``status: building`` and its complete chunks; the next build of the same inputs resumes after
-the last one. Opening a store whose identity differs from the expected one is refused, naming the
-first differing field; a changed dataset, model or setting gets a new id, so a stale store is
-never served.
+and ``<cache_dir>/index/.<index_id>.lock``, held (``fcntl.flock``) by whichever process builds it.
+
+Every file is written beside its target and renamed into place, a chunk's data file last, and a
+chunk counts as done once the manifest records its checksums. An interrupted build leaves
+``status: building`` and its recorded chunks; the next build of the same inputs computes only the
+chunks that are missing. Damage is found before any score is produced:
+
+- ``open`` checks the manifest's own checksum, that example_ids.json and every norms file match
+  their recorded sha256 and that every data file has its recorded size (a missing or truncated
+  file); a data file's bytes are hashed the first time ``iter_chunks`` reads it, so scoring pays
+  one sha256 pass over the store per opened index. A mismatch raises ``IndexCorruptError``
+  naming the file and the command that rebuilds it.
+- ``build`` of inputs already indexed hashes every file; a damaged chunk is discarded and
+  computed again (the store is content-addressed, so the same inputs give the same numbers), a
+  damaged manifest discards the whole store, and ``.tmp`` files left by a killed write are
+  removed. Two builds of one index id take turns on the lock: the second finds the first one's
+  work and returns it as a cache hit.
+
+Opening a store whose identity differs from the expected one is refused, naming the first
+differing field; a changed dataset, model, tokenizer or setting gets a new id, so a stale store
+is never served.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import os
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from gradian.atomic import write_text_atomic
-from gradian.errors import IndexMismatchError
-from gradian.index.manifest import first_difference, index_id, index_identity
+from gradian.atomic import write_bytes_atomic, write_text_atomic
+from gradian.errors import IndexCorruptError, IndexMismatchError
+from gradian.index.manifest import FORMAT_VERSION, first_difference, index_id, index_identity, tokenizer_fingerprint
 
 __all__ = ["GradientIndex", "index_root"]
 
@@ -44,12 +65,70 @@ def index_root(cache_dir: str | Path) -> Path:
     return Path(cache_dir) / "index"
 
 
-def _save_npy_atomic(path: Path, array: np.ndarray) -> None:
-    from gradian.atomic import atomic_open
+def _sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
-    with atomic_open(path) as handle:
-        np.save(handle, array)
 
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+# -- the manifest and its checksum ---------------------------------------------------------------
+
+def _manifest_checksum(manifest: dict[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return _sha256_bytes(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode("utf-8"))
+
+
+def _write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    manifest["checksum"] = _manifest_checksum(manifest)
+    write_text_atomic(path, json.dumps(manifest, indent=2))
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of ``root``, its checksum checked; ``IndexCorruptError`` when it is damaged."""
+    path = root / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise IndexCorruptError(f"{path} is damaged (not valid JSON: {err}); {_rebuild_hint(None)}") from None
+    if not isinstance(manifest, dict):
+        raise IndexCorruptError(f"{path} is damaged (not a JSON object); {_rebuild_hint(None)}")
+    if "checksum" in manifest:
+        if manifest["checksum"] != _manifest_checksum(manifest):
+            raise IndexCorruptError(f"{path} is damaged (its content does not match its checksum); {_rebuild_hint(None)}")
+        return manifest
+    identity = manifest.get("identity")
+    version = identity.get("format_version") if isinstance(identity, dict) else None
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        raise IndexMismatchError(
+            f"{root} was written in index format {version}, which records no checksums (this version reads "
+            f"{FORMAT_VERSION}); {_rebuild_hint(manifest)}"
+        )
+    raise IndexCorruptError(f"{path} is damaged (no checksum); {_rebuild_hint(None)}")
+
+
+def _rebuild_hint(manifest: dict[str, Any] | None) -> str:
+    """The command that rebuilds this index, with the inputs it was built from when known."""
+    sources = (manifest or {}).get("sources") or {}
+    flags = [f"{flag} {sources[key]}" for flag, key in (("-d", "dataset"), ("-m", "base_model"), ("-a", "adapter_path"))
+             if sources.get(key)]
+    command = "gradian index " + (" ".join(flags) if flags else "<the same inputs>")
+    return (f"run `{command}` to recompute what is damaged, or `{command} --force` to rebuild the whole "
+            "index")
+
+
+# -- the store -----------------------------------------------------------------------------------
 
 class GradientIndex:
     """An opened gradient store (read-only, memory-mapped chunk by chunk)."""
@@ -58,17 +137,28 @@ class GradientIndex:
         self.root = Path(root)
         self.manifest = manifest
         self._norms: dict[str, np.ndarray] | None = None
+        self._example_ids: list[str] | None = None
+        #: chunks whose data file was hashed (or written) by this object
+        self._verified: set[int] = set()
+        #: True when ``build`` found every chunk stored and intact (no gradient computed)
+        self.cache_hit = False
+        #: files ``build`` found damaged or left over and replaced or removed
+        self.repaired: list[str] = []
 
     # -- reading ------------------------------------------------------------------------------
 
     @classmethod
     def open(cls, path: str | Path, expect: dict[str, Any] | None = None) -> "GradientIndex":
-        """Open a complete store; with ``expect`` (an identity), refuse one built from other inputs."""
+        """Open a complete store; with ``expect`` (an identity), refuse one built from other inputs.
+
+        Raises ``IndexCorruptError`` when the manifest, example_ids.json or a norms file does not
+        match its checksum, or a data file is missing or has the wrong size.
+        """
         root = Path(path)
         manifest_path = root / "manifest.json"
         if not manifest_path.is_file():
             raise IndexMismatchError(f"{root} is not a gradient index (no manifest.json); build one with `gradian index`")
-        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        manifest = _read_manifest(root)
         if expect is not None:
             _refuse_mismatch(root, manifest["identity"], expect)
         if manifest.get("status") != "complete":
@@ -76,7 +166,11 @@ class GradientIndex:
                 f"{root}: the index build did not finish ({manifest.get('n_chunks_done', 0)} of "
                 f"{manifest.get('n_chunks')} chunks); run `gradian index` again to resume it"
             )
-        return cls(root, manifest)
+        index = cls(root, manifest)
+        problem = index._first_problem()
+        if problem:
+            raise IndexCorruptError(f"{problem}; {_rebuild_hint(manifest)}")
+        return index
 
     @property
     def index_id(self) -> str:
@@ -92,7 +186,13 @@ class GradientIndex:
 
     @property
     def example_ids(self) -> list[str]:
-        return json.loads((self.root / "example_ids.json").read_text(encoding="utf-8"))
+        if self._example_ids is None:
+            path = self.root / "example_ids.json"
+            problem = _ids_problem(path, self.manifest)
+            if problem:
+                raise IndexCorruptError(f"{problem}; {_rebuild_hint(self.manifest)}")
+            self._example_ids = json.loads(path.read_text(encoding="utf-8"))
+        return list(self._example_ids)
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -101,16 +201,42 @@ class GradientIndex:
     def _chunk_path(self, k: int) -> Path:
         return self.root / "chunks" / f"{k:05d}.npy"
 
+    def _norms_path(self, k: int) -> Path:
+        return self.root / "chunks" / f"{k:05d}.norms.npy"
+
+    def _record(self, k: int) -> dict[str, Any]:
+        return self.manifest["chunks"][k]
+
     def iter_chunks(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-        """``(start row, {block: [rows, width]})`` views of the memory-mapped chunks."""
+        """``(start row, {block: [rows, width]})`` views of the memory-mapped chunks.
+
+        The first call checks every data file against its recorded sha256 (in parallel threads)
+        before it yields anything, so a damaged store produces no partial scores.
+        """
+        self._verify_data()
         size = int(self.manifest["chunk_size"])
         for k in range(int(self.manifest["n_chunks"])):
             data = np.load(self._chunk_path(k), mmap_mode="r")
             yield k * size, {b["name"]: data[:, b["offset"] : b["offset"] + b["width"]] for b in self.manifest["blocks"]}
 
+    def _verify_data(self) -> None:
+        todo = [k for k in range(int(self.manifest["n_chunks"])) if k not in self._verified]
+        if not todo:
+            return
+        problems = _chunk_problems(self.root, {k: self._record(k) for k in todo})
+        if problems:
+            raise IndexCorruptError(f"{problems[min(problems)]}; {_rebuild_hint(self.manifest)}")
+        self._verified.update(todo)
+
     def sq_norms(self) -> dict[str, np.ndarray]:
         if self._norms is None:
-            parts = [np.load(self.root / "chunks" / f"{k:05d}.norms.npy") for k in range(int(self.manifest["n_chunks"]))]
+            parts = []
+            for k in range(int(self.manifest["n_chunks"])):
+                path = self._norms_path(k)
+                problem = _file_problem(path, self._record(k)["norms_sha256"], self._record(k)["norms_bytes"])
+                if problem:
+                    raise IndexCorruptError(f"{problem}; {_rebuild_hint(self.manifest)}")
+                parts.append(np.load(path))
             stacked = np.concatenate(parts, axis=0) if parts else np.zeros((0, len(self.block_names)))
             self._norms = {name: stacked[:, j] for j, name in enumerate(self.block_names)}
         return self._norms
@@ -122,6 +248,26 @@ class GradientIndex:
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in (self.root / "chunks").glob("*.npy"))
 
+    def verify(self) -> None:
+        """Hash every file of the store now; ``IndexCorruptError`` names the first damaged one."""
+        problem = self._first_problem()
+        if problem:
+            raise IndexCorruptError(f"{problem}; {_rebuild_hint(self.manifest)}")
+        self._verify_data()
+
+    def _first_problem(self) -> str | None:
+        """The first damaged file among example_ids.json and the norms files (hashed, they are
+        small) and the data files (present, of the recorded size; their bytes are hashed by
+        ``_verify_data``)."""
+        problem = _ids_problem(self.root / "example_ids.json", self.manifest)
+        if problem:
+            return problem
+        for k in range(int(self.manifest["n_chunks"])):
+            problem = _chunk_problem(self.root, k, self._record(k), hash_data=False)
+            if problem:
+                return problem
+        return None
+
     # -- building -----------------------------------------------------------------------------
 
     @classmethod
@@ -129,12 +275,13 @@ class GradientIndex:
               force: bool = False, progress: Callable[[int, int], None] | None = None) -> "GradientIndex":
         """Index ``dataset`` under ``gm`` (a ``GradientModel``) with ``config`` (a ``GradianConfig``).
 
-        Returns the stored index: straight from the cache when these inputs were indexed before,
-        resumed when a previous build of them was interrupted, fresh otherwise (or with ``force``).
-        ``progress(done, total)`` is called after each chunk.
+        Returns the stored index: straight from the cache when these inputs were indexed before
+        and every file checks out (``index.cache_hit``), with only the missing or damaged chunks
+        computed when a previous build was interrupted or a file was damaged since, fresh
+        otherwise (or with ``force``). ``progress(done, total)`` is called before the first
+        chunk computed and after each one; never on a cache hit.
         """
-        from gradian.data import tokenize_examples
-        from gradian.grads import gradient_widths, iter_example_gradients, make_projector
+        from gradian.grads import gradient_widths
 
         grads = config.grads
         widths = gradient_widths(gm, grads)
@@ -145,24 +292,43 @@ class GradientIndex:
         identity = index_identity(
             base_fingerprint=gm.fingerprints.get("base", "in-memory"),
             adapter_fingerprint=gm.fingerprints.get("adapter", "in-memory"),
+            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
             dataset_sha256=dataset.sha256, n_examples=len(dataset), config=config,
             blocks=[{k: b[k] for k in ("name", "shapes", "dim", "width")} for b in blocks],
             model_dtype=str(gm.dtype).replace("torch.", ""),
         )
         the_id = index_id(identity)
-        root = index_root(cache_dir or config.cache_dir) / the_id
-        if force and root.exists():
-            shutil.rmtree(root)
-        manifest_path = root / "manifest.json"
-        if manifest_path.is_file():
-            stored = json.loads(manifest_path.read_text(encoding="utf-8"))
-            _refuse_mismatch(root, stored["identity"], identity)
-            if stored.get("status") == "complete":
-                return cls(root, stored)
+        parent = index_root(cache_dir or config.cache_dir)
+        root = parent / the_id
+        parent.mkdir(parents=True, exist_ok=True)
+        with _build_lock(parent / f".{the_id}.lock"):
+            if force and root.exists():
+                shutil.rmtree(root)
+            return cls._build_locked(root, the_id, identity, blocks, offset, gm, tokenizer, dataset, config, progress)
+
+    @classmethod
+    def _build_locked(cls, root: Path, the_id: str, identity: dict[str, Any], blocks: list[dict[str, Any]],
+                      total_width: int, gm: Any, tokenizer: Any, dataset: Any, config: Any,
+                      progress: Callable[[int, int], None] | None) -> "GradientIndex":
+        grads = config.grads
         chunk_size = int(grads.chunk_size)
         n = len(dataset)
         n_chunks = (n + chunk_size - 1) // chunk_size
-        (root / "chunks").mkdir(parents=True, exist_ok=True)
+        repaired = _remove_leftovers(root)
+        manifest_path = root / "manifest.json"
+        stored: dict[str, Any] | None = None
+        if manifest_path.is_file():
+            try:
+                stored = _read_manifest(root)
+            except IndexMismatchError:
+                # without a trustworthy manifest no chunk can be checked: start over
+                repaired.append(f"{manifest_path} (unreadable: the whole index was rebuilt)")
+                shutil.rmtree(root)
+                stored = None
+        if stored is not None:
+            _refuse_mismatch(root, stored["identity"], identity)
+
+        ids_bytes = json.dumps(dataset.ids).encode("utf-8")
         manifest = {
             "index_id": the_id,
             "status": "building",
@@ -172,48 +338,103 @@ class GradientIndex:
             "chunk_size": chunk_size,
             "n_chunks": n_chunks,
             "n_chunks_done": 0,
-            "total_width": offset,
+            "chunks": [None] * n_chunks,
+            "example_ids_sha256": _sha256_bytes(ids_bytes),
+            "total_width": total_width,
             "storage_dtype": grads.storage_dtype,
             "sources": {"dataset": str(getattr(dataset, "path", "")), "base_model": config.base_model,
                         "adapter_path": config.adapter_path},
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        write_text_atomic(root / "example_ids.json", json.dumps(dataset.ids))
-        done = _complete_chunks(root, n_chunks, chunk_size, n, offset, len(blocks))
-        manifest["n_chunks_done"] = done
-        write_text_atomic(manifest_path, json.dumps(manifest, indent=2))
+        if _ids_problem(root / "example_ids.json", manifest):
+            if stored is not None and (root / "example_ids.json").exists():
+                repaired.append(f"{root / 'example_ids.json'} was damaged: written again")
+            write_bytes_atomic(root / "example_ids.json", ids_bytes)
 
+        # which stored chunks are whole: recorded in the manifest, and every byte as recorded
+        recorded = {k: record for k, record in enumerate((stored or {}).get("chunks") or [])
+                    if k < n_chunks and record is not None}
+        problems = _chunk_problems(root, recorded)
+        good = set(recorded) - set(problems)
+        for k in good:
+            manifest["chunks"][k] = recorded[k]
+        repaired += [f"{problems[k]}: computed again" for k in sorted(problems)]
+        (root / "chunks").mkdir(parents=True, exist_ok=True)
+        for path in (root / "chunks").glob("*.npy"):
+            if int(path.name[:5]) not in good:
+                path.unlink()
+        manifest["n_chunks_done"] = len(good)
+
+        if stored is not None and stored.get("status") == "complete" and len(good) == n_chunks:
+            index = cls(root, stored)
+            index._verified.update(good)
+            index.cache_hit = True
+            index.repaired = repaired
+            return index
+
+        _write_manifest(manifest_path, manifest)
         started = time.perf_counter()
-        first_row = done * chunk_size
-        tokenized = tokenize_examples(dataset.examples, tokenizer, grads.max_seq_length)
-        manifest["n_examples_without_supervision"] = sum(1 for t in tokenized if t.n_supervised == 0)
-        tokenized = tokenized[first_row:]
-        storage = _STORAGE[grads.storage_dtype]
-        projector = make_projector(grads)
-        buffer: list[dict[str, np.ndarray]] = []
-        buffered = 0
-        k = done
-        if progress:
-            progress(first_row, n)
-        for _, batch in iter_example_gradients(gm, tokenized, grads, tokenizer.pad_token_id, projector=projector):
-            buffer.append(batch)
-            buffered += next(iter(batch.values())).shape[0]
-            while buffered >= chunk_size or (buffered and k * chunk_size + buffered >= n):
-                take = min(chunk_size, buffered)
-                rows, buffer, buffered = _take_rows(buffer, take, [b["name"] for b in blocks])
-                _write_chunk(root, k, rows, storage)
-                k += 1
-                manifest["n_chunks_done"] = k
-                write_text_atomic(manifest_path, json.dumps(manifest, indent=2))
-                if progress:
-                    progress(min(k * chunk_size, n), n)
+        computed = _compute_chunks(root, manifest, [k for k in range(n_chunks) if k not in good], blocks, gm,
+                                   tokenizer, dataset, grads, progress)
         manifest["status"] = "complete"
         manifest["build_seconds"] = round(time.perf_counter() - started, 3)
         index = cls(root, manifest)
         manifest["bytes"] = index.disk_bytes()
         manifest["bytes_per_example"] = manifest["bytes"] / max(n, 1)
-        write_text_atomic(manifest_path, json.dumps(manifest, indent=2))
+        _write_manifest(manifest_path, manifest)
+        index._verified.update(good | set(computed))
+        index.repaired = repaired
         return index
+
+
+def _compute_chunks(root: Path, manifest: dict[str, Any], todo: list[int], blocks: list[dict[str, Any]], gm: Any,
+                    tokenizer: Any, dataset: Any, grads: Any, progress: Callable[[int, int], None] | None) -> list[int]:
+    """Capture and write chunks ``todo`` (ascending), recording each in the manifest as it lands."""
+    from gradian.data import tokenize_examples
+    from gradian.grads import iter_example_gradients, make_projector
+
+    n, chunk_size = manifest["n_examples"], manifest["chunk_size"]
+    manifest_path = root / "manifest.json"
+    tokenized = tokenize_examples(dataset.examples, tokenizer, grads.max_seq_length)
+    manifest["n_examples_without_supervision"] = sum(1 for t in tokenized if t.n_supervised == 0)
+    storage = _STORAGE[grads.storage_dtype]
+    projector = make_projector(grads)
+    names = [b["name"] for b in blocks]
+    rows_done = n - sum(min(chunk_size, n - k * chunk_size) for k in todo)
+    if progress:
+        progress(rows_done, n)
+    written: list[int] = []
+    for run in _contiguous_runs(todo):
+        first_row, end_row = run[0] * chunk_size, min((run[-1] + 1) * chunk_size, n)
+        buffer: list[dict[str, np.ndarray]] = []
+        buffered = 0
+        k = run[0]
+        for _, batch in iter_example_gradients(gm, tokenized[first_row:end_row], grads, tokenizer.pad_token_id,
+                                               projector=projector):
+            buffer.append(batch)
+            buffered += next(iter(batch.values())).shape[0]
+            while buffered >= chunk_size or (buffered and k * chunk_size + buffered >= end_row):
+                take = min(chunk_size, buffered)
+                rows, buffer, buffered = _take_rows(buffer, take, names)
+                manifest["chunks"][k] = _write_chunk(root, k, rows, storage)
+                written.append(k)
+                k += 1
+                manifest["n_chunks_done"] = sum(1 for c in manifest["chunks"] if c is not None)
+                _write_manifest(manifest_path, manifest)
+                rows_done += take
+                if progress:
+                    progress(rows_done, n)
+    return written
+
+
+def _contiguous_runs(ks: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for k in ks:
+        if runs and runs[-1][-1] == k - 1:
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    return runs
 
 
 def _take_rows(buffer: list[dict[str, np.ndarray]], take: int, names: list[str]):
@@ -224,32 +445,87 @@ def _take_rows(buffer: list[dict[str, np.ndarray]], take: int, names: list[str])
     return rows, ([rest] if left else []), left
 
 
-def _write_chunk(root: Path, k: int, rows: dict[str, np.ndarray], storage: Any) -> None:
+def _write_chunk(root: Path, k: int, rows: dict[str, np.ndarray], storage: Any) -> dict[str, Any]:
+    """Write chunk ``k`` (norms first, data last) and return its manifest record: row count, and
+    the sha256 and size of both files, hashed from the bytes written."""
     data = np.concatenate([rows[b].astype(storage) for b in rows], axis=1)
     norms = np.stack([np.einsum("ij,ij->i", v, v, dtype=np.float64)
                       for v in (rows[b].astype(storage).astype(np.float64) for b in rows)], axis=1)
-    _save_npy_atomic(root / "chunks" / f"{k:05d}.norms.npy", norms)
-    _save_npy_atomic(root / "chunks" / f"{k:05d}.npy", data)  # last: its presence marks the chunk done
+    data_bytes, norms_bytes = _npy_bytes(data), _npy_bytes(norms)
+    write_bytes_atomic(root / "chunks" / f"{k:05d}.norms.npy", norms_bytes)
+    write_bytes_atomic(root / "chunks" / f"{k:05d}.npy", data_bytes)
+    return {"rows": int(data.shape[0]), "sha256": _sha256_bytes(data_bytes), "bytes": len(data_bytes),
+            "norms_sha256": _sha256_bytes(norms_bytes), "norms_bytes": len(norms_bytes)}
 
 
-def _complete_chunks(root: Path, n_chunks: int, chunk_size: int, n: int, width: int, n_blocks: int) -> int:
-    """Leading chunks already on disk whole (right shape); everything after them is discarded."""
-    done = 0
-    for k in range(n_chunks):
-        data, norms = root / "chunks" / f"{k:05d}.npy", root / "chunks" / f"{k:05d}.norms.npy"
-        rows = min(chunk_size, n - k * chunk_size)
+# -- checks ----------------------------------------------------------------------------------------
+
+def _file_problem(path: Path, sha256: str, size: int, hash_data: bool = True) -> str | None:
+    """Why ``path`` is not the file recorded (missing, wrong size, other bytes), or ``None``."""
+    if not path.is_file():
+        return f"{path} is missing"
+    actual = path.stat().st_size
+    if actual != size:
+        return f"{path} is damaged ({actual} bytes, {size} were written: truncated or overwritten)"
+    if hash_data and _sha256_file(path) != sha256:
+        return f"{path} is damaged (its bytes do not match the sha256 recorded when it was written)"
+    return None
+
+
+def _chunk_problem(root: Path, k: int, record: dict[str, Any] | None, hash_data: bool) -> str | None:
+    data, norms = root / "chunks" / f"{k:05d}.npy", root / "chunks" / f"{k:05d}.norms.npy"
+    if record is None:
+        return f"{data} was never completed"
+    return (_file_problem(norms, record["norms_sha256"], record["norms_bytes"])
+            or _file_problem(data, record["sha256"], record["bytes"], hash_data=hash_data))
+
+
+def _chunk_problems(root: Path, records: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """``{chunk: problem}`` for the chunks in ``records`` whose files are not as recorded, every
+    byte hashed. Threads: hashlib releases the GIL on large buffers, so this runs at the speed of
+    the disk or of several cores' sha256, not one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not records:
+        return {}
+    workers = max(1, min(len(records), os.cpu_count() or 1, 8))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        found = dict(zip(records, pool.map(lambda k: _chunk_problem(root, k, records[k], hash_data=True), records)))
+    return {k: problem for k, problem in found.items() if problem}
+
+
+def _ids_problem(path: Path, manifest: dict[str, Any]) -> str | None:
+    if not path.is_file():
+        return f"{path} is missing"
+    if _sha256_file(path) != manifest["example_ids_sha256"]:
+        return f"{path} is damaged (its bytes do not match the sha256 recorded when it was written)"
+    return None
+
+
+def _remove_leftovers(root: Path) -> list[str]:
+    """Delete the ``.tmp`` files a killed atomic write leaves beside its target."""
+    removed = []
+    for pattern in (".*.tmp", "chunks/.*.tmp"):
+        for path in root.glob(pattern):
+            path.unlink(missing_ok=True)
+            removed.append(f"{path} (left by an interrupted write, removed)")
+    return removed
+
+
+@contextmanager
+def _build_lock(path: Path) -> Iterator[None]:
+    """Exclusive ``flock`` on ``path`` for the duration of one index build (a no-op without fcntl)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: builds of one index are not serialized
+        yield
+        return
+    with path.open("a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
-            ok = (np.load(data, mmap_mode="r").shape == (rows, width)
-                  and np.load(norms, mmap_mode="r").shape == (rows, n_blocks))
-        except (OSError, ValueError):
-            ok = False
-        if not ok:
-            break
-        done += 1
-    for stale in (root / "chunks").glob("*.npy"):
-        if int(stale.name[:5]) >= done:
-            stale.unlink()
-    return done
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _refuse_mismatch(root: Path, stored: dict[str, Any], given: dict[str, Any]) -> None:
@@ -261,6 +537,7 @@ def _refuse_mismatch(root: Path, stored: dict[str, Any], given: dict[str, Any]) 
         "dataset": "the dataset changed since this index was built",
         "base": "the base model differs",
         "adapter": "the adapter differs",
+        "tokenizer": "the tokenizer or its chat template differs",
     }.get(field.split(".")[0], f"'{field}' differs")
     raise IndexMismatchError(
         f"index {root} does not match the given inputs: {hint} ({field}: index has {_short(was)}, "
