@@ -43,7 +43,6 @@ SCENARIO = "poison_capitals"
 def prepare_run(work: Path, save_steps: int, scenario: str = SCENARIO) -> tuple[Path, dict[str, Any], float]:
     """Write the scenario and fine-tune it once (reused when the run already exists)."""
     from gradian.config import load_config
-    from gradian.tinyworld import ensure_base_model
     from gradian.tinyworld.scenarios import write_scenario
     from gradian.train import train_lora
 
@@ -52,7 +51,7 @@ def prepare_run(work: Path, save_steps: int, scenario: str = SCENARIO) -> tuple[
     config_path = root / "gradian.yaml"
     if (run / "gradian_run.json").is_file() and (root / "scenario.json").is_file():
         return config_path, json.loads((root / "scenario.json").read_text()), 0.0
-    info = write_scenario(scenario, root, ensure_base_model())
+    info = write_scenario(scenario, root)  # the scenario's own world's base model
     cfg = load_config(config_path, _overrides(root, save_steps))
     started = time.perf_counter()
     train_lora(cfg, run, overwrite=True)
@@ -127,7 +126,7 @@ def measure(config_path: Path, info: dict[str, Any], save_steps: int, engines: t
             cfg = load_config(config_path, {**_overrides(root, save_steps), "engine.name": engine,
                                             "evaluation.query_signal": signal})
             started = time.perf_counter()
-            outcome = run_attribution(cfg, capability="capitals", cross_check=None)
+            outcome = run_attribution(cfg, capability=(info.get("capability") or {}).get("name", "capitals"), cross_check=None)
             seconds = time.perf_counter() - started
             attribution = outcome.report["attribution"]
             if attribution is None:

@@ -114,9 +114,9 @@ class _KroneckerEngine(Engine):
                 context.progress(done[0], total_steps)
 
         for draw in range(draws):
-            for offset, x_g, examples in self._passes(context, layers, settings, draw):
-                for key, (x, g) in x_g.items():
-                    factors[key].add(x, g, examples)
+            for offset, sums, examples in self._passes(context, layers, settings, draw):
+                for key, (xx, gg, tokens) in sums.items():
+                    factors[key].add_sums(xx, gg, tokens, examples)
                 tick(examples)
         eigen = {}
         for layer in layers:
@@ -176,7 +176,7 @@ class _KroneckerEngine(Engine):
         return lambda logits: sample(logits, batch.labels)
 
     def _passes(self, context: FitContext, layers: list[dict[str, Any]], settings: dict[str, Any], draw: int) -> Any:
-        """Per batch: ``{layer: (x [tokens, in], g [tokens, out])}`` over the real tokens."""
+        """Per batch: ``{layer: (sum x x^T, sum g g^T, real tokens)}`` over the real tokens (float64)."""
         import torch
 
         from gradian.grads import linear_inputs_and_output_grads
@@ -189,13 +189,18 @@ class _KroneckerEngine(Engine):
             real = batch.attention_mask.bool()
             out = {}
             for lin_id, key in by_id.items():
-                xs, gs = [], []
+                xx = gg = None
+                tokens = 0
                 for x, g in io[lin_id]:
                     mask = real if x.shape[1] == real.shape[1] else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-                    xs.append(x[mask].double().cpu().numpy())
-                    gs.append(g[mask].double().cpu().numpy())
-                if xs:
-                    out[key] = (np.concatenate(xs), np.concatenate(gs))
+                    # padded positions carry no gradient but do carry inputs: keep only real tokens
+                    xm, gm_ = x[mask].double(), g[mask].double()
+                    part_x, part_g = xm.T @ xm, gm_.T @ gm_
+                    xx = part_x if xx is None else xx + part_x
+                    gg = part_g if gg is None else gg + part_g
+                    tokens += int(xm.shape[0])
+                if xx is not None:
+                    out[key] = (xx.cpu().numpy(), gg.cpu().numpy(), tokens)
             yield offset, out, len(batch)
 
     def _per_example_pass(self, context: FitContext, layers: list[dict[str, Any]], settings: dict[str, Any],

@@ -50,9 +50,13 @@ class KroneckerFactors:
         """Add ``x`` (``[tokens, in]``) and ``g`` (``[tokens, out]``) of ``examples`` examples."""
         x = np.asarray(x, dtype=np.float64)
         g = np.asarray(g, dtype=np.float64)
-        self.a_sum += x.T @ x
-        self.s_sum += g.T @ g
-        self.tokens += int(x.shape[0])
+        self.add_sums(x.T @ x, g.T @ g, int(x.shape[0]), examples)
+
+    def add_sums(self, xx: np.ndarray, gg: np.ndarray, tokens: int, examples: int) -> None:
+        """Add precomputed ``sum x x^T`` and ``sum g g^T`` over ``tokens`` tokens of ``examples`` examples."""
+        self.a_sum += xx
+        self.s_sum += gg
+        self.tokens += int(tokens)
         self.examples += int(examples)
 
     def finish(self) -> tuple[np.ndarray, np.ndarray]:
