@@ -2,6 +2,11 @@
 
 - the duplicate checks stay near-linear on data that is mostly copies (same findings as the
   pairwise versions they replace);
+- the gradient index detects a flipped byte, a truncated or missing file, a damaged
+  example_ids.json or manifest before any score, repairs them on build, and builds once under
+  concurrency;
+- a damaged or half-saved adapter (or base model) is refused with one line naming the file and
+  the fix, never blamed on "another base".
 """
 
 from __future__ import annotations
@@ -272,3 +277,124 @@ def test_an_index_of_the_previous_format_is_refused_with_the_rebuild(built):
     path.write_text(json.dumps(manifest))
     with pytest.raises(IndexMismatchError, match=r"index format 1.*gradian index -d .*--force"):
         GradientIndex.open(index.root)
+
+
+# -- damaged adapters and base models ----------------------------------------------------------
+
+import shutil  # noqa: E402
+
+from gradian.config import GradianConfig  # noqa: E402
+from gradian.errors import AdapterWeightsError, ModelLoadError  # noqa: E402
+from gradian.model_loading import load_peft_model  # noqa: E402
+
+
+@pytest.fixture
+def adapter_copy(tmp_path, tiny_lora_dirs):
+    """A private copy of the saved tiny adapter to damage, and the intact base."""
+    base, adapter = tiny_lora_dirs
+    copy = tmp_path / "adapter"
+    shutil.copytree(adapter, copy)
+    return base, copy
+
+
+def _resave(path, change):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    change(tensors)
+    save_file(tensors, str(path))
+
+
+def _load(base, adapter):
+    return load_peft_model(str(base), str(adapter), GradianConfig(device="cpu"))
+
+
+def _set_config(adapter, change):
+    path = adapter / "adapter_config.json"
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps(change(data)))
+
+
+def _drop_first_lora_b(tensors):
+    del tensors[next(k for k in sorted(tensors) if ".lora_B." in k)]
+
+
+def _poison(tensors):
+    key = sorted(tensors)[3]
+    tensors[key][0, 0] = float("nan")
+
+
+def _damage(adapter, kind):
+    weights = adapter / "adapter_model.safetensors"
+    if kind == "config_not_an_object":
+        (adapter / "adapter_config.json").write_text("[\"q_proj\", \"v_proj\"]")
+    elif kind == "no_peft_type":
+        _set_config(adapter, lambda d: {k: v for k, v in d.items() if k != "peft_type"})
+    elif kind == "no_weights_file":
+        weights.unlink()
+    elif kind == "empty_weights":
+        weights.write_bytes(b"")
+    elif kind == "truncated_weights":
+        weights.write_bytes(weights.read_bytes()[:-64])
+    elif kind == "missing_tensor":
+        _resave(weights, _drop_first_lora_b)
+    elif kind == "nan_weights":
+        _resave(weights, _poison)
+    elif kind == "rank_disagrees":
+        _set_config(adapter, lambda d: {**d, "r": 8})
+
+
+_EXPECTED = {
+    "config_not_an_object": (ModelLoadError, r"adapter_config\.json: holds a JSON list, not an object"),
+    "no_peft_type": (ModelLoadError, r"adapter_config\.json: no peft_type.*\"peft_type\": \"LORA\""),
+    "no_weights_file": (AdapterWeightsError, r"no adapter_model\.safetensors \(or \.bin\).*save_pretrained"),
+    "empty_weights": (AdapterWeightsError, r"adapter_model\.safetensors is empty \(0 bytes\)"),
+    "truncated_weights": (AdapterWeightsError, r"adapter_model\.safetensors is damaged or truncated"),
+    "missing_tensor": (AdapterWeightsError, r"adapter_model\.safetensors: 1 of the 28 LoRA tensors .* not saved "
+                                            r"\(first: base_model\.model\.model\.layers\.0\..*lora_B\.weight\)"),
+    "nan_weights": (AdapterWeightsError, r"adapter_model\.safetensors: .* has 1 NaN or infinite value"),
+    "rank_disagrees": (AdapterWeightsError, r"has rank 4 but .*adapter_config\.json says r=8"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_EXPECTED))
+def test_a_damaged_adapter_is_one_clear_error(adapter_copy, kind):
+    base, adapter = adapter_copy
+    _damage(adapter, kind)
+    error, pattern = _EXPECTED[kind]
+    with pytest.raises(error, match=pattern) as info:
+        _load(base, adapter)
+    message = str(info.value)
+    assert str(adapter) in message and "another base" not in message and "\n" not in message
+
+
+@pytest.mark.parametrize("keep", ["nothing", "all but 100 bytes"])
+def test_a_truncated_base_model_is_one_clear_error(tmp_path, tiny_lora_dirs, keep):
+    base, adapter = tiny_lora_dirs
+    damaged = tmp_path / "base"
+    shutil.copytree(base, damaged)
+    weights = damaged / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(b"" if keep == "nothing" else data[:-100])
+    with pytest.raises(ModelLoadError, match=r"base/model\.safetensors is damaged or truncated.*--base-model"):
+        _load(damaged, adapter)
+
+
+def test_the_intact_adapter_still_loads(tiny_lora_dirs):
+    base, adapter = tiny_lora_dirs
+    model = _load(base, adapter)
+    assert sum(1 for name, _ in model.named_parameters() if ".lora_" in name) == 28
+
+
+def test_the_cli_exits_2_with_one_line_for_a_half_saved_adapter(adapter_copy, tmp_path, capsys):
+    from gradian.cli import main
+
+    base, adapter = adapter_copy
+    _damage(adapter, "missing_tensor")
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text(json.dumps({"prompt": "what is the capital of france ?", "completion": "paris"}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["index", "-d", str(dataset), "-m", str(base), "-a", str(adapter)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "not saved" in err and "another base" not in err

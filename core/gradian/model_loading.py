@@ -8,9 +8,13 @@ placed and checked the same way everywhere:
 - ``load_tokenizer``: the fast tokenizer (loss masks need character offsets), pad set to EOS when
   the tokenizer has none (padding is always masked out);
 - ``load_peft_model``: the base model with the adapter attached, in eval mode (dropout off), with
-  clear errors for a missing or foreign adapter. PEFT only warns when saved adapter weights match
-  no module of the base; here that is an error, because a silently half-loaded adapter would
-  measure and differentiate the wrong model.
+  clear errors for a missing, damaged, incomplete or foreign adapter. PEFT only warns when saved
+  adapter weights match no module of the base, or when a LoRA tensor a targeted module needs is
+  not in the file (it then keeps its fresh initialization); here both are errors, because a
+  silently half-loaded adapter would measure and differentiate the wrong model.
+- ``check_adapter_weights``: what can be told from the adapter folder alone, before any model is
+  loaded: a weights file is there and readable to its end, every value is finite, and the LoRA
+  ranks agree with ``adapter_config.json``.
 """
 
 from __future__ import annotations
@@ -19,11 +23,15 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gradian.errors import ModelLoadError
+from gradian.errors import AdapterWeightsError, ModelLoadError
 
-__all__ = ["resolve_device", "resolve_dtype", "load_tokenizer", "load_peft_model", "read_adapter_config"]
+__all__ = ["resolve_device", "resolve_dtype", "load_tokenizer", "load_peft_model", "read_adapter_config",
+           "check_adapter_weights"]
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
+#: weight files PEFT saves, in the order it looks for them
+_ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+_RESAVE = "copy the adapter folder again from the training run, or save it again with save_pretrained"
 
 
 def resolve_device(name: str = "auto") -> Any:
@@ -84,10 +92,112 @@ def read_adapter_config(adapter: str | Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ModelLoadError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
-    peft_type = str(data.get("peft_type", "LORA")).upper()
+    except UnicodeDecodeError as err:
+        raise ModelLoadError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); {_RESAVE}") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(
+            f"{path}: holds a JSON {type(data).__name__}, not an object of LoRA settings; {_RESAVE}"
+        )
+    if "peft_type" not in data:
+        raise ModelLoadError(
+            f"{path}: no peft_type, so it is not a config PEFT wrote; add \"peft_type\": \"LORA\" if this "
+            "is a LoRA adapter, or save the adapter again with save_pretrained"
+        )
+    peft_type = str(data["peft_type"]).upper()
     if peft_type != "LORA":
         raise ModelLoadError(f"{path}: peft_type is {peft_type}; Gradian works with LoRA adapters only")
     return data
+
+
+def _adapter_weights_path(adapter_dir: Path) -> Path:
+    for name in _ADAPTER_WEIGHTS:
+        if (adapter_dir / name).is_file():
+            return adapter_dir / name
+    raise AdapterWeightsError(
+        f"{adapter_dir} has adapter_config.json but no adapter_model.safetensors (or .bin), so the "
+        f"adapter's weights are missing; {_RESAVE}"
+    )
+
+
+def _read_adapter_tensors(weights: Path) -> dict[str, Any]:
+    """Every tensor of an adapter weights file; a damaged or truncated file is one clear error."""
+    if weights.stat().st_size == 0:
+        raise AdapterWeightsError(f"{weights} is empty (0 bytes): the save or copy was interrupted; {_RESAVE}")
+    if weights.suffix == ".safetensors":
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(weights))
+        except SafetensorError as err:
+            raise AdapterWeightsError(f"{weights} is damaged or truncated ({err}); {_RESAVE}") from None
+    import torch
+
+    try:
+        state = torch.load(str(weights), map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle, zip and unpickler errors alike mean the file is unreadable
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise AdapterWeightsError(f"{weights} is damaged or truncated ({first[:200]}); {_RESAVE}") from None
+    if not isinstance(state, dict):
+        raise AdapterWeightsError(f"{weights} does not hold a state dict of tensors; {_RESAVE}")
+    return state
+
+
+def check_adapter_weights(adapter: str | Path, adapter_config: dict[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
+    """Check an adapter folder's weights before a model is loaded; return ``{key: shape}``.
+
+    Refused (``AdapterWeightsError``, one line naming the file): no weights file; a file that is
+    empty, truncated or otherwise unreadable; a tensor holding NaN or infinite values; a LoRA
+    factor whose rank differs from ``r`` in adapter_config.json (when no ``rank_pattern`` gives
+    modules their own rank).
+    """
+    import torch
+
+    adapter_dir = Path(adapter)
+    adapter_config = adapter_config if adapter_config is not None else read_adapter_config(adapter_dir)
+    weights = _adapter_weights_path(adapter_dir)
+    tensors = _read_adapter_tensors(weights)
+    if not tensors:
+        raise AdapterWeightsError(f"{weights} holds no tensors; {_RESAVE}")
+    for key, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise AdapterWeightsError(
+                f"{weights}: {key} has {bad} NaN or infinite value(s) of {tensor.numel()}; the training "
+                "diverged or the file is damaged: use an earlier checkpoint, or retrain with a lower "
+                "learning rate"
+            )
+    r = adapter_config.get("r")
+    if isinstance(r, int) and not adapter_config.get("rank_pattern"):
+        for key, tensor in tensors.items():
+            parts = key.split(".")
+            rank_dim = 0 if "lora_A" in parts else 1 if "lora_B" in parts else None
+            if rank_dim is not None and tensor.dim() == 2 and tensor.shape[rank_dim] != r:
+                raise AdapterWeightsError(
+                    f"{weights}: {key} has rank {tensor.shape[rank_dim]} but {adapter_dir / 'adapter_config.json'} "
+                    f"says r={r}; the config and the weights come from different saves: {_RESAVE}"
+                )
+    return {key: tuple(tensor.shape) for key, tensor in tensors.items()}
+
+
+def _check_base_files(base: str) -> None:
+    """A local base model's safetensors files must be readable to their end (header check only)."""
+    folder = Path(base)
+    if not folder.is_dir():
+        return
+    from safetensors import SafetensorError, safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            if path.stat().st_size == 0:
+                raise SafetensorError("empty file")
+            with safe_open(str(path), framework="pt"):
+                pass
+        except SafetensorError as err:
+            raise ModelLoadError(
+                f"{path} is damaged or truncated ({err}); copy or download the base model again "
+                "(--base-model / base_model)"
+            ) from None
 
 
 def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -> Any:
@@ -100,30 +210,34 @@ def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -
 
     from gradian.config import GradianConfig
 
+    from safetensors import SafetensorError
+
     config = config or GradianConfig()
     adapter_dir = Path(adapter)
     adapter_config = read_adapter_config(adapter_dir)
+    saved = check_adapter_weights(adapter_dir, adapter_config)  # before the (slow) base model load
     base = base or adapter_config.get("base_model_name_or_path") or ""
     if not base:
         raise ModelLoadError("no base model given; pass --base-model/-m or set base_model in the config")
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    _check_base_files(base)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             base, dtype=dtype, attn_implementation=config.attn_implementation,
             trust_remote_code=config.trust_remote_code,
         )
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, SafetensorError) as err:
         raise ModelLoadError(
             f"cannot load base model '{base}' ({str(err).splitlines()[0]}); check base_model / --base-model"
         ) from None
-    peft_model = _attach_adapter(model, adapter_dir, base)
+    peft_model = _attach_adapter(model, adapter_dir, base, saved)
     peft_model.to(device)
     peft_model.eval()
     return peft_model
 
 
-def _attach_adapter(model: Any, adapter_dir: Path, base: str) -> Any:
+def _attach_adapter(model: Any, adapter_dir: Path, base: str, saved: dict[str, tuple[int, ...]]) -> Any:
     from peft import PeftModel
 
     try:
@@ -135,28 +249,40 @@ def _attach_adapter(model: Any, adapter_dir: Path, base: str) -> Any:
             f"adapter {adapter_dir} does not fit base model '{base}' ({reason.strip()[:300]}); "
             "the adapter was trained on another base: pass the base it was trained from"
         ) from None
-    _check_every_adapter_weight_loaded(peft_model, adapter_dir, base)
+    _check_every_adapter_weight_loaded(peft_model, adapter_dir, base, saved)
     return peft_model
 
 
-def _check_every_adapter_weight_loaded(peft_model: Any, adapter_dir: Path, base: str) -> None:
-    weights = adapter_dir / "adapter_model.safetensors"
-    if not weights.is_file():
-        return
-    from safetensors import safe_open
+def _check_every_adapter_weight_loaded(peft_model: Any, adapter_dir: Path, base: str,
+                                       saved: dict[str, tuple[int, ...]]) -> None:
+    """Every saved weight landed on a module of the base, and every LoRA tensor the loaded
+    modules need (PEFT's ``LoraLayer.adapter_layer_names`` of each targeted module) was saved,
+    with the shape the module has."""
+    from peft import get_peft_model_state_dict
+    from peft.tuners.lora import LoraLayer
 
-    with safe_open(str(weights), framework="pt") as handle:
-        saved = {key: tuple(handle.get_slice(key).get_shape()) for key in handle.keys()}
+    weights = _adapter_weights_path(adapter_dir)
     params = {name: tuple(p.shape) for name, p in peft_model.named_parameters()}
     adapter_name = peft_model.active_adapter
-    missing = []
+    foreign = []
     for key, shape in saved.items():
         stem, _, last = key.rpartition(".")
         candidate = f"{stem}.{adapter_name}.{last}"
         if params.get(candidate) != shape and params.get(key) != shape:
-            missing.append(key)
-    if missing:
+            foreign.append(key)
+    if foreign:
         raise ModelLoadError(
-            f"adapter {adapter_dir}: {len(missing)} saved weight(s) match no module of base model "
-            f"'{base}' (first: {missing[0]}); the adapter was trained on another base"
+            f"adapter {adapter_dir}: {len(foreign)} saved weight(s) match no module of base model "
+            f"'{base}' (first: {foreign[0]}); the adapter was trained on another base"
+        )
+    lora_names = set(LoraLayer.adapter_layer_names)
+    expected = {key: tuple(t.shape) for key, t in
+                get_peft_model_state_dict(peft_model, adapter_name=adapter_name, save_embedding_layers=False).items()
+                if lora_names & set(key.split("."))}
+    missing = sorted(key for key in expected if key not in saved)
+    if missing:
+        raise AdapterWeightsError(
+            f"{weights}: {len(missing)} of the {len(expected)} LoRA tensors that adapter_config.json's "
+            f"target_modules imply on this base are not saved (first: {missing[0]}); the adapter was "
+            f"saved or copied incompletely: {_RESAVE}"
         )
