@@ -274,9 +274,12 @@ def test_an_index_of_the_previous_format_is_refused_with_the_rebuild(built):
     manifest = json.loads(path.read_text())
     del manifest["checksum"]
     manifest["identity"]["format_version"] = 1
+    manifest["sources"] = {"dataset": "train.jsonl", "base_model": "models/base", "adapter_path": "out/adapter"}
     path.write_text(json.dumps(manifest))
-    with pytest.raises(IndexMismatchError, match=r"index format 1.*gradian index -d .*--force"):
+    with pytest.raises(IndexMismatchError, match=r"index format 1, which records no checksums") as info:
         GradientIndex.open(index.root)
+    assert ("run `gradian index -c <its config> -d train.jsonl -m models/base -a out/adapter` to recompute "
+            "what is damaged, or the same with --force") in str(info.value)
 
 
 # -- damaged adapters and base models ----------------------------------------------------------

@@ -122,10 +122,10 @@ def _rebuild_hint(manifest: dict[str, Any] | None) -> str:
     """The command that rebuilds this index, with the inputs it was built from when known."""
     sources = (manifest or {}).get("sources") or {}
     flags = [f"{flag} {sources[key]}" for flag, key in (("-d", "dataset"), ("-m", "base_model"), ("-a", "adapter_path"))
-             if sources.get(key)]
-    command = "gradian index " + (" ".join(flags) if flags else "<the same inputs>")
-    return (f"run `{command}` to recompute what is damaged, or `{command} --force` to rebuild the whole "
-            "index")
+             if sources.get(key) and not str(sources[key]).startswith("<")]
+    command = "gradian index -c <its config> " + (" ".join(flags) if flags else "<the same inputs>")
+    return (f"run `{command}` to recompute what is damaged, or the same with --force to rebuild the "
+            "whole index")
 
 
 # -- the store -----------------------------------------------------------------------------------
