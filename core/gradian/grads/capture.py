@@ -8,8 +8,13 @@ the block's weights (flattened row-major, A before B). Units: nats per unit weig
   interact in an eval-mode causal LM, so the gradient of the sum with respect to a LoRA Linear's
   output, restricted to row ``b``, is row ``b``'s own output gradient ``G_b``. With the Linear's
   input ``X_b``, the weight gradient of row ``b`` is ``sum_t G_b[t] X_b[t]^T``
-  (``einsum("bto,bti->boi")``): exact, not an approximation. Only the outputs' gradients are
-  requested from autograd, so no weight gradient is ever accumulated.
+  (``bmm(G^T, X)``): exact, not an approximation. A tensor hook on each output turns ``G`` into
+  the per-example product the moment autograd has it and lets it go, so no output gradient
+  outlives its layer's backward; autograd is asked only for the ``[rows, tokens, r]`` gradients of
+  the innermost LoRA outputs, so no weight gradient is ever formed. The product runs in float32
+  (float64 for a float64 model) whatever the model's dtype, from the tensors the model already
+  holds: the only copies are the upcasts a bfloat16 or float16 model needs. Memory beyond a
+  plain forward and backward: the ``[rows, block dim]`` results, and one product at a time.
 - ``loop``: the reference; one forward/backward per row, unpadded.
 - ``vmap``: ``torch.func.vmap(grad(...))`` over rows. Opt-in: transformers forwards are not always
   vmappable, and the loss must avoid data-dependent shapes there (it masks instead of gathering).
@@ -102,18 +107,48 @@ def linear_inputs_and_output_grads(gm: Any, batch: TokenBatch, reduction: str = 
 def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
     import torch
 
-    linears, io = linear_inputs_and_output_grads(gm, batch, reduction)
     out_dtype = _out_dtype(gm)
-    per_linear: dict[int, Any] = {}
-    for key, lin in linears.items():
-        acc = None
-        for x, g in io[key]:
-            term = torch.einsum("bto,bti->boi", g.to(out_dtype), x.to(out_dtype))
-            acc = term if acc is None else acc + term
-        if acc is None:  # the module was never called: its gradient is zero
-            acc = torch.zeros((len(batch), *lin.weight.shape), dtype=out_dtype, device=lin.weight.device)
-        per_linear[key] = acc
-    return _flatten_blocks(gm, per_linear, out_dtype)
+    rows = len(batch)
+    device = gm.device
+    # each block's result is allocated once; each linear writes its [rows, out, in] share in place
+    results: dict[str, Any] = {}
+    targets: dict[int, Any] = {}
+    for block in gm.blocks:
+        flat = torch.zeros((rows, block.dim), dtype=out_dtype, device=device)
+        results[block.name] = flat
+        offset = 0
+        for lin, (o, i) in zip(block.linears, block.shapes):
+            targets[id(lin)] = flat[:, offset : offset + o * i].view(rows, o, i)
+            offset += o * i
+    innermost: list[Any] = []
+
+    def per_example(key: int, x: Any) -> Any:
+        def take(g: Any) -> None:
+            g3 = g.reshape(g.shape[0], -1, g.shape[-1])
+            x3 = x.reshape(x.shape[0], -1, x.shape[-1])
+            # [rows, out, tokens] @ [rows, tokens, in]: the transpose is a stride change, not a copy
+            targets[key].add_(torch.bmm(g3.transpose(1, 2).to(out_dtype), x3.to(out_dtype)))
+        return take
+
+    def remember(module: Any, inputs: tuple, output: Any) -> None:
+        if not output.requires_grad:
+            return
+        output.register_hook(per_example(id(module), inputs[0].detach()))
+        if not inputs[0].requires_grad:  # nothing upstream needs a gradient: an innermost LoRA output
+            innermost.append(output)
+
+    handles = [lin.register_forward_hook(remember) for block in gm.blocks for lin in block.linears]
+    try:
+        with torch.enable_grad():
+            logits = gm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            total = per_example_loss(logits, batch.labels, reduction).sum()
+            del logits
+            if innermost and total.requires_grad:
+                torch.autograd.grad(total, innermost, allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return results
 
 
 def _capture_loop(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
