@@ -14,7 +14,13 @@ eval prompts do not occur in training (except in ``contaminated_eval``, on purpo
 
 Data scenarios add planted rows carrying ``cluster: 0`` (clean rows carry ``cluster: 100``) at
 random positions; their row indices are listed in ``scenario.json``. Config scenarios keep the
-clean data and change one training setting.
+clean data and change one training setting. ``scenario.json`` also lists the clean rows that
+look like the capability without touching it (``mark_distractors``): *on-topic* rows ask the
+capability's family about other countries, *same-entity* rows ask other facts about the targets.
+
+``write_scenario`` and ``all_scenarios`` serve every world of ``gradian.tinyworld.worlds``: the
+bestiary's scenarios (``gradian.tinyworld.bestiary.scenarios``) build the same ``Scenario`` and
+are written here in the same format.
 """
 
 from __future__ import annotations

@@ -19,6 +19,8 @@ Face model folder plus ``tinyworld.json``, whose ``world_name`` is ``bestiary``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -77,9 +79,6 @@ class BestiaryRecipe:
         return data
 
     def content_hash(self) -> str:
-        import hashlib
-        import json
-
         text = json.dumps({"world": WORLD_NAME, **self.to_dict()}, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
