@@ -257,3 +257,28 @@ def test_equivalent_engines_are_recognised():
     assert "graddot scaled" in equivalent_engines(tracin, graddot)
     assert equivalent_engines(datainf, graddot) is None
     assert equivalent_engines(EngineState("ekfac", train), EngineState("ekfac", train)) == "both are ekfac"
+
+
+def test_factors_collected_during_the_index_pass_equal_the_fits_own_pass():
+    from gradian.engines import KroneckerCollector
+    from gradian.grads import iter_example_gradients
+
+    gm, tok, tokenized, grads, context = _setup(batch_size=3)
+    with KroneckerCollector(gm) as collector:
+        stored = {}
+        for _, chunk in iter_example_gradients(gm, tokenized, context.grads, tok.pad_token_id):
+            for b, g in chunk.items():
+                stored.setdefault(b, []).append(g)
+    assert collector.complete(len(tokenized))
+    train = InMemoryGradients({b: np.concatenate(v) for b, v in stored.items()})
+    own = get_engine("ekfac").fit(train, EngineConfig(name="ekfac"), context)
+    reused = get_engine("ekfac").fit(train, EngineConfig(name="ekfac"),
+                                     FitContext(**{**vars(context), "collected": collector}))
+    assert own.meta["factors_from"] == "own pass" and reused.meta["factors_from"] == "index build"
+    for key, value in own.arrays.items():
+        assert np.array_equal(value, reused.arrays[key]), key
+    # an incomplete collection (a resumed build) is not used
+    partial = KroneckerCollector(gm)
+    partial.examples = len(tokenized) - 1
+    again = get_engine("ekfac").fit(train, EngineConfig(name="ekfac"), FitContext(**{**vars(context), "collected": partial}))
+    assert again.meta["factors_from"] == "own pass"

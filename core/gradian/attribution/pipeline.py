@@ -17,6 +17,7 @@ Order and what each step hands on:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -144,14 +145,16 @@ def run_attribution(
     if allowed:
         log("indexing per-example gradients")
         t0 = time.time()
-        index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=force, progress=progress)
+        collector = _curvature_collector(gm, cfg.engine.name, cross_check)
+        with collector or contextlib.nullcontext():
+            index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=force, progress=progress)
         index_seconds = time.time() - t0
         items, scope, notes, finding_ids = select_query_items(eval_items, dataset.examples)
         qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
                                   scope=scope, notes=notes, finding_ids=finding_ids)
         log(f"fitting and scoring with {cfg.engine.name}" + (f" and {cross_check}" if cross_check and cross_check != "none" else ""))
         t0 = time.time()
-        main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log)
+        main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log, collector)
         fit_seconds = {cfg.engine.name: round(time.time() - t0, 3)}
         main = _score(cfg, main_state, qg, gm, tokenizer, items)
         item_scores = np.asarray(main.scores, dtype=np.float64)
@@ -162,7 +165,7 @@ def run_attribution(
         cross_note = None
         if cross_check and cross_check != "none":
             t0 = time.time()
-            cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log)
+            cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log, collector)
             same = equivalent_engines(main_state, cross_state)
             if same:
                 # an engine agrees with itself: pick one that ranks by another method
@@ -171,7 +174,7 @@ def run_attribution(
                               f"cross-checking with {other} instead")
                 log(cross_note)
                 cross_check = other
-                cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log)
+                cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log, collector)
             fit_seconds[cross_check] = round(time.time() - t0, 3)
             cross = _score(cfg, cross_state, qg, gm, tokenizer, items)
             cross_scores = _mean_over_items(cross.scores)
@@ -255,15 +258,26 @@ def _query_items(cap: Any, eval_set: Any) -> list[Any]:
     ]
 
 
+def _curvature_collector(gm: Any, engine: str, cross_check: str | None) -> Any:
+    """Kronecker factors gathered during the index build, when a Kronecker engine will need them."""
+    from gradian.engines import KroneckerCollector, get_engine
+
+    names = [engine] + ([cross_check] if cross_check and cross_check != "none" else [])
+    if any(get_engine(name).curvature == "kronecker" for name in names):
+        return KroneckerCollector(gm)
+    return None
+
+
 def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any,
-         progress: Progress | None, log: Callable[[str], None]) -> Any:
+         progress: Progress | None, log: Callable[[str], None], collected: Any = None) -> Any:
     """The engine's fitted state on ``index`` (from the cache beside it when fitted before)."""
     from gradian.data import tokenize_examples
     from gradian.engines import FitContext, fit_engine, get_engine
 
     engine_cfg = dataclasses.replace(cfg.engine, name=engine)
     context = FitContext(gm=gm, tokenizer=tokenizer, dataset=dataset, grads=cfg.grads, run=run, seed=cfg.seed,
-                         pad_id=tokenizer.pad_token_id, progress=progress, log=log, config=cfg)
+                         pad_id=tokenizer.pad_token_id, progress=progress, log=log, config=cfg,
+                         collected=collected)
     if get_engine(engine).needs_model:
         context.tokenized = tokenize_examples(dataset.examples, tokenizer, cfg.grads.max_seq_length)
     state = fit_engine(engine, index, engine_cfg, context, cache_dir=cfg.cache_dir)

@@ -27,7 +27,7 @@ from gradian.engines.base import (
 )
 from gradian.engines.correlation import rank_correlation
 from gradian.engines.datainf import DataInfEngine, block_damping
-from gradian.engines.ekfac import FISHER_KINDS, EKFACEngine, KFACEngine
+from gradian.engines.ekfac import FISHER_KINDS, EKFACEngine, KFACEngine, KroneckerCollector
 from gradian.engines.graddot import GradDotEngine
 from gradian.engines.registry import available_engines, engine_summaries, get_engine, register_engine
 from gradian.engines.state import fit_engine, state_id
@@ -44,6 +44,7 @@ __all__ = [
     "FitContext",
     "GradDotEngine",
     "KFACEngine",
+    "KroneckerCollector",
     "InMemoryGradients",
     "TracInCheckpoint",
     "TracInEngine",

@@ -154,6 +154,8 @@ class FitContext:
     log: Any = None
     #: the whole ``GradianConfig`` (model loading and index settings for per-checkpoint indexes)
     config: Any = None
+    #: curvature statistics gathered during the index build (``KroneckerCollector``), if any
+    collected: Any = None
 
 
 @dataclass

@@ -34,7 +34,7 @@ from gradian.engines.kronecker import KroneckerEigen, KroneckerFactors, correcte
 from gradian.engines.registry import register_engine
 from gradian.errors import ConfigError
 
-__all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS"]
+__all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS", "KroneckerCollector"]
 
 FISHER_KINDS = ("empirical", "true")
 
@@ -67,6 +67,71 @@ def _sampler(seed: int, draw: int, offset: int) -> Any:
         return new
 
     return sample
+
+
+class KroneckerCollector:
+    """Collects the Kronecker factors while something else runs forward and backward passes.
+
+    ``with KroneckerCollector(gm) as collector: GradientIndex.build(gm, ...)`` adds each LoRA
+    layer's ``sum x x^T`` and ``sum g g^T`` over real tokens from the index build's own passes (a
+    forward hook on each layer and a gradient hook on its output), so an empirical-Fisher fit
+    needs no pass of its own. ``complete(n)`` says whether exactly ``n`` examples went through
+    (a resumed or cached build sees fewer, and the fit then makes its own pass). The sums are the
+    ones the fit's own pass would make, batch for batch, when the batch size is the same.
+    """
+
+    def __init__(self, gm: Any) -> None:
+        self.gm = gm
+        self.layers = _layers(gm)
+        self.factors = {layer["key"]: KroneckerFactors.zeros(layer["out"], layer["in"]) for layer in self.layers}
+        self.examples = 0
+        self._mask: Any = None
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> "KroneckerCollector":
+        modules = {id(lin): lin for block in self.gm.blocks for lin in block.linears}
+        for layer in self.layers:
+            self._handles.append(modules[layer["id"]].register_forward_hook(self._forward(layer["key"])))
+        self._handles.append(self.gm.model.register_forward_pre_hook(self._batch, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def complete(self, n: int) -> bool:
+        return self.examples == n
+
+    def _batch(self, module: Any, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        if ids is not None:
+            self.examples += int(ids.shape[0])
+            self._mask = mask.bool() if mask is not None else None
+
+    def _forward(self, key: str) -> Any:
+        def hook(module: Any, inputs: tuple, output: Any) -> None:
+            if not output.requires_grad:
+                return
+            x, mask = inputs[0].detach(), self._mask
+
+            def on_grad(g: Any) -> None:
+                import torch
+
+                x3 = x.reshape(x.shape[0], -1, x.shape[-1])
+                g3 = g.detach().reshape(g.shape[0], -1, g.shape[-1])
+                keep = mask if mask is not None and mask.shape == x3.shape[:2] else \
+                    torch.ones(x3.shape[:2], dtype=torch.bool, device=x3.device)
+                dt = torch.promote_types(x3.dtype, torch.float32)
+                xm, gm_ = x3[keep].to(dt), g3[keep].to(dt)
+                # the batch's examples are counted once, by the model-level hook
+                self.factors[key].add_sums((xm.T @ xm).double().cpu().numpy(), (gm_.T @ gm_).double().cpu().numpy(),
+                                           int(xm.shape[0]), 0)
+
+            output.register_hook(on_grad)
+
+        return hook
 
 
 class _KroneckerEngine(Engine):
@@ -105,7 +170,16 @@ class _KroneckerEngine(Engine):
                 )
         draws = settings.get("fisher_samples", 1) if settings["fisher"] == "true" else 1
         factors = {layer["key"]: KroneckerFactors.zeros(layer["out"], layer["in"]) for layer in layers}
-        total_steps = draws * len(context.tokenized) * (2 if self._second_pass(settings, grads) else 1)
+        collected = context.collected
+        reuse = (settings["fisher"] == "empirical" and collected is not None
+                 and collected.complete(len(context.tokenized)) and set(collected.factors) == set(factors))
+        if reuse:
+            for key, f in collected.factors.items():
+                factors[key] = KroneckerFactors(f.a_sum.copy(), f.s_sum.copy(), f.tokens, len(context.tokenized))
+            draws_to_run = 0
+        else:
+            draws_to_run = draws
+        total_steps = max(draws_to_run * len(context.tokenized) + (draws * len(context.tokenized) if self._second_pass(settings, grads) else 0), 1)
         done = [0]
 
         def tick(rows: int) -> None:
@@ -113,7 +187,7 @@ class _KroneckerEngine(Engine):
             if context.progress:
                 context.progress(done[0], total_steps)
 
-        for draw in range(draws):
+        for draw in range(draws_to_run):
             for offset, sums, examples in self._passes(context, layers, settings, draw):
                 for key, (xx, gg, tokens) in sums.items():
                     factors[key].add_sums(xx, gg, tokens, examples)
@@ -148,6 +222,7 @@ class _KroneckerEngine(Engine):
             arrays[f"{key}.q_s"] = e.q_s
             arrays[f"{key}.eigenvalues"] = corrected[key] if corrected is not None else e.eigenvalues
         meta = {"layers": [{k: v for k, v in layer.items() if k != "id"} for layer in layers],
+                "factors_from": "index build" if reuse else "own pass",
                 "n_examples": len(context.tokenized),
                 "tokens": {key: f.tokens for key, f in factors.items()},
                 "eigenvalues_from": ("index" if self.correct_eigenvalues and not self._second_pass(settings, grads)
@@ -194,8 +269,9 @@ class _KroneckerEngine(Engine):
                 for x, g in io[lin_id]:
                     mask = real if x.shape[1] == real.shape[1] else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
                     # padded positions carry no gradient but do carry inputs: keep only real tokens
-                    xm, gm_ = x[mask].double(), g[mask].double()
-                    part_x, part_g = xm.T @ xm, gm_.T @ gm_
+                    dt = torch.promote_types(x.dtype, torch.float32)  # float64 models stay float64
+                    xm, gm_ = x[mask].to(dt), g[mask].to(dt)
+                    part_x, part_g = (xm.T @ xm).double(), (gm_.T @ gm_).double()
                     xx = part_x if xx is None else xx + part_x
                     gg = part_g if gg is None else gg + part_g
                     tokens += int(xm.shape[0])

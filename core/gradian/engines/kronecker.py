@@ -81,7 +81,11 @@ class KroneckerEigen:
 
 
 def _eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    values, vectors = np.linalg.eigh((matrix + matrix.T) / 2)
+    import torch
+
+    # torch's LAPACK call runs under the project's torch thread settings
+    values_t, vectors_t = torch.linalg.eigh(torch.from_numpy(np.ascontiguousarray((matrix + matrix.T) / 2)))
+    values, vectors = values_t.numpy(), vectors_t.numpy()
     # covariances are positive semi-definite; round-off can leave tiny negative values
     return np.clip(values, 0.0, None), vectors
 
@@ -98,8 +102,12 @@ def corrected_eigenvalues(eigen: KroneckerEigen, per_example: np.ndarray) -> np.
 
     Divide the total over every chunk by the number of examples to get EK-FAC's eigenvalues.
     """
-    rotated = eigen.rotate(np.asarray(per_example, dtype=np.float64))
-    return np.einsum("boi,boi->oi", rotated, rotated)
+    g = np.asarray(per_example, dtype=np.float64)
+    rows, out_dim, in_dim = g.shape
+    # two large products instead of one small product per example
+    right = (g.reshape(rows * out_dim, in_dim) @ eigen.q_a).reshape(rows, out_dim, in_dim)
+    rotated = eigen.q_s.T @ right.transpose(1, 0, 2).reshape(out_dim, rows * in_dim)
+    return np.einsum("obi,obi->oi", rotated.reshape(out_dim, rows, in_dim), rotated.reshape(out_dim, rows, in_dim))
 
 
 def damped_inverse(eigen: KroneckerEigen, vectors: np.ndarray, damping: float) -> np.ndarray:
