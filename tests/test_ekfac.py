@@ -277,8 +277,13 @@ def test_factors_collected_during_the_index_pass_equal_the_fits_own_pass():
     assert own.meta["factors_from"] == "own pass" and reused.meta["factors_from"] == "index build"
     for key, value in own.arrays.items():
         assert np.array_equal(value, reused.arrays[key]), key
-    # an incomplete collection (a resumed build) is not used
+    # an incomplete collection (a resumed build, a layer the hooks did not see) is not used
     partial = KroneckerCollector(gm)
-    partial.examples = len(tokenized) - 1
+    partial.examples, partial.real_tokens, partial._sums = collector.examples - 1, collector.real_tokens, collector._sums
+    assert not partial.complete(len(tokenized))
+    missing = KroneckerCollector(gm)
+    missing.examples, missing.real_tokens = collector.examples, collector.real_tokens
+    missing._sums = dict(list(collector._sums.items())[1:])
+    assert not missing.complete(len(tokenized))
     again = get_engine("ekfac").fit(train, EngineConfig(name="ekfac"), FitContext(**{**vars(context), "collected": partial}))
     assert again.meta["factors_from"] == "own pass"

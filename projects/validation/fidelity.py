@@ -4,7 +4,7 @@ Setup: tinyworld's ``poison_capitals`` data with finer declared clusters (the ni
 of the clean rows, and the planted rows in four groups of four target countries), fine-tuned with
 the scenario's recipe while saving a checkpoint per epoch (TracIn sums over them). ``gradian
 attribute`` scores every row with ``datainf`` (graddot as its cross-check) and again with
-``tracin``; the gradient index is built once and cached.
+``tracin`` and with ``ekfac``; the gradient index is built once and cached.
 
 Then, with the same recipe and seed:
 
@@ -43,7 +43,7 @@ from workspace import Workspace
 __all__ = ["run", "FULL", "QUICK", "family_of"]
 
 SCENARIO = "poison_capitals"
-ENGINES = ("datainf", "graddot", "tracin")
+ENGINES = ("ekfac", "datainf", "graddot", "tracin")
 #: ``noise_subsets`` subsets are each retrained under ``seed_replicates`` more seeds
 FULL = {"subsets": 128, "loco": True, "noise_subsets": 2, "seed_replicates": 3, "clean_fraction": 1.0,
         "checkpoints": 3, "bootstrap": 2000}
@@ -189,6 +189,9 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     tracin_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "tracin"}),
                                  capability="capitals", cross_check="none", folder="fidelity/report-tracin")
     tracin_rankings = scenario.rankings
+    ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "ekfac"}),
+                 capability="capitals", cross_check="none", folder="fidelity/report-ekfac")
+    ekfac_rankings = scenario.rankings
     reference_seconds = round(time.time() - t0, 2)
     if not report.get("attribution"):
         verdict = Verdict("fidelity", "INCONCLUSIVE", "the reference fine-tune's regression did not clear the gate, "
@@ -197,7 +200,7 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     if not (main_rankings["row_index"].to_numpy() == np.arange(n)).all():
         raise RuntimeError("rankings are not in row order; the subset sums would be misaligned")
     scores = {"datainf": main_rankings["score"].to_numpy(), "graddot": main_rankings["cross_check_score"].to_numpy(),
-              "tracin": tracin_rankings["score"].to_numpy()}
+              "tracin": tracin_rankings["score"].to_numpy(), "ekfac": ekfac_rankings["score"].to_numpy()}
     tracin_notes = [note for note in (tracin_report.get("attribution") or {}).get("notes", []) if "tracin" in note]
 
     query = _query_items(report, cfg.eval_dataset)

@@ -83,32 +83,61 @@ class KroneckerCollector:
     def __init__(self, gm: Any) -> None:
         self.gm = gm
         self.layers = _layers(gm)
-        self.factors = {layer["key"]: KroneckerFactors.zeros(layer["out"], layer["in"]) for layer in self.layers}
         self.examples = 0
+        self.real_tokens = 0
+        self._sums: dict[str, list[Any]] = {}  # key -> [sum x x^T, sum g g^T, tokens], torch float64
         self._mask: Any = None
         self._handles: list[Any] = []
 
-    def __enter__(self) -> "KroneckerCollector":
-        modules = {id(lin): lin for block in self.gm.blocks for lin in block.linears}
+    @property
+    def factors(self) -> dict[str, KroneckerFactors]:
+        """The sums gathered so far, as ``KroneckerFactors`` (examples filled in by the fit)."""
+        out = {}
         for layer in self.layers:
-            self._handles.append(modules[layer["id"]].register_forward_hook(self._forward(layer["key"])))
-        self._handles.append(self.gm.model.register_forward_pre_hook(self._batch, with_kwargs=True))
+            key = layer["key"]
+            if key in self._sums:
+                xx, gg, tokens = self._sums[key]
+                out[key] = KroneckerFactors(xx.cpu().numpy(), gg.cpu().numpy(), tokens, 0)
+            else:
+                out[key] = KroneckerFactors.zeros(layer["out"], layer["in"])
+        return out
+
+    def __enter__(self) -> "KroneckerCollector":
+        self._model_handle = self.gm.model.register_forward_pre_hook(self._batch, with_kwargs=True)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self._model_handle.remove()
+        self._remove_layer_hooks()
+
+    def _remove_layer_hooks(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
 
+    def _attach_layer_hooks(self) -> None:
+        # attached at the start of every forward, so they run after any hook the gradient capture
+        # registered for that pass and see the output tensor that autograd differentiates
+        self._remove_layer_hooks()
+        modules = {id(lin): lin for block in self.gm.blocks for lin in block.linears}
+        for layer in self.layers:
+            self._handles.append(modules[layer["id"]].register_forward_hook(self._forward(layer["key"])))
+
     def complete(self, n: int) -> bool:
-        return self.examples == n
+        """Exactly ``n`` examples went through, and every layer saw every real token of them."""
+        if self.examples != n or self.real_tokens == 0:
+            return False
+        return all(key in self._sums and self._sums[key][2] > 0 and self._sums[key][2] % self.real_tokens == 0
+                   for key in (layer["key"] for layer in self.layers))
 
     def _batch(self, module: Any, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
+        self._attach_layer_hooks()
         if ids is not None:
             self.examples += int(ids.shape[0])
             self._mask = mask.bool() if mask is not None else None
+            self.real_tokens += int(self._mask.sum()) if self._mask is not None else int(ids.numel())
 
     def _forward(self, key: str) -> Any:
         def hook(module: Any, inputs: tuple, output: Any) -> None:
@@ -126,8 +155,13 @@ class KroneckerCollector:
                 dt = torch.promote_types(x3.dtype, torch.float32)
                 xm, gm_ = x3[keep].to(dt), g3[keep].to(dt)
                 # the batch's examples are counted once, by the model-level hook
-                self.factors[key].add_sums((xm.T @ xm).double().cpu().numpy(), (gm_.T @ gm_).double().cpu().numpy(),
-                                           int(xm.shape[0]), 0)
+                xx, gg = (xm.T @ xm).double(), (gm_.T @ gm_).double()
+                if key in self._sums:
+                    self._sums[key][0] += xx
+                    self._sums[key][1] += gg
+                    self._sums[key][2] += int(xm.shape[0])
+                else:
+                    self._sums[key] = [xx, gg, int(xm.shape[0])]
 
             output.register_hook(on_grad)
 
