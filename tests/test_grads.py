@@ -241,3 +241,25 @@ def test_bfloat16_model_gives_float32_gradients_close_to_a_float64_reference(bat
         exact = torch.cat([sum(torch.einsum("bto,bti->boi", g.double(), x.double()) for x, g in io[id(lin)]).flatten(1)
                            for lin in block.linears], dim=1)
         assert _rel(got[block.name].double(), exact) < 1e-5
+
+
+def _half_base_float32_adapter():
+    """What ``PeftModel.from_pretrained`` gives on a bfloat16 base: the adapter kept in float32."""
+    model = build_tiny_lora("llama")
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            p.data = p.data.to(torch.bfloat16)
+    return model
+
+
+def test_bfloat16_base_with_a_float32_adapter(batch):
+    """The mixed case PEFT loads by default: gradients in float32, within the bfloat16 bound of
+    the float64 gradients of the same weights; the LoRA weights stay trainable and gain no .grad."""
+    gm = wrap_peft_model(_half_base_float32_adapter())
+    assert gm.dtype == torch.float32
+    got = capture_per_example_grads(gm, batch, "hooks")
+    ref = capture_per_example_grads(wrap_peft_model(_half_base_float32_adapter().to(torch.float64)), batch)
+    g_all = torch.cat([got[k] for k in ref], dim=1).double()
+    r_all = torch.cat([ref[k] for k in ref], dim=1)
+    assert ((g_all - r_all).norm(dim=1) / r_all.norm(dim=1)).max() < 16 * 2.0**-8
+    assert all(p.requires_grad and p.grad is None for b in gm.blocks for p in b.parameters)

@@ -10,8 +10,9 @@ the block's weights (flattened row-major, A before B). Units: nats per unit weig
   input ``X_b``, the weight gradient of row ``b`` is ``sum_t G_b[t] X_b[t]^T``
   (``bmm(G^T, X)``): exact, not an approximation. A tensor hook on each output turns ``G`` into
   the per-example product the moment autograd has it and lets it go, so no output gradient
-  outlives its layer's backward; autograd is asked only for the ``[rows, tokens, r]`` gradients of
-  the innermost LoRA outputs, so no weight gradient is ever formed. The product runs in float32
+  outlives its layer's backward. The LoRA weights are frozen during the pass (the gradient flows
+  from a zero scalar added to the first LoRA inputs), so no weight gradient is formed and
+  autograd saves no LoRA input for one. The product runs in float32
   (float64 for a float64 model) whatever the model's dtype, from the tensors the model already
   holds: the only copies are the upcasts a bfloat16 or float16 model needs. Memory beyond a
   plain forward and backward: the ``[rows, block dim]`` results, and one product at a time.
@@ -104,13 +105,28 @@ def linear_inputs_and_output_grads(gm: Any, batch: TokenBatch, reduction: str = 
     return linears, io
 
 
+def _lora_parents(gm: Any) -> dict[int, Any]:
+    """``id(lora_A Linear) -> the LoRA layer that calls it``, for the blocks' A matrices."""
+    from peft.tuners.lora import LoraLayer
+
+    a_name = LoraLayer.adapter_layer_names[0]
+    wanted = {id(lin) for block in gm.blocks for lin in block.linears}
+    parents = {}
+    for module in gm.model.modules():
+        if isinstance(module, LoraLayer) and gm.adapter_name in getattr(module, a_name):
+            lin = getattr(module, a_name)[gm.adapter_name]
+            if id(lin) in wanted:
+                parents[id(lin)] = module
+    return parents
+
+
 def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
     import torch
 
     out_dtype = _out_dtype(gm)
     rows = len(batch)
     device = gm.device
-    # each block's result is allocated once; each linear writes its [rows, out, in] share in place
+    # each block's result is allocated once; each linear adds its [rows, out, in] share in place
     results: dict[str, Any] = {}
     targets: dict[int, Any] = {}
     for block in gm.blocks:
@@ -120,7 +136,15 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
         for lin, (o, i) in zip(block.linears, block.shapes):
             targets[id(lin)] = flat[:, offset : offset + o * i].view(rows, o, i)
             offset += o * i
-    innermost: list[Any] = []
+    parents = _lora_parents(gm)
+    parent_input: dict[int, Any] = {}
+    # The LoRA weights are frozen for this pass: autograd then saves no LoRA input for a weight
+    # gradient nobody asks for (PEFT runs a float32 adapter on a float32 copy of a half-precision
+    # input, one copy per module). The gradient instead starts at ``anchor``, a zero added to the
+    # input of each LoRA matrix that nothing upstream makes differentiable (the first layers'), so
+    # every output the hooks see requires grad as usual; its own gradient is one scalar.
+    anchor = torch.zeros((), dtype=out_dtype, device=device, requires_grad=True)
+    used_anchor = []
 
     def per_example(key: int, x: Any) -> Any:
         def take(g: Any) -> None:
@@ -130,24 +154,48 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
             targets[key].add_(torch.bmm(g3.transpose(1, 2).to(out_dtype), x3.to(out_dtype)))
         return take
 
-    def remember(module: Any, inputs: tuple, output: Any) -> None:
-        if not output.requires_grad:
-            return
-        output.register_hook(per_example(id(module), inputs[0].detach()))
-        if not inputs[0].requires_grad:  # nothing upstream needs a gradient: an innermost LoRA output
-            innermost.append(output)
+    def keep_parent_input(module: Any, inputs: tuple) -> None:
+        parent_input[id(module)] = inputs[0]
 
-    handles = [lin.register_forward_hook(remember) for block in gm.blocks for lin in block.linears]
+    def start_gradient(module: Any, inputs: tuple) -> Any:
+        if inputs[0].requires_grad:
+            return None
+        used_anchor.append(True)
+        return (inputs[0] + anchor.to(inputs[0].dtype), *inputs[1:])
+
+    def remember(module: Any, inputs: tuple, output: Any) -> None:
+        x = inputs[0]
+        parent = parents.get(id(module))
+        if parent is not None:
+            # A's input is the layer's input cast to the adapter's dtype (dropout is off in eval
+            # mode): keep the layer's own tensor, shared by the modules that read it, and upcast
+            # inside the product instead of holding PEFT's copy
+            original = parent_input.get(id(parent))
+            if original is not None and original.shape == x.shape:
+                x = original
+        output.register_hook(per_example(id(module), x.detach()))
+
+    lora_weights = [p for block in gm.blocks for p in block.parameters]
+    was_trainable = [p.requires_grad for p in lora_weights]
+    handles = [parent.register_forward_pre_hook(keep_parent_input) for parent in parents.values()]
+    linears = [lin for block in gm.blocks for lin in block.linears]
+    handles += [lin.register_forward_pre_hook(start_gradient) for lin in linears]
+    handles += [lin.register_forward_hook(remember) for lin in linears]
     try:
+        for p in lora_weights:
+            p.requires_grad_(False)
         with torch.enable_grad():
             logits = gm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+            parent_input.clear()
             total = per_example_loss(logits, batch.labels, reduction).sum()
             del logits
-            if innermost and total.requires_grad:
-                torch.autograd.grad(total, innermost, allow_unused=True)
+            if used_anchor and total.requires_grad:
+                torch.autograd.grad(total, [anchor])
     finally:
         for handle in handles:
             handle.remove()
+        for p, flag in zip(lora_weights, was_trainable):
+            p.requires_grad_(flag)
     return results
 
 
