@@ -104,10 +104,18 @@ def test_attribute_entry_point_logs_child_runs(finetuned, tracking):
     run_id, experiment_id, work = finetuned
     client = MlflowClient()
     children = {}
-    for engine, cross in (("datainf", "graddot"), ("graddot", "none")):
+    # the second run leaves `engine` unset: the engine of its config file is used
+    import yaml
+
+    config = yaml.safe_load((work / "diagnosis.yaml").read_text()) or {}
+    config.setdefault("engine", {})["name"] = "graddot"
+    (work / "diagnosis-graddot.yaml").write_text(yaml.safe_dump(config))
+    for engine, cross, config_file, params in (
+            ("datainf", "graddot", "diagnosis.yaml", ["-P", "engine=datainf"]),
+            ("graddot", "none", "diagnosis-graddot.yaml", [])):
         child = _mlflow_run([str(ROOT), "-e", "attribute", "--experiment-id", experiment_id,
-                             "-P", f"run_id={run_id}", "-P", f"config={work / 'diagnosis.yaml'}",
-                             "-P", "capability=capitals", "-P", f"engine={engine}", "-P", f"cross_check={cross}"],
+                             "-P", f"run_id={run_id}", "-P", f"config={work / config_file}",
+                             "-P", "capability=capitals", *params, "-P", f"cross_check={cross}"],
                             tracking, work)
         children[engine] = client.get_run(child)
 
