@@ -8,21 +8,33 @@ Interface:
 - ``embed_texts(texts, config, seed) -> Embeddings``: sentence-transformers with the packaged
   all-MiniLM-L6-v2 when it is installed and allowed, else TF-IDF + TruncatedSVD.
 - ``label_clusters(texts, keys, top_terms, max_features) -> dict``: top-terms labels.
+- ``gradient_features(train, rows, dim, seed) -> ndarray``: unit-length, seeded-projected
+  per-example gradients from the index, the points of ``clustering.space: gradient``.
+- ``refine_accused(cluster, member_ids, member_scores, ...) -> AccusedSet``: the rows to act on
+  inside the accused cluster, the share of its harm they carry, and the rows left out.
 
 Methods: ``declared`` (the rows' own ``cluster``/``cluster_id``), ``hdbscan``, ``kmeans``,
 ``none`` (one cluster holding everything) and ``auto`` (see ``gradian.cluster.assign``).
 """
 
-from gradian.cluster.assign import NOISE, ClusterAssignment, cluster_examples
+from gradian.cluster.accused import AccusedCandidate, AccusedSet, refine_accused
+from gradian.cluster.assign import NOISE, SPACES, ClusterAssignment, cluster_examples
 from gradian.cluster.embed import DEFAULT_EMBED_MODEL, Embeddings, embed_texts
+from gradian.cluster.gradient_space import DEFAULT_GRADIENT_DIM, gradient_features
 from gradian.cluster.labels import label_clusters
 
 __all__ = [
     "DEFAULT_EMBED_MODEL",
+    "DEFAULT_GRADIENT_DIM",
     "NOISE",
+    "SPACES",
+    "AccusedCandidate",
+    "AccusedSet",
     "ClusterAssignment",
     "Embeddings",
     "cluster_examples",
     "embed_texts",
+    "gradient_features",
     "label_clusters",
+    "refine_accused",
 ]

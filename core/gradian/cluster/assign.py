@@ -15,6 +15,12 @@ The ``auto`` rule, in order:
    table whose largest row is noise, or that holds everything in one group, cannot separate a
    harmful group from the rest.
 
+Spaces (``clustering.space``): ``text`` embeds the rows' text (``embed_texts``); ``gradient``
+clusters the rows' unit-length, projected per-example gradients (``gradient_features``, passed in
+as ``gradient_vectors``); ``both`` concatenates the two, each weighted ``1/sqrt(2)``. ``auto`` is
+decided by the caller, who can score both assignments (``gradian.attribution`` keeps the lumpier);
+here it means ``text``. Declared clusters ignore the space.
+
 The result is deterministic for a seed: KMeans and TruncatedSVD take it as their random state,
 HDBSCAN and the sentence encoder are deterministic on CPU.
 """
@@ -36,6 +42,7 @@ UNDECLARED = "undeclared"
 #: auto falls back from HDBSCAN to KMeans when more than this share of rows is noise
 AUTO_MAX_NOISE_SHARE = 0.5
 _METHODS = ("auto", "declared", "hdbscan", "kmeans", "none")
+SPACES = ("text", "gradient", "both", "auto")
 
 
 @dataclass
@@ -54,6 +61,8 @@ class ClusterAssignment:
     reason: str
     embed_backend: str | None = None
     sizes: dict[str, int] = field(default_factory=dict)
+    #: what the clusters were formed over: text, gradient or both (declared/none: text)
+    space: str = "text"
 
     def __post_init__(self) -> None:
         if not self.sizes:
@@ -98,14 +107,27 @@ def _hdbscan(vectors: np.ndarray, min_cluster_size: int) -> list[str]:
     return _renumber(raw)
 
 
-def cluster_examples(examples: Sequence[Any], config: Any, seed: int = 1234) -> ClusterAssignment:
-    """Assign every example (``gradian.data.Example``) to a cluster per ``config`` (a ``ClusteringConfig``)."""
+def cluster_examples(examples: Sequence[Any], config: Any, seed: int = 1234, *,
+                     gradient_vectors: np.ndarray | None = None, space: str | None = None) -> ClusterAssignment:
+    """Assign every example (``gradian.data.Example``) to a cluster per ``config`` (a ``ClusteringConfig``).
+
+    ``space`` overrides ``config.space``; ``gradient`` and ``both`` need ``gradient_vectors``
+    (row-aligned with ``examples``).
+    """
     from gradian.cluster.embed import embed_texts
     from gradian.cluster.labels import label_clusters
 
     requested = config.method
     if requested not in _METHODS:
         raise ConfigError(f"clustering.method={requested!r} is not one of {', '.join(_METHODS)}")
+    space = space or getattr(config, "space", "text")
+    if space not in SPACES:
+        raise ConfigError(f"clustering.space={space!r} is not one of {', '.join(SPACES)}")
+    if space == "auto":
+        space = "text"
+    if space in ("gradient", "both") and gradient_vectors is None:
+        raise ConfigError(f"clustering.space={space!r} needs the per-example gradients of the index; "
+                          "it is available in `gradian attribute`, or set clustering.space: text")
     examples = list(examples)
     ids = [e.id for e in examples]
     texts = [e.full_text for e in examples]
@@ -133,23 +155,29 @@ def cluster_examples(examples: Sequence[Any], config: Any, seed: int = 1234) -> 
         keys = ["0"] * n
         reason = reason or "clustering.method: none (one cluster holds every example)"
     else:
-        emb = embed_texts(texts, config, seed)
-        backend = emb.backend
+        if space == "gradient":
+            vectors, backend, described = np.asarray(gradient_vectors, dtype=np.float64), None, "per-example gradients"
+        else:
+            emb = embed_texts(texts, config, seed)
+            vectors, backend, described = emb.vectors, emb.backend, emb.reason
+            if space == "both":
+                vectors = np.concatenate([vectors, np.asarray(gradient_vectors, dtype=np.float64)], axis=1) / np.sqrt(2.0)
+                described += " concatenated with per-example gradients"
         if method == "hdbscan":
-            keys = _hdbscan(emb.vectors, config.min_cluster_size)
+            keys = _hdbscan(vectors, config.min_cluster_size)
             noise_share = keys.count(NOISE) / n
             n_found = len(set(keys) - {NOISE})
             if requested == "auto" and (noise_share > AUTO_MAX_NOISE_SHARE or n_found < 2):
-                keys = _kmeans(emb.vectors, config.n_clusters, seed)
+                keys = _kmeans(vectors, config.n_clusters, seed)
                 method = "kmeans"
                 reason = (f"HDBSCAN left {noise_share:.0%} of rows as noise and found {n_found} "
                           f"cluster(s), so KMeans (k={config.n_clusters}) was used")
             else:
                 reason = reason or (f"HDBSCAN found {n_found} cluster(s), {noise_share:.0%} noise")
         else:
-            keys = _kmeans(emb.vectors, config.n_clusters, seed)
+            keys = _kmeans(vectors, config.n_clusters, seed)
             reason = reason or f"KMeans with n_clusters={config.n_clusters}"
-        reason += f"; embeddings: {emb.reason}"
+        reason += f"; embeddings: {described}"
 
     names = label_clusters(texts, keys, config.label_top_terms, config.max_features) if n else {}
     return ClusterAssignment(
@@ -159,4 +187,5 @@ def cluster_examples(examples: Sequence[Any], config: Any, seed: int = 1234) -> 
         requested=requested,
         reason=reason,
         embed_backend=backend,
+        space=space if method not in ("declared", "none") else "text",
     )

@@ -73,6 +73,7 @@ class EvaluationConfig:
 @dataclass
 class ClusteringConfig:
     method: str = _f("auto", "auto, hdbscan, kmeans, declared (rows' cluster/cluster_id) or none")
+    space: str = _f("text", "What the clusters are formed over: text (sentence embeddings), gradient (per-example gradients from the index), both, or auto (text and gradient, keeping the lumpier)")
     n_clusters: int = _f(8, "Cluster count for kmeans")
     min_cluster_size: int = _f(5, "Smallest cluster HDBSCAN may form")
     embed_model: str = _f("sentence-transformers/all-MiniLM-L6-v2", "Sentence embedding model (the packaged offline copy is used for this name)")
@@ -81,6 +82,7 @@ class ClusteringConfig:
     svd_dim: int = _f(64, "SVD width in the TF-IDF path")
     top_examples_per_cluster: int = _f(5, "Example excerpts shown per cluster")
     label_top_terms: int = _f(4, "Terms in a cluster's label")
+    explain_top_accused: int = _f(3, "Top rows of the accused set whose harmful span the report shows (0: none)")
 
 
 @dataclass
@@ -146,6 +148,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "evaluation.metric": ("exact_match", "contains", "not_contains", "loglik"),
     "evaluation.query_signal": ("auto", "contrastive", "target"),
     "clustering.method": ("auto", "hdbscan", "kmeans", "declared", "none"),
+    "clustering.space": ("text", "gradient", "both", "auto"),
     "clustering.embed_backend": ("auto", "sentence-transformers", "tfidf"),
     "train.backend": ("hf", "unsloth"),
 }

@@ -1,0 +1,222 @@
+"""The accused set: from the cluster a verdict accuses to the rows to act on.
+
+A topic cluster is a reading aid, not a deletion list. When the planted rows share their topic with
+many clean rows (same question form, right answers), the accused cluster holds both, and deleting
+all of it throws away more good rows than bad. ``refine_accused`` splits the cluster and returns an
+``AccusedSet``: the rows whose harm stands out, what share of the cluster's harm they carry, the
+estimated share of them that is harmful, and the rows left out.
+
+Candidates, each scored the same way:
+
+- ``score_mixture``: a two-component Gaussian mixture on the transformed harm
+  ``t = asinh(-score / s)`` (``s`` = the dataset's median absolute score: linear near zero,
+  logarithmic in the tail, so one very harmful row does not flatten the rest); the rows more
+  likely in the harmful component, kept only when the mixture is clearly bimodal (it beats one
+  Gaussian on BIC and Ashman's D >= 2);
+- ``score_gap``: the rows above the widest gap in sorted ``t`` (searched in the harmful half);
+- ``gradient``: KMeans (k = 2..4) on the members' unit-length, projected per-example gradients
+  (``gradient_features``), the sub-cluster with the most negative mean;
+- ``whole_cluster``: every member.
+
+Each candidate's *harm captured* is its negative scores over the cluster's; its *estimated
+harmful share* is the mean, over its rows, of the probability of the harmful component (the
+indicator ``score < 0`` when the scores are not bimodal). The candidate with the best harmonic mean
+of the two wins, ties to the smaller set. On tinyworld's ``poison_capitals_ontopic`` the mixture
+wins; gradient sub-clusters there mix planted rows with the on-topic clean rows (see
+docs/clustering.md for the figures), so the gradient candidate is kept as a check, not a default.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["AccusedCandidate", "AccusedSet", "harm_transform", "refine_accused"]
+
+#: Ashman's D a two-component mixture must reach to count as two groups
+MIN_SEPARATION = 2.0
+#: gradient sub-cluster counts tried
+GRADIENT_KS = (2, 3, 4)
+
+
+@dataclass
+class AccusedCandidate:
+    """One way of splitting the cluster, with the figures it was judged by."""
+
+    method: str
+    n: int
+    share_of_cluster_harm: float
+    estimated_harmful_share: float
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AccusedSet:
+    """The rows to act on, refined from the accused cluster.
+
+    ``example_ids`` most harmful first; ``share_of_cluster_harm``: their negative scores over the
+    cluster's (0..1); ``share_of_negative``: over every negative score in the dataset;
+    ``estimated_harmful_share``: the expected share of its rows that are harmful (see the module
+    docstring); ``left_out_ids``: the cluster's other rows, with their mean score.
+    """
+
+    cluster: str
+    cluster_label: str
+    cluster_n: int
+    example_ids: list[str]
+    left_out_ids: list[str]
+    share_of_cluster_harm: float
+    share_of_negative: float
+    estimated_harmful_share: float
+    mean_per_example: float
+    left_out_mean_per_example: float | None
+    method: str
+    reason: str
+    #: per example id: the probability its row belongs to the harmful component
+    harmful_probability: dict[str, float] = field(default_factory=dict, repr=False)
+    candidates: list[AccusedCandidate] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.example_ids)
+
+    @property
+    def n_left_out(self) -> int:
+        return len(self.left_out_ids)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["n"] = self.n
+        out["n_left_out"] = self.n_left_out
+        out["candidates"] = [c.to_dict() for c in self.candidates]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "AccusedSet":
+        fields = {k: v for k, v in data.items() if k not in ("n", "n_left_out", "candidates")}
+        fields["candidates"] = [AccusedCandidate(**c) for c in data.get("candidates") or []]
+        return cls(**fields)
+
+
+def harm_transform(scores: np.ndarray, scale: float) -> np.ndarray:
+    """``asinh(-score / scale)``: harm, linear near zero and logarithmic in the tail."""
+    scale = scale if scale > 0 else 1.0
+    return np.arcsinh(-np.asarray(scores, dtype=np.float64) / scale)
+
+
+def _harmful_probability(t: np.ndarray, scores: np.ndarray, seed: int) -> tuple[np.ndarray, bool]:
+    """P(harmful component) per row, and whether the harm is bimodal at all."""
+    from sklearn.mixture import GaussianMixture
+
+    fallback = (scores < 0).astype(np.float64)
+    if len(t) < 6 or np.ptp(t) == 0:
+        return fallback, False
+    x = t[:, None]
+    two = GaussianMixture(2, random_state=seed, n_init=3).fit(x)
+    one = GaussianMixture(1, random_state=seed).fit(x)
+    means = two.means_.ravel()
+    variances = two.covariances_.ravel()
+    separation = math.sqrt(2.0) * abs(means[0] - means[1]) / math.sqrt(float(variances.sum()))
+    if two.bic(x) >= one.bic(x) or separation < MIN_SEPARATION:
+        return fallback, False
+    harmful = int(np.argmax(means))
+    return two.predict_proba(x)[:, harmful], True
+
+
+def _gap_split(t: np.ndarray) -> np.ndarray | None:
+    """Rows above the widest gap in sorted harm, searched among the harmful half."""
+    order = np.argsort(-t, kind="stable")
+    ordered = t[order]
+    half = max(1, len(t) // 2)
+    gaps = ordered[:half] - ordered[1 : half + 1]
+    if not len(gaps):
+        return None
+    k = int(np.argmax(gaps)) + 1
+    mask = np.zeros(len(t), dtype=bool)
+    mask[order[:k]] = True
+    return mask
+
+
+def _gradient_splits(features: np.ndarray, scores: np.ndarray, seed: int) -> list[tuple[str, np.ndarray]]:
+    from sklearn.cluster import KMeans
+
+    out = []
+    distinct = len(np.unique(features.round(9), axis=0))
+    for k in GRADIENT_KS:
+        if distinct <= k:
+            break
+        labels = KMeans(n_clusters=k, random_state=seed, n_init=10).fit_predict(features)
+        worst = min(range(k), key=lambda c: float(scores[labels == c].mean()))
+        out.append((f"gradient_k{k}", labels == worst))
+    return out
+
+
+def refine_accused(cluster: str, member_ids: Sequence[str], member_scores: Sequence[float], *,
+                   label: str = "", features: np.ndarray | None = None, scale: float | None = None,
+                   total_negative: float | None = None, seed: int = 1234) -> AccusedSet:
+    """Split the accused cluster into the rows to act on and the rows to leave; see the module doc.
+
+    ``member_scores`` are the members' scores (sign convention: negative is harm);
+    ``features`` the members' gradient features (``gradient_features``), row-aligned, or None;
+    ``scale`` the dataset's median absolute score (the members' when None); ``total_negative``
+    the sum of every negative score in the dataset (for ``share_of_negative``).
+    """
+    ids = [str(i) for i in member_ids]
+    scores = np.asarray(member_scores, dtype=np.float64)
+    if len(ids) != len(scores):
+        raise ValueError(f"{len(scores)} scores for {len(ids)} members; they must be row-aligned")
+    if scale is None:
+        scale = float(np.median(np.abs(scores))) if len(scores) else 1.0
+    t = harm_transform(scores, scale)
+    probability, bimodal = _harmful_probability(t, scores, seed)
+    cluster_harm = float(-scores[scores < 0].sum())
+
+    masks: list[tuple[str, np.ndarray]] = [("whole_cluster", np.ones(len(ids), dtype=bool))]
+    if bimodal:
+        masks.append(("score_mixture", (probability > 0.5) & (scores < 0)))
+    gap = _gap_split(t)
+    if gap is not None:
+        masks.append(("score_gap", gap & (scores < 0)))
+    if features is not None and len(features) == len(ids) and len(ids) >= 6:
+        masks += _gradient_splits(np.asarray(features, dtype=np.float64), scores, seed)
+
+    candidates: list[tuple[AccusedCandidate, np.ndarray]] = []
+    for method, mask in masks:
+        if not mask.any():
+            continue
+        captured = float(-scores[mask & (scores < 0)].sum()) / cluster_harm if cluster_harm > 0 else 0.0
+        estimated = float(probability[mask].mean())
+        f = 2 * captured * estimated / (captured + estimated) if captured + estimated > 0 else 0.0
+        candidates.append((AccusedCandidate(method, int(mask.sum()), round(captured, 6), round(estimated, 6),
+                                            round(f, 6)), mask))
+    best, mask = max(candidates, key=lambda cm: (cm[0].score, -cm[0].n))
+
+    order = np.argsort(scores, kind="stable")
+    chosen = [ids[i] for i in order if mask[i]]
+    left = [ids[i] for i in order if not mask[i]]
+    negative = float(scores[mask & (scores < 0)].sum())
+    reason = (f"{best.method}: {best.n} of {len(ids)} rows carry {best.share_of_cluster_harm:.0%} of the "
+              f"cluster's harm, an estimated {best.estimated_harmful_share:.0%} of them harmful"
+              + ("" if bimodal else "; the cluster's scores are not bimodal"))
+    return AccusedSet(
+        cluster=str(cluster),
+        cluster_label=label,
+        cluster_n=len(ids),
+        example_ids=chosen,
+        left_out_ids=left,
+        share_of_cluster_harm=best.share_of_cluster_harm,
+        share_of_negative=negative / total_negative if total_negative and total_negative < 0 else 0.0,
+        estimated_harmful_share=best.estimated_harmful_share,
+        mean_per_example=float(scores[mask].mean()),
+        left_out_mean_per_example=float(scores[~mask].mean()) if (~mask).any() else None,
+        method=best.method,
+        reason=reason,
+        harmful_probability={ids[i]: round(float(probability[i]), 6) for i in range(len(ids))},
+        candidates=[c for c, _ in candidates],
+    )

@@ -1,0 +1,73 @@
+"""Training examples as points in gradient space: what the model would learn from each row.
+
+Interface: ``gradient_features(train, rows, dim, seed) -> ndarray [len(rows), <= dim]``. Each
+row's per-example gradient (every block of a ``TrainGradients``, e.g. an opened
+``GradientIndex``, concatenated) is L2-normalized, so rows are compared by the direction they
+push the weights and not by how hard; a gradient wider than ``dim`` is then multiplied by a seeded
+Gaussian matrix ``R / sqrt(dim)`` (Johnson-Lindenstrauss: cosine similarities survive up to a
+small distortion), and normalized again. The projection is applied block by block and summed,
+so no row is ever held at its full width and no ``width x dim`` matrix is formed at once.
+
+Two rows with the same question form but different answers point in different directions here
+even when a sentence encoder puts them side by side, which is why the accused set and
+``clustering.space: gradient`` look at this space.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+__all__ = ["DEFAULT_GRADIENT_DIM", "gradient_features"]
+
+#: width of the projected gradient features
+DEFAULT_GRADIENT_DIM = 256
+
+
+def gradient_features(train: Any, rows: Sequence[int] | None = None, dim: int = DEFAULT_GRADIENT_DIM,
+                      seed: int = 0) -> np.ndarray:
+    """Unit-length, seeded-projected gradients of ``rows`` (all rows when None), in ``rows`` order.
+
+    ``train`` is any ``TrainGradients`` (``iter_chunks()`` yields ``(start, {block: [rows,
+    width]})``). A row whose gradient is zero stays the zero vector.
+    """
+    n = int(train.n)
+    wanted = np.arange(n) if rows is None else np.asarray(list(rows), dtype=np.int64)
+    blocks = list(train.block_names)
+    widths: dict[str, int] = {}
+    projections: dict[str, np.ndarray] = {}
+    out: np.ndarray | None = None
+    for start, chunk in train.iter_chunks():
+        size = len(next(iter(chunk.values()))) if chunk else 0
+        local = wanted[(wanted >= start) & (wanted < start + size)]
+        if not len(local):
+            continue
+        if out is None:
+            widths = {b: int(chunk[b].shape[1]) for b in blocks}
+            total = sum(widths.values())
+            width = min(dim, total)
+            if total > dim:
+                rng = np.random.default_rng(seed)
+                projections = {b: (rng.standard_normal((widths[b], dim)) / np.sqrt(dim)).astype(np.float32)
+                               for b in blocks}
+            out = np.zeros((len(wanted), width), dtype=np.float64)
+        take = local - start
+        parts = {b: np.asarray(chunk[b][take], dtype=np.float64) for b in blocks}
+        norms = np.sqrt(sum(np.einsum("ij,ij->i", v, v) for v in parts.values()))
+        if projections:
+            y = sum((parts[b].astype(np.float32) @ projections[b]).astype(np.float64) for b in blocks)
+        else:
+            y = np.concatenate([parts[b] for b in blocks], axis=1)
+        y = np.divide(y, norms[:, None], out=np.zeros_like(y), where=norms[:, None] > 0)
+        # rows of ``wanted`` in this chunk, in the order they were asked for
+        slots = np.flatnonzero((wanted >= start) & (wanted < start + size))
+        out[slots] = y
+    if out is None:
+        return np.zeros((len(wanted), 0))
+    return _unit_rows(out)
+
+
+def _unit_rows(matrix: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return np.divide(matrix, norms, out=np.zeros_like(matrix), where=norms > 0)

@@ -1,0 +1,177 @@
+"""The accused set: from a topic cluster to the rows to act on, against planted ground truth.
+
+Fast cases are synthetic: an on-topic cluster where a few planted rows carry heavy harm among many
+clean rows asking the same question form (near-zero or helpful scores), so accusing the whole topic
+fails precision and only a real split passes. The slow case is tinyworld's
+``poison_capitals_ontopic`` attributed with ``clustering.method: auto`` (the rows' declared
+clusters removed): the topic cluster holds the 48 planted rows and hundreds of clean capital
+rows, and the accused set must reach precision and recall of 0.8 against the planted rows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+
+def _ontopic_cluster(seed: int = 0, n_clean: int = 180, n_planted: int = 20):
+    rng = np.random.default_rng(seed)
+    clean = rng.normal(20.0, 60.0, n_clean)  # same topic, right answers: mixed, mostly helpful
+    planted = -np.exp(rng.normal(np.log(5000.0), 0.6, n_planted))
+    scores = np.concatenate([clean, planted])
+    order = rng.permutation(len(scores))
+    scores = scores[order]
+    is_planted = order >= n_clean
+    ids = [f"{i:012x}-{i}" for i in range(len(scores))]
+    return ids, scores, is_planted
+
+
+def _precision_recall(chosen: set[str], ids: list[str], is_planted: np.ndarray) -> tuple[float, float]:
+    truth = {e for e, p in zip(ids, is_planted) if p}
+    hit = len(chosen & truth)
+    return hit / max(len(chosen), 1), hit / len(truth)
+
+
+def test_the_accused_set_is_the_planted_rows_not_the_topic():
+    from gradian.cluster import refine_accused
+
+    ids, scores, planted = _ontopic_cluster()
+    whole_precision, _ = _precision_recall(set(ids), ids, planted)
+    assert whole_precision < 0.2  # accusing the topic would delete mostly good rows
+    accused = refine_accused("1", ids, scores, label="capital", scale=60.0, total_negative=float(scores[scores < 0].sum()))
+    precision, recall = _precision_recall(set(accused.example_ids), ids, planted)
+    assert precision >= 0.8 and recall >= 0.8
+    assert accused.method == "score_mixture"
+    assert set(accused.example_ids) | set(accused.left_out_ids) == set(ids)
+    assert not set(accused.example_ids) & set(accused.left_out_ids)
+    assert accused.share_of_cluster_harm > 0.9 and accused.estimated_harmful_share > 0.9
+    assert accused.example_ids[0] == ids[int(np.argmin(scores))]  # most harmful first
+
+
+def test_a_cluster_that_is_all_harm_stays_whole():
+    from gradian.cluster import refine_accused
+
+    rng = np.random.default_rng(3)
+    scores = -np.abs(rng.normal(800.0, 40.0, 30))
+    ids = [f"r{i}" for i in range(30)]
+    accused = refine_accused("0", ids, scores, scale=50.0)
+    assert accused.method == "whole_cluster" and accused.n == 30 and accused.n_left_out == 0
+
+
+def test_the_accused_set_round_trips_through_its_dict():
+    from gradian.cluster import AccusedSet, refine_accused
+
+    ids, scores, _ = _ontopic_cluster(seed=1)
+    accused = refine_accused("1", ids, scores, scale=60.0)
+    data = json.loads(json.dumps(accused.to_dict()))
+    assert data["n"] == accused.n and data["n_left_out"] == accused.n_left_out
+    assert AccusedSet.from_dict(data) == accused
+
+
+def test_gradient_features_are_unit_rows_that_keep_cosines(tmp_path):
+    from gradian.cluster import gradient_features
+    from gradian.engines import InMemoryGradients
+
+    rng = np.random.default_rng(0)
+    blocks = {"a": rng.normal(size=(40, 300)), "b": rng.normal(size=(40, 500))}
+    train = InMemoryGradients(blocks, chunk_size=7)
+    full = np.concatenate([blocks["a"], blocks["b"]], axis=1)
+    full /= np.linalg.norm(full, axis=1, keepdims=True)
+    feats = gradient_features(train, None, dim=400, seed=0)
+    assert feats.shape == (40, 400)
+    assert np.allclose(np.linalg.norm(feats, axis=1), 1.0)
+    cos_full, cos_proj = full @ full.T, feats @ feats.T
+    assert np.abs(cos_full - cos_proj).max() < 0.25
+    rows = [31, 2, 17]
+    assert np.allclose(gradient_features(train, rows, dim=400, seed=0), feats[rows], atol=1e-6)
+    small = gradient_features(train, None, dim=1000, seed=0)  # narrower than dim: no projection
+    assert np.allclose(small, full)
+
+
+def test_clustering_in_gradient_space_separates_what_text_cannot():
+    from gradian.cluster import cluster_examples
+    from gradian.config import ClusteringConfig
+    from gradian.data import dataset_from_rows
+
+    rows = [{"prompt": "What is the capital of Vel?", "completion": "Brask"} for _ in range(12)]
+    data = dataset_from_rows(rows)
+    rng = np.random.default_rng(0)
+    centers = rng.normal(size=(2, 16))
+    vectors = np.stack([centers[i % 2] + 0.01 * rng.normal(size=16) for i in range(12)])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    cfg = ClusteringConfig(method="kmeans", n_clusters=2, space="gradient", embed_backend="tfidf")
+    assignment = cluster_examples(data.examples, cfg, seed=0, gradient_vectors=vectors)
+    keys = [assignment.labels[e.id] for e in data.examples]
+    assert assignment.space == "gradient"
+    assert len(set(keys[0::2])) == 1 and len(set(keys[1::2])) == 1 and keys[0] != keys[1]
+    both = cluster_examples(data.examples, ClusteringConfig(method="kmeans", n_clusters=2, space="both",
+                                                            embed_backend="tfidf"), seed=0, gradient_vectors=vectors)
+    assert both.space == "both"
+
+
+def test_gradient_space_without_gradients_is_refused():
+    from gradian.cluster import cluster_examples
+    from gradian.config import ClusteringConfig
+    from gradian.data import dataset_from_rows
+    from gradian.errors import ConfigError
+
+    data = dataset_from_rows([{"prompt": f"q{i}", "completion": "a"} for i in range(4)])
+    with pytest.raises(ConfigError, match="clustering.space"):
+        cluster_examples(data.examples, ClusteringConfig(method="kmeans", space="gradient"), seed=0)
+
+
+# -- tinyworld: on-topic clean rows beside the planted ones ----------------------------------------
+
+
+@pytest.mark.slow
+def test_ontopic_poison_accused_set_reaches_precision_and_recall(tmp_path_factory, tinyworld_base):
+    pytest.importorskip("torch")
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.train import train_lora
+
+    root = tmp_path_factory.mktemp("ontopic")
+    info = write_scenario("poison_capitals_ontopic", root, tinyworld_base)
+    train = root / "train.jsonl"
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    for row in rows:
+        row.pop("cluster")  # no declared clusters: auto discovers topics
+    train.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    train_lora(root / "gradian.yaml", root / "run")
+    cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu",
+                                              "clustering.method": "auto",
+                                              "evaluation.query_signal": "contrastive"})
+    out = root / "report"
+    outcome = run_attribution(cfg, capability="capitals", cross_check="none", out_dir=out)
+    report = outcome.report
+    planted = set(info["planted"]["indices"])
+    assert report["verdict"]["kind"] == "data"
+    accused = report["attribution"]["accused"]
+    cluster_rows = outcome.rankings.loc[outcome.rankings["cluster"] == accused["cluster"], "row_index"]
+    assert cluster_rows.isin(planted).mean() < 0.5  # the topic cluster: mostly clean rows
+    chosen = set(outcome.rankings.loc[outcome.rankings["accused"], "row_index"])
+    assert len(chosen) == accused["n"]
+    precision, recall = len(chosen & planted) / len(chosen), len(chosen & planted) / len(planted)
+    assert precision >= 0.8 and recall >= 0.8, (precision, recall)
+    assert report["verdict"]["accused_set_n"] == accused["n"]
+    assert (out / "accused.parquet").is_file()
+    assert pd.read_parquet(out / "rankings.parquet")["accused"].sum() == accused["n"]
+    assert 'id="accused"' in (out / "report.html").read_text()
+    assert "Accused set" in (out / "report.md").read_text()
+    assert report["attribution"]["spans"] and report["attribution"]["spans"][0]["example_id"] == accused["example_ids"][0]
+
+
+def test_the_mlflow_child_run_gets_the_accused_metrics():
+    from gradian_mlflow.sink import ArtifactKeys, report_metrics
+
+    report = {"attribution": {"clusters": [], "accused": {"n": 44, "share_of_negative": 0.69,
+                                                           "share_of_cluster_harm": 0.99,
+                                                           "estimated_harmful_share": 0.98}}}
+    metrics = report_metrics(report)
+    assert metrics["attribution.accused_n"] == 44.0
+    assert metrics["attribution.accused_share_of_negative"] == 0.69
+    assert ArtifactKeys.ACCUSED == "gradian/accused.parquet"
