@@ -112,7 +112,7 @@ def show_index_command(
         ("gradients", f"{grads['strategy']}, loss {grads['loss_reduction']}, normalization {grads['normalization']}, "
                       f"max_seq_length {grads['max_seq_length']}, filter {grads['module_filter'] or 'none'}, "
                       f"{grads['block_granularity']} blocks"),
-        ("damping", json.dumps(ident["damping"])),
+        ("tokenizer", str(ident.get("tokenizer", "-"))[:24]),
         ("seed", str(ident["seed"])),
         ("model dtype", ident["model_dtype"]),
         ("libraries", ", ".join(f"{k} {v}" for k, v in ident["libraries"].items())),

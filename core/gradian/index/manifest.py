@@ -25,7 +25,8 @@ __all__ = ["FORMAT_VERSION", "index_identity", "index_id", "first_difference", "
            "tokenizer_fingerprint", "GRADS_ID_FIELDS"]
 
 #: 2: chunk checksums and a manifest checksum; tokenizer fingerprint in, engine damping out
-FORMAT_VERSION = 2
+#: 3: no damping key at all
+FORMAT_VERSION = 3
 
 #: the importable name recorded -> the installed distribution that carries it
 _DISTRIBUTIONS = {"gradian": "gradian-mlflow", "torch": "torch", "transformers": "transformers", "peft": "peft",
@@ -83,9 +84,6 @@ def index_identity(*, base_fingerprint: str, adapter_fingerprint: str, dataset_s
         "dataset": {"sha256": dataset_sha256, "n_examples": n_examples},
         "grads": {name: getattr(grads, name) for name in GRADS_ID_FIELDS},
         "seed": config.seed,
-        # A constant, kept only because `gradian show-index` still prints this key; engine
-        # settings are not part of the index (see the module docstring).
-        "damping": "not part of the index: engine settings live in the engine state",
         "model_dtype": model_dtype,
         "libraries": library_versions(),
         "blocks": blocks,
