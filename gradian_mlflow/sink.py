@@ -9,7 +9,8 @@ What is logged (artifact keys in ``ArtifactKeys``):
 - tags ``gradian.source_run_id``, ``gradian.kind``, ``gradian.verdict``, ``gradian.index_id``,
   ``gradian.capability``; the summary as the run description; a back-link tag on the source run;
 - metrics under ``capability.*``, ``attribution.*``, ``audit.*``, ``index.*``;
-- the report files, ``manifest.json``, ``rankings.parquet`` (every example), the clusters and
+- the report files, ``manifest.json``, ``rankings.parquet`` (every example, ``accused`` marking the
+  accused set), ``accused.parquet`` (the accused set's rows alone, when the verdict names one), the clusters and
   findings tables through ``log_table`` (previewed and compared by the UI), PNG plots.
 
 A failure after the child run exists marks it FAILED; it is never left RUNNING.
@@ -36,6 +37,7 @@ class ArtifactKeys:
     ROOT = "gradian"
     MANIFEST = "gradian/manifest.json"
     RANKINGS = "gradian/rankings.parquet"
+    ACCUSED = "gradian/accused.parquet"
     CLUSTERS_TABLE = "gradian/clusters.json"
     FINDINGS_TABLE = "gradian/findings.json"
     PLOTS = "gradian/plots"
@@ -93,6 +95,12 @@ def report_metrics(report: Mapping[str, Any]) -> dict[str, float]:
             top = max(clusters, key=lambda c: c.get("share_of_negative") or 0.0)
             if _num(top.get("share_of_negative")) is not None:
                 metrics["attribution.top_cluster_share_of_negative"] = _num(top["share_of_negative"])
+        accused = attribution.get("accused") or {}
+        if accused:
+            metrics["attribution.accused_n"] = float(accused.get("n") or 0)
+            for key in ("share_of_negative", "share_of_cluster_harm", "estimated_harmful_share"):
+                if _num(accused.get(key)) is not None:
+                    metrics[f"attribution.accused_{key}"] = _num(accused[key])
         for key, value in (attribution.get("metrics") or {}).items():
             if _num(value) is not None:
                 metrics[f"attribution.{key}"] = _num(value)
@@ -248,6 +256,10 @@ def log_diagnosis(
                 target = Path(tmp) / "rankings.parquet"
                 rankings.to_parquet(target, index=False)
                 call("logging rankings.parquet", lambda: client.log_artifact(run_id, str(target), artifact_path=ArtifactKeys.ROOT))
+                if "accused" in rankings.columns and bool(rankings["accused"].any()):
+                    accused_rows = Path(tmp) / "accused.parquet"
+                    rankings[rankings["accused"]].sort_values("score").to_parquet(accused_rows, index=False)
+                    call("logging accused.parquet", lambda: client.log_artifact(run_id, str(accused_rows), artifact_path=ArtifactKeys.ROOT))
         call("tagging the source run", lambda: client.set_tag(source_id, "gradian.diagnosis_run_id", run_id))
         call("tagging the source run", lambda: client.set_tag(source_id, f"gradian.diagnosis.{kind}", run_id))
         if created:

@@ -174,3 +174,50 @@ def test_report_json_is_strict_json(tmp_path):
     text = (tmp_path / "report.json").read_text()
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text)["capability"]["weird"] is None
+
+
+def _report_with_accused(evil: str = "") -> dict:
+    from gradian.cluster import refine_accused
+
+    scores, ids, clusters = planted_scores()
+    attr = attribution(scores, ids, clusters, spearman=0.9)
+    accused_cluster = attr["clusters"][0]["cluster"]
+    members = [i for i, e in enumerate(ids) if clusters[e] == accused_cluster]
+    accused = refine_accused(accused_cluster, [ids[i] for i in members], scores[members], scale=1.0)
+    attr["accused"] = accused.to_dict()
+    text = f"Vel is on Omar. Its capital is Brask{evil}. Shops take the dorn."
+    start = text.index("Its")
+    end = text.index(". Shops") + 1
+    attr["spans"] = [{"example_id": accused.example_ids[0], "item_id": "item-1", "text": text,
+                      "span_start": start, "span_end": end, "span_text": text[start:end], "span_score": -3.0,
+                      "words": [{"text": "Brask" + evil, "start": text.index("Brask"), "end": end - 1, "score": -3.0}],
+                      "sentences": []}]
+    return assemble_report(capability(), [], attr, manifest={"kind": "attribute"}, assignment=clusters)
+
+
+def test_the_accused_set_is_shown_beside_its_cluster_with_the_harmful_span():
+    report = _report_with_accused()
+    accused = report["attribution"]["accused"]
+    assert accused is not None and report["verdict"]["accused_set_n"] == accused["n"]
+    assert f"the accused set is {accused['n']} of its {accused['cluster_n']} rows" in report["verdict"]["summary"] \
+        or "The whole cluster is the accused set" in report["verdict"]["summary"]
+    md = render_markdown(report)
+    assert "### Accused set: the rows to act on" in md
+    assert "**Its capital is Brask.**" in md
+    html = render_html(report)
+    assert 'id="accused"' in html and 'id="accused-spans"' in html
+    assert '<mark class="harmful"' in html
+
+
+def test_span_text_is_escaped_in_html():
+    html = render_html(_report_with_accused("<script>x</script>"))
+    assert "<script>x</script>" not in html and "&lt;script&gt;" in html
+
+
+def test_an_accused_set_without_an_accused_cluster_is_dropped():
+    scores, ids, clusters = planted_scores()
+    attr = attribution(scores, ids, clusters, spearman=0.9)
+    attr["accused"] = {"cluster": "elsewhere", "n": 1, "example_ids": [ids[0]]}
+    attr["spans"] = [{"example_id": ids[0]}]
+    report = assemble_report(capability(), [], attr, manifest={}, assignment=clusters)
+    assert report["attribution"]["accused"] is None and report["attribution"]["spans"] == []

@@ -11,8 +11,11 @@ Order and what each step hands on:
 3. the gradient index of the training set (content addressed, cached);
 4. the query gradient from the regressed items (contrastive when generations exist);
 5. the engine's scores and the cross-check engine's, with their Spearman agreement;
-6. clusters, the cluster table, top examples, the verdict;
-7. report.json / .md / .html, plots, and ``rankings`` (one row per training example).
+6. clusters (over text, gradients or both: ``clustering.space``), the cluster table, top examples;
+7. the accused set: when one cluster carries the harm (``assess_lumpiness``), the rows inside it
+   whose harm stands out (``refine_accused``), the rest of the cluster left out;
+8. the verdict, report.json / .md / .html, plots, and ``rankings`` (one row per training example,
+   with ``accused`` marking the accused set).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import numpy as np
 
 from gradian.errors import ConfigError, ModelLoadError
 
-__all__ = ["AttributionOutcome", "run_attribution", "rankings_frame", "fill_from_run"]
+__all__ = ["AttributionOutcome", "accused_ids", "run_attribution", "rankings_frame", "fill_from_run"]
 
 Progress = Callable[[int, int], None]
 
@@ -87,7 +90,6 @@ def run_attribution(
 
     from gradian import __version__
     from gradian.audit.session import diagnose
-    from gradian.cluster import cluster_examples
     from gradian.config import config_hash, config_to_dict
     from gradian.data import load_dataset
     from gradian.engines import equivalent_engines, rank_correlation
@@ -96,7 +98,7 @@ def run_attribution(
     from gradian.index import GradientIndex
     from gradian.model_loading import load_tokenizer
     from gradian.query import build_query_gradient, select_query_items
-    from gradian.report import assemble_report, cluster_table, top_examples, write_report
+    from gradian.report import assemble_report, top_examples, write_report
     from gradian.runs import resolve_run
 
     started = time.time()
@@ -180,9 +182,17 @@ def run_attribution(
             cross_scores = _mean_over_items(cross.scores)
             agreement = float(rank_correlation(scores, cross_scores))
         log("clustering the training examples")
-        assignment = cluster_examples(dataset.examples, cfg.clustering, seed=cfg.seed)
         ids = dataset.ids
-        clusters = cluster_table(scores, ids, assignment, dataset.examples, cfg.clustering.top_examples_per_cluster)
+        assignment, clusters, features = _cluster_in_space(cfg, dataset, index, scores)
+        accused = _accused_set(cfg, index, ids, scores, assignment, clusters, features)
+        spans = []
+        if accused is not None and cfg.clustering.explain_top_accused > 0:
+            from gradian.explain import explain_top_accused
+
+            log(f"locating the harmful span of the top {min(cfg.clustering.explain_top_accused, accused.n)} accused rows")
+            spans = [s.to_dict() for s in explain_top_accused(
+                gm, tokenizer, index, dataset, qg, item_scores, accused.example_ids, cfg,
+                k=cfg.clustering.explain_top_accused)]
         attribution = {
             "engine": cfg.engine.name,
             "cross_check": cross_check if cross_check and cross_check != "none" else None,
@@ -195,6 +205,8 @@ def run_attribution(
             "top_harmful": _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True),
                                             ids, item_scores, qg.item_ids),
             "top_helpful": top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False),
+            "accused": accused.to_dict() if accused is not None else None,
+            "spans": spans,
             "notes": list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
                      + ([cross_note] if cross_note else []),
             "metrics": {"index_seconds": round(index_seconds, 3),
@@ -228,6 +240,8 @@ def run_attribution(
         assignment=assignment,
         skipped=skipped,
     )
+    if rankings is not None:
+        rankings["accused"] = rankings["example_id"].isin(set(accused_ids(report)))
     files: list[Path] = []
     if out_dir is not None:
         files = write_report(report, out_dir, rankings=rankings, logs=run.logs if run is not None else None)
@@ -237,7 +251,83 @@ def run_attribution(
             target = Path(out_dir) / "rankings.parquet"
             write_bytes_atomic(target, _parquet_bytes(rankings))
             files.append(target)
+            if bool(rankings["accused"].any()):
+                accused_file = Path(out_dir) / "accused.parquet"
+                write_bytes_atomic(accused_file, _parquet_bytes(rankings[rankings["accused"]].sort_values("score")))
     return AttributionOutcome(report=report, rankings=rankings, capability=cap, files=files, run=run)
+
+
+def accused_ids(report: dict[str, Any]) -> list[str]:
+    """The accused set's example ids in a report (empty when the verdict accuses nothing)."""
+    accused = (report.get("attribution") or {}).get("accused") or {}
+    return list(accused.get("example_ids") or [])
+
+
+def _lumpiness_rank(lump: dict[str, Any]) -> tuple[bool, float]:
+    """Order of preference between two clusterings: lumpy first, then harm share over row share."""
+    if not lump.get("cluster"):
+        return (False, 0.0)
+    fraction = float(lump.get("fraction_of_dataset") or 1.0)
+    return (bool(lump.get("lumpy")), float(lump.get("share") or 0.0) / max(fraction, 1e-12))
+
+
+def _cluster_in_space(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> tuple[Any, list[dict[str, Any]], Any]:
+    """(assignment, cluster table, gradient features or None) in ``clustering.space``.
+
+    ``auto`` clusters over text and over gradients and keeps the lumpier table (a lumpy one over a
+    flat one, then the larger harm share per share of rows); the reason names both.
+    """
+    from gradian.cluster import DEFAULT_GRADIENT_DIM, cluster_examples, gradient_features
+    from gradian.report import VerdictThresholds, assess_lumpiness, cluster_table
+
+    space = cfg.clustering.space
+    top_k = cfg.clustering.top_examples_per_cluster
+
+    def table(assignment: Any) -> list[dict[str, Any]]:
+        return cluster_table(scores, dataset.ids, assignment, dataset.examples, top_k)
+
+    if space == "text":
+        assignment = cluster_examples(dataset.examples, cfg.clustering, seed=cfg.seed, space="text")
+        return assignment, table(assignment), None
+    features = gradient_features(index, None, DEFAULT_GRADIENT_DIM, cfg.seed)
+    if space != "auto":
+        assignment = cluster_examples(dataset.examples, cfg.clustering, seed=cfg.seed,
+                                      gradient_vectors=features, space=space)
+        return assignment, table(assignment), features
+    tried = {}
+    for option in ("text", "gradient"):
+        assignment = cluster_examples(dataset.examples, cfg.clustering, seed=cfg.seed,
+                                      gradient_vectors=features, space=option)
+        clusters = table(assignment)
+        tried[option] = (assignment, clusters, assess_lumpiness(clusters, VerdictThresholds()))
+    keep = max(tried, key=lambda option: _lumpiness_rank(tried[option][2]))
+    assignment, clusters, lump = tried[keep]
+    other = tried["gradient" if keep == "text" else "text"][2]
+    assignment.reason += (f"; clustering.space auto kept {keep} ({'lumpy' if lump.get('lumpy') else 'not lumpy'}, "
+                          f"top cluster {float(lump.get('share') or 0):.0%} of the harm in "
+                          f"{float(lump.get('fraction_of_dataset') or 0):.0%} of the rows) over "
+                          f"{'gradient' if keep == 'text' else 'text'} ({'lumpy' if other.get('lumpy') else 'not lumpy'}, "
+                          f"{float(other.get('share') or 0):.0%} in {float(other.get('fraction_of_dataset') or 0):.0%})")
+    return assignment, clusters, features
+
+
+def _accused_set(cfg: Any, index: Any, ids: list[str], scores: np.ndarray, assignment: Any,
+                 clusters: list[dict[str, Any]], features: Any) -> Any:
+    """The accused set inside the cluster the lumpiness test singles out, or None when none is."""
+    from gradian.cluster import DEFAULT_GRADIENT_DIM, gradient_features, refine_accused
+    from gradian.report import VerdictThresholds, assess_lumpiness
+
+    lump = assess_lumpiness(clusters, VerdictThresholds())
+    if not lump.get("lumpy"):
+        return None
+    cluster = str(lump["cluster"])
+    rows = [i for i, eid in enumerate(ids) if str(assignment.labels.get(eid)) == cluster]
+    member_features = features[rows] if features is not None else gradient_features(
+        index, rows, DEFAULT_GRADIENT_DIM, cfg.seed)
+    negative = float(scores[scores < 0].sum())
+    return refine_accused(cluster, [ids[i] for i in rows], scores[rows], label=lump.get("label", ""),
+                          features=member_features, scale=float(np.median(np.abs(scores))) or 1.0,
+                          total_negative=negative, seed=cfg.seed)
 
 
 def _query_items(cap: Any, eval_set: Any) -> list[Any]:

@@ -44,7 +44,9 @@ _COMMAND_MODULES = (
     "gradian.cli.diagnose",  # diagnose, checks
     "gradian.cli.train",  # train
     "gradian.cli.index",  # index, show-index
+    "gradian.cli.plan",  # plan
     "gradian.cli.attribute",  # attribute
+    "gradian.cli.explain",  # explain
     "gradian.cli.tinyworld",  # tinyworld build|scenario
     "gradian.cli.counterfactual",
 )

@@ -64,7 +64,7 @@ def attribute_command(
 
 
 def print_summary(console: Any, report: dict) -> None:
-    """One screen: the verdict, the capability change, the accused cluster, the agreement, hedges."""
+    """One screen: the verdict, the capability change, the accused cluster and set, the agreement, hedges."""
     from rich.panel import Panel
 
     verdict = report.get("verdict") or {}
@@ -87,6 +87,16 @@ def print_summary(console: Any, report: dict) -> None:
             f"Most harmful cluster: {top.get('cluster')} ({top.get('label')}), {top.get('n')} examples, "
             f"{100 * (top.get('share_of_negative') or 0):.0f}% of the negative influence"
         )
+    accused = attr.get("accused")
+    if accused:
+        lines.append(
+            f"[bold]Accused set: {accused['n']} of cluster {accused['cluster']}'s {accused['cluster_n']} rows[/], "
+            f"{100 * accused['share_of_cluster_harm']:.0f}% of its harm, an estimated "
+            f"{100 * accused['estimated_harmful_share']:.0f}% harmful; {accused['n_left_out']} left out "
+            "(rankings.parquet column 'accused'; retrain without them: gradian counterfactual --drop accused)"
+        )
+        for span in (attr.get("spans") or [])[:3]:
+            lines.append(f"  {span['example_id']}: harmful span \"{span.get('span_text', '')}\"")
     if attr.get("engine_agreement_spearman") is not None:
         lines.append(f"Engines {attr.get('engine')} vs {attr.get('cross_check')}: Spearman "
                      f"{attr['engine_agreement_spearman']:.3f}; query {attr.get('query_signal')}")

@@ -2,7 +2,7 @@
 
 Every piece of user text (example excerpts, cluster labels, finding messages, manifest values) is
 HTML-escaped. Sections, each with an ``id`` a test or a reader can jump to: ``verdict``,
-``capability``, ``clusters``, ``scores``, ``training``, ``findings``, ``top-harmful``,
+``capability``, ``clusters``, ``accused``, ``scores``, ``training``, ``findings``, ``top-harmful``,
 ``top-helpful``, ``skipped``, ``provenance``. A section whose data is missing is left out.
 """
 
@@ -34,6 +34,8 @@ img{max-width:100%;height:auto;display:block;margin:8px 0}
 tr.accused td{background:#fdecea;font-weight:600}
 details{margin:4px 0}summary{cursor:pointer}
 .muted{color:#616e7c}
+.span{white-space:pre-wrap}.span mark{padding:0 1px;border-radius:2px}
+mark.harmful{background:#f5b7b1;font-weight:600}
 """
 
 
@@ -119,6 +121,8 @@ def _attribution(attr: Mapping[str, Any], accused: str | None, plots: Mapping[st
     if plots.get("clusters"):
         out.append(_img("clusters", plots["clusters"], "signed influence by cluster"))
     out.append("</section>")
+    if attr.get("accused"):
+        out.append(_accused(attr["accused"], attr.get("spans") or []))
     if plots.get("scores"):
         out.append('<section id="scores"><h2>Per-example scores</h2>'
                    + _img("scores", plots["scores"], "per-example score distribution") + "</section>")
@@ -134,6 +138,57 @@ def _attribution(attr: Mapping[str, Any], accused: str | None, plots: Mapping[st
         out.append('<section id="top-helpful"><h2>Top helpful examples</h2>'
                    + _example_rows(attr["top_helpful"]) + "</section>")
     return "".join(out)
+
+
+def _accused(acc: Mapping[str, Any], spans: Sequence[Mapping[str, Any]]) -> str:
+    """The accused set beside its topic cluster; each top accused example with its harmful span marked."""
+    rest = acc.get("left_out_mean_per_example")
+    out = ['<section id="accused"><h2>Accused set: the rows to act on</h2>',
+           '<table id="accused-table"><tr><th></th><th>topic cluster</th><th>accused set</th><th>left out</th></tr>',
+           f"<tr><td>rows</td><td class=num>{_e(acc['cluster_n'])} (cluster {_e(acc['cluster'])}: "
+           f"{_e(acc.get('cluster_label', ''))})</td><td class=num id=accused-n><b>{_e(acc['n'])}</b></td>"
+           f"<td class=num>{_e(acc['n_left_out'])}</td></tr>",
+           f"<tr><td>share of the cluster's harm</td><td class=num>100%</td>"
+           f"<td class=num><b>{acc['share_of_cluster_harm']:.1%}</b></td>"
+           f"<td class=num>{1 - acc['share_of_cluster_harm']:.1%}</td></tr>",
+           f"<tr><td>mean per example</td><td></td><td class=num>{_num(acc['mean_per_example'])}</td>"
+           f"<td class=num>{_num(rest)}</td></tr>",
+           f"<tr><td>estimated share harmful</td><td></td><td class=num>{acc['estimated_harmful_share']:.0%}</td>"
+           "<td></td></tr></table>",
+           f'<p class="muted">Split by <code>{_e(acc["method"])}</code>: {_e(acc["reason"])}. The set is the '
+           "<code>accused</code> column of rankings.parquet; <code>gradian counterfactual --drop accused</code> "
+           "retrains without it.</p>"]
+    if spans:
+        out.append('<h3>Harmful span of the top accused examples</h3><table id="accused-spans">'
+                   "<tr><th>example</th><th>query item</th><th>text (harmful span marked)</th></tr>")
+        for sp in spans:
+            out.append(f"<tr><td><code>{_e(sp['example_id'])}</code></td><td>{_e(sp.get('item_id', ''))}</td>"
+                       f'<td class="span">{_marked(sp)}</td></tr>')
+        out.append("</table>")
+    return "".join(out) + "</section>"
+
+
+def _marked(span: Mapping[str, Any]) -> str:
+    """The example's text with each word shaded by its harm and the harmful span marked."""
+    text = str(span.get("text", ""))
+    start, end = span.get("span_start"), span.get("span_end")
+    words = [w for w in span.get("words") or [] if isinstance(w.get("start"), int)]
+    peak = max([-float(w["score"]) for w in words if float(w["score"]) < 0] or [0.0])
+    pieces, cursor = [], 0
+    for w in sorted(words, key=lambda w: w["start"]):
+        a, b = int(w["start"]), int(w["end"])
+        if a < cursor or b > len(text):
+            continue
+        pieces.append(_e(text[cursor:a]))
+        harm = -float(w["score"])
+        inside = isinstance(start, int) and isinstance(end, int) and start <= a and b <= end
+        alpha = 0.15 + 0.6 * harm / peak if peak > 0 and harm > 0 else 0.0
+        style = f' style="background:rgba(192,57,43,{alpha:.2f})"' if alpha > 0 else ""
+        cls = ' class="harmful"' if inside else ""
+        pieces.append(f"<mark{cls}{style}>{_e(text[a:b])}</mark>" if (inside or alpha > 0) else _e(text[a:b]))
+        cursor = b
+    pieces.append(_e(text[cursor:]))
+    return "".join(pieces)
 
 
 def _findings(findings: Sequence[Mapping[str, Any]]) -> str:

@@ -68,6 +68,8 @@ def _attribution(attr: Mapping[str, Any], accused: str | None) -> list[str]:
                          f"{_num(c['signed_influence'])} | {c['share_of_negative']:.1%} | "
                          f"{_num(c['mean_per_example'])} |")
         lines.append("")
+    if attr.get("accused"):
+        lines += _accused(attr["accused"], attr.get("spans") or [])
     if attr.get("deletions_withheld"):
         lines += ["### Top harmful examples", "", f"None offered: {attr['deletions_withheld']}", ""]
     elif attr.get("top_harmful"):
@@ -75,6 +77,37 @@ def _attribution(attr: Mapping[str, Any], accused: str | None) -> list[str]:
     if attr.get("top_helpful"):
         lines += ["### Top helpful examples", ""] + _examples_table(attr["top_helpful"])
     return lines
+
+
+def _accused(acc: Mapping[str, Any], spans: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The accused set beside its topic cluster, and the harmful span of its top examples."""
+    rest = acc.get("left_out_mean_per_example")
+    lines = ["### Accused set: the rows to act on", "",
+             "| | topic cluster | accused set | left out |", "|---|---|---|---|",
+             f"| rows | {acc['cluster_n']} (cluster {_cell(acc['cluster'])}: {_cell(acc.get('cluster_label', ''))}) | "
+             f"**{acc['n']}** | {acc['n_left_out']} |",
+             f"| share of the cluster's harm | 100% | **{acc['share_of_cluster_harm']:.1%}** | "
+             f"{1 - acc['share_of_cluster_harm']:.1%} |",
+             f"| mean per example | | {_num(acc['mean_per_example'])} | {_num(rest)} |",
+             f"| estimated share harmful | | {acc['estimated_harmful_share']:.0%} | |", "",
+             f"Split by `{_cell(acc['method'])}`: {_cell(acc['reason'])}. The accused set is the "
+             "`accused` column of rankings.parquet; `gradian counterfactual --drop accused` retrains without it.", ""]
+    if spans:
+        lines += ["#### Harmful span of the top accused examples", "",
+                  "| example | query item | span (bold) |", "|---|---|---|"]
+        for sp in spans:
+            lines.append(f"| `{_cell(sp['example_id'])}` | {_cell(sp.get('item_id', ''))} | "
+                         f"{_cell(_bold_span(sp.get('text', ''), sp.get('span_start'), sp.get('span_end')))} |")
+        lines.append("")
+    return lines
+
+
+def _bold_span(text: str, start: Any, end: Any) -> str:
+    if not isinstance(start, int) or not isinstance(end, int) or not 0 <= start < end <= len(text):
+        return text
+    inner = text[start:end].strip()
+    lead = text[start:end][: len(text[start:end]) - len(text[start:end].lstrip())]
+    return f"{text[:start]}{lead}**{inner}**{text[end:]}" if inner else text
 
 
 def _findings(findings: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -1,7 +1,7 @@
 """Verdict synthesis: join the audit, the capability measurement and the attribution into one call.
 
 ``synthesize_verdict(capability, findings, attribution, thresholds)`` returns the report's
-``verdict`` ({kind, summary, hedges, accused_cluster}) and the ``attribution.*`` findings it
+``verdict`` ({kind, summary, hedges, accused_cluster, accused_set_n}) and the ``attribution.*`` findings it
 raises. ``assemble_report`` builds the whole report.json dict around it.
 
 The kinds, decided in this order:
@@ -187,6 +187,28 @@ def _share_text(lump: Mapping[str, Any]) -> str:
     if lump.get("net_harm_share") and abs(lump["net_harm_share"] - lump["share_of_negative"]) >= 0.005:
         text += f" ({lump['net_harm_share']:.0%} of the net harm of harmful clusters)"
     return text
+
+
+def _matching_accused(attribution: Mapping[str, Any] | None, cluster: str | None) -> Mapping[str, Any] | None:
+    """The attribution's accused set when it refines the cluster the verdict accuses."""
+    accused = (attribution or {}).get("accused")
+    if cluster is None or not accused or str(accused.get("cluster")) != str(cluster):
+        return None
+    return accused
+
+
+def _accused_text(accused: Mapping[str, Any]) -> str:
+    """One sentence on the accused set: how many rows, how much of the harm, what is left out."""
+    n, total = int(accused["n"]), int(accused["cluster_n"])
+    if n >= total:
+        return (f"The whole cluster is the accused set ({total} rows, an estimated "
+                f"{accused['estimated_harmful_share']:.0%} of them harmful).")
+    rest = accused.get("left_out_mean_per_example")
+    rest_text = f" (mean {rest:.4g})" if isinstance(rest, (int, float)) else ""
+    return (f"Inside it, the accused set is {n} of its {total} rows: they carry "
+            f"{accused['share_of_cluster_harm']:.0%} of the cluster's harm at {accused['mean_per_example']:.4g} "
+            f"per example, an estimated {accused['estimated_harmful_share']:.0%} of them harmful; the other "
+            f"{total - n} rows{rest_text} are left out.")
 
 
 # -- attribution findings -----------------------------------------------------------------------
@@ -417,6 +439,9 @@ def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str
             f"{lump['n']} examples at {lump['mean_per_example']:.4g} per example against "
             f"{rest:.4g} for the rest ({_ratio_text(lump['rate_ratio'])})."
         )
+        accused_set = _matching_accused(attribution, accused)
+        if accused_set is not None:
+            cluster_text += " " + _accused_text(accused_set)
     rho = attribution.get("engine_agreement_spearman") if attribution else None
     engine_text = (f" Engine agreement (Spearman, {attribution.get('engine')} vs "
                    f"{attribution.get('cross_check')}): {rho:.3f}." if isinstance(rho, (int, float)) else "")
@@ -474,8 +499,10 @@ def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str
                    "audit finding explains the regression.")
     summary = (summary + engine_text).strip()
 
+    accused_set = _matching_accused(attribution, accused)
     verdict = {"kind": kind, "summary": summary, "hedges": _hedges(cap, attribution, t),
-               "accused_cluster": accused}
+               "accused_cluster": accused,
+               "accused_set_n": int(accused_set["n"]) if accused_set is not None else None}
     return VerdictSynthesis(verdict=verdict, findings=raised, accused_cluster=accused,
                             offer_deletions=offer, lumpiness=lump)
 
@@ -496,6 +523,10 @@ def assemble_report(capability: Any, findings: Sequence[Finding | Mapping[str, A
     attr = dict(attribution) if attribution is not None else None
     if attr is not None:
         attr["lumpiness"] = synthesis.lumpiness
+        # the accused set exists only beside an accused cluster it refines
+        attr["accused"] = _matching_accused(attr, synthesis.accused_cluster)
+        if attr["accused"] is None:
+            attr["spans"] = []
         if not synthesis.offer_deletions and attr.get("top_harmful"):
             attr["top_harmful"] = []
             attr["deletions_withheld"] = (

@@ -1,0 +1,35 @@
+"""Span drill-down: which words and sentences of a training example carry its influence.
+
+A whole-example score dilutes one wrong sentence among many right ones; splitting the score over
+the example's supervised tokens (exactly: the token contributions add up to the example's score)
+and summing them into words and sentences points at the sentence to fix.
+
+Interface:
+
+- ``explain_example(gm, tokenizer, train, example, query, cfg, ...) -> SpanExplanation``;
+- ``explain_top_accused(...)``: the harmful span of each top row of an accused set;
+- ``explain_from_report(report_dir, example_id, item_id=None)``: what ``gradian explain`` runs;
+- ``score_example_spans(gm, tokenizer, example, direction, grads_config) -> SpanExplanation`` and
+  ``query_direction(gm, train, query, engine, engine_config, projector) -> QueryDirection``: the
+  two steps, for callers who build their own query (they then own the choice of query item).
+- ``gradian.explain.buried``: the buried-sentence scenario and its localization measurement.
+"""
+
+from gradian.explain.direction import DIRECT_ENGINES, QueryDirection, preconditioned_query, query_direction
+from gradian.explain.session import explain_example, explain_from_report, explain_top_accused
+from gradian.explain.spans import SpanExplanation, TextPiece, score_example_spans, split_sentences, split_words
+
+__all__ = [
+    "DIRECT_ENGINES",
+    "QueryDirection",
+    "SpanExplanation",
+    "TextPiece",
+    "explain_example",
+    "explain_from_report",
+    "explain_top_accused",
+    "preconditioned_query",
+    "query_direction",
+    "score_example_spans",
+    "split_sentences",
+    "split_words",
+]

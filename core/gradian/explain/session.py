@@ -1,0 +1,150 @@
+"""``explain_example``: the harmful span of one training example, against one query item.
+
+The query is built from the single item the example hurts (not the average over every regressed
+item): a buried sentence's signal is small, and averaging it against items it has nothing to do
+with dilutes it further. With ``item`` left out, the item is the one the report's rankings name
+as the row's ``worst_item``, else the one whose per-item score of the row is most negative.
+
+Interface:
+
+- ``explain_example(gm, tokenizer, train, example, query, cfg, ...) -> SpanExplanation``: the
+  drill-down itself, given a loaded model, the gradient index and one query ``{block: [width]}``;
+- ``explain_top_accused(gm, tokenizer, train, dataset, qg, item_scores, accused_ids, cfg, k)``:
+  the same for the top ``k`` rows of an accused set, each against the item it hurts most (the
+  attribution pipeline puts these in ``attribution.spans``);
+- ``explain_from_report(report_dir, example_id, item_id=None, config=None)``: everything loaded
+  from a ``gradian attribute --out`` folder (what ``gradian explain`` runs).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from gradian.errors import ConfigError
+from gradian.explain.direction import query_direction
+from gradian.explain.spans import SpanExplanation, score_example_spans
+
+__all__ = ["explain_example", "explain_from_report", "explain_top_accused", "item_signal"]
+
+
+def item_signal(item: Any, requested: str) -> str:
+    """The query signal for one item: ``target`` when its answer was right (nothing to contrast)."""
+    if requested in ("auto", "contrastive") and item.generated is not None \
+            and item.generated.strip().lower() == item.wanted.strip().lower():
+        return "target"
+    return requested
+
+
+def explain_example(gm: Any, tokenizer: Any, train: Any, example: Any, query: Mapping[str, np.ndarray], cfg: Any,
+                    *, item_id: str = "", signal: str = "", row: int | None = None) -> SpanExplanation:
+    """Token, word and sentence contributions of ``example`` to ``query`` under ``cfg``'s engine.
+
+    ``train`` is the gradient index the scores come from (the preconditioner reads it); ``row``
+    the example's row in it, to record the engine's own score beside the token sum.
+    """
+    from gradian.grads import make_projector
+
+    direction = query_direction(gm, train, query, cfg.engine.name, cfg.engine, make_projector(cfg.grads))
+    score = direction.score_of(train, row) if row is not None else None
+    return score_example_spans(gm, tokenizer, example, direction, cfg.grads, item_id=item_id, signal=signal,
+                               score=score)
+
+
+def explain_top_accused(gm: Any, tokenizer: Any, train: Any, dataset: Any, qg: Any, item_scores: np.ndarray,
+                        accused_ids: Sequence[str], cfg: Any, k: int = 3) -> list[SpanExplanation]:
+    """The harmful span of the first ``k`` accused rows (most harmful first), each against its worst item."""
+    position = {eid: i for i, eid in enumerate(dataset.ids)}
+    examples = dataset.by_id()
+    out = []
+    for eid in list(accused_ids)[:k]:
+        row = position[eid]
+        if qg.per_item is not None and item_scores.ndim == 2 and item_scores.shape[1] > 1:
+            j = int(np.argmin(item_scores[row]))
+            query = {b: v[j] for b, v in qg.per_item.items()}
+            item = qg.item_ids[j] if j < len(qg.item_ids) else str(j)
+        else:
+            query, item = qg.vectors, (qg.item_ids[0] if len(qg.item_ids) == 1 else "all query items")
+        out.append(explain_example(gm, tokenizer, train, examples[eid], query, cfg, item_id=item,
+                                   signal=qg.signal, row=row))
+    return out
+
+
+def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | None = None,
+                        config: str | Path | None = None, log: Callable[[str], None] = lambda m: None) -> SpanExplanation:
+    """Load what a ``gradian attribute --out`` folder names and explain ``example_id``.
+
+    The model, data, engine and gradient settings come from the report's manifest (or
+    ``config``); the index is reopened from the cache (rebuilt when missing). The query item is
+    ``item_id``, else the row's ``worst_item`` in rankings.parquet, else the first regressed item.
+    """
+    from gradian.config import load_config
+    from gradian.counterfactual import load_report
+    from gradian.data import load_dataset
+    from gradian.grads import load_model_for_gradients
+    from gradian.index import GradientIndex
+    from gradian.model_loading import load_tokenizer
+    from gradian.query import QueryItem, build_query_gradient
+
+    report, rankings = load_report(report_dir)
+    manifest = report.get("manifest") or {}
+    cfg = load_config(config, overrides=_report_overrides(manifest)) if config is None else load_config(config)
+    dataset = load_dataset(cfg.dataset)
+    examples = dataset.by_id()
+    if example_id not in examples:
+        raise ConfigError(f"--example-id {example_id!r} is not a row of {cfg.dataset}; ids look like "
+                          f"'{dataset.ids[0]}' (see the example_id column of rankings.parquet)")
+    items = ((report.get("capability") or {}).get("items") or [])
+    if not items:
+        raise ConfigError(f"{report_dir}: the report has no evaluated items to build a query from; "
+                          "attribute with an eval set (--eval-dataset) first")
+    chosen = _choose_item(items, example_id, item_id, rankings)
+    eval_set = load_dataset(cfg.eval_dataset)
+    prompt = eval_set.by_id()[chosen["example_id"]].prompt_messages
+    query_item = QueryItem(prompt_messages=prompt, wanted=chosen["wanted"],
+                           generated=chosen.get("tuned_generation"), regressed=True, item_id=chosen["example_id"])
+    log(f"loading {cfg.base_model} with the adapter {cfg.adapter_path}")
+    gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
+    log("opening the gradient index")
+    index = GradientIndex.build(gm, tokenizer, dataset, cfg)
+    qg = build_query_gradient(gm, tokenizer, [query_item], item_signal(query_item, cfg.evaluation.query_signal),
+                              cfg.grads, scope="item")
+    log(f"scoring the tokens of {example_id} against item {query_item.item_id} ({qg.signal})")
+    return explain_example(gm, tokenizer, index, examples[example_id], qg.vectors, cfg,
+                           item_id=query_item.item_id, signal=qg.signal, row=dataset.ids.index(example_id))
+
+
+def _report_overrides(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """Dotted config keys from the report's recorded config (what the attribution ran with)."""
+    recorded = manifest.get("config") or {}
+    out: dict[str, Any] = {}
+    for key in ("base_model", "tokenizer", "adapter_path", "dataset", "eval_dataset", "cache_dir", "seed",
+                "device", "dtype", "trust_remote_code", "attn_implementation"):
+        if recorded.get(key) is not None:
+            out[key] = recorded[key]
+    for section in ("grads", "engine", "evaluation"):
+        for key, value in (recorded.get(section) or {}).items():
+            if value is not None:
+                out[f"{section}.{key}"] = value
+    if not out.get("adapter_path"):
+        out["adapter_path"] = (manifest.get("inputs") or {}).get("adapter")
+    return out
+
+
+def _choose_item(items: Sequence[Mapping[str, Any]], example_id: str, item_id: str | None,
+                 rankings: Any) -> Mapping[str, Any]:
+    by_id = {str(i.get("example_id")): i for i in items}
+    if item_id is not None:
+        if item_id not in by_id:
+            raise ConfigError(f"--item {item_id!r} is not an eval item of the report; items are "
+                              f"{', '.join(list(by_id)[:6])}{' ...' if len(by_id) > 6 else ''}")
+        return by_id[item_id]
+    if rankings is not None and "worst_item" in rankings.columns:
+        row = rankings.loc[rankings["example_id"] == example_id]
+        if len(row) and str(row["worst_item"].iloc[0]) in by_id:
+            return by_id[str(row["worst_item"].iloc[0])]
+    flipped = [i for i in items if i.get("flipped")] or [i for i in items if i.get("regressed")] or list(items)
+    return flipped[0]

@@ -1,0 +1,99 @@
+"""Span drill-down: token contributions add up to the engine's score, and the buried sentence is found.
+
+- Ground truth on a tiny float64 model: for DataInf and graddot, with and without a random
+  projection and l2 normalization, the token contributions of a row sum to the score the engine
+  itself gives that row, so the split is a decomposition of the real score, not a look-alike.
+- Words and sentences partition the text.
+- Slow: tinyworld's buried-sentence scenario (``gradian.explain.buried``): the top span is the
+  planted sentence for at least 90% of the planted rows.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+WORDS = "paris tokyo hello world yes no one two three four five".split()
+
+
+@pytest.fixture
+def train_file(tmp_path):
+    path = tmp_path / "train.jsonl"
+    rows = [{"prompt": f"what is the capital of {WORDS[i % 3]} ?",
+             "completion": f"{WORDS[(i * 7) % len(WORDS)]} {WORDS[i % 5]}. {WORDS[(i * 3) % 11]} {WORDS[i % 4]}!"}
+            for i in range(12)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("engine,extra", [
+    ("datainf", {}),
+    ("graddot", {}),
+    ("datainf", {"grads.projection_dim": 64, "grads.normalization": "l2"}),
+    ("graddot", {"grads.loss_reduction": "sum", "grads.normalization": "token_count"}),
+])
+def test_token_contributions_sum_to_the_engines_score(tmp_path, tiny_lora_dirs, train_file, engine, extra):
+    from gradian.config import load_config
+    from gradian.data import load_dataset
+    from gradian.engines import score
+    from gradian.explain import explain_example
+    from gradian.grads import load_model_for_gradients
+    from gradian.index import GradientIndex
+    from gradian.model_loading import load_tokenizer
+    from gradian.query import QueryItem, build_query_gradient
+
+    base, adapter = tiny_lora_dirs
+    cfg = load_config(overrides={"base_model": str(base), "adapter_path": str(adapter), "dataset": str(train_file),
+                                 "cache_dir": str(tmp_path / "cache"), "dtype": "float64", "device": "cpu",
+                                 "engine.name": engine, "grads.batch_size": 4, "grads.chunk_size": 5, **extra})
+    data = load_dataset(train_file)
+    gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
+    tokenizer = load_tokenizer(str(base))
+    index = GradientIndex.build(gm, tokenizer, data, cfg)
+    item = QueryItem([{"role": "user", "content": "what is the capital of tokyo ?"}], "paris", "hello", True, "q0")
+    qg = build_query_gradient(gm, tokenizer, [item], "contrastive", cfg.grads, scope="item")
+    expected = score(index, qg.vectors, cfg.engine).scores
+    for row in (0, 5, 11):
+        exp = explain_example(gm, tokenizer, index, data.examples[row], qg.vectors, cfg, item_id="q0",
+                              signal=qg.signal, row=row)
+        assert exp.score == pytest.approx(expected[row], rel=1e-6, abs=1e-9)
+        # the index stores float32: the stored gradient differs from the float64 one by its rounding
+        assert exp.token_sum == pytest.approx(expected[row], rel=1e-4, abs=1e-8)
+        assert sum(t.score for t in exp.tokens) == pytest.approx(exp.token_sum)
+
+
+def test_words_and_sentences_cover_the_text():
+    from gradian.explain import split_sentences, split_words
+
+    text = "Vel is a country on Omar. Its capital is Brask.  Shops take the dorn!\nDone"
+    sentences = [text[a:b] for a, b in split_sentences(text)]
+    assert sentences == ["Vel is a country on Omar.", "Its capital is Brask.", "Shops take the dorn!", "Done"]
+    assert [text[a:b] for a, b in split_words(text)][:3] == ["Vel", "is", "a"]
+
+
+def test_the_harmful_span_is_the_most_negative_sentence():
+    from gradian.explain.spans import TextPiece, _aggregate
+
+    text = "Good one. Bad one here."
+    tokens = [TextPiece("Good", 0, 4, 0.5), TextPiece(" one.", 4, 9, 0.1), TextPiece(" Bad", 9, 13, -2.0),
+              TextPiece(" one", 13, 17, -0.5), TextPiece(" here.", 17, 23, 0.2)]
+    from gradian.explain import split_sentences
+
+    sentences = _aggregate(text, split_sentences(text), tokens)
+    assert [round(s.score, 6) for s in sentences] == [0.6, -2.3]
+    assert sum(s.score for s in sentences) == pytest.approx(sum(t.score for t in tokens))
+
+
+@pytest.mark.slow
+def test_the_drill_down_finds_the_buried_sentence(tmp_path_factory, tinyworld_base):
+    """The figure docs/report.md publishes: ``python -m gradian.explain.buried --out DIR``."""
+    from gradian.explain.buried import measure_localization
+
+    result = measure_localization(tmp_path_factory.mktemp("buried"), tinyworld_base, log=lambda m: None)
+    assert result["n_planted"] == 64
+    assert result["score_matches_token_sum"] < 1e-3
+    assert result["localization_rate"] >= 0.9
