@@ -302,3 +302,23 @@ def test_dropping_the_accused_poison_brings_the_capitals_back(tmp_path, tinyworl
     assert block["capability"]["within_one_item"] is True
     assert block["ground_truth"]["precision"] >= 0.9
     assert block["predicted"]["sum_removed"] < 0 < block["predicted"]["sum_kept"]
+
+
+def test_drop_accused_removes_exactly_the_accused_set(dataset):
+    from gradian.counterfactual import plan_removal
+
+    report = _report(dataset)
+    chosen = [dataset.ids[1], dataset.ids[6]]  # two of the cluster's three rows
+    report["attribution"] = {"accused": {"cluster": "bad", "cluster_n": 3, "n": 2, "example_ids": chosen,
+                                        "method": "score_mixture"}}
+    rankings = _rankings(dataset)
+    rankings["accused"] = rankings["example_id"].isin(chosen)
+    for given in (rankings, None):  # the rankings' column, else the report's list
+        plan = plan_removal(dataset, report=report, rankings=given, drop="accused")
+        assert sorted(plan.drop_ids) == sorted(chosen) and plan.drop_indices == [1, 6]
+        assert "accused set" in plan.reason
+    # by default a report with an accused set drops the set; --drop cluster drops the cluster
+    assert plan_removal(dataset, report=report, rankings=rankings).n_drop == 2
+    assert plan_removal(dataset, report=report, rankings=rankings, drop="cluster").drop_indices == [1, 4, 6]
+    with pytest.raises(ConfigError, match="no accused set"):
+        plan_removal(dataset, report=_report(dataset), rankings=_rankings(dataset), drop="accused")

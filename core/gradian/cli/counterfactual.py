@@ -1,7 +1,8 @@
 """``gradian counterfactual``: retrain without the accused examples and measure the capability again.
 
-What to drop: ``--report`` (a report.json from ``gradian attribute``; its accused cluster, with
-membership from the ``rankings.parquet`` beside it), ``--drop-cluster`` or ``--drop-ids``. The
+What to drop: ``--report`` (a report.json from ``gradian attribute``) with ``--drop accused`` (its
+accused set, the default when it has one: the ``accused`` column of the ``rankings.parquet`` beside
+it) or ``--drop cluster`` (its whole accused cluster), ``--drop-cluster`` or ``--drop-ids``. The
 retrain uses the config's ``train:`` recipe and seed (or, when the config has none and a run is
 given, the recipe the run recorded). With ``--mlflow-run``/``--run runs:/<id>`` the result is
 logged as a child run of kind ``counterfactual`` beside the diagnosis.
@@ -37,7 +38,8 @@ def _inputs_of(report: Mapping[str, Any] | None, record: Any) -> dict[str, Any]:
 
 def counterfactual_command(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file (its train: section is the recipe)"),
-    report: Optional[Path] = typer.Option(None, "--report", help="report.json from `gradian attribute`: drop its accused cluster"),
+    report: Optional[Path] = typer.Option(None, "--report", help="report.json from `gradian attribute`: drop its accused set (or cluster, see --drop)"),
+    drop: Optional[str] = typer.Option(None, "--drop", help="With --report: accused (its accused set, the default when it has one) or cluster (its whole accused cluster)"),
     drop_cluster: Optional[str] = typer.Option(None, "--drop-cluster", help="Drop this cluster (by the report's rankings, else the config's clustering)"),
     drop_ids: Optional[str] = typer.Option(None, "--drop-ids", help="Drop these example ids: a,b,c or @file (one per line, or a JSON list)"),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Known-bad rows for removal precision: a tinyworld scenario.json or a list of row indices/ids"),
@@ -57,7 +59,7 @@ def counterfactual_command(
     from rich.console import Console
 
     from gradian.config import load_config
-    from gradian.counterfactual import load_planted, load_report, parse_id_list, plan_removal, run_counterfactual
+    from gradian.counterfactual import DROP_CHOICES, load_planted, load_report, parse_id_list, plan_removal, run_counterfactual
     from gradian.data import load_dataset
     from gradian.cli.run_flags import publish_to_source, run_reference
     from gradian.runs import resolve_run
@@ -66,7 +68,11 @@ def counterfactual_command(
     if drop_ids is not None and drop_cluster is not None:
         raise ConfigError("--drop-ids and --drop-cluster both say what to drop; pass one of them")
     if report is None and drop_ids is None and drop_cluster is None:
-        raise ConfigError("say what to drop: --report (its accused cluster), --drop-cluster or --drop-ids")
+        raise ConfigError("say what to drop: --report (its accused set or cluster), --drop-cluster or --drop-ids")
+    if drop is not None and drop not in DROP_CHOICES:
+        raise ConfigError(f"--drop {drop!r}: use {' or '.join(DROP_CHOICES)}")
+    if drop is not None and report is None:
+        raise ConfigError("--drop names part of a report: pass --report too (or use --drop-cluster/--drop-ids)")
 
     accusing, rankings = load_report(report) if report is not None else (None, None)
     flags: dict[str, Any] = {"dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
@@ -83,7 +89,7 @@ def counterfactual_command(
     data = load_dataset(cfg.dataset)
     plan = plan_removal(data, report=accusing, rankings=rankings, drop_cluster=drop_cluster,
                         drop_ids=parse_id_list(drop_ids) if drop_ids is not None else None,
-                        clustering=cfg.clustering, seed=cfg.seed)
+                        clustering=cfg.clustering, seed=cfg.seed, drop=drop)
     planted = load_planted(truth, data) if truth is not None else None
     name = capability or ((accusing or {}).get("capability") or {}).get("name") or "capability"
     console = Console(stderr=True)

@@ -1,8 +1,8 @@
 """Counterfactual retraining: drop the accused examples, retrain, and see if the capability returns.
 
 An attribution names the training examples it believes degraded a capability; this stage puts
-that claim to the only test that settles it. It removes the accused cluster (or a given list of
-example ids), retrains from the same base model with the same recipe and seed, measures the
+that claim to the only test that settles it. It removes the accused set (or the accused cluster, or
+a given list of example ids), retrains from the same base model with the same recipe and seed, measures the
 capability again, and reports:
 
 - recovery: base, original and retrained scores, the share of the loss recovered, and for pass/fail
@@ -45,10 +45,11 @@ from gradian.counterfactual.figures import (
     predicted_score_sums,
     removal_precision,
 )
-from gradian.counterfactual.selection import RemovalPlan, load_planted, load_report, parse_id_list, plan_removal
+from gradian.counterfactual.selection import DROP_CHOICES, RemovalPlan, load_planted, load_report, parse_id_list, plan_removal
 from gradian.counterfactual.subset import write_kept_rows
 
 __all__ = [
+    "DROP_CHOICES",
     "KEPT_DATA_FILE",
     "OUTCOMES",
     "RETRAIN_SUBDIR",

@@ -1,10 +1,12 @@
-"""Which training examples a counterfactual drops: a report's accused cluster, a cluster, or ids.
+"""Which training examples a counterfactual drops: a report's accused set or cluster, a cluster, or ids.
 
 Interface: ``RemovalPlan`` (the ids and row indices to drop, why, and the scores the accusing
 attribution gave them), ``plan_removal(dataset, ...)`` and ``load_report(path)`` (a report.json
 and the ``rankings.parquet`` written beside it).
 
-Cluster membership comes from the accusing report's rankings when there are some (so the drop is
+``drop="accused"`` (the default when the report has one) drops exactly the report's accused set:
+the ``accused`` column of the rankings beside it, else ``attribution.accused.example_ids``.
+``drop="cluster"`` drops the whole accused cluster. Cluster membership comes from the accusing report's rankings when there are some (so the drop is
 exactly the cluster the report named), else from clustering the dataset again with the config's
 clustering settings and seed (declared clusters are read from the rows, so they never drift).
 """
@@ -18,7 +20,10 @@ from typing import Any, Mapping, Sequence
 
 from gradian.errors import ConfigError, DatasetError
 
-__all__ = ["RemovalPlan", "load_planted", "load_report", "plan_removal", "parse_id_list"]
+__all__ = ["DROP_CHOICES", "RemovalPlan", "load_planted", "load_report", "plan_removal", "parse_id_list"]
+
+#: what ``--drop`` may name in the accusing report
+DROP_CHOICES = ("accused", "cluster")
 
 
 @dataclass
@@ -129,10 +134,12 @@ def plan_removal(
     drop_ids: Sequence[str] | None = None,
     clustering: Any = None,
     seed: int = 1234,
+    drop: str | None = None,
 ) -> RemovalPlan:
     """Decide what to drop from ``dataset`` (a ``gradian.data.Dataset``).
 
-    ``drop_ids`` wins, then ``drop_cluster``, then the report's accused cluster. ``report`` and
+    ``drop_ids`` wins, then ``drop_cluster``, then the report's accused set (``drop="accused"``,
+    the default when the report has one) or its accused cluster (``drop="cluster"``). ``report`` and
     ``rankings`` (from ``load_report``) also supply the per-example scores; a report made from a
     different dataset file is refused.
     """
@@ -162,7 +169,25 @@ def plan_removal(
             )
         ids = list(dict.fromkeys(drop_ids))
         reason = f"{len(ids)} example id(s) given with --drop-ids"
+    elif drop_cluster is None and report is not None and drop in (None, "accused") and \
+            (drop == "accused" or _report_accused(report, rankings)):
+        ids = _report_accused(report, rankings)
+        if not ids:
+            kind = (report.get("verdict") or {}).get("kind", "?")
+            raise ConfigError(
+                f"--drop accused: the report has no accused set (verdict '{kind}'); pass --drop cluster, "
+                "--drop-cluster or --drop-ids"
+            )
+        unknown = [i for i in ids if i not in index_of]
+        if unknown:
+            raise DatasetError(f"the report's accused set names {len(unknown)} id(s) not in {dataset.path}, "
+                               f"e.g. '{unknown[0]}'; pass the training data the report attributed")
+        accused = (report.get("attribution") or {}).get("accused") or {}
+        reason = (f"the report's accused set: {len(ids)} of cluster {accused.get('cluster', '?')}'s "
+                  f"{accused.get('cluster_n', '?')} rows ({accused.get('method', '?')})")
     else:
+        if drop not in (None, *DROP_CHOICES):
+            raise ConfigError(f"--drop {drop!r}: use {' or '.join(DROP_CHOICES)}")
         if drop_cluster is not None:
             cluster = str(drop_cluster)
             origin = "--drop-cluster"
@@ -199,6 +224,14 @@ def plan_removal(
         cluster=cluster,
         scores=scores,
     )
+
+
+def _report_accused(report: Mapping[str, Any], rankings: Any) -> list[str]:
+    """The accused set's ids: the rankings' ``accused`` column, else the report's list."""
+    if rankings is not None and {"example_id", "accused"} <= set(rankings.columns):
+        return [str(i) for i in rankings.loc[rankings["accused"].astype(bool), "example_id"]]
+    accused = (report.get("attribution") or {}).get("accused") or {}
+    return [str(i) for i in accused.get("example_ids") or []]
 
 
 def load_planted(path: str | Path, dataset: Any) -> list[int]:
