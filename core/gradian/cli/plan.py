@@ -1,0 +1,201 @@
+"""``gradian plan``: predicted memory, disk and time of the gradient index before it is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+__all__ = ["register"]
+
+
+def plan_command(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file"),
+    base_model: Optional[str] = typer.Option(None, "--base-model", "-m", help="Base model directory (its config.json is read, no weights loaded)"),
+    model_config: Optional[str] = typer.Option(None, "--model-config", help="A config.json, or a preset name (qwen2.5-0.5b, llama-3.2-1b, llama-3.1-8b, ...), instead of --base-model"),
+    adapter: Optional[str] = typer.Option(None, "--adapter", "-a", help="LoRA adapter directory (rank and target modules from adapter_config.json)"),
+    r: Optional[int] = typer.Option(None, "--r", help="LoRA rank, when there is no adapter directory"),
+    target_modules: Optional[str] = typer.Option(None, "--target-modules", help="Comma-separated LoRA targets (q_proj,v_proj) or all-linear, when there is no adapter directory"),
+    dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Training dataset, tokenized to get its lengths"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Tokenizer directory when it is not the base model's"),
+    n_examples: Optional[int] = typer.Option(None, "--n-examples", help="Without a dataset: this many examples of --tokens tokens"),
+    tokens: int = typer.Option(1024, "--tokens", help="Without a dataset: tokens per example (half of them supervised)"),
+    device: Optional[str] = typer.Option(None, "--device", help="Plan for cpu or cuda (default: the config's device, auto meaning CUDA when visible)"),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="Model dtype (overrides the config; auto is bfloat16 on CUDA, float32 on CPU)"),
+    attn: Optional[str] = typer.Option(None, "--attn-implementation", help="eager, sdpa or flash_attention_2 (overrides the config)"),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="grads.batch_size to plan for"),
+    max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="grads.max_seq_length to plan for"),
+    projection_dim: Optional[int] = typer.Option(None, "--projection-dim", help="grads.projection_dim to plan for"),
+    storage_dtype: Optional[str] = typer.Option(None, "--storage-dtype", help="grads.storage_dtype to plan for (float32 or float16)"),
+    module_filter: Optional[str] = typer.Option(None, "--module-filter", help="grads.module_filter to plan for"),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Memory per device, e.g. 24GiB or 80GB: propose settings that fit"),
+    disk: Optional[str] = typer.Option(None, "--disk", help="Disk for the index, e.g. 100GB: propose settings that fit"),
+    fail_if_over: bool = typer.Option(False, "--fail-if-over", help="Exit 1 when the planned run does not fit --memory or --disk"),
+    no_calibrate: bool = typer.Option(False, "--no-calibrate", help="Skip the short measured run behind the time estimate"),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
+) -> None:
+    """Predict peak memory per device, index size on disk and time of `gradian index`; propose settings for budgets."""
+    import dataclasses
+
+    from gradian.cli.output import print_json, print_line, print_table
+    from gradian.config import load_config
+    from gradian.errors import ConfigError
+    from gradian.plan import DatasetShape, adapter_shape, read_model_shape
+    from gradian.plan.planner import Budgets, PlanSettings, format_size, make_plan, parse_size
+
+    cfg = load_config(config, {
+        "base_model": base_model, "adapter_path": adapter, "dataset": dataset, "dtype": dtype,
+        "attn_implementation": attn, "grads.batch_size": batch_size, "grads.max_seq_length": max_seq_length,
+        "grads.projection_dim": projection_dim, "grads.storage_dtype": storage_dtype,
+        "grads.module_filter": module_filter,
+    })
+    budgets = Budgets(parse_size(memory, "--memory") if memory else None, parse_size(disk, "--disk") if disk else None)
+    source = model_config or cfg.base_model
+    if not source:
+        raise ConfigError("no model to plan for: pass --base-model DIR, --model-config config.json or a preset name")
+    if not model_config and not Path(source).is_dir():
+        raise ConfigError(f"--base-model {source} is not a local directory; pass its config.json with --model-config")
+    model = read_model_shape(source)
+    lora = adapter_shape(cfg.adapter_path if r is None or target_modules is None else None, r, target_modules)
+    device = _device(device or cfg.device)
+    settings = PlanSettings.from_config(cfg, device)
+    tokenized, pad_id = None, 0
+    if cfg.dataset:
+        from gradian.data import load_dataset, tokenize_examples
+        from gradian.model_loading import load_tokenizer
+
+        tok_source = tokenizer or cfg.tokenizer or (cfg.base_model if cfg.base_model and Path(cfg.base_model).is_dir() else None)
+        if not tok_source:
+            raise ConfigError("--dataset needs a tokenizer: pass --tokenizer DIR or --base-model DIR")
+        tok = load_tokenizer(tok_source, cfg.trust_remote_code, flag="--tokenizer" if tokenizer else "--base-model")
+        tokenized = tokenize_examples(load_dataset(cfg.dataset).examples, tok, cfg.grads.max_seq_length)
+        pad_id = tok.pad_token_id or 0
+        shape = DatasetShape.from_tokenized(tokenized, str(cfg.dataset))
+    elif n_examples:
+        shape = DatasetShape.uniform(n_examples, tokens)
+    else:
+        raise ConfigError("no dataset to plan for: pass --dataset FILE, or --n-examples N (with --tokens T)")
+    plan = make_plan(model, lora, shape, settings, budgets)
+
+    estimate = None
+    if not no_calibrate:
+        from gradian.plan.timing import calibrate_time
+
+        config_dict = _config_dict(source)
+        has_weights = bool(cfg.base_model and cfg.adapter_path and Path(cfg.base_model).is_dir()
+                           and any(Path(cfg.base_model).glob("*.safetensors")))
+        run_cfg = cfg if device == "cpu" or cfg.device != "auto" else load_config(config, {"device": device})
+        estimate = calibrate_time(model, lora, shape, run_cfg, config_dict=config_dict,
+                                  base=cfg.base_model if has_weights else None,
+                                  adapter_dir=cfg.adapter_path if has_weights else None,
+                                  tokenized=tokenized if has_weights else None, pad_id=pad_id)
+
+    if as_json:
+        data = dataclasses.asdict(plan)
+        data.update(device_peak=plan.device_peak, fits=plan.fits, fits_memory=plan.fits_memory, fits_disk=plan.fits_disk,
+                    time=dataclasses.asdict(estimate) if estimate else None)
+        print_json(data)
+    else:
+        _print_plan(plan, estimate, print_line, print_table, format_size)
+    if not plan.fits:
+        print_line(_over_budget_line(plan, format_size), "yellow")
+        if fail_if_over:
+            raise typer.Exit(1)
+
+
+def _device(name: str) -> str:
+    if name == "auto":
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return "cpu"
+    return "cuda" if name.startswith("cuda") else name
+
+
+def _config_dict(source: str) -> dict | None:
+    import json
+
+    from gradian.plan.shapes import PRESET_DIR
+
+    path = Path(source)
+    if not path.exists() and (PRESET_DIR / f"{source}.json").is_file():
+        path = PRESET_DIR / f"{source}.json"
+    if path.is_dir():
+        path = path / "config.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def _print_plan(plan, estimate, print_line, print_table, fmt) -> None:
+    m, s, mem = plan.model, plan.settings, plan.memory
+    targets = plan.adapter.target_modules if isinstance(plan.adapter.target_modules, str) else ",".join(plan.adapter.target_modules)
+    print_line(f"model: {m.name or m.model_type} ({m.n_parameters / 1e9:.2f}B parameters, {m.model_type}), "
+               f"{s.capture.dtype} on {s.device}, {s.capture.attn_implementation} attention")
+    print_line(f"adapter: LoRA r={plan.adapter.r} on {targets}; {plan.n_blocks} blocks, "
+               f"{plan.values_per_example:,} values per example"
+               + (f", stored {plan.stored_per_example:,} (projection {s.projection_dim})" if s.projection_dim else ""))
+    print_line(f"dataset: {plan.n_examples:,} examples, {plan.total_tokens:,} tokens, longest {plan.max_tokens}")
+    w = plan.worst_batch
+    rows = [
+        ("weights", fmt(mem.weights), f"{m.n_parameters:,} parameters x {s.capture.model_bytes} B"),
+        ("adapter", fmt(mem.adapter_weights), "LoRA A and B"),
+        ("activations", fmt(mem.activations), "kept by autograd for the backward"),
+        ("hook inputs", fmt(mem.hook_inputs), "LoRA inputs the capture keeps"),
+        ("logits", fmt(mem.logits), f"{w.tokens} tokens x {m.vocab_size} vocab"),
+        ("loss backward", fmt(mem.loss_backward), "logits' gradient and one upcast chunk"),
+        ("per-example grads", fmt(mem.per_example_grads), f"{w.rows} rows x {plan.values_per_example:,} float32"),
+        ("capture peak", fmt(mem.peak), f"batch of {w.rows} x {w.width} tokens ({w.supervised} supervised)"),
+        ("index writer", fmt(mem.writer_buffer), f"{'same memory' if s.device == 'cpu' else 'host memory'}: "
+                                                 f"chunks of {s.chunk_size} rows"),
+    ]
+    if s.device == "cpu":
+        rows.append(("device total", fmt(plan.device_peak), "capture peak + index writer"))
+    if mem.projection_cache:
+        rows.insert(7, ("projection", fmt(mem.projection_cache), "rademacher matrices"))
+    print_table(f"memory per device (batch_size {s.batch_size})", ("component", "bytes", "what"), rows)
+    print_line(f"disk: index {fmt(plan.index_bytes)} ({plan.n_examples:,} x {plan.stored_per_example:,} {s.storage_dtype})")
+    if estimate is not None:
+        if estimate.seconds is None:
+            print_line(f"time: {estimate.source}")
+        else:
+            print_line(f"time: about {_duration(estimate.seconds)} ({estimate.seconds_per_token * 1e3:.3f} ms per token, "
+                       f"{estimate.source} on {estimate.device}, {estimate.measured_tokens} tokens)")
+    for note in plan.notes:
+        print_line(f"note: {note}")
+    proposal = plan.proposal
+    if proposal is not None:
+        if proposal.changes:
+            changes = ", ".join(f"{k}={v}" for k, v in proposal.changes.items())
+            print_line(f"proposed: {changes} -> peak {fmt(proposal.peak_memory)}, index {fmt(proposal.index_bytes)}"
+                       + ("" if proposal.fits else " (still over budget)"))
+            for reason in proposal.reasons:
+                print_line(f"  - {reason}")
+        elif plan.fits:
+            print_line("fits the budgets as configured")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _over_budget_line(plan, fmt) -> str:
+    over = []
+    if not plan.fits_memory:
+        over.append(f"{fmt(plan.device_peak)} of memory per device (budget {fmt(plan.budgets.memory)})")
+    if not plan.fits_disk:
+        over.append(f"{fmt(plan.index_bytes)} of disk (budget {fmt(plan.budgets.disk)})")
+    fix = ""
+    if plan.proposal is not None and plan.proposal.changes:
+        fix = "; set " + ", ".join(f"{k}: {v}" for k, v in plan.proposal.changes.items())
+    return f"warning: the planned run needs {' and '.join(over)}{fix}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan_command)

@@ -1,0 +1,205 @@
+"""Predicted peak memory of one gradient batch, and the index's bytes on disk, from shapes alone.
+
+Interface: ``estimate_memory(model, linears, batch, settings) -> MemoryEstimate`` (bytes, by
+component); ``index_bytes(n, widths, storage_dtype, chunk_size) -> int``; ``block_widths``.
+
+The count follows what ``capture_per_example_grads(strategy="hooks")`` keeps alive, with ``N =
+rows x width`` padded tokens, ``s`` the model dtype's bytes, ``H`` hidden, ``I`` intermediate,
+``q = N x heads x head_dim``, ``V`` vocab, ``b`` rows, ``t`` width:
+
+- weights: base parameters x ``s``, LoRA parameters x the adapter dtype (float32 on a
+  half-precision base, as PEFT loads it);
+- saved activations, per layer from the first one holding a selected LoRA module: RMSNorm keeps
+  its float32 input and ``1/rms`` twice (``2 (4 N H + 4 N)``); the MLP keeps the gate and up
+  outputs and SiLU(gate) (``3 N I s``); eager attention keeps q, the repeated k and v (``3 q s``) and
+  the softmax probabilities in float32 plus their cast (``b heads t^2 (4 + s)``, one copy when
+  ``s = 4``); SDPA keeps q, k, v, the output, the log-sum-exp and the additive mask
+  (``4 q s + 4 b heads t + b t^2 s``). Plus the final norm.
+- what the hooks keep: each selected module's input (shared by q/k/v and by gate/up: ``N H s``
+  each; ``q s`` for o_proj; ``N I s`` for down_proj) and each A's output (``N r`` adapter bytes);
+- the loss: the logits (``N V s``), then in the backward their gradient (``N V s``) and one chunk of
+  upcast positions (``c V 4``, plus ``c V s`` in half precision; ``c`` from ``LOSS_CHUNK_BYTES``);
+- one layer's backward workspace, after the logits are gone (eager: ``b heads t^2 (s + 8)``;
+  SDPA: ``4 q s``; plus ``3 N I s`` for the MLP);
+- the per-example gradients ``rows x D x 4`` (float32 whatever the model), and after the pass
+  the normalization's and projection's copies (and the Rademacher matrices, ``width x D`` int8,
+  cached for the whole run).
+
+The peak is the weights plus the larger of (capture: activations + hooks + gradients + the larger
+of the loss phase and the layer phase) and (after the pass: gradients + their copies). The index
+writer's host buffer (``chunk_size`` rows, float32, concatenated once, then the storage dtype
+written through a bytes buffer) is reported apart; on a CPU run it adds to the same memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+from gradian.plan.shapes import DTYPE_BYTES, BatchShape, LoraLinear, ModelShape
+
+__all__ = ["CaptureSettings", "MemoryEstimate", "estimate_memory", "block_widths", "index_bytes", "NPY_HEADER_BYTES"]
+
+#: np.save writes a 128-byte header for the arrays the index stores
+NPY_HEADER_BYTES = 128
+
+_ATTENTION_SITES = ("q_proj", "k_proj", "v_proj")
+
+
+@dataclass(frozen=True)
+class CaptureSettings:
+    """The settings the memory depends on (a subset of ``GradianConfig`` and ``GradsConfig``)."""
+
+    dtype: str = "float32"
+    attn_implementation: str = "eager"
+    projection_dim: int | None = None
+    projection_kind: str = "countsketch"
+    normalization: str = "none"
+    storage_dtype: str = "float32"
+    chunk_size: int = 256
+    block_granularity: str = "module"
+
+    @property
+    def model_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def adapter_bytes(self) -> int:
+        # PEFT keeps the adapter in float32 on a half-precision base (autocast_adapter_dtype)
+        return max(4, self.model_bytes)
+
+
+@dataclass
+class MemoryEstimate:
+    """Bytes by component, and the predicted peak of one batch on the device."""
+
+    weights: int
+    adapter_weights: int
+    activations: int
+    hook_inputs: int
+    logits: int
+    loss_backward: int
+    layer_backward: int
+    per_example_grads: int
+    after_pass: int
+    projection_cache: int
+    peak: int
+    #: host memory of the index writer's chunk buffer (adds to ``peak`` on a CPU run)
+    writer_buffer: int
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+def block_widths(linears: Sequence[LoraLinear], granularity: str = "module",
+                 projection_dim: int | None = None) -> list[tuple[int, int]]:
+    """``(dim, stored width)`` of each block: a whole module, or each of A and B under ``matrix``."""
+    dims: list[int] = []
+    for lin in linears:
+        if granularity == "matrix":
+            dims += [lin.r * lin.in_features, lin.out_features * lin.r]
+        else:
+            dims.append(lin.dim)
+    return [(d, min(d, projection_dim) if projection_dim else d) for d in dims]
+
+
+def index_bytes(n: int, widths: Sequence[int], storage_dtype: str, chunk_size: int) -> int:
+    """Bytes of ``chunks/*.npy`` for ``n`` examples: the data (``n x sum(widths)`` values) and the
+    float64 squared norms (``n x blocks``), each chunk file with its npy header."""
+    chunks = -(-n // chunk_size) if n else 0
+    data = n * sum(widths) * DTYPE_BYTES[storage_dtype]
+    norms = n * len(widths) * 8
+    return data + norms + 2 * chunks * NPY_HEADER_BYTES
+
+
+def _layer_activations(model: ModelShape, batch: BatchShape, s: int, attn: str) -> dict[str, int]:
+    """Bytes autograd saves for one Llama-style layer, by part."""
+    n, b, t = batch.tokens, batch.rows, batch.width
+    h, i, heads = model.hidden_size, model.intermediate_size, model.num_heads
+    q = n * heads * model.head_dim
+    norm_bytes = 4 if s <= 4 else s
+    norm = n * h * norm_bytes + n * 4
+    if attn == "eager":
+        attention = 3 * q * s + b * heads * t * t * 4 + (b * heads * t * t * s if s != 4 else 0)
+    else:  # sdpa / flash: no t^2 probabilities; the CPU kernels keep a copy of the additive mask
+        attention = 4 * q * s + 4 * b * heads * t + (b * t * t * s if attn == "sdpa" else 0)
+    if model.model_type == "qwen3":  # per-head q and k RMSNorms keep float32 copies
+        attention += n * (heads + model.num_kv_heads) * model.head_dim * 4
+    return {"input_norm": norm, "attention": attention, "post_norm": norm, "mlp": 3 * n * i * s}
+
+
+def estimate_memory(model: ModelShape, linears: Sequence[LoraLinear], batch: BatchShape,
+                    settings: CaptureSettings) -> MemoryEstimate:
+    """Predicted bytes of capturing one batch's per-example gradients (see the module docstring)."""
+    from gradian.grads.loss import loss_chunk_positions
+
+    s, a = settings.model_bytes, settings.adapter_bytes
+    n, b, t = batch.tokens, batch.rows, batch.width
+    h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
+    q = n * model.num_heads * model.head_dim
+    weights = model.n_parameters * s
+    adapter = sum(lin.r * (lin.in_features + lin.out_features) for lin in linears) * a
+
+    sites_by_layer: dict[int, set[str]] = {}
+    for lin in linears:
+        sites_by_layer.setdefault(lin.layer, set()).add(lin.site)
+    activations = 0
+    if sites_by_layer:
+        first = min(sites_by_layer)
+        part = _layer_activations(model, batch, s, settings.attn_implementation)
+        full = sum(part.values())
+        first_sites = sites_by_layer[first]
+        if first_sites & set(_ATTENTION_SITES):
+            activations += full - part["input_norm"]  # the layer's input needs no gradient
+        elif "o_proj" in first_sites:
+            activations += part["post_norm"] + part["mlp"]
+        elif first_sites & {"gate_proj", "up_proj"}:
+            activations += part["mlp"]
+        activations += (model.num_layers - 1 - first) * full
+        activations += part["input_norm"]  # the final norm
+
+    hooks = 0
+    for sites in sites_by_layer.values():
+        if sites & set(_ATTENTION_SITES):
+            hooks += n * h * s
+        if "o_proj" in sites:
+            hooks += q * s
+        if sites & {"gate_proj", "up_proj"}:
+            hooks += n * h * s
+        if "down_proj" in sites:
+            hooks += n * i * s
+    hooks += sum(n * lin.r * a for lin in linears)
+
+    logits = n * v * s
+    chunk = min(max(batch.supervised, 1), loss_chunk_positions(v, max(4, s)))
+    # the chunk's upcast copy, and in half precision its pre-upcast copy or its cast back
+    loss_backward = n * v * s + chunk * v * (max(4, s) + (s if s < 4 else 0))
+    if settings.attn_implementation == "eager":
+        layer_backward = b * model.num_heads * t * t * (s + 8)
+    else:
+        layer_backward = 4 * q * s
+    layer_backward += 3 * n * i * s
+
+    out_bytes = 8 if s == 8 else 4
+    blocks = block_widths(linears, settings.block_granularity, settings.projection_dim)
+    total_dim = sum(d for d, _ in blocks)
+    stored = sum(w for _, w in blocks)
+    grads = b * total_dim * out_bytes
+    after = grads
+    if settings.normalization != "none":
+        after += b * total_dim * out_bytes
+    cache = 0
+    if settings.projection_dim:
+        widest = max((d for d, w in blocks if w < d), default=0)
+        after += b * stored * out_bytes + b * widest * out_bytes
+        if settings.projection_kind == "rademacher":
+            cache = sum(w * d for d, w in blocks if w < d)
+            after += settings.projection_dim * widest * out_bytes
+    capture = activations + hooks + grads + max(logits + loss_backward, layer_backward)
+    peak = weights + adapter + cache + max(capture, after)
+    writer = settings.chunk_size * stored * (2 * 4 + 3 * DTYPE_BYTES[settings.storage_dtype])
+    return MemoryEstimate(
+        weights=weights, adapter_weights=adapter, activations=activations, hook_inputs=hooks, logits=logits,
+        loss_backward=loss_backward, layer_backward=layer_backward, per_example_grads=grads, after_pass=after,
+        projection_cache=cache, peak=peak, writer_buffer=writer,
+    )

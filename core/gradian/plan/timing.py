@@ -1,0 +1,129 @@
+"""How long the index build will take, from a short measured run.
+
+Interface: ``calibrate_time(model, adapter, dataset, settings, ...) -> TimeEstimate``. A few
+batches are captured (after one warm-up batch) and the measured seconds per padded token are
+multiplied by the padded tokens of every batch of the dataset. Which model was measured is part
+of the answer (``source``):
+
+- ``real model``: the base weights and the adapter, when both are on disk, on the first rows of
+  the dataset;
+- ``random-init model``: the same config with random weights and a LoRA of the same rank and
+  targets, on random token ids of the dataset's first batch's shape, when the model has at most
+  ``max_random_parameters`` (speed does not depend on what the weights know);
+- ``not measured``, with the reason, otherwise.
+
+Linear in tokens: attention's quadratic share is folded into the rate at the calibration's
+length, so a dataset much longer than the calibrated rows is estimated low.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from gradian.plan.shapes import AdapterShape, DatasetShape, ModelShape
+
+__all__ = ["TimeEstimate", "calibrate_time", "MAX_RANDOM_PARAMETERS"]
+
+#: the largest model ``calibrate_time`` builds with random weights when no weights are given
+MAX_RANDOM_PARAMETERS = 600_000_000
+
+
+@dataclass
+class TimeEstimate:
+    """Predicted seconds of the whole index build, and how that was measured."""
+
+    seconds: float | None
+    seconds_per_token: float | None
+    source: str
+    measured_tokens: int = 0
+    device: str = "cpu"
+
+
+def _padded_tokens(dataset: DatasetShape, batch_size: int, limit: int | None) -> int:
+    lengths = [min(x, limit) if limit else x for x in dataset.lengths]
+    return sum(len(lengths[i : i + batch_size]) * max(lengths[i : i + batch_size])
+               for i in range(0, len(lengths), batch_size))
+
+
+def _random_model(model: ModelShape, adapter: AdapterShape, config_dict: dict[str, Any], dtype: Any,
+                  attn: str, device: Any) -> Any:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    data = dict(config_dict)
+    model_type = data.pop("model_type", model.model_type)
+    config = AutoConfig.for_model(model_type, **{k: v for k, v in data.items() if not k.startswith("_")})
+    config._attn_implementation = attn
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    targets = adapter.target_modules if isinstance(adapter.target_modules, str) else list(adapter.target_modules)
+    lora = LoraConfig(r=adapter.r, lora_alpha=2 * adapter.r, target_modules=targets, init_lora_weights=False,
+                      layers_to_transform=list(adapter.layers_to_transform) if adapter.layers_to_transform else None,
+                      task_type="CAUSAL_LM")
+    return get_peft_model(base, lora).to(device).eval()
+
+
+def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, config: Any, *,
+                   config_dict: dict[str, Any] | None = None, base: str | None = None, adapter_dir: str | None = None,
+                   tokenized: Sequence[Any] | None = None, pad_id: int = 0, batches: int = 2,
+                   max_random_parameters: int = MAX_RANDOM_PARAMETERS) -> TimeEstimate:
+    """Measure ``batches`` capture batches (after a warm-up) and scale to the whole dataset.
+
+    ``config`` is the ``GradianConfig`` the run will use (batch size, truncation, dtype, device,
+    attention). ``base`` + ``adapter_dir`` with ``tokenized`` rows: the real model on real rows.
+    Otherwise ``config_dict`` (the config.json) builds a random-init model of the same shape.
+    """
+    import torch
+
+    from gradian.grads import TokenBatch, capture_per_example_grads, collate, load_model_for_gradients, wrap_peft_model
+    from gradian.model_loading import resolve_device, resolve_dtype
+
+    grads = config.grads
+    size = grads.batch_size
+    total_tokens = _padded_tokens(dataset, size, grads.max_seq_length)
+    device = resolve_device(config.device)
+    if base and adapter_dir and tokenized:
+        gm = load_model_for_gradients(base, adapter_dir, config)
+        source = "real model"
+        rows = list(tokenized[: size * (batches + 1)])
+        make = [collate(rows[i : i + size], pad_id, gm.device) for i in range(0, len(rows), size)]
+    elif config_dict is not None and model.n_parameters <= max_random_parameters:
+        dtype = resolve_dtype(config.dtype, device)
+        gm = wrap_peft_model(_random_model(model, adapter, config_dict, dtype, config.attn_implementation, device), config)
+        source = "random-init model of the same config"
+        width = min(max(dataset.lengths[:size], default=16), grads.max_seq_length or 1 << 30)
+        rows_n = min(size, max(dataset.n, 1))
+        gen = torch.Generator().manual_seed(0)
+        make = []
+        for _ in range(batches + 1):
+            ids = torch.randint(0, model.vocab_size, (rows_n, width), generator=gen)
+            labels = ids.clone()
+            labels[:, : width // 2] = -100
+            make.append(TokenBatch(ids.to(device), torch.ones_like(ids).to(device), labels.to(device),
+                                   [str(i) for i in range(rows_n)]))
+    else:
+        why = (f"{model.n_parameters / 1e9:.2f}B parameters is more than a random-init calibration builds "
+               f"({max_random_parameters / 1e6:.0f}M); pass the base model directory and --adapter to time the real model"
+               if config_dict is not None else "no weights and no config to build a model from")
+        return TimeEstimate(None, None, f"not measured: {why}", device=str(device))
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    capture_per_example_grads(gm, make[0], grads.strategy, grads.loss_reduction)  # warm-up
+    sync()
+    start = time.perf_counter()
+    measured = 0
+    for batch in make[1:]:
+        capture_per_example_grads(gm, batch, grads.strategy, grads.loss_reduction)
+        measured += int(batch.input_ids.numel())
+    sync()
+    elapsed = time.perf_counter() - start
+    if measured == 0:
+        return TimeEstimate(None, None, f"not measured: the dataset has fewer than {size * 2} rows", device=str(device))
+    rate = elapsed / measured
+    return TimeEstimate(rate * total_tokens, rate, f"measured on the {source}", measured, str(device))
