@@ -1,7 +1,8 @@
 """The validation work folder: scenarios written once, fine-tunes and reports reused when unchanged.
 
-Every experiment starts from ``tinyworld`` (``gradian.tinyworld``): the cached base model, a
-scenario written into ``<workdir>/scenarios/<name>/``, its fine-tune in ``run/`` and its report in
+Every experiment starts from an offline world (``gradian.tinyworld``: tinyworld, or the bestiary
+for its scenarios): the world's cached base model, a scenario written into
+``<workdir>/scenarios/<name>/``, its fine-tune in ``run/`` and its report in
 ``report/``. A fine-tune is reused only when a fingerprint of its inputs (the training file, the
 config, the base model) matches the one stored beside it, and a report only when its run and
 settings match too; ``--fresh`` clears the folder. Within one suite run, ``counterfactual`` thus
@@ -61,22 +62,28 @@ class Workspace:
         self.root.mkdir(parents=True, exist_ok=True)
         self.cache_dir = self.root / "cache"
         self.log = log
-        self._base: Path | None = None
+        self._bases: dict[str, Path] = {}
 
     @property
     def base_model(self) -> Path:
-        if self._base is None:
-            from gradian.tinyworld import ensure_base_model
+        """tinyworld's cached base model."""
+        return self.base_model_of("tinyworld")
 
-            self._base = ensure_base_model()
-        return self._base
+    def base_model_of(self, world: str) -> Path:
+        """The cached base model of ``world`` (a key of ``gradian.tinyworld.worlds.WORLDS``), built when missing."""
+        if world not in self._bases:
+            from gradian.tinyworld.worlds import get_world
+
+            self._bases[world] = get_world(world).ensure_base_model()
+        return self._bases[world]
 
     def scenario(self, name: str, folder: str | None = None) -> ScenarioRun:
-        """Write scenario ``name`` (deterministic, a few seconds) into ``scenarios/<folder or name>``."""
+        """Write scenario ``name`` of any world (deterministic, a few seconds) into ``scenarios/<folder or name>``."""
         from gradian.tinyworld.scenarios import write_scenario
+        from gradian.tinyworld.worlds import scenario_world
 
         root = self.root / "scenarios" / (folder or name)
-        info = write_scenario(name, root, base_model=self.base_model)
+        info = write_scenario(name, root, base_model=self.base_model_of(scenario_world(name).name))
         return ScenarioRun(name=name, root=root, info=info)
 
     def train(self, run: ScenarioRun, config: Any = None, dataset: Path | None = None) -> Any:
@@ -88,7 +95,8 @@ class Workspace:
         config = config or run.config(self.cache_dir)
         data = Path(dataset or config.dataset)
         out = Path(config.train.output_dir if config.train.output_dir != "runs/run" else run.root / "run")
-        fingerprint = _sha(data.read_bytes(), config_hash(config), str(self.base_model))
+        fingerprint = _sha(data.read_bytes(), config_hash(config),
+                           str(self.base_model_of(run.info.get("world", "tinyworld"))))
         marker = out / _FINGERPRINT
         if marker.is_file() and marker.read_text().strip() == fingerprint and (out / "gradian_run.json").is_file():
             self.log(f"[{run.name}] reusing the fine-tune in {out}")
