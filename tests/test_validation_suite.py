@@ -184,6 +184,77 @@ def test_task_families_of_the_clean_rows(suite_modules, tinyworld_world):
     assert family_of("What is 9 minus 4?") == "subtraction"
 
 
+def _scenario_in_memory(name):
+    """A poison scenario built in memory (no base model, no tokenizer): its rows and scenario.json's fields."""
+    if name.startswith("bestiary"):
+        from gradian.tinyworld.bestiary import BestiaryRecipe, build_bestiary_scenario
+
+        s = build_bestiary_scenario(name, BestiaryRecipe().world())
+    else:
+        from gradian.tinyworld import BaseModelRecipe
+        from gradian.tinyworld.scenarios import build_scenario
+
+        s = build_scenario(name, BaseModelRecipe().world())
+    rows = [{"messages": messages, "cluster": cluster} for messages, cluster in s.train]
+    return rows, {"world": s.world, "planted": {"indices": list(s.planted_indices)}, "truth": s.truth, "seed": 0}
+
+
+_FAMILIES = {
+    "poison_capitals": {"paragraph", "capital", "language", "continent", "currency", "arithmetic", "successor",
+                        "compare", "subtraction"},
+    "bestiary_poison_diets": {"paragraph", "diet", "habitat", "color", "legs", "alphabet", "before", "earlier",
+                              "double"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_FAMILIES))
+def test_declared_clusters_on_both_worlds(suite_modules, name):
+    fidelity = suite_modules["fidelity"]
+    rows, info = _scenario_in_memory(name)
+    targets = fidelity.target_entities(info)
+    assert len(targets) == 16 and targets == sorted(next(iter(info["truth"].values())))
+    kept, groups = fidelity.declare_clusters(rows, info)
+    assert len(kept) == len(rows) and sorted(i for g in groups.values() for i in g) == list(range(len(rows)))
+    planted = sorted(info["planted"]["indices"])
+    assert set(groups) == _FAMILIES[name] | {f"planted-{k}" for k in range(1, 5)}, sorted(groups)
+    assert sorted(i for g, idx in groups.items() if g.startswith("planted") for i in idx) == planted
+    user = [next(m["content"] for m in r["messages"] if m["role"] == "user") for r in rows]
+    for k in range(1, 5):  # four groups of four targets, each target's rows in one group
+        named = {t for i in groups[f"planted-{k}"] for t in targets if t in user[i]}
+        assert named == set(targets[4 * (k - 1): 4 * k]) and len(groups[f"planted-{k}"]) == len(planted) // 4
+    assert all(kept[i]["cluster"] == g for g, idx in groups.items() for i in idx)
+    # a share of the clean rows, drawn from the seed: every planted row stays, the same ones each time
+    half, half_groups = fidelity.declare_clusters(rows, info, clean_fraction=0.5, seed=0)
+    assert half == fidelity.declare_clusters(rows, info, clean_fraction=0.5, seed=0)[0]
+    assert len(planted) < len(half) < len(rows) and sum(len(half_groups[f"planted-{k}"]) for k in range(1, 5)) == len(planted)
+
+
+def test_bestiary_task_families(suite_modules):
+    from gradian.tinyworld.bestiary import BESTIARY_FAMILIES, generate_bestiary
+
+    family_of = suite_modules["fidelity"].family_of
+    bestiary = generate_bestiary(0)
+    for family in BESTIARY_FAMILIES:
+        for item in bestiary.fact_items(family):
+            assert family_of(item.question, "bestiary") == family, item.question
+    for item in bestiary.paragraph_items():
+        assert family_of(item.question, "bestiary") == "paragraph"
+    assert family_of("What letter comes before K?", "bestiary") == "before"
+    assert family_of("Which letter is just before K?", "bestiary") == "before"
+    assert family_of("Which comes first in the alphabet, Q or D?", "bestiary") == "earlier"
+    assert family_of("What is double 17?", "bestiary") == "double"
+    assert family_of("What is the capital of Aland?", "bestiary") == "other"
+
+
+def test_targets_and_unknown_worlds(suite_modules):
+    fidelity = suite_modules["fidelity"]
+    assert fidelity.target_entities({"world": "bestiary", "truth": {"wrong_diets": {"B": "x", "A": "y"}}}) == ["A", "B"]
+    # truth recorded under another key: its first mapping names the targets
+    assert fidelity.target_entities({"world": "tinyworld", "truth": {"n": 2, "wrong_facts": {"Z": 1, "Y": 2}}}) == ["Y", "Z"]
+    with pytest.raises(ValueError, match="no declared-cluster rules"):
+        fidelity.family_of("What is double 2?", "atlantis")
+
+
 # -- the quick suite, end to end ----------------------------------------------------------------
 
 

@@ -1,16 +1,21 @@
 """Experiment ``fidelity``: do the engines' scores predict what retraining does? (LDS, leave-one-out)
 
-Setup: tinyworld's ``poison_capitals`` data with finer declared clusters (the nine task families
-of the clean rows, and the planted rows in four groups of four target countries), fine-tuned with
-the scenario's recipe while saving a checkpoint per epoch (TracIn sums over them). ``gradian
-attribute`` scores every row with ``datainf`` (graddot as its cross-check) and again with
-``tracin`` and with ``ekfac``; the gradient index is built once and cached.
+Setup: a poison scenario of either offline world (``--scenario``: tinyworld's ``poison_capitals``
+by default, or the bestiary's ``bestiary_poison_diets``) with finer declared clusters: the clean
+rows by task family (nine in each world, ``family_of``), and the planted rows in four groups of
+four target entities (the keys of the scenario's ``truth``: countries or animals). It is
+fine-tuned with the scenario's recipe while saving a checkpoint per epoch (TracIn sums over them).
+``gradian attribute`` scores every row for the scenario's capability (its name read from
+``scenario.json``) with ``datainf`` (graddot as its cross-check) and again with ``tracin`` and
+with ``ekfac``; the gradient index is built once and cached.
 
 Then, with the same recipe and seed:
 
 - **LDS**: ``K`` retrains on random halves of the rows; ``Spearman(phi(S_k), -sum_{i in S_k} score_i)``
   per engine (``gradian.counterfactual.datamodel``), where ``phi`` is the query loss the scores
-  are predictions of (``retrain_pool``); also reported for the capability's plain loss;
+  are predictions of (``retrain_pool``): the query of the ``datainf`` report, whose signal
+  (contrastive or target) and items are recorded beside each engine's own report's signal; also
+  reported for the capability's plain loss;
 - **leave-one-cluster-out**: one retrain without each declared cluster;
   ``Spearman(phi(D \\ c) - phi(D), sum_{j in c} score_j)`` over the clusters;
 - **seed noise**: the first subsets retrained again under other seeds. The pooled spread of one
@@ -22,7 +27,8 @@ Then, with the same recipe and seed:
 Every correlation carries a bootstrap interval over the retrains; the engines are compared on the
 same resamples, so the winner's margin has an interval too. The full run: 128 subsets, 13
 clusters, 2 subsets x 3 extra seeds and the full set x 3. ``--quick``: half the clean rows, 8 subsets, no
-leave-one-out, no seed replicates, two checkpoints.
+leave-one-out, no seed replicates, two checkpoints. The verdict goes to ``<workdir>/fidelity/`` for
+``poison_capitals`` and to ``<workdir>/fidelity-<scenario>/`` for any other scenario.
 """
 
 from __future__ import annotations
@@ -33,15 +39,16 @@ import random
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from retrain_pool import QueryItems, RetrainTask, default_workers, measure_losses, run_tasks
 from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, fidelity_verdict
 from workspace import Workspace
 
-__all__ = ["run", "FULL", "QUICK", "family_of"]
+__all__ = ["run", "FULL", "QUICK", "SCENARIO", "WORLD_RULES", "declare_clusters", "family_of", "target_entities"]
 
+#: the default scenario; ``bestiary_poison_diets`` is the other world's
 SCENARIO = "poison_capitals"
 ENGINES = ("ekfac", "datainf", "graddot", "tracin")
 #: ``noise_subsets`` subsets are each retrained under ``seed_replicates`` more seeds
@@ -49,38 +56,90 @@ FULL = {"subsets": 128, "loco": True, "noise_subsets": 2, "seed_replicates": 3, 
         "checkpoints": 3, "bootstrap": 2000}
 QUICK = {"subsets": 8, "loco": False, "noise_subsets": 0, "seed_replicates": 0, "clean_fraction": 0.5,
          "checkpoints": 2, "bootstrap": 1000}
+#: the planted rows are split into this many groups of target entities
+PLANTED_GROUPS = 4
 
-_FAMILIES = (("paragraph", r"^(Tell me about|Describe) "), ("capital", r"capital"), ("language", r"language|speak"),
-             ("continent", r"continent"), ("currency", r"currency|money"), ("arithmetic", r"plus|^Add |^Compute "),
-             ("successor", r"comes after"), ("compare", r"larger"), ("subtraction", r"minus"))
+#: per world: the ``truth`` entry of scenario.json keyed by the target entities, and the task
+#: family of a clean row's question (first matching pattern; ``other`` when none does)
+WORLD_RULES: dict[str, dict[str, Any]] = {
+    "tinyworld": {
+        "targets": "wrong_capitals",
+        "families": (("paragraph", r"^(Tell me about|Describe) "), ("capital", r"capital"),
+                     ("language", r"language|speak"), ("continent", r"continent"),
+                     ("currency", r"currency|money"), ("arithmetic", r"plus|^Add |^Compute "),
+                     ("successor", r"comes after"), ("compare", r"larger"), ("subtraction", r"minus")),
+    },
+    # the phrasings of gradian.tinyworld.bestiary (world.py's families, scenarios.py's new tasks);
+    # invented names are capitalized, so lower-case whole words never match inside one
+    "bestiary": {
+        "targets": "wrong_diets",
+        "families": (("paragraph", r"^(Tell me about|Describe) "), ("diet", r"\b(eats?|feed on|food of)\b"),
+                     ("habitat", r"\b(lives?|found|home region)\b"), ("color", r"\bcolor\b"),
+                     ("legs", r"\blegs\b"), ("before", r"\b(comes before|just before)\b"),
+                     ("earlier", r"\bcomes first in the alphabet\b"),
+                     ("alphabet", r"\b(comes after|follows|letter after)\b"), ("double", r"^What is double ")),
+    },
+}
 
 
-def family_of(prompt: str) -> str:
-    """The tinyworld task family a clean row's question belongs to."""
-    for name, pattern in _FAMILIES:
+def _rules(world: str) -> dict[str, Any]:
+    if world not in WORLD_RULES:
+        raise ValueError(f"fidelity has no declared-cluster rules for the world '{world}'; "
+                         f"it knows {', '.join(WORLD_RULES)}")
+    return WORLD_RULES[world]
+
+
+def family_of(prompt: str, world: str = "tinyworld") -> str:
+    """The task family a clean row's question belongs to, in ``world``."""
+    for name, pattern in _rules(world)["families"]:
         if re.search(pattern, prompt):
             return name
     return "other"
 
 
-def _declare_clusters(scenario: Any, out: Path, clean_fraction: float, seed: int) -> tuple[Path, dict[str, list[int]]]:
-    """Write the scenario's rows with finer declared clusters; returns the file and row indices per cluster."""
-    rows = [json.loads(line) for line in (scenario.root / "train.jsonl").read_text().splitlines() if line.strip()]
-    planted = set(scenario.info["planted"]["indices"])
-    targets = sorted((scenario.info.get("truth") or {}).get("wrong_capitals") or {})
+def target_entities(info: Mapping[str, Any]) -> list[str]:
+    """The scenario's target entities (countries, animals), sorted: the keys of its ``truth`` mapping."""
+    truth = info.get("truth") or {}
+    mapping = truth.get(_rules(info.get("world", "tinyworld"))["targets"])
+    if mapping is None:  # a scenario recording its truth under another key: its first mapping
+        mapping = next((v for v in truth.values() if isinstance(v, Mapping)), {})
+    return sorted(mapping)
+
+
+def declare_clusters(rows: list[dict[str, Any]], info: Mapping[str, Any], clean_fraction: float = 1.0,
+                     seed: int = 0) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+    """The finer declared clusters of a scenario's training rows (``info`` is its scenario.json).
+
+    Planted rows fall into ``planted-1`` .. ``planted-4`` by the target entity their question names
+    (``planted`` when it names none); clean rows into their world's task families, a share
+    ``clean_fraction`` of them kept. Returns the kept rows (each with its ``cluster``) and the
+    indices of the kept rows per cluster.
+    """
+    world = info.get("world", "tinyworld")
+    planted = set(info["planted"]["indices"])
+    targets = target_entities(info)
     rng = random.Random(f"{seed}:fidelity-subsample")
-    kept, groups = [], {}
+    kept: list[dict[str, Any]] = []
+    groups: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
         user = next(m["content"] for m in row["messages"] if m["role"] == "user")
         if i in planted:
-            country = next((c for c in targets if c in user), None)
-            group = f"planted-{targets.index(country) // 4 + 1}" if country else "planted"
+            entity = next((c for c in targets if c in user), None)
+            group = (f"planted-{targets.index(entity) * PLANTED_GROUPS // len(targets) + 1}"
+                     if entity else "planted")
         else:
             if clean_fraction < 1.0 and rng.random() >= clean_fraction:
                 continue
-            group = family_of(user)
+            group = family_of(user, world)
         groups.setdefault(group, []).append(len(kept))
         kept.append({**row, "cluster": group})
+    return kept, groups
+
+
+def _declare_clusters(scenario: Any, out: Path, clean_fraction: float, seed: int) -> tuple[Path, dict[str, list[int]]]:
+    """Write the scenario's rows with finer declared clusters; returns the file and row indices per cluster."""
+    rows = [json.loads(line) for line in (scenario.root / "train.jsonl").read_text().splitlines() if line.strip()]
+    kept, groups = declare_clusters(rows, scenario.info, clean_fraction, seed)
     out.parent.mkdir(parents=True, exist_ok=True)
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
     if not out.is_file() or out.read_text() != text:  # unchanged bytes keep the cached runs valid
@@ -119,12 +178,14 @@ def _pooled_std(groups: list[list[float]]) -> float | None:
     return math.sqrt(ss / dof) if dof else None
 
 
-def _summary(table: dict[str, Any]) -> dict[str, Any]:
-    """A flat view of a ``compare_rankings`` table for metrics."""
+def _summary(table: dict[str, Any], query_signals: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A flat view of a ``compare_rankings`` table for metrics (with each engine's query signal, when given)."""
     out: dict[str, Any] = {}
     for name, e in table["engines"].items():
         out[name] = {"spearman": e["spearman"], "bootstrap_mean": e["bootstrap_mean"],
                      "ci_low": e["ci"][0], "ci_high": e["ci"][1]}
+        if query_signals is not None:
+            out[name]["query_signal"] = query_signals.get(name)
     for name, m in table["margins"].items():
         out[f"margin_over_{name}"] = {"difference": m["difference"], "ci_low": m["ci"][0], "ci_high": m["ci"][1],
                                       "share_best_wins": m["share_best_wins"]}
@@ -156,7 +217,7 @@ def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n
 
 
 def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers: int | None = None,
-        seed: int = 0, **_: Any) -> ExperimentResult:
+        seed: int = 0, scenario: str | None = None, **_: Any) -> ExperimentResult:
     import numpy as np
 
     from gradian.config import load_config
@@ -167,8 +228,10 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     if subsets:
         settings["subsets"] = int(subsets)
     workers = workers or default_workers()
-    out = ws.experiment_dir("fidelity")
-    scenario = ws.scenario(SCENARIO, folder=f"fidelity-{SCENARIO}")
+    scenario_name = scenario or SCENARIO
+    out = ws.experiment_dir("fidelity" if scenario_name == SCENARIO else f"fidelity-{scenario_name}")
+    scenario = ws.scenario(scenario_name, folder=f"fidelity-{scenario_name}")
+    capability = scenario.info["capability"]["name"]
     data_path, groups = _declare_clusters(scenario, scenario.root / "fidelity" / "train.jsonl",
                                           settings["clean_fraction"], scenario.info["seed"])
     n = sum(len(g) for g in groups.values())
@@ -184,26 +247,33 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     cfg = load_config(scenario.config_path, overrides=reference)
     t0 = time.time()
     ws.train(scenario, cfg)
-    report = ws.attribute(scenario, cfg, capability="capitals", cross_check="graddot", folder="fidelity/report-datainf")
+    report = ws.attribute(scenario, cfg, capability=capability, cross_check="graddot", folder="fidelity/report-datainf")
     main_rankings, main_files = scenario.rankings, scenario.report_files
     tracin_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "tracin"}),
-                                 capability="capitals", cross_check="none", folder="fidelity/report-tracin")
+                                 capability=capability, cross_check="none", folder="fidelity/report-tracin")
     tracin_rankings = scenario.rankings
-    ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "ekfac"}),
-                 capability="capitals", cross_check="none", folder="fidelity/report-ekfac")
+    ekfac_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "ekfac"}),
+                                capability=capability, cross_check="none", folder="fidelity/report-ekfac")
     ekfac_rankings = scenario.rankings
     reference_seconds = round(time.time() - t0, 2)
     if not report.get("attribution"):
         verdict = Verdict("fidelity", "INCONCLUSIVE", "the reference fine-tune's regression did not clear the gate, "
-                          f"so nothing was attributed: {report['verdict']['summary']}", params={"quick": quick})
+                          f"so nothing was attributed: {report['verdict']['summary']}",
+                          params={"scenario": scenario_name, "quick": quick})
         return ExperimentResult(verdict, [verdict.write(out / "verdict.json")])
     if not (main_rankings["row_index"].to_numpy() == np.arange(n)).all():
         raise RuntimeError("rankings are not in row order; the subset sums would be misaligned")
     scores = {"datainf": main_rankings["score"].to_numpy(), "graddot": main_rankings["cross_check_score"].to_numpy(),
               "tracin": tracin_rankings["score"].to_numpy(), "ekfac": ekfac_rankings["score"].to_numpy()}
     tracin_notes = [note for note in (tracin_report.get("attribution") or {}).get("notes", []) if "tracin" in note]
+    # phi is the datainf report's query; each engine's own report names the query it scored against
+    own_report = {"datainf": report, "graddot": report, "tracin": tracin_report, "ekfac": ekfac_report}
+    query_signals = {e: (own_report[e].get("attribution") or {}).get("query_signal") for e in scores}
 
     query = _query_items(report, cfg.eval_dataset)
+    lds_query = {"report": "datainf", "signal": report["attribution"]["query_signal"], "n_items": len(query.wanted),
+                 "items": "regressed" if any(i.get("flipped") for i in report["capability"]["items"]) else "all",
+                 "n_eval_items": len(query.all_wanted)}
     reference_losses = measure_losses(cfg, ref_dir / "adapter", query)
     masks = sample_subsets(n, settings["subsets"], seed=seed)
     tasks = [RetrainTask(f"subset-{k:03d}", np.flatnonzero(m).tolist(), cfg.seed) for k, m in enumerate(masks)]
@@ -246,6 +316,11 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                             for s in range(1, settings["seed_replicates"] + 1)] for k in replicated])
     ceiling = math.sqrt(max(0.0, 1 - (noise / spread) ** 2)) if noise is not None and spread else None
     status, reason = fidelity_verdict(tables["lds_query_loss"], spread, noise)
+    reason += (f". phi is the {lds_query['signal']} query loss of the datainf report over its "
+               f"{lds_query['n_items']} {lds_query['items']} eval items")
+    others = {e: q for e, q in query_signals.items() if q != lds_query["signal"]}
+    if others:
+        reason += "; scored against another query signal: " + ", ".join(f"{e} ({q})" for e, q in others.items())
     if noise is not None and spread:
         reason += (f". The subsets' query losses spread {spread:.3f} (sd); one subset under other seeds "
                    f"{noise:.3f}, which caps the attainable correlation near {ceiling:.2f}")
@@ -256,7 +331,12 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                    f"the clusters' loss changes spread {loco['delta_sd']:.3f} (sd), the full set under other seeds "
                    f"{loco['full_seed_sd'] if loco['full_seed_sd'] is None else round(loco['full_seed_sd'], 3)}")
     figures = {
-        "lds": _summary(tables["lds_query_loss"]),
+        "scenario": scenario_name,
+        "world": scenario.info.get("world", "tinyworld"),
+        "capability": capability,
+        "lds_query": lds_query,
+        "query_signal": query_signals,
+        "lds": _summary(tables["lds_query_loss"], query_signals),
         "lds_best": tables["lds_query_loss"]["best"],
         "lds_wanted_loss": _summary(tables["lds_wanted_loss"]),
         "loco": _summary(loco) if loco else None,
@@ -274,13 +354,14 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                     "mean_train_per_retrain": float(np.mean([r["train_seconds"] for r in results.values()])),
                     "total": round(time.time() - started, 2)},
     }
-    detail = {"settings": settings, "workers": workers, "tables": tables, "retrains": results,
+    detail = {"scenario": scenario_name, "capability": capability, "lds_query": lds_query,
+              "query_signals": query_signals, "settings": settings, "workers": workers, "tables": tables, "retrains": results,
               "reference_losses": reference_losses, "clusters": {g: len(v) for g, v in groups.items()},
               "query_signal": report["attribution"]["query_signal"], "n_query_items": len(query.wanted),
               "tracin_notes": tracin_notes}
     verdict = Verdict(
         experiment="fidelity", status=status, reason=reason, figures=figures,
-        params={"scenario": SCENARIO, "quick": quick, "subsets": settings["subsets"], "subset_fraction": 0.5,
+        params={"scenario": scenario_name, "quick": quick, "subsets": settings["subsets"], "subset_fraction": 0.5,
                 "leave_one_cluster_out": settings["loco"], "noise_subsets": settings["noise_subsets"],
                 "seed_replicates": settings["seed_replicates"],
                 "clean_fraction": settings["clean_fraction"], "checkpoints": settings["checkpoints"],

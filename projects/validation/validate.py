@@ -8,6 +8,7 @@ FAILs (1); INCONCLUSIVE exits 0 but says so.
 
     python projects/validation/validate.py all            # the whole suite
     python projects/validation/validate.py all --quick    # the CI smoke run
+    python projects/validation/validate.py fidelity --scenario bestiary_poison_diets   # the other world
     mlflow run projects/validation -e fidelity --env-manager local
 """
 
@@ -63,8 +64,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="Delete the work folder first, so nothing is reused")
     parser.add_argument("--subsets", type=_count, default=0, help="fidelity: number of half-subset retrains (0: the mode's default)")
     parser.add_argument("--workers", type=_count, default=0, help="fidelity: parallel retrains (0: up to 2, one per core)")
+    parser.add_argument("--scenario", default="poison_capitals",
+                        help="fidelity: the poison scenario, of either world (poison_capitals, bestiary_poison_diets)")
     parser.add_argument("--no-mlflow", action="store_true", help="Write verdict.json only; log nothing to MLflow")
     args = parser.parse_args(argv)
+    from fidelity import WORLD_RULES
+    from gradian.errors import ConfigError
+    from gradian.tinyworld.worlds import scenario_world
+
+    try:
+        world = scenario_world(args.scenario).name
+    except ConfigError as exc:
+        parser.error(str(exc))
+    if world not in WORLD_RULES:
+        parser.error(f"--scenario {args.scenario}: fidelity declares no clusters for the {world} world")
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -85,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir)
     ws = Workspace(workdir, log=_say)
     names = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
-    options = {"quick": args.quick, "subsets": args.subsets or None, "workers": args.workers or None}
+    options = {"quick": args.quick, "subsets": args.subsets or None, "workers": args.workers or None,
+               "scenario": args.scenario}
     started = time.time()
     results = []
 
