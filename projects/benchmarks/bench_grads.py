@@ -2,11 +2,16 @@
 
 1. Per-example gradient capture on a random 4-layer, 256-hidden Llama with LoRA r=8 on all seven
    sites: seconds per example of ``hooks``, ``loop`` and ``vmap``, each divided by a plain
-   forward+backward of the same batch (the floor: no per-example gradients at all).
+   forward+backward of the same batch (the floor: no per-example gradients at all). ``hooks`` and
+   the floor alternate within one run, and the ratio is the median over repeats of each repeat's
+   ratio, so load from other processes on the host hits both sides alike.
 2. DataInf scoring: milliseconds per training example per query at n = 2,000 and 20,000, one
    query at a time and eight at once.
 3. Index size: bytes per example on disk for float32, float16, a countsketch projection and a
    ``down_proj``-only filter.
+4. Index read throughput: every chunk read through ``GradientIndex.iter_chunks`` into float32
+   blocks (the first pass also checks each file's sha256, as scoring's first read does; the
+   second is served from the page cache), against ``np.copyto`` of the same bytes in memory.
 
 Run: ``python projects/benchmarks/bench_grads.py [--quick] [--out results.json]``. Random weights
 are fine here: timing and sizes do not depend on what the model knows.
@@ -76,9 +81,21 @@ def bench_capture(args) -> dict:
 
     out = {"model": f"llama {args.layers} layers x {args.hidden} hidden, LoRA r={args.r} on 7 sites",
            "lora_values_per_example": gm.dim, "batch": args.batch, "seq": args.seq, "threads": torch.get_num_threads()}
-    base = timed(plain, args.repeats)
-    base = min(base, timed(plain, args.repeats))  # twice: the first call also pays allocator warm-up
+    plain()  # warm-up
+    capture_per_example_grads(gm, batch, "hooks")
+    floor, hooked = [], []
+    for _ in range(args.repeats * 2 + 1):
+        start = time.perf_counter()
+        plain()
+        floor.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        capture_per_example_grads(gm, batch, "hooks")
+        hooked.append(time.perf_counter() - start)
+    base = float(np.median(floor))
     out["plain_forward_backward_s_per_example"] = base / args.batch
+    out["hooks_over_plain_median_of_ratios"] = float(np.median(np.array(hooked) / np.array(floor)))
+    out["hooks_over_plain_ratio_of_medians"] = float(np.median(hooked)) / base
+    out["repeats"] = len(floor)
     hooks = capture_per_example_grads(gm, batch, "hooks")
     loop = capture_per_example_grads(gm, batch, "loop")
     out["hooks_vs_loop_max_abs_diff_fp32"] = max(float((hooks[k] - loop[k]).abs().max()) for k in hooks)
@@ -146,6 +163,44 @@ def bench_index_size(args) -> dict:
     return out
 
 
+def bench_index_read(args) -> dict:
+    from gradian.config import load_config
+    from gradian.data import dataset_from_rows
+    from gradian.grads import wrap_peft_model
+    from gradian.index import GradientIndex
+
+    from tests.plugins.chat_tokenizer import build_chat_tokenizer
+
+    tokenizer = build_chat_tokenizer()
+    model = build_model(args.layers, args.hidden, args.r, max(args.vocab, 64))
+    rows = [{"prompt": f"what is fact {i} ?", "completion": "it is " + "so " * (1 + i % 7)} for i in range(args.read_n)]
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        config = load_config(overrides={"cache_dir": tmp, "grads.chunk_size": 64, "grads.batch_size": 16})
+        built = GradientIndex.build(wrap_peft_model(model, config), tokenizer, dataset_from_rows(rows), config)
+        size = built.disk_bytes()
+
+        def read(index) -> float:
+            start = time.perf_counter()
+            for _, chunk in index.iter_chunks():
+                for view in chunk.values():
+                    np.asarray(view, dtype=np.float32).copy()
+            return time.perf_counter() - start
+
+        first = read(GradientIndex.open(built.root))  # sha256 of every file, then the reads
+        again = GradientIndex.open(built.root)
+        again._verify_data()  # hash outside the timing: the warm read alone
+        warm = min(read(again) for _ in range(3))
+        src = np.concatenate([np.load(p) for p in sorted((built.root / "chunks").glob("?????.npy"))], axis=0)
+        dst = np.empty_like(src)
+        copy = timed(lambda: np.copyto(dst, src), 3)
+        gb = src.nbytes / 1e9
+        out = {"examples": built.n, "data_bytes": int(src.nbytes), "files_bytes": int(size),
+               "first_read_with_sha256_GBps": gb / first, "warm_read_GBps": gb / warm, "memory_copy_GBps": gb / copy,
+               "warm_read_over_memory_copy": copy / warm}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Smaller sizes, for a smoke run")
@@ -156,7 +211,10 @@ def main() -> None:
     args.score_n = [2000, 20000] if not args.quick else [200, 2000]
     args.score_width = 28 * 1024
     args.index_n = 128 if not args.quick else 16
-    results = {"capture": bench_capture(args), "datainf": bench_datainf(args), "index_size": bench_index_size(args)}
+    args.read_n = 512 if not args.quick else 64
+    torch.set_num_threads(1)
+    results = {"capture": bench_capture(args), "datainf": bench_datainf(args), "index_size": bench_index_size(args),
+               "index_read": bench_index_read(args)}
     text = json.dumps(results, indent=2)
     print(text)
     if args.out:

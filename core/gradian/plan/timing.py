@@ -8,8 +8,9 @@ of the answer (``source``):
 - ``real model``: the base weights and the adapter, when both are on disk, on the first rows of
   the dataset;
 - ``random-init model``: the same config with random weights and a LoRA of the same rank and
-  targets, on random token ids of the dataset's first batch's shape, when the model has at most
-  ``max_random_parameters`` (speed does not depend on what the weights know);
+  targets, on random token ids of the dataset's first batch's shape (at most ``CPU_TOKENS`` per
+  batch on a CPU), when the model has at most ``MAX_RANDOM_PARAMETERS`` for the device (speed does
+  not depend on what the weights know);
 - ``not measured``, with the reason, otherwise.
 
 Linear in tokens: attention's quadratic share is folded into the rate at the calibration's
@@ -24,10 +25,14 @@ from typing import Any, Sequence
 
 from gradian.plan.shapes import AdapterShape, DatasetShape, ModelShape
 
-__all__ = ["TimeEstimate", "calibrate_time", "MAX_RANDOM_PARAMETERS"]
+__all__ = ["TimeEstimate", "calibrate_time", "MAX_RANDOM_PARAMETERS", "CPU_TOKENS"]
 
-#: the largest model ``calibrate_time`` builds with random weights when no weights are given
-MAX_RANDOM_PARAMETERS = 600_000_000
+#: the largest model ``calibrate_time`` builds with random weights, by device type: a few batches
+#: of a bigger one take minutes on a CPU, and on a GPU the build itself does
+MAX_RANDOM_PARAMETERS = {"cpu": 150_000_000, "cuda": 3_000_000_000}
+
+#: padded tokens per calibration batch of a random-init model on a CPU
+CPU_TOKENS = 1024
 
 
 @dataclass
@@ -69,7 +74,7 @@ def _random_model(model: ModelShape, adapter: AdapterShape, config_dict: dict[st
 def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, config: Any, *,
                    config_dict: dict[str, Any] | None = None, base: str | None = None, adapter_dir: str | None = None,
                    tokenized: Sequence[Any] | None = None, pad_id: int = 0, batches: int = 2,
-                   max_random_parameters: int = MAX_RANDOM_PARAMETERS) -> TimeEstimate:
+                   max_random_parameters: int | None = None) -> TimeEstimate:
     """Measure ``batches`` capture batches (after a warm-up) and scale to the whole dataset.
 
     ``config`` is the ``GradianConfig`` the run will use (batch size, truncation, dtype, device,
@@ -85,6 +90,8 @@ def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetSha
     size = grads.batch_size
     total_tokens = _padded_tokens(dataset, size, grads.max_seq_length)
     device = resolve_device(config.device)
+    if max_random_parameters is None:
+        max_random_parameters = MAX_RANDOM_PARAMETERS.get(device.type, MAX_RANDOM_PARAMETERS["cpu"])
     if base and adapter_dir and tokenized:
         gm = load_model_for_gradients(base, adapter_dir, config)
         source = "real model"
@@ -96,6 +103,9 @@ def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetSha
         source = "random-init model of the same config"
         width = min(max(dataset.lengths[:size], default=16), grads.max_seq_length or 1 << 30)
         rows_n = min(size, max(dataset.n, 1))
+        if device.type == "cpu":
+            width = min(width, CPU_TOKENS)
+            rows_n = max(1, min(rows_n, CPU_TOKENS // width))
         gen = torch.Generator().manual_seed(0)
         make = []
         for _ in range(batches + 1):
@@ -105,8 +115,9 @@ def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetSha
             make.append(TokenBatch(ids.to(device), torch.ones_like(ids).to(device), labels.to(device),
                                    [str(i) for i in range(rows_n)]))
     else:
-        why = (f"{model.n_parameters / 1e9:.2f}B parameters is more than a random-init calibration builds "
-               f"({max_random_parameters / 1e6:.0f}M); pass the base model directory and --adapter to time the real model"
+        why = (f"{model.n_parameters / 1e9:.2f}B parameters is more than a random-init calibration builds on "
+               f"{device.type} ({max_random_parameters / 1e6:.0f}M); pass the base model directory and --adapter to time "
+               "the real model"
                if config_dict is not None else "no weights and no config to build a model from")
         return TimeEstimate(None, None, f"not measured: {why}", device=str(device))
 
