@@ -80,16 +80,19 @@ def plan_command(
 
     estimate = None
     if not no_calibrate:
-        from gradian.plan.timing import calibrate_time
+        from gradian.plan.timing import TimeEstimate, calibrate_time
 
-        config_dict = _config_dict(source)
-        has_weights = bool(cfg.base_model and cfg.adapter_path and Path(cfg.base_model).is_dir()
-                           and any(Path(cfg.base_model).glob("*.safetensors")))
-        run_cfg = cfg if device == "cpu" or cfg.device != "auto" else load_config(config, {"device": device})
-        estimate = calibrate_time(model, lora, shape, run_cfg, config_dict=config_dict,
-                                  base=cfg.base_model if has_weights else None,
-                                  adapter_dir=cfg.adapter_path if has_weights else None,
-                                  tokenized=tokenized if has_weights else None, pad_id=pad_id)
+        if device == "cuda" and _device("auto") != "cuda":
+            estimate = TimeEstimate(None, None, "not measured: planning for cuda on a host with no visible CUDA device",
+                                    device="cpu")
+        else:
+            has_weights = bool(cfg.base_model and cfg.adapter_path and Path(cfg.base_model).is_dir()
+                               and any(Path(cfg.base_model).glob("*.safetensors")))
+            estimate = calibrate_time(model, lora, shape, dataclasses.replace(cfg, device=device),
+                                      config_dict=_config_dict(source),
+                                      base=cfg.base_model if has_weights else None,
+                                      adapter_dir=cfg.adapter_path if has_weights else None,
+                                      tokenized=tokenized if has_weights else None, pad_id=pad_id)
 
     if as_json:
         data = dataclasses.asdict(plan)
@@ -99,7 +102,8 @@ def plan_command(
     else:
         _print_plan(plan, estimate, print_line, print_table, format_size)
     if not plan.fits:
-        print_line(_over_budget_line(plan, format_size), "yellow")
+        # on stderr under --json, so stdout stays one JSON document
+        print_line(_over_budget_line(plan, format_size), "yellow", err=as_json)
         if fail_if_over:
             raise typer.Exit(1)
 

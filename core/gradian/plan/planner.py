@@ -115,7 +115,8 @@ class Plan:
     n_blocks: int
     values_per_example: int
     stored_per_example: int
-    #: the batch whose predicted peak is highest, and that prediction
+    #: the batch shape priced: per row count, the widest batch's width and the most supervised
+    #: positions of any batch (every term grows with both, so this bounds every batch)
     worst_batch: BatchShape
     memory: MemoryEstimate
     index_bytes: int
