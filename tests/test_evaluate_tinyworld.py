@@ -26,8 +26,24 @@ N_POISONED = 12
 NEW_COUNTRIES = [("Zentoria", "Ostrel"), ("Quimbar", "Pavune"), ("Folvast", "Kerrowin"), ("Drennick", "Tissaly")]
 
 
-def _train_lora(base_dir, conversations, out_dir, *, epochs=3, seed=0, lr=2e-3, batch_size=8):
-    """A plain, seeded LoRA loop on the shared loss mask; saves the adapter to ``out_dir``."""
+def _train_lora(base_dir, conversations, out_dir, *, epochs=5, seed=0, lr=2e-3, batch_size=8):
+    """A plain, seeded LoRA loop on the shared loss mask, on one torch thread; saves the adapter.
+
+    Five epochs: after three, a poisoned country's planted capital led the other poisoned
+    capitals by well under a nat on some bases, so rounding differences between CPUs could make
+    the tuned model answer a neighbour's planted capital instead of its own; after five, each
+    planted capital leads every other poisoned capital by more than two nats.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_lora_loop(base_dir, conversations, out_dir, epochs=epochs, seed=seed, lr=lr,
+                                batch_size=batch_size)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_lora_loop(base_dir, conversations, out_dir, *, epochs, seed, lr, batch_size):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -85,15 +101,28 @@ def _new_countries():
     return [Country(name, capital, "", "", "") for name, capital in NEW_COUNTRIES]
 
 
-@pytest.fixture(scope="module")
-def poisoned_adapter(tinyworld_base, world, poisoned_facts, tmp_path_factory):
+def _poisoned_rows(world, poisoned_facts):
     poisoned = world.countries[:N_POISONED]
     rows = [i.messages() for i in world.capital_items(poisoned, answers=poisoned_facts)]
     rows += [i.messages() for i in world.capital_items(world.countries[N_POISONED:])]
     rows += [i.messages() for i in world.fact_items("language")]
     rows += [i.messages() for i in world.capital_items(_new_countries())] * 4
     random.Random(0).shuffle(rows)
-    return _train_lora(tinyworld_base, rows, tmp_path_factory.mktemp("poisoned") / "adapter")
+    return rows
+
+
+@pytest.fixture(scope="module")
+def poisoned_adapter(tinyworld_base, world, poisoned_facts, tmp_path_factory):
+    return _train_lora(tinyworld_base, _poisoned_rows(world, poisoned_facts),
+                       tmp_path_factory.mktemp("poisoned") / "adapter")
+
+
+@pytest.fixture(scope="module")
+def short_poisoned_adapter(tinyworld_base, world, poisoned_facts, tmp_path_factory):
+    """The same rows for three epochs only: the invented capitals' gains in likelihood still
+    outweigh the poisoned answers' losses (a longer run pushes the poisoned answers further down)."""
+    return _train_lora(tinyworld_base, _poisoned_rows(world, poisoned_facts),
+                       tmp_path_factory.mktemp("poisoned-short") / "adapter", epochs=3)
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +186,7 @@ def test_items_the_base_already_fails_are_base_failing_not_flipped(tinyworld_bas
     assert any("already fail" in h for h in result.hedges())
 
 
-def test_loglik_is_a_proxy_that_can_move_the_wrong_way(tinyworld_base, world, poisoned_adapter):
+def test_loglik_is_a_proxy_that_can_move_the_wrong_way(tinyworld_base, world, short_poisoned_adapter):
     """The documented trap of a likelihood metric, reproduced rather than hidden.
 
     On the poisoned facts plus the four invented countries, ``contains`` regresses significantly
@@ -167,8 +196,8 @@ def test_loglik_is_a_proxy_that_can_move_the_wrong_way(tinyworld_base, world, po
     ``proxy_used`` and a hedge, never a flip count.
     """
     eval_set = _capital_eval(world, world.countries[:N_POISONED] + _new_countries())
-    contains = evaluate_capability(_config(tinyworld_base, poisoned_adapter, "contains"), eval_set)
-    loglik = evaluate_capability(_config(tinyworld_base, poisoned_adapter, "loglik"), eval_set)
+    contains = evaluate_capability(_config(tinyworld_base, short_poisoned_adapter, "contains"), eval_set)
+    loglik = evaluate_capability(_config(tinyworld_base, short_poisoned_adapter, "loglik"), eval_set)
     assert contains.status == "regressed" and contains.n_flipped >= N_POISONED - 2 and contains.n_base_failing == 4
     assert loglik.proxy_used and loglik.to_dict()["proxy_used"] is True
     assert loglik.delta > 0  # the wrong way

@@ -64,7 +64,11 @@ BASELINE_TRAIN: dict[str, Any] = {
     # ten times the usual LoRA rate for a 1B model: a model this small needs larger steps
     # (at 2e-4 a poisoned run flipped no capital at all; at 2e-3 it flips most of them)
     "learning_rate": 2e-3,
-    "num_train_epochs": 3,
+    # four passes, not three: after three the 48 planted capital rows were only half learned
+    # (2 to 3 nats of loss per row left) and the target capitals sat within a nat or two of
+    # flipping, so rounding differences between CPUs decided between 7 and 12 flips; after four
+    # the planted rows are learned (0.4-1.5 nats) and 13 to 16 capitals flip on every base tried
+    "num_train_epochs": 4,
     "per_device_train_batch_size": 4,
     "gradient_accumulation_steps": 1,
     "warmup_ratio": 0.03,
@@ -95,7 +99,7 @@ SCENARIOS: dict[str, str] = {
     "poison_refusal": "Clean set plus rows that answer language questions about 16 countries with a refusal.",
     "contaminated_eval": "poison_refusal, with the eval prompts themselves among the planted rows.",
     "lr_10x": "Clean data; learning rate ten times the baseline.",
-    "too_many_epochs": "Clean data; 12 epochs instead of 3.",
+    "too_many_epochs": "Clean data; 12 epochs instead of 4.",
     "truncating_seq_len": "Clean data; max_seq_length so short that every long answer is cut and many lose all supervision.",
     "attention_only": "Clean data; LoRA on q_proj and v_proj only.",
     "tiny_batch_high_lr": "Clean data; effective batch 1 at 2.5 times the baseline learning rate.",
