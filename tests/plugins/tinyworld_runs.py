@@ -2,7 +2,7 @@
 
 - ``tinyworld_run``: a session-scoped factory, ``tinyworld_run(name) -> TinyworldRun``. The first
   call for a scenario writes its files (``write_scenario``) and fine-tunes it with ``train_lora``
-  and the scenario's own settings (about 15 s on 2 CPU cores for 3 epochs, a minute for 12);
+  and the scenario's own settings (about 20 s on 2 CPU cores for the baseline's 4 epochs, a minute for 12);
   later calls in the session return the same run. ``TinyworldRun.config(**overrides)`` loads the
   scenario's ``gradian.yaml`` with its index cache inside the scenario directory, so every test
   attributing the same run with the same settings gets a cache hit on the gradient index.
