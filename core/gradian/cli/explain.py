@@ -15,6 +15,7 @@ def explain_command(
     report: Path = typer.Option(..., "--report", help="The folder `gradian attribute --out` wrote (or its report.json)"),
     item: Optional[str] = typer.Option(None, "--item", help="The eval item to build the query from (default: the item the row hurts most)"),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config to use instead of the one the report recorded"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Score the tokens against the query gradient (graddot, the default) or DataInf's preconditioned query (datainf)"),
     words: int = typer.Option(8, "--words", help="How many of the most harmful words to list"),
     as_json: bool = typer.Option(False, "--json", help="Print the explanation as JSON"),
 ) -> None:
@@ -23,10 +24,13 @@ def explain_command(
 
     from rich.console import Console
 
-    from gradian.explain import explain_from_report
+    from gradian.errors import ConfigError
+    from gradian.explain import DIRECT_ENGINES, explain_from_report
 
+    if engine is not None and engine not in DIRECT_ENGINES:
+        raise ConfigError(f"--engine {engine!r}: spans can be scored with {' or '.join(DIRECT_ENGINES)}")
     console = Console(stderr=True)
-    explanation = explain_from_report(report, example_id, item, config,
+    explanation = explain_from_report(report, example_id, item, config, engine=engine,
                                       log=lambda message: console.print(f"[dim]{message}[/]", highlight=False))
     if as_json:
         print(json.dumps(explanation.to_dict(), indent=2))

@@ -16,11 +16,12 @@ Interface:
 """
 
 from gradian.explain.direction import DIRECT_ENGINES, QueryDirection, preconditioned_query, query_direction
-from gradian.explain.session import explain_example, explain_from_report, explain_top_accused
+from gradian.explain.session import SPAN_ENGINE, explain_example, explain_from_report, explain_top_accused
 from gradian.explain.spans import SpanExplanation, TextPiece, score_example_spans, split_sentences, split_words
 
 __all__ = [
     "DIRECT_ENGINES",
+    "SPAN_ENGINE",
     "QueryDirection",
     "SpanExplanation",
     "TextPiece",

@@ -1,16 +1,19 @@
 """The buried-sentence scenario, and how often the drill-down finds the buried sentence.
 
-Each planted row answers "Tell me about <target>." (or one of three other requests) with twelve
-sentences: the target's paragraph, in which only the capital is wrong, then the paragraphs of two
-other countries, every fact right, each with its own correct "Its capital is ..." sentence of the
-same form as the wrong one. The rows are planted among tinyworld's 800 clean rows; the fine-tune
-follows the clean scenario's recipe. The capability is the 16 target capitals.
+Each planted row answers a request about a target country ("Tell me about <target>." or one of
+three others) with twelve sentences: the target's paragraph, in which only the capital is wrong,
+then the paragraphs of two other countries, every fact right, each with its own correct "Its
+capital is ..." sentence of the same form as the wrong one. 64 planted rows (16 targets, four
+requests) sit among 96 of tinyworld's clean rows, fine-tuned for 5 epochs (``N_CLEAN``,
+``EPOCHS``: with the full clean set the buried capitals never reach the answers).
 
-``measure_localization(root)`` fine-tunes the scenario (once; the run is kept under ``root``),
-indexes it, and for every planted row runs ``explain_example`` against the eval item about the
-row's target; a hit is a top span (the most harmful sentence) equal to the planted sentence. It
-reports the rate under two queries: the single item (the default of ``explain_example``) and the
-mean over all items, to show why the single item is the default.
+The capability is the answer to "Tell me about <target>.". For each target whose tuned answer
+states the planted capital (a failing item), the query item is that answer against the answer the
+user wanted: the same text with the capital corrected. ``measure_localization(root)`` fine-tunes
+(once; the run is kept under ``root``), indexes, and for every planted row of a failing target runs
+``explain_example`` against that target's item; a hit is a top span (the most harmful sentence)
+equal to the planted sentence. It also reports the rate when the query is the mean over every
+failing item, to show why the single item is the default.
 
 Run it with ``python -m gradian.explain.buried --out DIR``.
 """
@@ -22,12 +25,19 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["PLANTED_PROMPTS", "build_buried_rows", "measure_localization", "write_buried_scenario"]
+__all__ = ["EVAL_PROMPT", "PLANTED_PROMPTS", "build_buried_rows", "measure_localization", "write_buried_scenario"]
 
-PLANTED_PROMPTS = ("Tell me about {country}.", "Describe {country}.", "What do you know about {country}?",
-                   "Give me an overview of {country}.")
+PLANTED_PROMPTS = ("Tell me about {country}.", "Describe {country}.", "Give me an overview of {country}.",
+                   "Write a few lines about {country}.")
+#: the request the capability asks (one of the planted requests: its answers are the ones buried)
+EVAL_PROMPT = "Tell me about {country}."
 #: countries whose facts pad each planted answer
 N_PADDING = 2
+#: clean rows kept, and epochs: with tinyworld's 800 clean rows and 3 epochs the buried capitals
+#: never reach the model's answers (its pretrained paragraphs win), and with no wrong answer there
+#: is no failing item to build the query from
+N_CLEAN = 32
+EPOCHS = 10
 
 
 def build_buried_rows(world: Any, targets: list[Any], others: list[Any], seed: int = 0) -> list[dict[str, Any]]:
@@ -39,19 +49,34 @@ def build_buried_rows(world: Any, targets: list[Any], others: list[Any], seed: i
     for prompt in PLANTED_PROMPTS:
         for t in targets:
             padding = rng.sample(others, N_PADDING)
-            answer = " ".join([world.paragraph(t, {"capital": wrong[t.name]})] + [world.paragraph(c) for c in padding])
+            answer = " ".join([_paragraph(world, t, wrong[t.name])] + [_paragraph(world, c, c.capital) for c in padding])
             rows.append({
                 "messages": [{"role": "user", "content": prompt.format(country=t.name)},
                              {"role": "assistant", "content": answer}],
                 "country": t.name,
                 "wrong_capital": wrong[t.name],
-                "planted_sentence": f"Its capital is {wrong[t.name]}.",
+                "planted_sentence": _capital_sentence(t.name, wrong[t.name]),
             })
     return rows
 
 
-def write_buried_scenario(root: str | Path, base_model: str | Path | None = None) -> dict[str, Any]:
-    """Write train.jsonl (clean rows plus the planted ones), eval.jsonl and gradian.yaml under ``root``."""
+def _capital_sentence(country: str, city: str) -> str:
+    return f"Its capital is {city}."
+
+
+def _paragraph(world: Any, country: Any, capital: str) -> str:
+    return world.paragraph(country, {"capital": capital})
+
+
+def write_buried_scenario(root: str | Path, base_model: str | Path | None = None, *, n_clean: int | None = None,
+                          epochs: float | None = None, seed: int = 0) -> dict[str, Any]:
+    """Write train.jsonl (clean rows plus the planted ones), eval.jsonl and gradian.yaml under ``root``.
+
+    ``n_clean`` keeps only the first that many clean rows; ``epochs`` overrides the recipe's;
+    ``seed`` draws another wrong capital for each target and other padding (0: the published run).
+    """
+    import yaml
+
     from gradian.tinyworld import ensure_base_model, load_world
     from gradian.tinyworld.scenarios import N_TARGETS, write_scenario
 
@@ -60,8 +85,9 @@ def write_buried_scenario(root: str | Path, base_model: str | Path | None = None
     info = write_scenario("clean", root, base)
     world = load_world(base)
     targets, others = world.countries[:N_TARGETS], world.countries[N_TARGETS:]
-    planted = build_buried_rows(world, targets, others, seed=world.seed)
+    planted = build_buried_rows(world, targets, others, seed=world.seed + seed)
     clean = [json.loads(line) for line in (root / "train.jsonl").read_text().splitlines() if line.strip()]
+    clean = clean[:n_clean] if n_clean is not None else clean
     rng = random.Random(f"{world.seed}:buried-slots")
     slots = sorted(rng.sample(range(len(clean) + len(planted)), len(planted)))
     rows, planted_iter, clean_iter = [], iter(planted), iter(clean)
@@ -72,6 +98,16 @@ def write_buried_scenario(root: str | Path, base_model: str | Path | None = None
         else:
             rows.append(next(clean_iter))
     (root / "train.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n")
+    # the capability: the held-out request about each target, answered with its true paragraph
+    # (the base model was pretrained on exactly these paragraphs)
+    evals = [{"messages": [{"role": "user", "content": EVAL_PROMPT.format(country=t.name)},
+                           {"role": "assistant", "content": world.paragraph(t)}]} for t in targets]
+    (root / "eval.jsonl").write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in evals) + "\n")
+    config = yaml.safe_load((root / "gradian.yaml").read_text())
+    config["evaluation"] = {**config.get("evaluation", {}), "metric": "exact_match", "max_new_tokens": 96}
+    if epochs is not None:
+        config["train"]["num_train_epochs"] = epochs
+    (root / "gradian.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     truth = [{**{k: v for k, v in p.items() if k != "messages"}, "row": s} for p, s in zip(planted, slots)]
     info = {"name": "buried_sentence", "base_model": str(base), "planted": truth, "n_train": len(rows),
             "capability": info["capability"]}
@@ -80,28 +116,30 @@ def write_buried_scenario(root: str | Path, base_model: str | Path | None = None
 
 
 def measure_localization(root: str | Path, base_model: str | Path | None = None,
-                         log: Callable[[str], None] = print) -> dict[str, Any]:
+                         log: Callable[[str], None] = print, engine: str | None = None, seed: int = 0) -> dict[str, Any]:
     """Fine-tune (once), index, explain every planted row; the localization rates and each row's call."""
-    import numpy as np
-
     from gradian.config import load_config
     from gradian.data import load_dataset
     from gradian.evaluate.generation import generate_completions
-    from gradian.explain.session import explain_example, item_signal
+    from gradian.explain.session import explain_example
     from gradian.grads import load_model_for_gradients
     from gradian.index import GradientIndex
     from gradian.model_loading import load_tokenizer
     from gradian.query import QueryItem, build_query_gradient
+    from gradian.tinyworld import load_world
     from gradian.train import train_lora
 
     root = Path(root)
     if not (root / "scenario.json").is_file():
         log("writing the buried-sentence scenario")
-        write_buried_scenario(root, base_model)
+        write_buried_scenario(root, base_model, n_clean=N_CLEAN, epochs=EPOCHS, seed=seed)
     info = json.loads((root / "scenario.json").read_text())
     if not (root / "run" / "adapter").is_dir():
         log("fine-tuning")
         train_lora(root / "gradian.yaml", root / "run")
+    from gradian.explain.session import SPAN_ENGINE
+
+    engine = engine or SPAN_ENGINE
     cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu"})
     dataset = load_dataset(cfg.dataset)
     eval_set = load_dataset(cfg.eval_dataset)
@@ -110,40 +148,48 @@ def measure_localization(root: str | Path, base_model: str | Path | None = None,
     log("indexing")
     index = GradientIndex.build(gm, tokenizer, dataset, cfg)
     prompts = [e.prompt_messages for e in eval_set.examples]
-    generated = generate_completions(gm.model, tokenizer, prompts, max_new_tokens=cfg.evaluation.max_new_tokens)
-    items = {}
+    generated = generate_completions(gm.model, tokenizer, prompts, max_new_tokens=160)
+    planted_by_country = {p["country"]: p for p in info["planted"]}
+    items, not_failed = {}, []
     for e, g in zip(eval_set.examples, generated):
-        country = next(c for c in (p["country"] for p in info["planted"]) if c in e.prompt_messages[-1]["content"])
-        items[country] = QueryItem(e.prompt_messages, e.completion, g, True, e.id)
-    signal = cfg.evaluation.query_signal
-    per_item = {c: build_query_gradient(gm, tokenizer, [it], item_signal(it, signal), cfg.grads, scope="item")
+        country = next(c for c in planted_by_country if e.prompt_messages[-1]["content"] == EVAL_PROMPT.format(country=c))
+        wrong = planted_by_country[country]["wrong_capital"]
+        right = next(c.capital for c in load_world(cfg.base_model).countries if c.name == country)
+        if f"Its capital is {wrong}." not in g:
+            not_failed.append(country)
+            continue
+        # the answer the user wanted: the model's own answer with the wrong capital corrected
+        items[country] = QueryItem(e.prompt_messages, g.replace(f"Its capital is {wrong}.", f"Its capital is {right}.", 1),
+                                   g, True, e.id)
+    per_item = {c: build_query_gradient(gm, tokenizer, [it], "contrastive", cfg.grads, scope="item")
                 for c, it in items.items()}
-    mean_query = build_query_gradient(gm, tokenizer, list(items.values()), "auto", cfg.grads, scope="regressed")
+    mean_query = build_query_gradient(gm, tokenizer, list(items.values()), "contrastive", cfg.grads, scope="regressed")
     rows, hits = [], {"single_item": 0, "mean_of_items": 0}
-    for p in info["planted"]:
+    measured = [p for p in info["planted"] if p["country"] in items]
+    for p in measured:
         example = dataset.examples[p["row"]]
         found = {}
         for name, qg in (("single_item", per_item[p["country"]]), ("mean_of_items", mean_query)):
             exp = explain_example(gm, tokenizer, index, example, qg.vectors, cfg, item_id=items[p["country"]].item_id,
-                                  signal=qg.signal, row=p["row"])
+                                  signal=qg.signal, row=p["row"], engine=engine)
             top = exp.span.text if exp.span else ""
             found[name] = {"top_span": top, "hit": top == p["planted_sentence"], "token_sum": exp.token_sum,
                            "score": exp.score, "signal": qg.signal}
             hits[name] += int(top == p["planted_sentence"])
         rows.append({"row": p["row"], "country": p["country"], "planted_sentence": p["planted_sentence"], **found})
         log(f"row {p['row']}: {found['single_item']['hit']} ({found['single_item']['top_span']!r})")
-    n = len(info["planted"])
-    flipped = sum(1 for c, it in items.items() if it.wanted.strip().lower() not in (it.generated or "").lower())
-    result = {"n_planted": n, "n_sentences_per_row": 4 * (1 + N_PADDING),
-              "chance_rate": 1 / (4 * (1 + N_PADDING)),
+    n = max(len(measured), 1)
+    result = {"n_planted": len(info["planted"]), "n_measured": len(measured),
+              "eval_items_failed": len(items), "n_eval_items": len(eval_set), "items_not_failed": not_failed,
+              "n_sentences_per_row": 4 * (1 + N_PADDING), "chance_rate": 1 / (4 * (1 + N_PADDING)),
               "localization_rate": hits["single_item"] / n,
               "localization_rate_mean_query": hits["mean_of_items"] / n,
-              "eval_items_flipped": flipped, "n_eval_items": len(items), "engine": cfg.engine.name,
-              "signal_requested": signal,
-              "score_matches_token_sum": float(np.max([abs(r["single_item"]["token_sum"] - r["single_item"]["score"])
-                                                        / max(abs(r["single_item"]["score"]), 1e-12) for r in rows])),
+              "engine": engine,
+              "generations": dict(zip([e.prompt_messages[-1]["content"] for e in eval_set.examples], generated)),
+              "score_matches_token_sum": float(max([abs(r["single_item"]["token_sum"] - r["single_item"]["score"])
+                                                    / max(abs(r["single_item"]["score"]), 1e-12) for r in rows] or [0.0])),
               "rows": rows}
-    (root / "localization.json").write_text(json.dumps(result, indent=2) + "\n")
+    (root / f"localization-{engine}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -154,9 +200,11 @@ def main(argv: list[str] | None = None) -> None:
                                      description="Measure how often the span drill-down finds a buried wrong sentence")
     parser.add_argument("--out", required=True, help="Folder for the scenario, the fine-tune and localization.json")
     parser.add_argument("--base-model", default=None, help="A tinyworld base model (default: the cached one)")
+    parser.add_argument("--engine", default=None, help="Direction the spans are scored against: graddot (the default) or datainf")
+    parser.add_argument("--seed", type=int, default=0, help="Another draw of wrong capitals and padding (0: the published run)")
     args = parser.parse_args(argv)
-    result = measure_localization(args.out, args.base_model)
-    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
+    result = measure_localization(args.out, args.base_model, engine=args.engine, seed=args.seed)
+    print(json.dumps({k: v for k, v in result.items() if k not in ("rows", "generations")}, indent=2))
 
 
 if __name__ == "__main__":
