@@ -210,7 +210,8 @@ def run_attribution(
             "notes": list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
                      + ([cross_note] if cross_note else []),
             "metrics": {"index_seconds": round(index_seconds, 3),
-                        **{f"fit_seconds.{k}": v for k, v in fit_seconds.items()}},
+                        # one name whatever the engine, so runs of different engines compare
+                        "fit_seconds": fit_seconds[cfg.engine.name]},
         }
         # attribution.no_capability_target (no eval set) is raised by the verdict synthesis
         manifest["index"] = {
@@ -226,6 +227,7 @@ def run_attribution(
         manifest["engine_state"] = {
             "engine": main_state.engine, "state_id": main_state.state_id, "cache_hit": main_state.cache_hit,
             "settings": main_state.meta.get("settings", {}), "fit_seconds": round(main_state.fit_seconds, 3),
+            "stage_seconds": fit_seconds,
         }
         manifest["clustering"] = {k: v for k, v in assignment.to_dict().items() if k != "labels"}
         rankings = rankings_frame(dataset, scores, assignment, findings, cross_scores if cross else None,
