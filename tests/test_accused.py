@@ -44,7 +44,7 @@ def test_the_accused_set_is_the_planted_rows_not_the_topic():
     accused = refine_accused("1", ids, scores, label="capital", scale=60.0, total_negative=float(scores[scores < 0].sum()))
     precision, recall = _precision_recall(set(accused.example_ids), ids, planted)
     assert precision >= 0.8 and recall >= 0.8
-    assert accused.method == "score_mixture"
+    assert accused.method == "score_gap"
     assert set(accused.example_ids) | set(accused.left_out_ids) == set(ids)
     assert not set(accused.example_ids) & set(accused.left_out_ids)
     assert accused.share_of_cluster_harm > 0.9 and accused.estimated_harmful_share > 0.9
@@ -175,3 +175,39 @@ def test_the_mlflow_child_run_gets_the_accused_metrics():
     assert metrics["attribution.accused_n"] == 44.0
     assert metrics["attribution.accused_share_of_negative"] == 0.69
     assert ArtifactKeys.ACCUSED == "gradian/accused.parquet"
+
+
+@pytest.mark.slow
+def test_retraining_without_the_accused_set_recovers_with_precision(tmp_path_factory, tinyworld_base):
+    """``--drop accused`` on the on-topic poison: the capitals come back, and most dropped rows were planted."""
+    pytest.importorskip("torch")
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+    from gradian.counterfactual import load_planted, load_report, plan_removal, run_counterfactual
+    from gradian.data import load_dataset
+    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.train import train_lora
+
+    root = tmp_path_factory.mktemp("ontopic-cf")
+    write_scenario("poison_capitals_ontopic", root, tinyworld_base)
+    train = root / "train.jsonl"
+    rows = [json.loads(line) for line in train.read_text().splitlines()]
+    for row in rows:
+        row.pop("cluster")
+    train.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    train_lora(root / "gradian.yaml", root / "run")
+    cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu",
+                                              "clustering.method": "auto", "clustering.explain_top_accused": 0})
+    run_attribution(cfg, capability="capitals", cross_check="none", out_dir=root / "report")
+    report, rankings = load_report(root / "report")
+    data = load_dataset(cfg.dataset)
+    planted = load_planted(root / "scenario.json", data)
+    whole = plan_removal(data, report=report, rankings=rankings, drop="cluster")
+    assert len(set(whole.drop_indices) & set(planted)) / whole.n_drop < 0.5
+    plan = plan_removal(data, report=report, rankings=rankings, drop="accused")
+    assert plan.n_drop == report["attribution"]["accused"]["n"]
+    outcome = run_counterfactual(cfg, plan, out_dir=root / "cf", capability="capitals",
+                                 before=report["capability"], planted=planted)
+    block = outcome.report["counterfactual"]
+    assert block["outcome"] == "recovered", outcome.report["verdict"]["summary"]
+    assert block["ground_truth"]["precision"] >= 0.8 and block["ground_truth"]["recall"] >= 0.8

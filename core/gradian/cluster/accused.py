@@ -6,24 +6,26 @@ all of it throws away more good rows than bad. ``refine_accused`` splits the clu
 ``AccusedSet``: the rows whose harm stands out, what share of the cluster's harm they carry, the
 estimated share of them that is harmful, and the rows left out.
 
-Candidates, each scored the same way:
+Is there a split at all? A two-component Gaussian mixture on the transformed harm
+``t = asinh(-score / s)`` (``s`` = the dataset's median absolute score: linear near zero,
+logarithmic in the tail, so one very harmful row does not flatten the rest) must beat one Gaussian
+on BIC with Ashman's D >= 2. If it does not, the whole cluster is the accused set.
 
-- ``score_mixture``: a two-component Gaussian mixture on the transformed harm
-  ``t = asinh(-score / s)`` (``s`` = the dataset's median absolute score: linear near zero,
-  logarithmic in the tail, so one very harmful row does not flatten the rest); the rows more
-  likely in the harmful component, kept only when the mixture is clearly bimodal (it beats one
-  Gaussian on BIC and Ashman's D >= 2);
-- ``score_gap``: the rows above the widest gap in sorted ``t`` (searched in the harmful half);
-- ``gradient``: KMeans (k = 2..4) on the members' unit-length, projected per-example gradients
-  (``gradient_features``), the sub-cluster with the most negative mean;
-- ``whole_cluster``: every member.
+If it does, the accused set is ``score_gap``: the rows above the widest gap in sorted ``t`` between
+the two components' means. The other candidates are computed and listed beside it with their
+figures, for the reader to check: ``score_mixture`` (the rows more likely in the harmful
+component), ``gradient_k2``..``gradient_k4`` (KMeans on the members' unit-length, projected
+per-example gradients, the most harmful sub-cluster), ``whole_cluster``. Each candidate carries
+its *harm captured* (its negative scores over the cluster's), its *estimated harmful share* (the
+mean, over its rows, of the mixture's probability of the harmful component; the indicator
+``score < 0`` when the harm is not bimodal) and their harmonic mean.
 
-Each candidate's *harm captured* is its negative scores over the cluster's; its *estimated
-harmful share* is the mean, over its rows, of the probability of the harmful component (the
-indicator ``score < 0`` when the scores are not bimodal). The candidate with the best harmonic mean
-of the two wins, ties to the smaller set. On tinyworld's ``poison_capitals_ontopic`` the mixture
-wins; gradient sub-clusters there mix planted rows with the on-topic clean rows (see
-docs/clustering.md for the figures), so the gradient candidate is kept as a check, not a default.
+Why the gap, by measurement on tinyworld's ``poison_capitals_ontopic`` under
+``clustering.method: auto`` (48 planted rows in a 374-row topic cluster), two fine-tunes of the
+same data: the gap kept 49 rows (precision 0.92, recall 0.94) and 46 rows (0.89, 0.85); the
+mixture's posterior kept 44 (1.00, 0.92) and 35 (1.00, 0.73): it cuts inside the planted rows'
+long tail when their harm spans decades. Gradient sub-clusters there mix the planted rows with the
+on-topic clean rows (the best held 44 planted among 129 rows), so they are reported, not chosen.
 """
 
 from __future__ import annotations
@@ -110,13 +112,13 @@ def harm_transform(scores: np.ndarray, scale: float) -> np.ndarray:
     return np.arcsinh(-np.asarray(scores, dtype=np.float64) / scale)
 
 
-def _harmful_probability(t: np.ndarray, scores: np.ndarray, seed: int) -> tuple[np.ndarray, bool]:
-    """P(harmful component) per row, and whether the harm is bimodal at all."""
+def _harmful_probability(t: np.ndarray, scores: np.ndarray, seed: int) -> tuple[np.ndarray, tuple[float, float] | None]:
+    """P(harmful component) per row, and the two component means (None when not bimodal)."""
     from sklearn.mixture import GaussianMixture
 
     fallback = (scores < 0).astype(np.float64)
     if len(t) < 6 or np.ptp(t) == 0:
-        return fallback, False
+        return fallback, None
     x = t[:, None]
     two = GaussianMixture(2, random_state=seed, n_init=3).fit(x)
     one = GaussianMixture(1, random_state=seed).fit(x)
@@ -124,20 +126,27 @@ def _harmful_probability(t: np.ndarray, scores: np.ndarray, seed: int) -> tuple[
     variances = two.covariances_.ravel()
     separation = math.sqrt(2.0) * abs(means[0] - means[1]) / math.sqrt(float(variances.sum()))
     if two.bic(x) >= one.bic(x) or separation < MIN_SEPARATION:
-        return fallback, False
+        return fallback, None
     harmful = int(np.argmax(means))
-    return two.predict_proba(x)[:, harmful], True
+    return two.predict_proba(x)[:, harmful], (float(means.min()), float(means.max()))
 
 
-def _gap_split(t: np.ndarray) -> np.ndarray | None:
-    """Rows above the widest gap in sorted harm, searched among the harmful half."""
+def _gap_split(t: np.ndarray, between: tuple[float, float] | None = None) -> np.ndarray | None:
+    """Rows above the widest gap in sorted harm: the gap separating the mixture's two components
+    (both ends of the gap between their means), else the widest among the harmful half."""
     order = np.argsort(-t, kind="stable")
     ordered = t[order]
-    half = max(1, len(t) // 2)
-    gaps = ordered[:half] - ordered[1 : half + 1]
+    gaps = ordered[:-1] - ordered[1:]
     if not len(gaps):
         return None
-    k = int(np.argmax(gaps)) + 1
+    if between is not None:
+        low, high = between
+        allowed = (ordered[:-1] <= high) & (ordered[1:] >= low)
+    else:
+        allowed = np.arange(len(gaps)) < max(1, len(t) // 2)
+    if not allowed.any():
+        return None
+    k = int(np.argmax(np.where(allowed, gaps, -np.inf))) + 1
     mask = np.zeros(len(t), dtype=bool)
     mask[order[:k]] = True
     return mask
@@ -174,13 +183,14 @@ def refine_accused(cluster: str, member_ids: Sequence[str], member_scores: Seque
     if scale is None:
         scale = float(np.median(np.abs(scores))) if len(scores) else 1.0
     t = harm_transform(scores, scale)
-    probability, bimodal = _harmful_probability(t, scores, seed)
+    probability, means = _harmful_probability(t, scores, seed)
+    bimodal = means is not None
     cluster_harm = float(-scores[scores < 0].sum())
 
     masks: list[tuple[str, np.ndarray]] = [("whole_cluster", np.ones(len(ids), dtype=bool))]
     if bimodal:
         masks.append(("score_mixture", (probability > 0.5) & (scores < 0)))
-    gap = _gap_split(t)
+    gap = _gap_split(t, means)
     if gap is not None:
         masks.append(("score_gap", gap & (scores < 0)))
     if features is not None and len(features) == len(ids) and len(ids) >= 6:
@@ -195,7 +205,8 @@ def refine_accused(cluster: str, member_ids: Sequence[str], member_scores: Seque
         f = 2 * captured * estimated / (captured + estimated) if captured + estimated > 0 else 0.0
         candidates.append((AccusedCandidate(method, int(mask.sum()), round(captured, 6), round(estimated, 6),
                                             round(f, 6)), mask))
-    best, mask = max(candidates, key=lambda cm: (cm[0].score, -cm[0].n))
+    chosen_method = "score_gap" if bimodal and any(c.method == "score_gap" for c, _ in candidates) else "whole_cluster"
+    best, mask = next((c, m) for c, m in candidates if c.method == chosen_method)
 
     order = np.argsort(scores, kind="stable")
     chosen = [ids[i] for i in order if mask[i]]

@@ -20,6 +20,10 @@ The kinds, decided in this order:
    beside config or dynamics findings is ``config`` and offers nothing for deletion; a flat one
    beside high data findings is ``data`` (the audit's rows, not a cluster); otherwise
    ``inconclusive``.
+
+Beside an accused cluster, the attribution's ``accused`` set (``gradian.cluster.refine_accused``:
+the rows inside the cluster whose harm stands out) is kept and named in the summary; an accused set
+for any other cluster, or with no cluster accused, is dropped from the report with its spans.
 """
 
 from __future__ import annotations
