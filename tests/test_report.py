@@ -221,3 +221,17 @@ def test_an_accused_set_without_an_accused_cluster_is_dropped():
     attr["spans"] = [{"example_id": ids[0]}]
     report = assemble_report(capability(), [], attr, manifest={}, assignment=clusters)
     assert report["attribution"]["accused"] is None and report["attribution"]["spans"] == []
+
+
+def test_top_harmful_rows_show_the_items_they_hurt():
+    from gradian.report.html import _example_rows
+    from gradian.report.markdown import _examples_table
+
+    rows = [{"example_id": "abc123def456-7", "cluster": "0", "score": -2.0, "predicted_loss_delta_if_removed": -0.1,
+             "excerpt": "row", "items_hurt": [{"item_id": "item-<3>", "share": 0.75}, {"item_id": "item-9", "share": 0.25}]}]
+    md = "\n".join(_examples_table(rows))
+    assert "items it hurts most" in md and "item-<3> (75%), item-9 (25%)" in md
+    html = _example_rows(rows)
+    assert "item-&lt;3&gt; (75%), item-9 (25%)" in html  # escaped
+    # rows without per-item scores keep the plain table
+    assert "items it hurts" not in "\n".join(_examples_table([{**rows[0], "items_hurt": []}]))

@@ -85,13 +85,20 @@ def _capability(cap: Mapping[str, Any], plot: bytes | None) -> str:
     return "".join(out) + "</section>"
 
 
+def _items_hurt(row: Mapping[str, Any]) -> str:
+    """The query items a row hurts most, with their share of its harm (``items_hurt``)."""
+    return ", ".join(f"{i['item_id']} ({i['share']:.0%})" for i in row.get("items_hurt") or [])
+
+
 def _example_rows(rows: Sequence[Mapping[str, Any]]) -> str:
+    hurt = any(r.get("items_hurt") for r in rows)
     head = ("<table><tr><th>example</th><th>cluster</th><th>score</th><th>predicted Δloss if removed</th>"
-            "<th>row</th></tr>")
+            + ("<th>items it hurts most</th>" if hurt else "") + "<th>row</th></tr>")
     body = "".join(
         f"<tr><td><code>{_e(r['example_id'])}</code></td><td>{_e(r.get('cluster'))}</td>"
         f"<td class=num>{_num(r['score'])}</td><td class=num>{_num(r['predicted_loss_delta_if_removed'])}</td>"
-        f"<td>{_e(r.get('excerpt', ''))}</td></tr>" for r in rows)
+        + (f"<td>{_e(_items_hurt(r))}</td>" if hurt else "")
+        + f"<td>{_e(r.get('excerpt', ''))}</td></tr>" for r in rows)
     return head + body + "</table>"
 
 

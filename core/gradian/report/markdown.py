@@ -42,10 +42,18 @@ def _capability(cap: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _items_hurt(row: Mapping[str, Any]) -> str:
+    """The query items a row hurts most, with their share of its harm (``items_hurt``)."""
+    return ", ".join(f"{i['item_id']} ({i['share']:.0%})" for i in row.get("items_hurt") or [])
+
+
 def _examples_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["| example | cluster | score | predicted Δloss if removed | row |", "|---|---|---|---|---|"]
+    hurt = any(r.get("items_hurt") for r in rows)
+    lines = ["| example | cluster | score | predicted Δloss if removed |" + (" items it hurts most |" if hurt else "")
+             + " row |", "|---|---|---|---|" + ("---|" if hurt else "") + "---|"]
     lines += [f"| `{_cell(r['example_id'])}` | {_cell(r.get('cluster'))} | {_num(r['score'])} | "
-              f"{_num(r['predicted_loss_delta_if_removed'])} | {_cell(r.get('excerpt', ''))} |" for r in rows]
+              f"{_num(r['predicted_loss_delta_if_removed'])} |" + (f" {_cell(_items_hurt(r))} |" if hurt else "")
+              + f" {_cell(r.get('excerpt', ''))} |" for r in rows]
     return lines + [""]
 
 
