@@ -217,7 +217,7 @@ def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n
 
 
 def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers: int | None = None,
-        seed: int = 0, scenario: str | None = None, **_: Any) -> ExperimentResult:
+        seed: int = 0, scenario: str | None = None, leave_one_out: bool | None = None, **_: Any) -> ExperimentResult:
     import numpy as np
 
     from gradian.config import load_config
@@ -227,6 +227,8 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     settings = dict(QUICK if quick else FULL)
     if subsets:
         settings["subsets"] = int(subsets)
+    if leave_one_out is not None:
+        settings["loco"] = bool(leave_one_out)
     workers = workers or default_workers()
     scenario_name = scenario or SCENARIO
     out = ws.experiment_dir("fidelity" if scenario_name == SCENARIO else f"fidelity-{scenario_name}")

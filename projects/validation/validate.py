@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=_count, default=0, help="fidelity: parallel retrains (0: up to 2, one per core)")
     parser.add_argument("--scenario", default="poison_capitals",
                         help="fidelity: the poison scenario, of either world (poison_capitals, bestiary_poison_diets)")
+    parser.add_argument("--loco", nargs="?", const=True, default=None, type=_bool,
+                        help="fidelity: leave-one-cluster-out retrains (default: on, off with --quick)")
     parser.add_argument("--no-mlflow", action="store_true", help="Write verdict.json only; log nothing to MLflow")
     args = parser.parse_args(argv)
     from fidelity import WORLD_RULES
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     ws = Workspace(workdir, log=_say)
     names = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     options = {"quick": args.quick, "subsets": args.subsets or None, "workers": args.workers or None,
-               "scenario": args.scenario}
+               "scenario": args.scenario, "leave_one_out": args.loco}
     started = time.time()
     results = []
 
