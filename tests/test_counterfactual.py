@@ -317,8 +317,8 @@ def test_drop_accused_removes_exactly_the_accused_set(dataset):
         plan = plan_removal(dataset, report=report, rankings=given, drop="accused")
         assert sorted(plan.drop_ids) == sorted(chosen) and plan.drop_indices == [1, 6]
         assert "accused set" in plan.reason
-    # by default a report with an accused set drops the set; --drop cluster drops the cluster
-    assert plan_removal(dataset, report=report, rankings=rankings).n_drop == 2
+    # the default (and --drop cluster) is still the whole accused cluster
+    assert plan_removal(dataset, report=report, rankings=rankings).drop_indices == [1, 4, 6]
     assert plan_removal(dataset, report=report, rankings=rankings, drop="cluster").drop_indices == [1, 4, 6]
     with pytest.raises(ConfigError, match="no accused set"):
         plan_removal(dataset, report=_report(dataset), rankings=_rankings(dataset), drop="accused")

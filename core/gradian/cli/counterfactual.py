@@ -1,8 +1,8 @@
 """``gradian counterfactual``: retrain without the accused examples and measure the capability again.
 
 What to drop: ``--report`` (a report.json from ``gradian attribute``) with ``--drop accused`` (its
-accused set, the default when it has one: the ``accused`` column of the ``rankings.parquet`` beside
-it) or ``--drop cluster`` (its whole accused cluster), ``--drop-cluster`` or ``--drop-ids``. The
+accused set: the ``accused`` column of the ``rankings.parquet`` beside it) or ``--drop cluster``
+(its whole accused cluster, the default), ``--drop-cluster`` or ``--drop-ids``. The
 retrain uses the config's ``train:`` recipe and seed (or, when the config has none and a run is
 given, the recipe the run recorded). With ``--mlflow-run``/``--run runs:/<id>`` the result is
 logged as a child run of kind ``counterfactual`` beside the diagnosis.
@@ -39,7 +39,7 @@ def _inputs_of(report: Mapping[str, Any] | None, record: Any) -> dict[str, Any]:
 def counterfactual_command(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config file (its train: section is the recipe)"),
     report: Optional[Path] = typer.Option(None, "--report", help="report.json from `gradian attribute`: drop its accused set (or cluster, see --drop)"),
-    drop: Optional[str] = typer.Option(None, "--drop", help="With --report: accused (its accused set, the default when it has one) or cluster (its whole accused cluster)"),
+    drop: Optional[str] = typer.Option(None, "--drop", help="With --report: accused (its accused set) or cluster (its whole accused cluster, the default)"),
     drop_cluster: Optional[str] = typer.Option(None, "--drop-cluster", help="Drop this cluster (by the report's rankings, else the config's clustering)"),
     drop_ids: Optional[str] = typer.Option(None, "--drop-ids", help="Drop these example ids: a,b,c or @file (one per line, or a JSON list)"),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Known-bad rows for removal precision: a tinyworld scenario.json or a list of row indices/ids"),

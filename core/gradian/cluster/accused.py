@@ -212,7 +212,7 @@ def refine_accused(cluster: str, member_ids: Sequence[str], member_scores: Seque
     chosen = [ids[i] for i in order if mask[i]]
     left = [ids[i] for i in order if not mask[i]]
     negative = float(scores[mask & (scores < 0)].sum())
-    reason = (f"{best.method}: {best.n} of {len(ids)} rows carry {best.share_of_cluster_harm:.0%} of the "
+    reason = (f"{best.n} of {len(ids)} rows carry {best.share_of_cluster_harm:.0%} of the "
               f"cluster's harm, an estimated {best.estimated_harmful_share:.0%} of them harmful"
               + ("" if bimodal else "; the cluster's scores are not bimodal"))
     return AccusedSet(

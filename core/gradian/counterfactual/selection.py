@@ -4,9 +4,9 @@ Interface: ``RemovalPlan`` (the ids and row indices to drop, why, and the scores
 attribution gave them), ``plan_removal(dataset, ...)`` and ``load_report(path)`` (a report.json
 and the ``rankings.parquet`` written beside it).
 
-``drop="accused"`` (the default when the report has one) drops exactly the report's accused set:
-the ``accused`` column of the rankings beside it, else ``attribution.accused.example_ids``.
-``drop="cluster"`` drops the whole accused cluster. Cluster membership comes from the accusing report's rankings when there are some (so the drop is
+``drop="accused"`` drops exactly the report's accused set: the ``accused`` column of the rankings
+beside it, else ``attribution.accused.example_ids``. ``drop="cluster"`` (the default) drops the
+whole accused cluster. Cluster membership comes from the accusing report's rankings when there are some (so the drop is
 exactly the cluster the report named), else from clustering the dataset again with the config's
 clustering settings and seed (declared clusters are read from the rows, so they never drift).
 """
@@ -138,8 +138,8 @@ def plan_removal(
 ) -> RemovalPlan:
     """Decide what to drop from ``dataset`` (a ``gradian.data.Dataset``).
 
-    ``drop_ids`` wins, then ``drop_cluster``, then the report's accused set (``drop="accused"``,
-    the default when the report has one) or its accused cluster (``drop="cluster"``). ``report`` and
+    ``drop_ids`` wins, then ``drop_cluster``, then the report's accused set (``drop="accused"``)
+    or its accused cluster (``drop="cluster"``, the default). ``report`` and
     ``rankings`` (from ``load_report``) also supply the per-example scores; a report made from a
     different dataset file is refused.
     """
@@ -169,8 +169,7 @@ def plan_removal(
             )
         ids = list(dict.fromkeys(drop_ids))
         reason = f"{len(ids)} example id(s) given with --drop-ids"
-    elif drop_cluster is None and report is not None and drop in (None, "accused") and \
-            (drop == "accused" or _report_accused(report, rankings)):
+    elif drop_cluster is None and report is not None and drop == "accused":
         ids = _report_accused(report, rankings)
         if not ids:
             kind = (report.get("verdict") or {}).get("kind", "?")
