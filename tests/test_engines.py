@@ -116,10 +116,11 @@ def test_registry_and_errors():
     assert {"ekfac", "kfac"} <= set(available_engines())
     with pytest.raises(ConfigError, match="engine.name 'nosuch'.*datainf"):
         get_engine("nosuch")
+    datainf = EngineConfig(name="datainf")
     with pytest.raises(IndexMismatchError, match="no block 'b1'"):
-        score(InMemoryGradients({"b0": np.ones((2, 3)), "b1": np.ones((2, 3))}), {"b0": np.ones(3)})
+        score(InMemoryGradients({"b0": np.ones((2, 3)), "b1": np.ones((2, 3))}), {"b0": np.ones(3)}, datainf)
     with pytest.raises(IndexMismatchError, match="wide"):
-        score(InMemoryGradients({"b0": np.ones((2, 3))}), {"b0": np.ones(4)})
+        score(InMemoryGradients({"b0": np.ones((2, 3))}), {"b0": np.ones(4)}, datainf)
 
 
 def test_rank_correlation():

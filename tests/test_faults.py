@@ -99,6 +99,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from gradian.config import load_config  # noqa: E402
+from gradian.config import EngineConfig  # noqa: E402
 from gradian.engines import score  # noqa: E402
 from gradian.errors import GradianError, IndexCorruptError, IndexMismatchError  # noqa: E402
 from gradian.grads import wrap_peft_model  # noqa: E402
@@ -150,7 +151,7 @@ def test_a_flipped_byte_in_a_chunk_stops_scoring_naming_the_file_and_the_rebuild
     _flip_byte(chunk)
     opened = GradientIndex.open(index.root)  # same size: found when the chunk is first read
     with pytest.raises(IndexCorruptError, match=r"00001\.npy is damaged .*sha256.*gradian index .*--force"):
-        score(opened, _query(opened))
+        score(opened, _query(opened), EngineConfig(name="datainf"))
     with pytest.raises(IndexCorruptError, match=r"00001\.npy"):
         GradientIndex.open(index.root).verify()
 

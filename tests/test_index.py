@@ -48,8 +48,11 @@ def test_build_round_trips_the_captured_gradients(tmp_path, gm64, chat_tokenizer
         np.testing.assert_allclose(index.sq_norms()[name], (index.block(name).astype(np.float64) ** 2).sum(1), rtol=1e-6)
     # engines read the store exactly like arrays in memory
     query = {name: direct[name][0].numpy() for name in index.block_names}
-    from_disk = score(index, query).scores
-    in_memory = score(InMemoryGradients({k: index.block(k) for k in index.block_names}), query).scores
+    from gradian.config import EngineConfig
+
+    datainf = EngineConfig(name="datainf")  # an engine that reads nothing but the stored gradients
+    from_disk = score(index, query, datainf).scores
+    in_memory = score(InMemoryGradients({k: index.block(k) for k in index.block_names}), query, datainf).scores
     np.testing.assert_allclose(from_disk, in_memory, rtol=1e-6)
 
 

@@ -249,7 +249,8 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     cfg = load_config(scenario.config_path, overrides=reference)
     t0 = time.time()
     ws.train(scenario, cfg)
-    report = ws.attribute(scenario, cfg, capability=capability, cross_check="graddot", folder="fidelity/report-datainf")
+    report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "datainf"}),
+                          capability=capability, cross_check="graddot", folder="fidelity/report-datainf")
     main_rankings, main_files = scenario.rankings, scenario.report_files
     tracin_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "tracin"}),
                                  capability=capability, cross_check="none", folder="fidelity/report-tracin")
