@@ -67,7 +67,7 @@ def test_poisoned_run_ranks_the_planted_rows_at_the_harmful_end(attributed):
     run, outcome, _ = attributed("poison_capitals")
     attr = outcome.report["attribution"]
     assert attr is not None, outcome.report["verdict"]
-    assert attr["engine"] == "ekfac" and attr["query_signal"] == "contrastive"  # the default engine
+    assert attr["engine"] == "datainf" and attr["query_signal"] == "contrastive"  # the default engine
     assert outcome.report["capability"]["status"] == "regressed"
 
     rankings = outcome.rankings

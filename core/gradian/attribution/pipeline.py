@@ -74,7 +74,7 @@ def run_attribution(
     cfg: Any,
     *,
     capability: str = "capability",
-    cross_check: str | None = "datainf",
+    cross_check: str | None = "graddot",
     run: Any = None,
     force: bool = False,
     progress: Progress | None = None,

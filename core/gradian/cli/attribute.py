@@ -24,7 +24,7 @@ def attribute_command(
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the report back"),
     capability: str = typer.Option("capability", "--capability", help="Name of the capability, used in the report"),
     engine: Optional[str] = typer.Option(None, "--engine", help="Attribution engine: " + ", ".join(available_engines()) + " (default: the config's engine.name)"),
-    cross_check: str = typer.Option("datainf", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), or none; one that ranks by the same method as --engine is swapped for one that does not"),
+    cross_check: str = typer.Option("graddot", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), or none; one that ranks by the same method as --engine is swapped for one that does not"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write report.json/.md/.html, plots and rankings.parquet here"),
     force: bool = typer.Option(False, "--force", help="Rebuild the gradient index even if a cached one matches"),
 ) -> None:
