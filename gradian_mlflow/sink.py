@@ -149,6 +149,23 @@ def _params(report: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v)[:500] for k, v in raw.items() if v is not None}
 
 
+def _resolved_params(client: Any, run_id: str, params: dict[str, str]) -> dict[str, str]:
+    """``params`` minus what the run already holds; a differing value goes under ``<key>.resolved``.
+
+    Under ``mlflow run`` the project's parameters are logged before Gradian starts, and MLflow
+    refuses to change a logged value: a parameter left empty (``engine`` when the config decides)
+    keeps its given value, and the value Gradian used is logged beside it.
+    """
+    existing = call(f"reading run {run_id}", lambda: client.get_run(run_id)).data.params
+    out = {}
+    for key, value in params.items():
+        if key not in existing:
+            out[key] = value
+        elif existing[key] != value:
+            out[f"{key}.resolved"] = value
+    return out
+
+
 def _engine_setting(manifest: Mapping[str, Any], key: str) -> Any:
     return ((manifest.get("config") or {}).get("engine") or {}).get(key)
 
@@ -240,7 +257,7 @@ def log_diagnosis(
     try:
         now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, 0) for k, v in sorted(report_metrics(report).items())]
-        params = [Param(k, v) for k, v in sorted(_params(report).items())]
+        params = [Param(k, v) for k, v in sorted(_resolved_params(client, run_id, _params(report)).items())]
         tag_list = [RunTag(k, v) for k, v in tags.items()] + [RunTag("mlflow.parentRunId", source_id)]
         call("logging metrics", lambda: client.log_batch(run_id, metrics=metrics, params=params, tags=tag_list))
         call("logging the manifest", lambda: client.log_dict(run_id, dict(report.get("manifest") or {}), ArtifactKeys.MANIFEST))
