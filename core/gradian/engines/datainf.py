@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from gradian.engines.base import Engine, EngineResult, EngineState, TrainGradients, as_query_matrix, check_widths, compute_dtype
+from gradian.engines.base import Engine, EngineResult, EngineState, as_query_matrix, check_widths, compute_dtype
 from gradian.engines.registry import register_engine
 from gradian.errors import ConfigError
 

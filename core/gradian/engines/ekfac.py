@@ -222,7 +222,7 @@ class _KroneckerEngine(Engine):
                 context.progress(done[0], total_steps)
 
         for draw in range(draws_to_run):
-            for offset, sums, examples in self._passes(context, layers, settings, draw):
+            for _, sums, examples in self._passes(context, layers, settings, draw):
                 for key, (xx, gg, tokens) in sums.items():
                     factors[key].add_sums(xx, gg, tokens, examples)
                 tick(examples)

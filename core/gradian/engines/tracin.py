@@ -70,7 +70,7 @@ def checkpoint_model(gm: Any, path: str | Path, label: str, config: Any = None) 
     activates it. Call ``activate(gm)`` to switch back before using another view.
     """
     from gradian.errors import ModelLoadError
-    from gradian.grads import fingerprint_path, wrap_peft_model
+    from gradian.grads import fingerprint_path
 
     model = gm.model
     if label not in getattr(model, "peft_config", {}):
