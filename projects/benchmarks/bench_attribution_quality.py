@@ -20,7 +20,9 @@ engine against ``datainf`` under the same signal, the AUC difference with a 95% 
 interval (rows resampled within the planted and the clean group, 2,000 resamples). Every figure
 comes from one run; nothing is averaged over seeds.
 
-Run: ``python projects/benchmarks/bench_attribution_quality.py [--work DIR] [--out results.json]``.
+Run: ``python projects/benchmarks/bench_attribution_quality.py [--work DIR] [--out results.json]``;
+``--scenario bestiary_poison_diets`` for the other world, ``--engines ekfac --set
+engine.lambda_scale=0.01`` for a damping sweep (DataInf is always measured beside).
 The work directory keeps the fine-tune and the gradient indexes, so a second run only scores.
 About five minutes on 2 CPU cores the first time (one minute of it training).
 """
@@ -34,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 ENGINES = ("ekfac", "kfac", "datainf", "graddot", "tracin")
 SIGNALS = ("target", "contrastive")
@@ -111,7 +114,7 @@ def auc_difference(scores_a: np.ndarray, scores_b: np.ndarray, planted: np.ndarr
 
 
 def measure(config_path: Path, info: dict[str, Any], save_steps: int, engines: tuple[str, ...] = ENGINES,
-            scenario: str = SCENARIO) -> dict[str, Any]:
+            scenario: str = SCENARIO, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     from gradian.attribution import run_attribution
     from gradian.config import load_config
     from gradian.engines import rank_correlation
@@ -123,7 +126,7 @@ def measure(config_path: Path, info: dict[str, Any], save_steps: int, engines: t
     scores: dict[tuple[str, str], np.ndarray] = {}
     for signal in SIGNALS:
         for engine in engines:
-            cfg = load_config(config_path, {**_overrides(root, save_steps), "engine.name": engine,
+            cfg = load_config(config_path, {**_overrides(root, save_steps), **(extra or {}), "engine.name": engine,
                                             "evaluation.query_signal": signal})
             started = time.perf_counter()
             outcome = run_attribution(cfg, capability=(info.get("capability") or {}).get("name", "capitals"), cross_check=None)
@@ -183,6 +186,8 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write the JSON here as well as printing it")
     parser.add_argument("--scenario", default=SCENARIO, help="a poison scenario of tinyworld (or of another offline world)")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines; datainf is always measured")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every attribution, e.g. engine.lambda_scale=0.01 (repeatable)")
     args = parser.parse_args()
 
     work = Path(args.work).resolve()
@@ -192,7 +197,14 @@ def main() -> None:
     print(f"{args.scenario}: {info['n_train']} rows, {info['planted']['n']} planted; "
           f"checkpoints {', '.join(checkpoints) or 'none'}"
           + (f"; trained in {train_seconds:.0f} s" if train_seconds else " (reused)"), flush=True)
-    summary = measure(config_path, info, args.save_steps, engines, args.scenario)
+    extra = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r}: use KEY=VALUE")
+        extra[key] = yaml.safe_load(value)
+    summary = measure(config_path, info, args.save_steps, engines, args.scenario, extra)
+    summary["overrides"] = extra
     summary["checkpoints"] = checkpoints
     summary["train_seconds"] = round(train_seconds, 1)
     cap = summary["capability"]
