@@ -381,27 +381,21 @@ def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: An
 def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any) -> Any:
     """The engine's ``[n, items]`` scores, one column per query item (their mean is the ranking)."""
     from gradian.engines import get_engine
+    from gradian.engines.tracin import activate
     from gradian.query import build_query_gradient
 
     engine_cfg = dataclasses.replace(cfg.engine, name=state.engine)
 
     def query_for(view: Any) -> Any:  # the query measured under another adapter (TracIn checkpoints)
         try:
-            q = build_query_gradient(_active(view), tokenizer, items, qg.signal, cfg.grads, scope=qg.scope)
+            q = build_query_gradient(activate(view, None, cfg), tokenizer, items, qg.signal, cfg.grads,
+                                     scope=qg.scope)
             return q.per_item if qg.per_item is not None else q.vectors
         finally:
-            _active(gm)
+            activate(gm, None, cfg)
 
     query = qg.per_item if qg.per_item is not None else qg.vectors
     return get_engine(state.engine).score(state, query, engine_cfg, query_for=query_for)
-
-
-def _active(view: Any) -> Any:
-    view.model.set_adapter(view.adapter_name)
-    for b in view.blocks:
-        for p in b.parameters:
-            p.requires_grad_(True)
-    return view
 
 
 def _mean_over_items(scores: Any) -> np.ndarray:

@@ -69,6 +69,22 @@ def _sampler(seed: int, draw: int, offset: int) -> Any:
     return sample
 
 
+def _second_moments(x: Any, g: Any, mask: Any) -> tuple[Any, Any, int]:
+    """``(sum x x^T, sum g g^T, tokens)`` over the real tokens of one call (float64 torch sums).
+
+    ``x`` is ``[rows, tokens, in]``, ``g`` ``[rows, tokens, out]``; ``mask`` marks the real
+    (unpadded) tokens, or is ``None`` / of another shape when every position counts. Padded
+    positions carry no gradient but do carry inputs, so they must be left out of ``A``.
+    """
+    import torch
+
+    keep = mask if mask is not None and mask.shape == x.shape[:2] else \
+        torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    dt = torch.promote_types(x.dtype, torch.float32)  # float64 models stay float64
+    xm, gm_ = x[keep].to(dt), g[keep].to(dt)
+    return (xm.T @ xm).double(), (gm_.T @ gm_).double(), int(xm.shape[0])
+
+
 class KroneckerCollector:
     """Collects the Kronecker factors while something else runs forward and backward passes.
 
@@ -146,22 +162,16 @@ class KroneckerCollector:
             x, mask = inputs[0].detach(), self._mask
 
             def on_grad(g: Any) -> None:
-                import torch
-
                 x3 = x.reshape(x.shape[0], -1, x.shape[-1])
                 g3 = g.detach().reshape(g.shape[0], -1, g.shape[-1])
-                keep = mask if mask is not None and mask.shape == x3.shape[:2] else \
-                    torch.ones(x3.shape[:2], dtype=torch.bool, device=x3.device)
-                dt = torch.promote_types(x3.dtype, torch.float32)
-                xm, gm_ = x3[keep].to(dt), g3[keep].to(dt)
+                xx, gg, tokens = _second_moments(x3, g3, mask)
                 # the batch's examples are counted once, by the model-level hook
-                xx, gg = (xm.T @ xm).double(), (gm_.T @ gm_).double()
                 if key in self._sums:
                     self._sums[key][0] += xx
                     self._sums[key][1] += gg
-                    self._sums[key][2] += int(xm.shape[0])
+                    self._sums[key][2] += tokens
                 else:
-                    self._sums[key] = [xx, gg, int(xm.shape[0])]
+                    self._sums[key] = [xx, gg, tokens]
 
             output.register_hook(on_grad)
 
@@ -286,8 +296,6 @@ class _KroneckerEngine(Engine):
 
     def _passes(self, context: FitContext, layers: list[dict[str, Any]], settings: dict[str, Any], draw: int) -> Any:
         """Per batch: ``{layer: (sum x x^T, sum g g^T, real tokens)}`` over the real tokens (float64)."""
-        import torch
-
         from gradian.grads import linear_inputs_and_output_grads
 
         reduction = context.grads.loss_reduction if context.grads is not None else "mean"
@@ -301,14 +309,10 @@ class _KroneckerEngine(Engine):
                 xx = gg = None
                 tokens = 0
                 for x, g in io[lin_id]:
-                    mask = real if x.shape[1] == real.shape[1] else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-                    # padded positions carry no gradient but do carry inputs: keep only real tokens
-                    dt = torch.promote_types(x.dtype, torch.float32)  # float64 models stay float64
-                    xm, gm_ = x[mask].to(dt), g[mask].to(dt)
-                    part_x, part_g = (xm.T @ xm).double(), (gm_.T @ gm_).double()
+                    part_x, part_g, n_tokens = _second_moments(x, g, real)
                     xx = part_x if xx is None else xx + part_x
                     gg = part_g if gg is None else gg + part_g
-                    tokens += int(xm.shape[0])
+                    tokens += n_tokens
                 if xx is not None:
                     out[key] = (xx.cpu().numpy(), gg.cpu().numpy(), tokens)
             yield offset, out, len(batch)
