@@ -2,7 +2,10 @@
 
 Each error also inherits the builtin it refines, so callers that catch ``ValueError`` or
 ``FileNotFoundError`` keep working. Messages name the value, the place (file:line, flag or config
-key) and the fix. The CLI turns any ``GradianError`` into one line on stderr and exit code 2.
+key) and the fix. The CLI turns any ``GradianError`` into one line on stderr and its
+``exit_code``: 2 for bad input (the default), 3 for a ``GradianEnvironmentError`` (a missing
+package, an unwritable folder, a tracking server that does not answer), which the same command can
+get past once the environment is fixed.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ __all__ = [
     "IndexMismatchError",
     "IndexCorruptError",
     "AdapterWeightsError",
+    "GradianEnvironmentError",
     "MissingDependencyError",
 ]
 
@@ -54,5 +58,15 @@ class AdapterWeightsError(ModelLoadError):
     """An adapter's saved weights are missing, incomplete, mis-shaped or not finite."""
 
 
-class MissingDependencyError(GradianError, ImportError):
+class GradianEnvironmentError(GradianError):
+    """The input is fine but the environment is not: a package, a folder, a server or the disk.
+
+    Not an ``OSError`` subclass itself (that would clash with ``ImportError``'s layout in
+    ``MissingDependencyError``); subclasses add the builtin that fits.
+    """
+
+    exit_code = 3
+
+
+class MissingDependencyError(GradianEnvironmentError, ImportError):
     """An optional dependency needed for the requested feature is not installed."""
