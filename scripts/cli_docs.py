@@ -11,10 +11,8 @@ from gradian.cli import app
 
 HEADER = """# Command-line reference
 
-`gradian COMMAND --help` prints the same. Bad input (a missing file, a malformed line, an unknown
-config key, a bad flag value) exits with code 2 and one line naming the file, line, key or flag and
-the fix. `diagnose --fail-on SEVERITY` exits 1 when a finding at or above it fires. Most commands
-take `--config` / `-c`; a flag always wins over the file.
+`gradian COMMAND --help` prints the same. Most commands take `--config` / `-c`; a flag always wins
+over the file.
 
 `python -m gradian` runs the same command line.
 
@@ -23,6 +21,26 @@ row per line, cells separated by tabs, never truncated (`gradian checks | grep c
 `checks`, `diagnose` and `doctor` take `--json` for the same data as JSON. Library warnings,
 advisories and download bars are kept out of the output; `gradian --verbose COMMAND` lets them
 through.
+
+## Exit codes
+
+| code | meaning |
+|---|---|
+| 0 | done |
+| 1 | a gate tripped: `diagnose --fail-on SEVERITY` (a finding at or above it fired), `plan --fail-if-over` |
+| 2 | bad input: a missing file, a malformed line, an unknown config key, a bad flag value, an unknown run |
+| 3 | the environment: a missing package, an unwritable folder, a tracking server that does not answer |
+| 70 | an internal error (a bug): one line `error: internal error: <type>: <message> (rerun with --debug for the traceback)` |
+| 130 | interrupted with Ctrl-C |
+| 143 | stopped with SIGTERM (what `kill`, `timeout` and schedulers send) |
+
+Codes 2, 3 and 70 print one line on stderr, `error: ...`, naming the file, line, key, flag or run
+and the fix; `gradian --debug COMMAND` shows the full traceback instead. On Ctrl-C or SIGTERM the
+cleanups run first: an MLflow run Gradian had opened is marked FAILED. One left RUNNING anyway
+(SIGKILL, or the server gone when it was to be closed; the error names it) is marked FAILED, tagged
+`gradian.stale=true` and named in a warning by the next Gradian run logged under the same training
+run. A password or token in a URI (`http://user:pass@host`, `?token=...`) is printed as `***` in
+every message.
 """
 
 

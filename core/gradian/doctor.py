@@ -128,7 +128,9 @@ def _features() -> list[FeatureStatus]:
     for name, reason in backend_status().items():
         out.append(FeatureStatus(f"train backend {name}", reason is None, reason or "available"))
     mlflow = importlib.util.find_spec("mlflow") is not None
-    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db (embedded default)")
+    from gradian.redact import redact
+
+    uri = redact(os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db (embedded default)"))
     out.append(FeatureStatus("MLflow integration", mlflow, f"tracking URI: {uri}" if mlflow else "mlflow is not installed"))
     return out
 
