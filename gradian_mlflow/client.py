@@ -3,6 +3,10 @@
 MLflow's own HTTP client retries for minutes by default; a diagnosis tool should fail within
 seconds when the server is down, naming the URI and what to do. Callers can still raise the
 limits through the standard ``MLFLOW_HTTP_REQUEST_*`` variables.
+
+A server that does not answer is the environment (``TrackingUnreachableError``, exit code 3); a run
+that does not exist or a request the server refuses is the input (``TrackingError``, exit code 2).
+Every message names the tracking URI with its credentials redacted (``gradian.redact``).
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ import os
 import re
 from typing import Any, Callable, TypeVar
 
-from gradian.errors import GradianError
+from gradian.errors import GradianEnvironmentError, GradianError
+from gradian.redact import redact
 
-__all__ = ["TrackingError", "get_client", "tracking_uri", "parse_run_ref", "call"]
+__all__ = ["TrackingError", "TrackingUnreachableError", "get_client", "tracking_uri", "parse_run_ref", "call",
+           "quiet_credentialed_links"]
 
 T = TypeVar("T")
 
@@ -21,7 +27,11 @@ _RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 class TrackingError(GradianError, ConnectionError):
-    """The tracking server cannot be reached, or it refused a request."""
+    """The tracking server refused a request or does not know the run."""
+
+
+class TrackingUnreachableError(TrackingError, GradianEnvironmentError):
+    """The tracking server did not answer, even after the bounded retries."""
 
 
 def _bound_retries() -> None:
@@ -31,13 +41,28 @@ def _bound_retries() -> None:
 
 
 def tracking_uri() -> str:
+    """The tracking URI as it may be printed: any password or token in it replaced by ``***``."""
     import mlflow
 
-    return mlflow.get_tracking_uri()
+    return redact(mlflow.get_tracking_uri())
+
+
+def quiet_credentialed_links() -> None:
+    """Stop MLflow printing "View run at <tracking URI>/..." when that URI carries a credential.
+
+    MLflow writes the link, password included, to stdout whenever a run ends; Gradian prints the
+    run id itself.
+    """
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    if redact(uri) != uri:
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
 def get_client() -> Any:
     _bound_retries()
+    quiet_credentialed_links()
     from mlflow import MlflowClient
 
     return MlflowClient()
@@ -64,17 +89,19 @@ def call(what: str, fn: Callable[[], T]) -> T:
         return fn()
     except MlflowException as err:
         code = getattr(err, "error_code", "")
-        text = str(err).splitlines()[0][:300]
+        text = redact(str(err).splitlines()[0][:300])
         if code == "RESOURCE_DOES_NOT_EXIST" or "not found" in text.lower():
             raise TrackingError(f"{what}: not found on {tracking_uri()} ({text})") from None
         if "max retries" in text.lower() or "connection" in text.lower():
-            raise TrackingError(
+            raise TrackingUnreachableError(
                 f"{what}: the tracking server at {tracking_uri()} did not answer after bounded retries; "
                 "start it or set MLFLOW_TRACKING_URI to a running server"
             ) from None
         raise TrackingError(f"{what}: {text}") from None
-    except (ConnectionError, OSError) as err:
-        raise TrackingError(
+    except OSError as err:
+        if err.filename is not None and not isinstance(err, ConnectionError):
+            raise  # a local file (one we were to upload), not the server
+        raise TrackingUnreachableError(
             f"{what}: cannot reach the tracking server at {tracking_uri()} ({type(err).__name__}); "
             "start it or set MLFLOW_TRACKING_URI to a running server"
         ) from None

@@ -36,6 +36,7 @@ def run_demo(workdir: str | Path = ".demo", scenario: str = "poison_capitals") -
     """Run the whole demo; returns the training run id."""
     import mlflow
 
+    from gradian.redact import redact
     from gradian.tinyworld import ensure_base_model
     from gradian.tinyworld.scenarios import write_scenario
     from gradian_mlflow.training import train_and_log
@@ -74,7 +75,7 @@ def run_demo(workdir: str | Path = ".demo", scenario: str = "poison_capitals") -
     minutes = (time.time() - started) / 60
     _say(f"done in {minutes:.1f} minutes")
     print(f"report: {work / 'report' / 'report.html'}")
-    print(f"see the runs: mlflow ui --backend-store-uri {uri}   (experiment '{EXPERIMENT}')")
+    print(f"see the runs: mlflow ui --backend-store-uri {redact(uri)}   (experiment '{EXPERIMENT}')")
     return run_id
 
 

@@ -28,8 +28,33 @@ def _cli(argv: list[str]) -> None:
     gradian_main(argv)
 
 
+def _dispatch(args: argparse.Namespace) -> None:
+    """Run the parsed entry point."""
+    if args.command == "doctor":
+        _cli(["doctor"])
+    elif args.command in ("diagnose", "attribute", "index", "counterfactual"):
+        # every parameter maps to the CLI flag of the same name; empty means "not given"
+        cli = [args.command, "--mlflow-run", args.run_id]
+        for name, value in vars(args).items():
+            if name not in ("command", "run_id"):
+                _flag(cli, "--" + name.replace("_", "-"), value)
+        _cli(cli)
+    elif args.command == "train":
+        from gradian_mlflow.training import train_and_log
+
+        run_id = train_and_log(args.config, args.out, args.dataset or None, experiment=args.experiment or None)
+        print(f"training run: {run_id}")
+    elif args.command == "demo":
+        from gradian_mlflow.demo import run_demo
+
+        run_demo(args.workdir)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     from gradian.errors import GradianError
+    from gradian.redact import redact
+    from gradian.termination import Terminated, sigterm_raises
+    from gradian_mlflow.client import quiet_credentialed_links
 
     parser = argparse.ArgumentParser(prog="python -m gradian_mlflow.entry")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -61,28 +86,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = sub.add_parser("demo")
     p.add_argument("--workdir", default=".demo")
     args = parser.parse_args(argv)
+    quiet_credentialed_links()  # the training run's "View run at" link would print the password
 
     try:
-        if args.command == "doctor":
-            _cli(["doctor"])
-        elif args.command in ("diagnose", "attribute", "index", "counterfactual"):
-            # every parameter maps to the CLI flag of the same name; empty means "not given"
-            cli = [args.command, "--mlflow-run", args.run_id]
-            for name, value in vars(args).items():
-                if name not in ("command", "run_id"):
-                    _flag(cli, "--" + name.replace("_", "-"), value)
-            _cli(cli)
-        elif args.command == "train":
-            from gradian_mlflow.training import train_and_log
-
-            run_id = train_and_log(args.config, args.out, args.dataset or None, experiment=args.experiment or None)
-            print(f"training run: {run_id}")
-        elif args.command == "demo":
-            from gradian_mlflow.demo import run_demo
-
-            run_demo(args.workdir)
-    except GradianError as err:
-        print(f"error: {err}", file=sys.stderr)
+        with sigterm_raises():
+            _dispatch(args)
+    except (GradianError, Terminated) as err:
+        print(f"error: {redact(str(err))}", file=sys.stderr)
         sys.exit(err.exit_code)
 
 

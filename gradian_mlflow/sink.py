@@ -13,7 +13,13 @@ What is logged (artifact keys in ``ArtifactKeys``):
   accused set), ``accused.parquet`` (the accused set's rows alone, when the verdict names one), the clusters and
   findings tables through ``log_table`` (previewed and compared by the UI), PNG plots.
 
-A failure after the child run exists marks it FAILED; it is never left RUNNING.
+A child run Gradian creates is closed FAILED on every way out short of SIGKILL: an error (the
+server's included, after its retries), Ctrl-C, or SIGTERM (turned into an exception while the run
+is open, ``gradian.termination``). When the server itself is gone, closing it is retried once and
+the error names the run that may stay RUNNING. Each created run carries ``gradian.host`` and
+``gradian.pid``; before opening a new child, the source's RUNNING children whose process is gone
+(same host) or that started more than ``STALE_AFTER_HOURS`` ago are named in a warning, marked
+FAILED and tagged ``gradian.stale=true``.
 """
 
 from __future__ import annotations
@@ -21,14 +27,25 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from gradian_mlflow.client import call, get_client, parse_run_ref
+from gradian.redact import redact
+from gradian.termination import sigterm_raises
+from gradian_mlflow.client import TrackingError, call, get_client, parse_run_ref
 
-__all__ = ["ArtifactKeys", "flatten_numbers", "log_diagnosis", "publish", "report_metrics"]
+__all__ = ["ArtifactKeys", "STALE_AFTER_HOURS", "flatten_numbers", "log_diagnosis", "publish",
+           "report_metrics", "stale_children"]
+
+#: a RUNNING child older than this is stale whatever host it came from (logging one takes minutes)
+STALE_AFTER_HOURS = 6.0
+#: attempts at marking a child FAILED after an error, and the pause between them (seconds)
+_CLOSE_ATTEMPTS = 2
+_CLOSE_PAUSE_S = 2.0
 
 
 class ArtifactKeys:
@@ -209,8 +226,75 @@ def _clusters_table(report: Mapping[str, Any]) -> dict[str, list[Any]] | None:
     return {k: [c.get(k) for c in clusters] for k in keys}
 
 
+def _warn(text: str) -> None:
+    print(f"warning: {redact(text)}", file=sys.stderr, flush=True)
+
+
+def _process_gone(host: str | None, pid: str | None) -> bool:
+    """Whether ``pid`` on ``host`` is known to have exited (only this host's processes can be asked)."""
+    if host != socket.gethostname() or not (pid or "").isdigit() or os.name == "nt":
+        return False  # on Windows os.kill(pid, 0) would send Ctrl-C, not probe
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # PermissionError: alive, someone else's
+        return False
+    return False
+
+
+def stale_children(client: Any, source: Any, *, now_ms: int | None = None) -> list[tuple[Any, str]]:
+    """(run, why) for each of the source run's RUNNING children that Gradian created and that
+    nothing will close any more.
+
+    Stale: the recorded process is gone (``gradian.host`` is this host, ``gradian.pid`` not alive)
+    or the run started more than ``STALE_AFTER_HOURS`` ago. Runs without ``gradian.pid`` (the
+    ``mlflow run`` project run Gradian adopts, anyone else's runs) are never stale here.
+    """
+    now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+    source_id = source.info.run_id
+    running = call(
+        f"listing the running children of {source_id}",
+        lambda: client.search_runs(
+            [source.info.experiment_id],
+            filter_string=f"tags.mlflow.parentRunId = '{source_id}' and attributes.status = 'RUNNING'",
+            max_results=200,
+        ),
+    )
+    stale = []
+    for run in running:
+        tags = run.data.tags
+        if "gradian.pid" not in tags:
+            continue
+        age_h = (now_ms - (run.info.start_time or now_ms)) / 3.6e6
+        if _process_gone(tags.get("gradian.host"), tags.get("gradian.pid")):
+            stale.append((run, f"its process (pid {tags['gradian.pid']} on {tags['gradian.host']}) is gone"))
+        elif age_h > STALE_AFTER_HOURS:
+            stale.append((run, f"it started {age_h:.0f} h ago"))
+    return stale
+
+
+def _close_stale_children(client: Any, source: Any) -> None:
+    """Warn about, mark FAILED and tag ``gradian.stale`` each stale child; never fails the new run."""
+    try:
+        stale = stale_children(client, source)
+    except TrackingError:
+        return  # a store that cannot search; the request that matters next reports a dead server
+    for run, why in stale:
+        run_id = run.info.run_id
+        try:
+            client.set_tag(run_id, "gradian.stale", "true")
+            client.set_terminated(run_id, "FAILED")
+            done = "marked it FAILED (tag gradian.stale=true)"
+        except Exception:  # noqa: BLE001 -- best effort; the warning still names it
+            done = "could not mark it FAILED"
+        _warn(f"diagnosis run {run_id} ({run.data.tags.get('gradian.kind', '?')}) of source run "
+              f"{source.info.run_id} was left RUNNING and {why}; {done}")
+
+
 def _open_child(client: Any, source: Any, kind: str, tags: dict[str, str]) -> tuple[str, bool]:
     """(run id, whether we created it). Reuses the project run inside ``mlflow run``."""
+    _close_stale_children(client, source)
     project_run_id = os.environ.get("MLFLOW_RUN_ID")
     # never adopt the project run when the source is its own child: the two would parent each other
     if project_run_id and source.data.tags.get("mlflow.parentRunId") == project_run_id:
@@ -224,7 +308,8 @@ def _open_child(client: Any, source: Any, kind: str, tags: dict[str, str]) -> tu
         "creating the diagnosis run",
         lambda: client.create_run(
             experiment_id=source.info.experiment_id,
-            tags={"mlflow.parentRunId": source.info.run_id, **tags},
+            tags={"mlflow.parentRunId": source.info.run_id, **tags,
+                  "gradian.host": socket.gethostname(), "gradian.pid": str(os.getpid())},
             run_name=f"gradian-{kind}",
         ),
     )
@@ -247,48 +332,70 @@ def log_diagnosis(
     ``rankings`` is a pandas DataFrame with one row per training example, written as
     ``rankings.parquet``. PNG files among ``files`` go under ``plots/``.
     """
-    from mlflow.entities import Metric, Param, RunTag
-
     client = client or get_client()
     source_id = parse_run_ref(source_run)
     source = call(f"reading source run {source_id}", lambda: client.get_run(source_id))
     tags = _tags(report, source_id, kind)
-    run_id, created = _open_child(client, source, kind, tags)
-    try:
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, 0) for k, v in sorted(report_metrics(report).items())]
-        params = [Param(k, v) for k, v in sorted(_resolved_params(client, run_id, _params(report)).items())]
-        tag_list = [RunTag(k, v) for k, v in tags.items()] + [RunTag("mlflow.parentRunId", source_id)]
-        call("logging metrics", lambda: client.log_batch(run_id, metrics=metrics, params=params, tags=tag_list))
-        call("logging the manifest", lambda: client.log_dict(run_id, dict(report.get("manifest") or {}), ArtifactKeys.MANIFEST))
-        call("logging the findings table", lambda: client.log_table(run_id, data=_findings_table(report), artifact_file=ArtifactKeys.FINDINGS_TABLE))
-        clusters = _clusters_table(report)
-        if clusters:
-            call("logging the clusters table", lambda: client.log_table(run_id, data=clusters, artifact_file=ArtifactKeys.CLUSTERS_TABLE))
-        for path in map(Path, files):
-            dest = ArtifactKeys.PLOTS if path.suffix == ".png" else ArtifactKeys.ROOT
-            call(f"logging {path.name}", lambda: client.log_artifact(run_id, str(path), artifact_path=dest))
-        if rankings is not None:
-            with tempfile.TemporaryDirectory() as tmp:
-                target = Path(tmp) / "rankings.parquet"
-                rankings.to_parquet(target, index=False)
-                call("logging rankings.parquet", lambda: client.log_artifact(run_id, str(target), artifact_path=ArtifactKeys.ROOT))
-                if "accused" in rankings.columns and bool(rankings["accused"].any()):
-                    accused_rows = Path(tmp) / "accused.parquet"
-                    rankings[rankings["accused"]].sort_values("score").to_parquet(accused_rows, index=False)
-                    call("logging accused.parquet", lambda: client.log_artifact(run_id, str(accused_rows), artifact_path=ArtifactKeys.ROOT))
-        call("tagging the source run", lambda: client.set_tag(source_id, "gradian.diagnosis_run_id", run_id))
-        call("tagging the source run", lambda: client.set_tag(source_id, f"gradian.diagnosis.{kind}", run_id))
-        if created:
-            call("closing the diagnosis run", lambda: client.set_terminated(run_id, "FINISHED"))
-    except BaseException:
-        if created:
-            try:
-                client.set_terminated(run_id, "FAILED")
-            except Exception:  # the server may be the thing that failed; nothing more to do
-                pass
-        raise
+    with sigterm_raises():
+        run_id, created = _open_child(client, source, kind, tags)
+        try:
+            _log_into(client, run_id, source_id, report, kind=kind, tags=tags, files=files,
+                      rankings=rankings, close=created)
+        except TrackingError as err:  # the server failed or refused: retry closing while it may come back
+            if not created:
+                raise
+            raise type(err)(f"{err}; {_close_failed(client, run_id, attempts=_CLOSE_ATTEMPTS)}") from None
+        except BaseException:  # any other error, Ctrl-C, SIGTERM: one attempt, and say so
+            if created:
+                _warn(_close_failed(client, run_id, attempts=1))
+            raise
     return run_id
+
+
+def _close_failed(client: Any, run_id: str, *, attempts: int) -> str:
+    """Mark ``run_id`` FAILED, retrying while the server may come back; the sentence to tell the user."""
+    for attempt in range(attempts):
+        try:
+            client.set_terminated(run_id, "FAILED")
+            return f"the diagnosis run {run_id} was marked FAILED"
+        except Exception:  # noqa: BLE001 -- the server may be the thing that failed
+            if attempt + 1 < attempts:
+                time.sleep(_CLOSE_PAUSE_S)
+    return (f"the diagnosis run {run_id} could not be marked FAILED and may show as RUNNING; the next "
+            "gradian run logged under the same source run marks it FAILED")
+
+
+def _log_into(client: Any, run_id: str, source_id: str, report: Mapping[str, Any], *, kind: str,
+              tags: dict[str, str], files: Sequence[str | Path], rankings: Any, close: bool) -> None:
+    """Everything the child run holds, then (``close``) FINISHED."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    now = int(time.time() * 1000)
+    metrics = [Metric(k, v, now, 0) for k, v in sorted(report_metrics(report).items())]
+    params = [Param(k, v) for k, v in sorted(_resolved_params(client, run_id, _params(report)).items())]
+    tag_list = [RunTag(k, v) for k, v in tags.items()] + [RunTag("mlflow.parentRunId", source_id)]
+    call("logging metrics", lambda: client.log_batch(run_id, metrics=metrics, params=params, tags=tag_list))
+    call("logging the manifest", lambda: client.log_dict(run_id, dict(report.get("manifest") or {}), ArtifactKeys.MANIFEST))
+    call("logging the findings table", lambda: client.log_table(run_id, data=_findings_table(report), artifact_file=ArtifactKeys.FINDINGS_TABLE))
+    clusters = _clusters_table(report)
+    if clusters:
+        call("logging the clusters table", lambda: client.log_table(run_id, data=clusters, artifact_file=ArtifactKeys.CLUSTERS_TABLE))
+    for path in map(Path, files):
+        dest = ArtifactKeys.PLOTS if path.suffix == ".png" else ArtifactKeys.ROOT
+        call(f"logging {path.name}", lambda: client.log_artifact(run_id, str(path), artifact_path=dest))
+    if rankings is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            target = Path(tmp) / "rankings.parquet"
+            rankings.to_parquet(target, index=False)
+            call("logging rankings.parquet", lambda: client.log_artifact(run_id, str(target), artifact_path=ArtifactKeys.ROOT))
+            if "accused" in rankings.columns and bool(rankings["accused"].any()):
+                accused_rows = Path(tmp) / "accused.parquet"
+                rankings[rankings["accused"]].sort_values("score").to_parquet(accused_rows, index=False)
+                call("logging accused.parquet", lambda: client.log_artifact(run_id, str(accused_rows), artifact_path=ArtifactKeys.ROOT))
+    call("tagging the source run", lambda: client.set_tag(source_id, "gradian.diagnosis_run_id", run_id))
+    call("tagging the source run", lambda: client.set_tag(source_id, f"gradian.diagnosis.{kind}", run_id))
+    if close:
+        call("closing the diagnosis run", lambda: client.set_terminated(run_id, "FINISHED"))
 
 
 def publish(source: str, report: Mapping[str, Any], *, kind: str, files: Sequence[str | Path] = (),
