@@ -8,7 +8,13 @@
   checkpoint as a model named ``checkpoint-N``; the transformers flavor keeps a PEFT adapter under
   ``peft/``);
 - the LoRA config from the adapter's ``adapter_config.json`` (the HF callback never logs it);
-- the dataset from the run's dataset inputs when their source is reachable.
+- the dataset from the run's dataset inputs: a source inside the run's own artifacts is always
+  read; one outside them (a local path, another run's or a model's artifacts) only when the caller
+  trusts it (``trust_run_dataset``, the CLI's ``--trust-run-dataset``), since a run can name any
+  file on the reading machine and its rows end up in the report logged back to the server.
+  Otherwise the run's ``data/`` artifact stands in, and a run with neither is refused unless the
+  caller brings the dataset itself (``dataset_given``);
+- the base model from ``adapter_config.json``, else the run's ``gradian.base_model`` tag.
 
 Downloads land in a cache keyed by run and artifact path, written to a temporary folder and moved
 into place only when complete; a ``.gradian-download.json`` records each file's sha256 and is
@@ -37,7 +43,10 @@ from gradian.runs import (
 from gradian.runs.record import LogStep
 from gradian_mlflow.client import call, get_client, parse_run_ref
 
-__all__ = ["read_mlflow_run", "AdapterLocation", "find_adapters", "default_cache_dir"]
+__all__ = ["read_mlflow_run", "AdapterLocation", "find_adapters", "default_cache_dir", "BASE_MODEL_TAG"]
+
+#: the run tag naming the base model (set by ``train_and_log`` and ``GradianCallback``)
+BASE_MODEL_TAG = "gradian.base_model"
 
 _LOG_METRICS = ("loss", "grad_norm", "learning_rate", "epoch", "eval_loss")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -202,7 +211,17 @@ def _logs_from_history(client: Any, run_id: str) -> TrainingLogs:
     return TrainingLogs(steps=sorted(steps, key=lambda s: s.step))
 
 
-def _dataset_from_inputs(run: Any, cache_dir: Path) -> DatasetRef:
+@dataclass
+class _DatasetInputs:
+    """What the run's training dataset inputs gave: a usable dataset, and a source left unread."""
+
+    dataset: DatasetRef
+    #: an outside source that could have been read but was not trusted
+    refused: str | None = None
+
+
+def _dataset_from_inputs(run: Any, cache_dir: Path, *, trust: bool) -> _DatasetInputs:
+    refused = None
     inputs = getattr(run, "inputs", None)
     for dataset_input in getattr(inputs, "dataset_inputs", None) or []:
         tags = {t.key: t.value for t in (dataset_input.tags or [])}
@@ -216,10 +235,54 @@ def _dataset_from_inputs(run: Any, cache_dir: Path) -> DatasetRef:
         uri = source.get("uri") or source.get("url") or source.get("path")
         if not uri:
             continue
-        path = _resolve_data_uri(str(uri), cache_dir)
+        uri = str(uri)
+        if not _is_own_artifact(uri, run) and not trust:
+            if _readable(uri):
+                refused = refused or uri
+            continue
+        path = _resolve_data_uri(uri, cache_dir)
         if path is not None:
-            return DatasetRef(path=str(path), sha256=None)
-    return DatasetRef()
+            return _DatasetInputs(DatasetRef(path=str(path), sha256=None))
+    return _DatasetInputs(DatasetRef(), refused)
+
+
+_ARTIFACT_SCHEMES = ("runs:/", "mlflow-artifacts:", "models:/")
+
+
+def _local_path(uri: str) -> str | None:
+    """The filesystem path ``uri`` names (``file://`` or no scheme), else None."""
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    return None if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:", uri) else uri
+
+
+def _readable(uri: str) -> bool:
+    """Whether ``_resolve_data_uri`` would read something at ``uri``."""
+    local = _local_path(uri)
+    return Path(local).exists() if local is not None else uri.startswith(_ARTIFACT_SCHEMES)
+
+
+def _is_own_artifact(uri: str, run: Any) -> bool:
+    """Whether ``uri`` lies inside the run's own artifacts (``runs:/<this run>/...`` or under its
+    artifact URI); ``..`` segments never count as inside."""
+    if uri.startswith("runs:/"):
+        parts = uri[len("runs:/"):].split("/")
+        return parts[0] == run.info.run_id and ".." not in parts
+    root = str(getattr(run.info, "artifact_uri", "") or "").rstrip("/")
+    if not root:
+        return False
+    local, local_root = _local_path(uri), _local_path(root)
+    if local is not None and local_root is not None:
+        return Path(local).resolve().is_relative_to(Path(local_root).resolve())
+    return uri.startswith(root + "/") and ".." not in uri[len(root):].split("/")
+
+
+def _refused_dataset(run_id: str, uri: str) -> RunRecordError:
+    return RunRecordError(
+        f"run {run_id}: its training dataset input names {uri}, outside the run's own artifacts, and the "
+        f"run logged no data/ artifact to use instead; pass --dataset {uri} to read it, or --trust-run-dataset "
+        "to let the run name its data"
+    )
 
 
 _DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -235,12 +298,10 @@ def _dataset_from_artifacts(run_id: str, files: list[str], cache_dir: Path) -> D
 
 
 def _resolve_data_uri(uri: str, cache_dir: Path) -> Path | None:
-    if uri.startswith("file://"):
-        uri = uri[len("file://"):]
-    local = Path(uri)
-    if local.exists():
-        return local
-    if uri.startswith(("runs:/", "mlflow-artifacts:", "models:/")):
+    local = _local_path(uri)
+    if local is not None:
+        return Path(local) if Path(local).exists() else None
+    if uri.startswith(_ARTIFACT_SCHEMES):
         from mlflow.artifacts import download_artifacts
 
         folder = cache_dir / "datasets" / hashlib.sha256(uri.encode()).hexdigest()[:16]
@@ -281,8 +342,14 @@ def _fill_from_json_artifacts(run_id: str, files: list[str], record: RunRecord, 
                 setattr(record.config, field_name, value)
 
 
-def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any = None) -> RunRecord:
-    """Build a RunRecord from a run id or ``runs:/<id>``; adapters are downloaded to the cache."""
+def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any = None, *,
+                    trust_run_dataset: bool = False, dataset_given: bool = False) -> RunRecord:
+    """Build a RunRecord from a run id or ``runs:/<id>``; adapters are downloaded to the cache.
+
+    ``trust_run_dataset`` lets a dataset input outside the run's artifacts be read;
+    ``dataset_given`` says the caller has the training data already, so a run whose only dataset
+    is such an input is read without one instead of refused.
+    """
     run_id = parse_run_ref(ref)
     client = client or get_client()
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -309,7 +376,15 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
             state = adapter_dir / "trainer_state.json"
             if state.is_file():
                 record.logs = TrainingLogs.from_log_history(json.loads(state.read_text()).get("log_history") or [])
-    record.dataset = _dataset_from_inputs(run, run_cache)
+    if not record.lora.base_model and run.data.tags.get(BASE_MODEL_TAG):
+        record.lora.base_model = run.data.tags[BASE_MODEL_TAG]
+    found = _dataset_from_inputs(run, run_cache, trust=trust_run_dataset)
+    record.dataset = found.dataset
     if record.dataset.path is None:
         record.dataset = _dataset_from_artifacts(run_id, files, run_cache)
+    # with a data/ artifact the refused source is not needed: the run's own copy of its rows is
+    # the better witness anyway (MLflow cannot name a proxied artifact as a dataset source, so
+    # train_and_log and GradianCallback runs name the local file they were trained from)
+    if found.refused is not None and record.dataset.path is None and not dataset_given:
+        raise _refused_dataset(run_id, found.refused)
     return record

@@ -62,7 +62,8 @@ def test_read_hf_style_run(tracking, adapter_dir, data_file, tmp_path):
     from gradian_mlflow.source import read_mlflow_run
 
     run_id = log_hf_style_run(mlflow, adapter_dir, data_file)
-    record = read_mlflow_run(f"runs:/{run_id}", cache_dir=tmp_path / "cache")
+    # the run names its data by a local path and holds no copy: read only because we trust it
+    record = read_mlflow_run(f"runs:/{run_id}", cache_dir=tmp_path / "cache", trust_run_dataset=True)
     assert record.source == f"mlflow:{run_id}"
     assert record.config.learning_rate == 0.002 and record.config.num_train_epochs == 12
     assert record.config.warmup_ratio == 0.03 and record.config.lr_scheduler_type == "linear"
@@ -76,10 +77,10 @@ def test_read_hf_style_run(tracking, adapter_dir, data_file, tmp_path):
     assert record.dataset.path == str(data_file)
 
     # the cache is reused when intact, and refetched when a file was damaged
-    again = read_mlflow_run(run_id, cache_dir=tmp_path / "cache")
+    again = read_mlflow_run(run_id, cache_dir=tmp_path / "cache", trust_run_dataset=True)
     assert again.adapter_dir == record.adapter_dir
     Path(record.adapter_dir, "adapter_config.json").write_text("{}")
-    healed = read_mlflow_run(run_id, cache_dir=tmp_path / "cache")
+    healed = read_mlflow_run(run_id, cache_dir=tmp_path / "cache", trust_run_dataset=True)
     assert json.loads(Path(healed.adapter_dir, "adapter_config.json").read_text())["r"] == 4
 
 
@@ -210,7 +211,7 @@ def test_diagnose_cli_reads_an_mlflow_run_and_logs_a_child(tracking, adapter_dir
     source_id = log_hf_style_run(mlflow, adapter_dir, data_file)
     proc = subprocess.run(
         [sys.executable, "-c", "from gradian.cli import main; main()", "diagnose", "--mlflow-run", source_id,
-         "--out", str(tmp_path / "out")],
+         "--trust-run-dataset", "--out", str(tmp_path / "out")],
         capture_output=True, text=True, cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -225,7 +226,7 @@ def test_diagnose_cli_reads_an_mlflow_run_and_logs_a_child(tracking, adapter_dir
 
     proc = subprocess.run(
         [sys.executable, "-c", "from gradian.cli import main; main()", "diagnose", "--mlflow-run", source_id,
-         "--no-log"], capture_output=True, text=True, cwd=tmp_path)
+         "--trust-run-dataset", "--no-log"], capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0
     assert client.get_run(source_id).data.tags["gradian.diagnosis.diagnose"] == child  # nothing new logged
 

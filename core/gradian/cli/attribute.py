@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import typer
 
+from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
 from gradian.engines.registry import available_engines
 from gradian.errors import ConfigError
 
@@ -22,6 +23,7 @@ def attribute_command(
     run: Optional[str] = typer.Option(None, "--run", "-r", help="Run directory or runs:/<mlflow run id>; merges the audit into the report"),
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the report is logged as its child run"),
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the report back"),
+    trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
     capability: str = typer.Option("capability", "--capability", help="Name of the capability, used in the report"),
     engine: Optional[str] = typer.Option(None, "--engine", help="Attribution engine: " + ", ".join(available_engines()) + " (default: the config's engine.name)"),
     cross_check: str = typer.Option("graddot", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), or none; one that ranks by the same method as --engine is swapped for one that does not"),
@@ -34,7 +36,7 @@ def attribute_command(
     from rich.console import Console
 
     from gradian.attribution import run_attribution
-    from gradian.cli.run_flags import index_progress, publish_to_source, run_reference
+    from gradian.cli.run_flags import index_progress, publish_to_source, read_run, run_reference
     from gradian.config import load_config
 
     run = run_reference(run, mlflow_run)
@@ -49,11 +51,12 @@ def attribute_command(
             "attribute needs --adapter (the LoRA adapter you trained): attribution differentiates with "
             "respect to its parameters"
         )
+    record = read_run(cfg, trust_run_dataset)
     console = Console(stderr=True)
     out_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="gradian-attribute-"))
     with index_progress(console) as progress:
         outcome = run_attribution(
-            cfg, capability=capability, cross_check=cross_check, force=force, out_dir=out_dir,
+            cfg, capability=capability, cross_check=cross_check, run=record, force=force, out_dir=out_dir,
             progress=progress, log=lambda message: console.print(f"[dim]{message}[/]", highlight=False),
         )
     print_summary(Console(), outcome.report)

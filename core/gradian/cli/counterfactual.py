@@ -15,6 +15,7 @@ from typing import Any, Mapping, Optional
 
 import typer
 
+from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
 from gradian.errors import ConfigError
 
 __all__ = ["register", "print_counterfactual"]
@@ -50,6 +51,7 @@ def counterfactual_command(
     run: Optional[str] = typer.Option(None, "--run", "-r", help="The original run: a run directory or runs:/<mlflow run id>"),
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the result is logged as its child run"),
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the result back"),
+    trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
     capability: Optional[str] = typer.Option(None, "--capability", help="Name of the capability (default: the report's, else 'capability')"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the kept rows, the retrained run and report.json/.md/.html"),
 ) -> None:
@@ -61,8 +63,7 @@ def counterfactual_command(
     from gradian.config import load_config
     from gradian.counterfactual import DROP_CHOICES, load_planted, load_report, parse_id_list, plan_removal, run_counterfactual
     from gradian.data import load_dataset
-    from gradian.cli.run_flags import publish_to_source, run_reference
-    from gradian.runs import resolve_run
+    from gradian.cli.run_flags import publish_to_source, read_run, run_reference
 
     run = run_reference(run, mlflow_run)
     if drop_ids is not None and drop_cluster is not None:
@@ -78,7 +79,7 @@ def counterfactual_command(
     flags: dict[str, Any] = {"dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
                              "adapter_path": adapter, "run_dir": run}
     cfg = load_config(config, overrides=flags)
-    record = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir) if cfg.run_dir else None
+    record = read_run(cfg, trust_run_dataset)
     # what neither the flags nor the config say comes from the report's inputs, then the run's
     updates = {k: v for k, v in _inputs_of(accusing, record).items() if not getattr(cfg, k)}
     if updates:

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 import typer
 
+from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
 from gradian.errors import ConfigError
 from gradian.findings import SEVERITIES
 
@@ -27,6 +28,7 @@ def diagnose_command(
     run: Optional[str] = typer.Option(None, "--run", "-r", help="Run directory with trainer logs and the adapter, or runs:/<mlflow run id>"),
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id to read (same as --run runs:/<id>); the diagnosis is logged as its child run"),
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the diagnosis back"),
+    trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
     base_model: Optional[str] = typer.Option(None, "--base-model", "-m", help="Base model id or path, used for its tokenizer only"),
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Sequence length used in training (default: the run's)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write diagnose.json and diagnose.md to this directory"),
@@ -40,7 +42,7 @@ def diagnose_command(
     from gradian.cli.output import print_json
     from gradian.audit.session import diagnose
     from gradian.config import load_config
-    from gradian.cli.run_flags import publish_to_source, run_reference
+    from gradian.cli.run_flags import publish_to_source, read_run, run_reference
 
     if fail_on is not None and fail_on.lower() not in SEVERITIES:
         raise ConfigError(f"--fail-on {fail_on!r}: use one of {', '.join(SEVERITIES)}")
@@ -51,7 +53,7 @@ def diagnose_command(
         config,
         overrides={"dataset": dataset, "eval_dataset": eval_dataset, "run_dir": run, "base_model": base_model},
     )
-    diagnosis = diagnose(cfg, max_seq_length)
+    diagnosis = diagnose(cfg, max_seq_length, run=read_run(cfg, trust_run_dataset))
     result, report = diagnosis.result, diagnosis.report
     # with --json, stdout carries the JSON alone; everything else goes to stderr
     console = Console(stderr=as_json)

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
+
 __all__ = ["register"]
 
 
@@ -18,20 +20,20 @@ def index_command(
     run: Optional[str] = typer.Option(None, "--run", "-r", help="Run directory or runs:/<mlflow run id> holding the adapter and data"),
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the index manifest is logged as its child run"),
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log anything back"),
+    trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
     force: bool = typer.Option(False, "--force", help="Rebuild even when the same inputs are already indexed"),
 ) -> None:
     """Compute every training example's LoRA gradient and store it in the content-addressed index."""
     from rich.console import Console
 
     from gradian.attribution import fill_from_run
-    from gradian.cli.run_flags import index_progress, publish_to_source, run_reference
+    from gradian.cli.run_flags import index_progress, publish_to_source, read_run, run_reference
     from gradian.config import load_config
     from gradian.index import index_from_config
-    from gradian.runs import resolve_run
 
     run = run_reference(run, mlflow_run)
     cfg = load_config(config, {"dataset": dataset, "base_model": base_model, "adapter_path": adapter, "run_dir": run})
-    record = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir) if cfg.run_dir else None
+    record = read_run(cfg, trust_run_dataset)
     if record is not None:
         cfg = fill_from_run(cfg, record)
     with index_progress(Console(stderr=True)) as progress:

@@ -1,5 +1,5 @@
-"""The `--run` / `--mlflow-run` / `--no-log` flags that diagnose, index, attribute and
-counterfactual share, and the progress bar of an index build.
+"""The `--run` / `--mlflow-run` / `--no-log` / `--trust-run-dataset` flags that diagnose, index,
+attribute and counterfactual share, and the progress bar of an index build.
 
 Not a command module (it has no ``register``): the commands import these helpers.
 """
@@ -13,7 +13,10 @@ from typing import Any, Callable, Iterator, Sequence
 
 from gradian.errors import ConfigError
 
-__all__ = ["run_reference", "publish_to_source", "index_progress"]
+__all__ = ["run_reference", "read_run", "publish_to_source", "index_progress", "TRUST_RUN_DATASET_HELP"]
+
+TRUST_RUN_DATASET_HELP = ("Read the training data from wherever the MLflow run's dataset input points (a local "
+                          "path, another run), not only from the run's own artifacts")
 
 
 def run_reference(run: str | None, mlflow_run: str | None) -> str | None:
@@ -23,6 +26,22 @@ def run_reference(run: str | None, mlflow_run: str | None) -> str | None:
     if mlflow_run:
         return mlflow_run if mlflow_run.startswith("runs:/") else f"runs:/{mlflow_run}"
     return run
+
+
+def read_run(cfg: Any, trust_run_dataset: bool = False) -> Any:
+    """The RunRecord ``cfg.run_dir`` names, or None.
+
+    A tracking-server run's dataset input outside its own artifacts is read only with
+    ``--trust-run-dataset``; with ``--dataset`` given, such a run is read without it.
+    """
+    from gradian.runs import resolve_run
+
+    if not cfg.run_dir:
+        return None
+    options = {"trust_run_dataset": True} if trust_run_dataset else {}
+    if cfg.dataset:
+        options["dataset_given"] = True
+    return resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir, **options)
 
 
 def publish_to_source(record: Any, report: dict, kind: str, files: Sequence[Path] = (), *,

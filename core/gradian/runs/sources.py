@@ -1,8 +1,9 @@
 """Resolve a ``--run`` value to a RunRecord: a local directory, or a tracking-server run.
 
 Remote sources register themselves under the ``gradian.run_sources`` entry-point group, each
-pointing at a function ``(ref, cache_dir) -> RunRecord`` with a ``matches(ref) -> bool`` beside
-it. The MLflow integration registers ``mlflow`` this way, so the engine never imports mlflow.
+pointing at a function ``(ref, cache_dir, **options) -> RunRecord`` with a ``matches(ref) -> bool``
+beside it (options: ``trust_run_dataset``, ``dataset_given``; see ``gradian_mlflow.source``). The
+MLflow integration registers ``mlflow`` this way, so the engine never imports mlflow.
 Reports go back the same way, through the ``gradian.report_sinks`` group.
 """
 
@@ -26,7 +27,9 @@ def is_remote_run_ref(ref: str) -> bool:
     return bool(_REMOTE.match(ref.strip())) and not Path(ref).exists()
 
 
-def resolve_run(ref: str, cache_dir: str | Path = ".gradian") -> RunRecord:
+def resolve_run(ref: str, cache_dir: str | Path = ".gradian", **options: bool) -> RunRecord:
+    """Read ``ref``; ``options`` (e.g. ``trust_run_dataset``) go to a tracking-server reader as
+    keywords, and only when given, so a reader that takes none keeps working."""
     if not is_remote_run_ref(ref):
         return read_run_dir(ref)
     sources = {ep.name: ep for ep in entry_points(group="gradian.run_sources")}
@@ -36,7 +39,7 @@ def resolve_run(ref: str, cache_dir: str | Path = ".gradian") -> RunRecord:
             "install gradian-mlflow with its MLflow integration, or pass a local run directory"
         )
     reader = sources["mlflow"].load()
-    return reader(ref, cache_dir=Path(cache_dir) / "mlflow")
+    return reader(ref, cache_dir=Path(cache_dir) / "mlflow", **options)
 
 
 def publish_report(
