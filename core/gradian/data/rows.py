@@ -3,8 +3,14 @@
 Recognized shapes (checked in this order): ``messages`` (aliases ``conversations``,
 ``conversation``; turn keys ``role``/``content`` or ``from``/``value``), ``prompt``/``completion``,
 ``question``/``answer``, ``instruction`` (+ optional ``input``)/``output``, ``input``/``output``,
-``text``. A ``system`` key becomes a leading system turn. Anything else is raw text. ``cluster``
-or ``cluster_id`` declares the row's cluster.
+``text``. A ``system`` key becomes a leading system turn. Anything else is raw text (its string
+values, joined). ``cluster`` or ``cluster_id`` declares the row's cluster.
+
+Rows are checked as they are normalized, and a bad one is a ``DatasetError`` naming its place: a
+row must be a JSON object (or a plain string), not empty; the fields of its shape must be strings
+(or lists of turns where a conversation may stand); a turn needs a role and string content; a
+field set to null beside its partner (``completion: null`` next to a ``prompt``) is refused rather
+than silently read as raw text.
 """
 
 from __future__ import annotations
@@ -18,7 +24,41 @@ from typing import Any, Mapping
 
 from gradian.errors import DatasetError
 
-__all__ = ["Example", "row_to_example", "example_id", "normalize_text"]
+__all__ = ["Example", "row_to_example", "example_id", "normalize_text", "SHAPE_KEYS", "EXPECTED_SHAPES", "has_known_shape"]
+
+#: the keys that make a row one of the recognized shapes (``has_known_shape`` says which sets do)
+SHAPE_KEYS: tuple[str, ...] = ("messages", "conversations", "conversation", "prompt", "completion", "question",
+                               "answer", "instruction", "input", "output", "text")
+#: the shapes in words, for error messages
+EXPECTED_SHAPES = ("messages (or conversations), prompt + completion, question + answer, "
+                   "instruction + output, input + output, or text")
+#: two-field shapes: (the prompt side, the answer side)
+_PAIRS: tuple[tuple[str, str], ...] = (("prompt", "completion"), ("question", "answer"),
+                                       ("instruction", "output"), ("input", "output"))
+
+
+def has_known_shape(keys: Any) -> bool:
+    """True when the set of field names ``keys`` holds every field of at least one recognized shape."""
+    keys = set(keys)
+    return bool(keys & {"messages", "conversations", "conversation", "text"}) or any(
+        a in keys and b in keys for a, b in _PAIRS)
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a Python value's type with its article ("a list", "an object")."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, Mapping):
+        return "an object"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    return f"a {type(value).__name__}"
 
 _ROLE_ALIASES = {
     "user": "user",
@@ -102,25 +142,53 @@ def normalize_text(text: str) -> str:
 
 
 def _text(value: Any) -> str:
+    """Text of a value already checked by ``_check_text`` or ``_check_content``."""
     if value is None:
         return ""
     if isinstance(value, str):
         return value
     if isinstance(value, list):  # content parts: [{"type": "text", "text": "..."}]
-        parts = [p.get("text", "") if isinstance(p, Mapping) else str(p) for p in value]
-        return "".join(parts)
+        return "".join(p if isinstance(p, str) else p.get("text", "") for p in value)
     return str(value)
+
+
+def _check_text(value: Any, key: str, where: str, turns_allowed: bool = False) -> None:
+    """A shape's field must be a string (or, for a prompt or answer side, a list of turns)."""
+    if isinstance(value, str) or (turns_allowed and isinstance(value, list)):
+        return
+    also = " or a list of turns" if turns_allowed else ""
+    if isinstance(value, (Mapping, list)):
+        raise DatasetError(f"{where}: '{key}' is {_json_type(value)}; it must be a string{also}")
+    raise DatasetError(
+        f"{where}: '{key}' is {_json_type(value)} ({json.dumps(value)}); it must be a string{also}: "
+        f"write it as \"{key}\": {json.dumps(str(value).lower() if isinstance(value, bool) else str(value))}"
+    )
+
+
+def _check_content(value: Any, where: str, i: int, role: str) -> None:
+    """A turn's content: a string, or a list of content parts that are strings or carry ``text``."""
+    if isinstance(value, str):
+        return
+    if isinstance(value, list) and all(
+        isinstance(p, str) or (isinstance(p, Mapping) and isinstance(p.get("text", ""), str)) for p in value
+    ):
+        return
+    if value is None:
+        raise DatasetError(f"{where}: turn {i} ({role}) has no content (missing or null); give every turn "
+                           "a 'content' string, or drop the turn")
+    raise DatasetError(f"{where}: turn {i} ({role}) has content that is {_json_type(value)}; it must be a "
+                       "string (or a list of {\"type\": \"text\", \"text\": ...} parts)")
 
 
 def _turns(value: Any, where: str) -> list[dict[str, str]]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list):
-        raise DatasetError(f"{where}: expected a list of turns, got {type(value).__name__}")
+        raise DatasetError(f"{where}: expected a list of turns, got {_json_type(value)}")
     turns = []
     for i, turn in enumerate(value):
         if not isinstance(turn, Mapping):
-            raise DatasetError(f"{where}: turn {i} is {type(turn).__name__}, expected an object with role and content")
+            raise DatasetError(f"{where}: turn {i} is {_json_type(turn)}, expected an object with role and content")
         role = turn.get("role", turn.get("from"))
         if role is None:
             raise DatasetError(f"{where}: turn {i} has no 'role' (or 'from') key")
@@ -131,6 +199,7 @@ def _turns(value: Any, where: str) -> list[dict[str, str]]:
                 "(ShareGPT's human/gpt also work)"
             )
         content = turn.get("content", turn.get("value"))
+        _check_content(content, where, i, mapped)
         turns.append({"role": mapped, "content": _text(content)})
     return turns
 
@@ -151,24 +220,39 @@ def row_to_example(row: Any, index: int, where: str, line: int | None = None) ->
     every column of every row, so a question/answer row would otherwise also look like a
     prompt/completion row. Dropping them also keeps ids equal across file formats.
     """
-    if isinstance(row, Mapping):
-        row = {k: v for k, v in row.items() if v is not None}
-    eid = example_id(row, index)
     if isinstance(row, str):
-        return Example(id=eid, index=index, shape="raw", text=row, line=line)
+        return Example(id=example_id(row, index), index=index, shape="raw", text=row, line=line)
     if not isinstance(row, Mapping):
-        return Example(id=eid, index=index, shape="raw", text=json.dumps(row, ensure_ascii=False), line=line)
+        raise DatasetError(
+            f"{where}: the row is {_json_type(row)}, not an object; each row must be an object "
+            f"with one of these field sets: {EXPECTED_SHAPES}"
+        )
+    original = row
+    row = {k: v for k, v in row.items() if v is not None}
+    if not row:
+        what = "empty ({})" if not original else "all nulls"
+        raise DatasetError(f"{where}: the row is {what}; give it one of these field sets: {EXPECTED_SHAPES}")
+    eid = example_id(row, index)
     cluster = row.get("cluster", row.get("cluster_id"))
     cluster = None if cluster is None else str(cluster)
 
     shape, messages = _shape_and_messages(row, where)
+    if shape in ("text", "raw"):
+        _reject_null_partner(original, row, where)
     if shape == "text":
         return Example(id=eid, index=index, shape="text", text=_text(row["text"]), cluster=cluster, line=line)
     if shape == "raw":
-        values = [_text(v) for k, v in row.items() if k not in ("cluster", "cluster_id") and isinstance(v, str)]
+        values = [v for k, v in row.items() if k not in ("cluster", "cluster_id") and isinstance(v, str)]
+        if not values:
+            raise DatasetError(
+                f"{where}: the row has none of the known fields (it has {', '.join(map(str, row))}) and no text; "
+                f"give it one of these field sets: {EXPECTED_SHAPES}"
+            )
         return Example(id=eid, index=index, shape="raw", text="\n".join(values), cluster=cluster, line=line)
 
     system = row.get("system")
+    if system is not None:
+        _check_text(system, "system", where)
     if system and not (messages and messages[0]["role"] == "system"):
         messages.insert(0, {"role": "system", "content": _text(system)})
     if not any(t["role"] == "assistant" for t in messages):
@@ -179,20 +263,47 @@ def row_to_example(row: Any, index: int, where: str, line: int | None = None) ->
     return Example(id=eid, index=index, shape=shape, messages=messages, cluster=cluster, line=line)
 
 
+def _reject_null_partner(original: Mapping[str, Any], row: Mapping[str, Any], where: str) -> None:
+    """A pair's field present in the row while its partner is null: a broken row, not raw text.
+
+    Columnar files hold nulls in the columns of other shapes, so a null is refused only when the
+    other half of its own pair carries a value.
+    """
+    for a, b in _PAIRS:
+        for present, null in ((a, b), (b, a)):
+            if present in row and null in original and original[null] is None:
+                raise DatasetError(
+                    f"{where}: '{null}' is null beside '{present}'; give it a string, or drop the row"
+                )
+
+
 def _shape_and_messages(row: Mapping[str, Any], where: str) -> tuple[str, list[dict[str, str]]]:
     for key in ("messages", "conversations", "conversation"):
         if key in row:
+            if not isinstance(row[key], list):
+                raise DatasetError(
+                    f"{where}: '{key}' is {_json_type(row[key])}; it must be a list of turns "
+                    "({\"role\": ..., \"content\": ...})"
+                )
             return "messages", _turns(row[key], f"{where} ('{key}')")
-    if "prompt" in row and "completion" in row:
-        return "prompt_completion", _chat(row["prompt"], row["completion"], where)
-    if "question" in row and "answer" in row:
-        return "question_answer", _chat(row["question"], row["answer"], where)
+    for a, b, shape in (("prompt", "completion", "prompt_completion"), ("question", "answer", "question_answer")):
+        if a in row and b in row:
+            _check_text(row[a], a, where, turns_allowed=True)
+            _check_text(row[b], b, where, turns_allowed=True)
+            return shape, _chat(row[a], row[b], where)
     if "instruction" in row and "output" in row:
+        _check_text(row["instruction"], "instruction", where)
+        _check_text(row["output"], "output", where, turns_allowed=True)
+        if "input" in row:
+            _check_text(row["input"], "input", where)
         extra = _text(row.get("input"))
         prompt = _text(row["instruction"]) + (f"\n\n{extra}" if extra.strip() else "")
         return "instruction_input_output", _chat(prompt, row["output"], where)
     if "input" in row and "output" in row:
+        _check_text(row["input"], "input", where, turns_allowed=True)
+        _check_text(row["output"], "output", where, turns_allowed=True)
         return "input_output", _chat(row["input"], row["output"], where)
     if "text" in row:
+        _check_text(row["text"], "text", where)
         return "text", []
     return "raw", []
