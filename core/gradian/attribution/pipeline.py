@@ -128,7 +128,7 @@ def run_attribution(
         log(f"measuring '{capability}' on the base and tuned models")
         eval_set = diagnosis.inputs.eval_dataset or load_dataset(cfg.eval_dataset)
         cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability=capability)
-        gate = gate_attribution(cap, cfg.evaluation.require_significant)
+        gate = gate_attribution(cap, cfg.evaluation.require_significant, cfg.evaluation.min_items)
         allowed, gated = gate.allowed, gate.gated
         if gate.finding is not None:
             findings.append(gate.finding)

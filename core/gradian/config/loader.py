@@ -225,6 +225,7 @@ _POSITIVE_INT = (
     "evaluation.max_new_tokens",
     "evaluation.batch_size",
     "evaluation.n_bootstrap",
+    "evaluation.min_items",
     "clustering.n_clusters",
     "clustering.max_features",
     "clustering.svd_dim",

@@ -67,6 +67,7 @@ class EvaluationConfig:
     metric: str = _f("exact_match", "exact_match, contains, not_contains or loglik (a proxy)")
     greedy: bool = _f(True, "Greedy decoding, for reproducible measurements")
     require_significant: bool = _f(True, "Refuse to attribute when the delta's interval includes zero")
+    min_items: int = _f(5, "Fewest eval items the significance gate accepts; with fewer it does not pass, whatever the interval")
     query_signal: str = _f("auto", "Query gradient: contrastive, target, or auto (contrastive when generations exist)")
 
 

@@ -477,9 +477,10 @@ def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str
             summary += f" The audit still raised: {_ids(serious)}."
     elif attribution is None:
         kind = _kind_of(serious) or "inconclusive"
-        summary = f"{cap_text} Attribution did not run; "
+        gate = next((f for f in given if f.id == "attribution.gate_failed"), None)
+        summary = f"{cap_text} Attribution did not run" + (f" ({gate.title}); " if gate is not None else "; ")
         summary += (f"the audit names {_ids(serious)}." if serious
-                    else "no high or critical audit finding explains the regression.")
+                    else "no high or critical audit finding explains the change.")
     elif lumpy:
         kind = "mixed" if high_config else "data"
         summary = f"{cap_text} {cluster_text}"
