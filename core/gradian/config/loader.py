@@ -1,8 +1,11 @@
 """Load, merge, validate, hash and write configs.
 
 YAML is read with line numbers so an unknown key is reported as ``file:line``, with the closest
-valid key. OmegaConf merges the YAML over the dataclass defaults, then command-line overrides over
-that (flags win), and converts the result back to typed dataclasses.
+valid key; a key written twice in one mapping is refused (YAML would silently keep the last), and
+so is a file that is not UTF-8 or nests too deeply to parse. OmegaConf merges the YAML over the
+dataclass defaults, then command-line overrides over that (flags win), and converts the result
+back to typed dataclasses. Values are checked after the merge: every float finite, seeds in
+``[0, 2**32)``, counts and rates in range, each error naming the key's ``file:line``.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import dataclasses
 import difflib
 import hashlib
 import json
+import math
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import yaml
 from omegaconf import OmegaConf
@@ -43,18 +47,21 @@ def load_config(
     base = OmegaConf.structured(GradianConfig)
     layers = [base]
     where = "defaults"
+    key_lines: dict[str, int] = {}
     if path is not None:
         path = Path(path)
         where = str(path)
         data = _apply_key_aliases(_read_yaml(path), path)
         _reject_unknown_keys(data, GradianConfig, path)
         layers.append(OmegaConf.create(data))
+        key_lines = dict(_line_numbers)
     if overrides:
         flat = {k: v for k, v in overrides.items() if v is not None}
         nested: dict[str, Any] = {}
         for key, value in flat.items():
             _check_dotted_key(key)
             _set_dotted(nested, key, value)
+            key_lines.pop(key, None)  # a flag set it: the file's line is not where the value came from
         layers.append(OmegaConf.create(nested))
         where = f"{where} + command-line flags" if path else "command-line flags"
     try:
@@ -67,27 +74,71 @@ def load_config(
     except ConfigError as err:  # raised by a section's __post_init__
         raise ConfigError(f"{where}: {err}") from None
     assert isinstance(config, GradianConfig)  # internal invariant, not user input
-    validate_config(config, where=where)
+    validate_config(config, where=where, key_lines={k: f"{path}:{n}" for k, n in key_lines.items()})
     return config
+
+
+class _DuplicateKey(Exception):
+    def __init__(self, key: Any, first: int, again: int) -> None:
+        super().__init__(key)
+        self.key, self.first, self.again = key, first, again
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key that appears twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not None:
+                raise _DuplicateKey(key, first, key_node.start_mark.line + 1)
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}. Write a starter one with `gradian init-config`.")
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+            "save the file as UTF-8"
+        ) from None
+    _line_numbers.clear()
+    try:
+        _line_numbers.update(_key_lines(text))
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(f"{path}{line}: not valid YAML ({problem})") from None
+    except _DuplicateKey as dup:
+        dotted = next((k for k, n in _line_numbers.items()
+                       if n == dup.again and k.rsplit(".", 1)[-1] == str(dup.key)), str(dup.key))
+        raise ConfigError(
+            f"{path}:{dup.again}: key '{dotted}' is set twice (first at line {dup.first}); YAML would keep only "
+            "the last value, so delete one of them"
+        ) from None
+    except RecursionError:
+        raise ConfigError(
+            f"{path}: nested too deeply to read; a config holds a few levels of sections and keys"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
-    _line_numbers.clear()
-    _line_numbers.update(_key_lines(text))
     return data
 
 
@@ -129,7 +180,7 @@ def _key_lines(text: str) -> dict[str, int]:
                 walk(value_node, key + ".")
 
     try:
-        walk(yaml.compose(text), "")
+        walk(yaml.compose(text, Loader=yaml.SafeLoader), "")
     except yaml.YAMLError:
         pass
     return out
@@ -252,11 +303,43 @@ def _get(config: Any, dotted: str) -> Any:
     return config
 
 
-def validate_config(config: GradianConfig, where: str = "config") -> None:
-    """Raise ``ConfigError`` naming the first field whose value is out of range."""
+#: seeds reach numpy's legacy ``np.random.seed`` (and ``random``/``torch``): 32 bits, not negative
+_SEEDS = ("seed", "grads.projection_seed", "engine.fisher_seed")
+SEED_LIMIT = 2**32
+
+
+def _float_fields(section: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every float value in the config (dataclass fields and free-form dicts), by dotted key."""
+    items = (((f.name, getattr(section, f.name)) for f in dataclasses.fields(section))
+             if dataclasses.is_dataclass(section) else section.items())
+    for name, value in items:
+        key = f"{prefix}{name}"
+        if dataclasses.is_dataclass(value) or isinstance(value, Mapping):
+            yield from _float_fields(value, key + ".")
+        elif isinstance(value, float):
+            yield key, value
+        elif isinstance(value, (list, tuple)):
+            yield from ((f"{key}[{i}]", v) for i, v in enumerate(value) if isinstance(v, float))
+
+
+def validate_config(config: GradianConfig, where: str = "config",
+                    key_lines: Mapping[str, str] | None = None) -> None:
+    """Raise ``ConfigError`` naming the first field whose value is out of range.
+
+    ``key_lines`` maps a dotted key to the ``file:line`` it was read from, to name in the message.
+    """
+    key_lines = key_lines or {}
 
     def bad(key: str, value: Any, rule: str) -> ConfigError:
-        return ConfigError(f"{where}: '{key}' is {value!r}; it must be {rule}")
+        return ConfigError(f"{key_lines.get(key, where)}: '{key}' is {value!r}; it must be {rule}")
+
+    for key, value in _float_fields(config):
+        if not math.isfinite(value):
+            raise bad(key, value, "a finite number (.inf and .nan are not values here)")
+    for key in _SEEDS:
+        value = _get(config, key)
+        if not 0 <= value < SEED_LIMIT:
+            raise bad(key, value, f"a whole number from 0 to {SEED_LIMIT - 1} (what numpy and torch accept as a seed)")
 
     for key, choices in CHOICES.items():
         value = _get(config, key)
