@@ -23,10 +23,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from gradian.errors import AdapterWeightsError, ModelLoadError
+from gradian.errors import AdapterWeightsError, MissingDependencyError, ModelLoadError
 
 __all__ = ["resolve_device", "resolve_dtype", "load_tokenizer", "load_peft_model", "read_adapter_config",
-           "check_adapter_weights"]
+           "check_adapter_weights", "check_attention_kernel"]
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
 #: weight files PEFT saves, in the order it looks for them
@@ -200,6 +200,17 @@ def _check_base_files(base: str) -> None:
             ) from None
 
 
+def check_attention_kernel(name: str) -> None:
+    """``flash_attention_2`` needs the flash-attn package: say so before any weights are read."""
+    import importlib.util
+
+    if name == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise MissingDependencyError(
+            "attn_implementation: flash_attention_2 needs the flash-attn package, which is not installed; "
+            "install it on a CUDA machine (pip install flash-attn), or set attn_implementation: sdpa or eager"
+        )
+
+
 def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -> Any:
     """The base model (``base``, or the adapter's recorded base) with ``adapter`` attached, in eval mode.
 
@@ -213,6 +224,7 @@ def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -
     from safetensors import SafetensorError
 
     config = config or GradianConfig()
+    check_attention_kernel(config.attn_implementation)
     adapter_dir = Path(adapter)
     adapter_config = read_adapter_config(adapter_dir)
     saved = check_adapter_weights(adapter_dir, adapter_config)  # before the (slow) base model load
@@ -227,6 +239,11 @@ def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -
             base, dtype=dtype, attn_implementation=config.attn_implementation,
             trust_remote_code=config.trust_remote_code,
         )
+    except ImportError as err:  # transformers' own check of the attention kernel's requirements
+        raise MissingDependencyError(
+            f"attn_implementation: {config.attn_implementation} cannot be used here ({str(err).splitlines()[0]}); "
+            "set attn_implementation: eager (the default) or sdpa"
+        ) from None
     except (OSError, ValueError, SafetensorError) as err:
         raise ModelLoadError(
             f"cannot load base model '{base}' ({str(err).splitlines()[0]}); check base_model / --base-model"

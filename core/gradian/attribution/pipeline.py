@@ -91,12 +91,13 @@ def run_attribution(
     from gradian import __version__
     from gradian.audit.session import diagnose
     from gradian.config import config_hash, config_to_dict
+    from gradian.config.loader import validate_for_dataset
     from gradian.data import load_dataset
     from gradian.engines import equivalent_engines, rank_correlation
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients
     from gradian.index import GradientIndex
-    from gradian.model_loading import load_tokenizer
+    from gradian.model_loading import check_attention_kernel, load_tokenizer
     from gradian.query import build_query_gradient, select_query_items
     from gradian.report import assemble_report, top_examples, write_report
     from gradian.runs import resolve_run
@@ -105,6 +106,7 @@ def run_attribution(
     if run is None and cfg.run_dir:
         run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
     cfg = fill_from_run(cfg, run)
+    check_attention_kernel(cfg.attn_implementation)  # before the audit, not after it
     torch.manual_seed(cfg.seed)
 
     findings: list[Any] = []
@@ -114,6 +116,7 @@ def run_attribution(
     findings += diagnosis.result.findings
     skipped += diagnosis.result.skipped
     dataset = diagnosis.inputs.dataset or load_dataset(cfg.dataset)
+    validate_for_dataset(cfg, len(dataset), dataset.path)
 
     log(f"loading {cfg.base_model} with the adapter {cfg.adapter_path}")
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
@@ -395,7 +398,40 @@ def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any) -
             activate(gm, None, cfg)
 
     query = qg.per_item if qg.per_item is not None else qg.vectors
-    return get_engine(state.engine).score(state, query, engine_cfg, query_for=query_for)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in words
+        result = get_engine(state.engine).score(state, query, engine_cfg, query_for=query_for)
+    _check_finite_scores(result.scores, engine_cfg)
+    return result
+
+
+def _check_finite_scores(scores: Any, engine_cfg: Any) -> None:
+    """Non-finite scores are refused before anything is ranked or written, naming the damping key.
+
+    With finite gradients (the adapter's weights are checked on load) a NaN or inf score comes from
+    the inverse curvature: a damping so small that dividing by it overflows.
+    """
+    values = np.asarray(scores, dtype=np.float64)
+    bad = int(values.size - np.isfinite(values).sum())
+    if not bad:
+        return
+    from gradian.engines import get_engine
+
+    if get_engine(engine_cfg.name).curvature == "none":  # no damping: the gradients themselves overflowed
+        raise ConfigError(
+            f"{engine_cfg.name} gave {bad} of {values.size} influence scores that are NaN or infinite: the "
+            "per-example gradients overflowed; compute them at full precision (dtype: float32). Nothing was written"
+        )
+    if engine_cfg.lambda_override is not None:
+        key, value = "engine.lambda_override", engine_cfg.lambda_override
+        fix = "raise it, or remove it to damp by engine.lambda_scale"
+    else:
+        key, value = "engine.lambda_scale", engine_cfg.lambda_scale
+        fix = "raise it (0.1 is the default)"
+    raise ConfigError(
+        f"{engine_cfg.name} gave {bad} of {values.size} influence scores that are NaN or infinite with "
+        f"{key}={value!r}: the damping is too small for these gradients, so inverting the curvature "
+        f"overflowed; {fix}. Nothing was written"
+    )
 
 
 def _mean_over_items(scores: Any) -> np.ndarray:

@@ -164,6 +164,12 @@ def cluster_examples(examples: Sequence[Any], config: Any, seed: int = 1234, *,
                 vectors = np.concatenate([vectors, np.asarray(gradient_vectors, dtype=np.float64)], axis=1) / np.sqrt(2.0)
                 described += " concatenated with per-example gradients"
         if method == "hdbscan":
+            if n < config.min_cluster_size:  # sklearn would raise a bare ValueError about min_samples
+                raise ConfigError(
+                    f"'clustering.min_cluster_size' is {config.min_cluster_size} but only {n} rows are clustered, "
+                    f"so HDBSCAN cannot form a single cluster; set it to at most {max(2, n // 2)}, or use "
+                    "clustering.method: kmeans"
+                )
             keys = _hdbscan(vectors, config.min_cluster_size)
             noise_share = keys.count(NOISE) / n
             n_found = len(set(keys) - {NOISE})

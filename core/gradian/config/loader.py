@@ -29,6 +29,7 @@ from gradian.errors import ConfigError
 __all__ = [
     "load_config",
     "validate_config",
+    "validate_for_dataset",
     "config_to_dict",
     "config_hash",
     "render_starter_config",
@@ -378,6 +379,24 @@ def validate_config(config: GradianConfig, where: str = "config",
             re.compile(config.grads.module_filter)
         except re.error as err:
             raise bad("grads.module_filter", config.grads.module_filter, f"a valid regex ({err})") from None
+
+
+def validate_for_dataset(config: GradianConfig, n_examples: int, dataset: str = "the dataset") -> None:
+    """Settings that must fit the training data, checked once its size is known (before any model).
+
+    ``clustering.min_cluster_size`` above the number of rows leaves HDBSCAN nothing to form. Under
+    ``method: auto`` with the default size the documented fallback (KMeans) applies; a size the
+    user chose, or ``method: hdbscan``, is an error rather than a silent change of method.
+    """
+    clustering = config.clustering
+    default = next(f.default for f in dataclasses.fields(clustering) if f.name == "min_cluster_size")
+    chosen = clustering.method == "hdbscan" or clustering.min_cluster_size != default
+    if clustering.method in ("auto", "hdbscan") and chosen and clustering.min_cluster_size > n_examples:
+        raise ConfigError(
+            f"'clustering.min_cluster_size' is {clustering.min_cluster_size} but {dataset} has only "
+            f"{n_examples} rows, so HDBSCAN cannot form a single cluster; set it to at most {max(2, n_examples // 2)}, "
+            "or use clustering.method: kmeans"
+        )
 
 
 # -- serialization -----------------------------------------------------------------------------
