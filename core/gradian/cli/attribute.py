@@ -38,6 +38,7 @@ def attribute_command(
     from gradian.attribution import run_attribution
     from gradian.cli.run_flags import index_progress, publish_to_source, read_run, run_reference
     from gradian.config import load_config
+    from gradian.paths import ensure_writable_dir
 
     run = run_reference(run, mlflow_run)
     if cross_check not in (*available_engines(), "none"):
@@ -51,6 +52,10 @@ def attribute_command(
             "attribute needs --adapter (the LoRA adapter you trained): attribution differentiates with "
             "respect to its parameters"
         )
+    # before any model is loaded: a folder that cannot take the index or the report fails now
+    ensure_writable_dir(cfg.cache_dir, "cache_dir")
+    if out is not None:
+        ensure_writable_dir(out, "--out")
     record = read_run(cfg, trust_run_dataset)
     console = Console(stderr=True)
     out_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="gradian-attribute-"))

@@ -74,6 +74,10 @@ def counterfactual_command(
         raise ConfigError(f"--drop {drop!r}: use {' or '.join(DROP_CHOICES)}")
     if drop is not None and report is None:
         raise ConfigError("--drop names part of a report: pass --report too (or use --drop-cluster/--drop-ids)")
+    if out is not None:  # before the retrain, not after it
+        from gradian.paths import ensure_writable_dir
+
+        ensure_writable_dir(out, "--out")
 
     accusing, rankings = load_report(report) if report is not None else (None, None)
     flags: dict[str, Any] = {"dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,

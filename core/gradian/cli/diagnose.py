@@ -48,6 +48,10 @@ def diagnose_command(
         raise ConfigError(f"--fail-on {fail_on!r}: use one of {', '.join(SEVERITIES)}")
     if max_seq_length is not None and max_seq_length <= 0:
         raise ConfigError(f"--max-seq-length {max_seq_length}: must be a positive number of tokens")
+    if out is not None:
+        from gradian.paths import ensure_writable_dir
+
+        ensure_writable_dir(out, "--out")
     run = run_reference(run, mlflow_run)
     cfg = load_config(
         config,

@@ -30,9 +30,11 @@ def index_command(
     from gradian.cli.run_flags import index_progress, publish_to_source, read_run, run_reference
     from gradian.config import load_config
     from gradian.index import index_from_config
+    from gradian.paths import ensure_writable_dir
 
     run = run_reference(run, mlflow_run)
     cfg = load_config(config, {"dataset": dataset, "base_model": base_model, "adapter_path": adapter, "run_dir": run})
+    ensure_writable_dir(cfg.cache_dir, "cache_dir")  # before the model loads, not after the gradients
     record = read_run(cfg, trust_run_dataset)
     if record is not None:
         cfg = fill_from_run(cfg, record)
