@@ -51,6 +51,31 @@ def test_the_accused_set_is_the_planted_rows_not_the_topic():
     assert accused.example_ids[0] == ids[int(np.argmin(scores))]  # most harmful first
 
 
+def _spiky_cluster(seed: int = 0, n_spike: int = 186, n_spread: int = 140, n_planted: int = 48):
+    """Curvature-corrected scores, shaped like EK-FAC's on ``poison_capitals_ontopic``: in harm
+    ``t = asinh(-score / 40)``, most clean rows in a narrow spike at zero, the other clean rows
+    spread widely around a helpful mean, the planted rows far out in the harmful tail."""
+    rng = np.random.default_rng(seed)
+    t = np.concatenate([rng.normal(0.0, 0.1, n_spike), rng.normal(-1.7, 1.8, n_spread),
+                        rng.normal(5.0, 0.8, n_planted)])
+    order = rng.permutation(len(t))
+    ids = [f"s{i}" for i in range(len(t))]
+    return ids, -40.0 * np.sinh(t[order]), order >= n_spike + n_spread
+
+
+def test_a_spike_of_neutral_rows_does_not_hide_the_harmful_group(monkeypatch):
+    from gradian.cluster import accused as accused_module
+    from gradian.cluster import refine_accused
+
+    ids, scores, planted = _spiky_cluster()
+    accused = refine_accused("1", ids, scores, scale=40.0)
+    precision, recall = _precision_recall(set(accused.example_ids), ids, planted)
+    assert accused.method == "score_gap" and precision >= 0.8 and recall >= 0.8, (accused.method, precision, recall)
+    # the reason for a third component: two spend themselves on the spike against the spread
+    monkeypatch.setattr(accused_module, "MIXTURE_KS", (1, 2))
+    assert refine_accused("1", ids, scores, scale=40.0).method == "whole_cluster"
+
+
 def test_a_cluster_that_is_all_harm_stays_whole():
     from gradian.cluster import refine_accused
 

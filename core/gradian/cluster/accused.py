@@ -6,13 +6,18 @@ all of it throws away more good rows than bad. ``refine_accused`` splits the clu
 ``AccusedSet``: the rows whose harm stands out, what share of the cluster's harm they carry, the
 estimated share of them that is harmful, and the rows left out.
 
-Is there a split at all? A two-component Gaussian mixture on the transformed harm
-``t = asinh(-score / s)`` (``s`` = the dataset's median absolute score: linear near zero,
-logarithmic in the tail, so one very harmful row does not flatten the rest) must beat one Gaussian
-on BIC with Ashman's D >= 2. If it does not, the whole cluster is the accused set.
+Is there a split at all? Gaussian mixtures of one, two and three components are fitted to the
+transformed harm ``t = asinh(-score / s)`` (``s`` = the dataset's median absolute score: linear
+near zero, logarithmic in the tail, so one very harmful row does not flatten the rest) and the one
+with the lowest BIC is kept. The harm is bimodal when that mixture has more than one component and
+its most harmful component stands apart from the next one (Ashman's D >= 2). If it is not, the
+whole cluster is the accused set. Three components, not two: curvature-corrected scores put many
+clean rows in a narrow spike at zero with the rest of the clean rows spread around it, and a
+two-component fit then spends itself separating the spike from the spread, not the harmful rows
+from the clean ones.
 
-If it does, the accused set is ``score_gap``: the rows above the widest gap in sorted ``t`` between
-the two components' means. The other candidates are computed and listed beside it with their
+If it is bimodal, the accused set is ``score_gap``: the rows above the widest gap in sorted ``t``
+between the most harmful component's mean and the next one's. The other candidates are computed and listed beside it with their
 figures, for the reader to check: ``score_mixture`` (the rows more likely in the harmful
 component), ``gradient_k2``..``gradient_k4`` (KMeans on the members' unit-length, projected
 per-example gradients, the most harmful sub-cluster), ``whole_cluster``. Each candidate carries
@@ -21,11 +26,13 @@ mean, over its rows, of the mixture's probability of the harmful component; the 
 ``score < 0`` when the harm is not bimodal) and their harmonic mean.
 
 Why the gap, by measurement on tinyworld's ``poison_capitals_ontopic`` under
-``clustering.method: auto`` (48 planted rows in a 374-row topic cluster), two fine-tunes of the
-same data: the gap kept 49 rows (precision 0.92, recall 0.94) and 46 rows (0.89, 0.85); the
-mixture's posterior kept 44 (1.00, 0.92) and 35 (1.00, 0.73): it cuts inside the planted rows'
-long tail when their harm spans decades. Gradient sub-clusters there mix the planted rows with the
-on-topic clean rows (the best held 44 planted among 129 rows), so they are reported, not chosen.
+``clustering.method: auto`` (48 planted rows in a 374-row topic cluster, one fine-tune), with
+DataInf's scores: the gap kept 46 rows (precision 0.89, recall 0.85), the mixture's posterior 35
+(1.00, 0.73): it cuts inside the planted rows' long tail when their harm spans decades. With
+EK-FAC's scores: the gap kept 52 (0.88, 0.96), the posterior 46 (0.96, 0.92); a two-component fit
+found no split there at all and kept the whole cluster (0.13, 1.00). Gradient sub-clusters mix the
+planted rows with the on-topic clean rows (the best held 44 planted among 129 rows), so they are
+reported, not chosen. Reproduce with ``projects/benchmarks/bench_accused.py``.
 """
 
 from __future__ import annotations
@@ -40,6 +47,9 @@ __all__ = ["AccusedCandidate", "AccusedSet", "harm_transform", "refine_accused"]
 
 #: Ashman's D a two-component mixture must reach to count as two groups
 MIN_SEPARATION = 2.0
+#: mixture sizes compared by BIC, and the restarts of each fit
+MIXTURE_KS = (1, 2, 3)
+N_INIT = 5
 #: gradient sub-cluster counts tried
 GRADIENT_KS = (2, 3, 4)
 
@@ -113,22 +123,26 @@ def harm_transform(scores: np.ndarray, scale: float) -> np.ndarray:
 
 
 def _harmful_probability(t: np.ndarray, scores: np.ndarray, seed: int) -> tuple[np.ndarray, tuple[float, float] | None]:
-    """P(harmful component) per row, and the two component means (None when not bimodal)."""
+    """P(most harmful component) per row, and the means of that component and the next one below
+    it (None when the harm is not bimodal: see the module docstring)."""
     from sklearn.mixture import GaussianMixture
 
     fallback = (scores < 0).astype(np.float64)
     if len(t) < 6 or np.ptp(t) == 0:
         return fallback, None
     x = t[:, None]
-    two = GaussianMixture(2, random_state=seed, n_init=3).fit(x)
-    one = GaussianMixture(1, random_state=seed).fit(x)
-    means = two.means_.ravel()
-    variances = two.covariances_.ravel()
-    separation = math.sqrt(2.0) * abs(means[0] - means[1]) / math.sqrt(float(variances.sum()))
-    if two.bic(x) >= one.bic(x) or separation < MIN_SEPARATION:
+    fits = [GaussianMixture(k, random_state=seed, n_init=N_INIT).fit(x) for k in MIXTURE_KS if k < len(t)]
+    best = min(fits, key=lambda g: g.bic(x))
+    if best.n_components == 1:
         return fallback, None
-    harmful = int(np.argmax(means))
-    return two.predict_proba(x)[:, harmful], (float(means.min()), float(means.max()))
+    means = best.means_.ravel()
+    variances = best.covariances_.ravel()
+    order = np.argsort(means)
+    top, below = int(order[-1]), int(order[-2])
+    separation = math.sqrt(2.0) * (means[top] - means[below]) / math.sqrt(float(variances[top] + variances[below]))
+    if separation < MIN_SEPARATION:
+        return fallback, None
+    return best.predict_proba(x)[:, top], (float(means[below]), float(means[top]))
 
 
 def _gap_split(t: np.ndarray, between: tuple[float, float] | None = None) -> np.ndarray | None:

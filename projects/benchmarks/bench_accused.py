@@ -1,0 +1,135 @@
+"""The accused set each engine's scores lead to, when the clusters are discovered, not declared.
+
+One fine-tune of a poison scenario whose planted rows share their topic with correct clean rows
+(``poison_capitals_ontopic`` by default), with the declared ``cluster`` column removed from the
+training file so that ``clustering.method: auto`` has to find the topics itself. Then the
+attribution pipeline once per engine (contrastive query, no cross-check), and for each, against
+the ground truth in ``scenario.json``:
+
+- the accused topic cluster: its size and how many planted rows it holds;
+- the accused set the report chose: its method, size, precision and recall of the planted rows;
+- every candidate split ``refine_accused`` weighed (whole cluster, score gap, score mixture,
+  gradient sub-clusters), with the same precision and recall, so a better rule can be seen.
+
+Run: ``python projects/benchmarks/bench_accused.py [--work DIR] [--engines datainf,ekfac]
+[--scenario NAME] [--set KEY=VALUE] [--out results.json]``. The work directory keeps the
+fine-tune and the indexes; a second run only scores. About three minutes on 2 CPU cores the first
+time. Every figure comes from one fine-tune; nothing is averaged over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+SCENARIO = "poison_capitals_ontopic"
+ENGINES = ("datainf", "ekfac", "kfac", "graddot")
+
+
+def prepare_run(work: Path, scenario: str) -> tuple[Path, set[int]]:
+    """Write the scenario without its declared clusters and fine-tune it once (reused after)."""
+    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.train import train_lora
+
+    root = work / scenario
+    if not ((root / "run" / "gradian_run.json").is_file() and (root / "scenario.json").is_file()):
+        write_scenario(scenario, root)
+        train = root / "train.jsonl"
+        rows = [json.loads(line) for line in train.read_text().splitlines() if line.strip()]
+        for row in rows:
+            row.pop("cluster", None)
+        train.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        train_lora(root / "gradian.yaml", root / "run", overwrite=True)
+    info = json.loads((root / "scenario.json").read_text())
+    return root, {int(i) for i in info["planted"]["indices"]}
+
+
+def precision_recall(chosen: set[int], planted: set[int]) -> tuple[float, float]:
+    hit = len(chosen & planted)
+    return (hit / len(chosen) if chosen else 0.0), (hit / len(planted) if planted else 0.0)
+
+
+def candidate_rows(rankings: Any, accused: dict[str, Any], seed: int) -> dict[str, set[int]]:
+    """Row indices of every candidate split, recomputed from the rankings the report wrote."""
+    from gradian.cluster.accused import _gap_split, _harmful_probability, harm_transform
+
+    members = rankings[rankings["cluster"].astype(str) == str(accused["cluster"])]
+    scores = members["score"].to_numpy(dtype=np.float64)
+    rows = members["row_index"].to_numpy()
+    scale = float(np.median(np.abs(rankings["score"].to_numpy(dtype=np.float64)))) or 1.0
+    t = harm_transform(scores, scale)
+    probability, means = _harmful_probability(t, scores, seed)
+    out = {"whole_cluster": set(int(r) for r in rows)}
+    if means is not None:
+        out["score_mixture"] = {int(r) for r in rows[(probability > 0.5) & (scores < 0)]}
+    gap = _gap_split(t, means)
+    if gap is not None:
+        out["score_gap"] = {int(r) for r in rows[gap & (scores < 0)]}
+    return out
+
+
+def measure(root: Path, planted: set[int], engine: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+
+    cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu",
+                                              "clustering.method": "auto",
+                                              "evaluation.query_signal": "contrastive",
+                                              "engine.name": engine, **overrides})
+    outcome = run_attribution(cfg, capability="capitals", cross_check="none", out_dir=root / f"report-{engine}")
+    report, rankings = outcome.report, outcome.rankings
+    accused = report["attribution"].get("accused")
+    result: dict[str, Any] = {"engine": engine, "verdict": report["verdict"]["kind"]}
+    if not accused:
+        return result
+    cluster_rows = set(rankings.loc[rankings["cluster"].astype(str) == str(accused["cluster"]), "row_index"])
+    chosen = set(int(r) for r in rankings.loc[rankings["accused"], "row_index"])
+    precision, recall = precision_recall(chosen, planted)
+    result.update(cluster_n=len(cluster_rows), planted_in_cluster=len(cluster_rows & planted),
+                  method=accused["method"], accused_n=len(chosen), precision=round(precision, 3),
+                  recall=round(recall, 3), candidates={})
+    for method, rows in candidate_rows(rankings, accused, cfg.seed).items():
+        p, r = precision_recall(rows, planted)
+        result["candidates"][method] = {"n": len(rows), "precision": round(p, 3), "recall": round(r, 3)}
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", default=str(Path.home() / ".cache" / "gradian" / "bench" / "accused"),
+                        help="work directory (kept between runs)")
+    parser.add_argument("--scenario", default=SCENARIO, help="a poison scenario with on-topic clean rows")
+    parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override applied to every engine (repeatable)")
+    parser.add_argument("--out", default=None, help="write the JSON here as well as printing it")
+    args = parser.parse_args()
+    overrides = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r}: expected KEY=VALUE")
+        overrides[key] = yaml.safe_load(value)
+    root, planted = prepare_run(Path(args.work), args.scenario)
+    results = [measure(root, planted, engine, overrides) for engine in args.engines.split(",") if engine]
+    for r in results:
+        if "method" not in r:
+            print(f"{r['engine']:8s} verdict {r['verdict']}, no accused set")
+            continue
+        print(f"{r['engine']:8s} cluster {r['cluster_n']} rows ({r['planted_in_cluster']} planted); accused "
+              f"{r['accused_n']} by {r['method']}: precision {r['precision']:.3f}, recall {r['recall']:.3f}")
+        for method, c in r["candidates"].items():
+            print(f"{'':10s}{method:14s} n {c['n']:4d}  precision {c['precision']:.3f}  recall {c['recall']:.3f}")
+    text = json.dumps({"scenario": args.scenario, "overrides": overrides, "results": results}, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
