@@ -138,6 +138,18 @@ def test_proposal_for_a_disk_budget_is_float16_then_the_widest_projection_that_f
     assert p & (p - 1) == 0  # a power of two, and the next one up would not fit
     wider = settings.with_changes(storage_dtype="float16", projection_dim=2 * p)
     assert make_plan(shape, adapter, data, wider, propose=False).index_bytes > 100e9
+    # EK-FAC (the default) reads unprojected gradients: the projected index is scored with DataInf
+    assert proposal.changes["engine.name"] == "datainf" and any("datainf" in r for r in proposal.reasons)
+    datainf = make_plan(shape, adapter, data, settings.with_changes(engine="datainf"), Budgets(disk=parse_size("100GB")))
+    assert "engine.name" not in datainf.proposal.changes
+
+
+def test_a_projected_index_under_a_kronecker_engine_is_flagged():
+    shape, adapter, data = _plan_inputs()
+    projected = PlanSettings(projection_dim=4096, capture=CaptureSettings(projection_dim=4096))
+    assert any("refuses a projected index" in note for note in make_plan(shape, adapter, data, projected).notes)
+    datainf = projected.with_changes(engine="datainf")
+    assert not any("refuses" in note for note in make_plan(shape, adapter, data, datainf).notes)
 
 
 def test_proposal_for_a_memory_budget_lowers_the_batch_size_to_the_largest_that_fits():

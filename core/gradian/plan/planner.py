@@ -56,6 +56,8 @@ class PlanSettings:
     chunk_size: int = 256
     capture: CaptureSettings = field(default_factory=CaptureSettings)
     device: str = "cpu"
+    #: the attribution engine; EK-FAC and K-FAC need the full per-example gradients, no projection
+    engine: str = "ekfac"
 
     @classmethod
     def from_config(cls, config: Any, device: str) -> "PlanSettings":
@@ -68,7 +70,7 @@ class PlanSettings:
                                   chunk_size=grads.chunk_size, block_granularity=grads.block_granularity)
         return cls(batch_size=grads.batch_size, max_seq_length=grads.max_seq_length, module_filter=grads.module_filter,
                    projection_dim=grads.projection_dim, storage_dtype=grads.storage_dtype, chunk_size=grads.chunk_size,
-                   capture=capture, device=device)
+                   capture=capture, device=device, engine=config.engine.name)
 
     def with_changes(self, **changes: Any) -> "PlanSettings":
         capture_keys = {"projection_dim", "storage_dtype", "chunk_size"}
@@ -76,10 +78,16 @@ class PlanSettings:
         return replace(self, capture=capture, **changes)
 
     def config_values(self) -> dict[str, Any]:
-        """The settings under their ``grads.*`` config keys."""
+        """The settings under their config keys (``grads.*``, ``engine.name``)."""
         return {"grads.batch_size": self.batch_size, "grads.projection_dim": self.projection_dim,
                 "grads.module_filter": self.module_filter, "grads.storage_dtype": self.storage_dtype,
-                "grads.chunk_size": self.chunk_size, "grads.max_seq_length": self.max_seq_length}
+                "grads.chunk_size": self.chunk_size, "grads.max_seq_length": self.max_seq_length,
+                "engine.name": self.engine}
+
+    @property
+    def needs_full_gradients(self) -> bool:
+        """The engine reads whole per-example gradients (Kronecker curvature), so no projection."""
+        return self.engine in FULL_GRADIENT_ENGINES
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,7 @@ class Budgets:
 
 @dataclass
 class Proposal:
-    """Settings that fit the budgets: the changed ``grads.*`` keys and what they cost."""
+    """Settings that fit the budgets: the changed config keys and what they cost."""
 
     changes: dict[str, Any]
     peak_memory: int
@@ -190,12 +198,19 @@ def make_plan(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, s
                 worst_batch=worst, memory=memory, index_bytes=disk, budgets=budgets)
     if not model.llama_style:
         plan.notes.append(f"model type '{model.model_type}' is not Llama-style: activations are estimated as if it were")
+    if settings.projection_dim and settings.needs_full_gradients:
+        plan.notes.append(f"engine.name {settings.engine} refuses a projected index (grads.projection_dim "
+                          f"{settings.projection_dim}): set grads.projection_dim: null, or engine.name: datainf")
     if settings.capture.projection_kind == "rademacher" and memory.projection_cache:
         plan.notes.append(f"rademacher projection keeps {format_size(memory.projection_cache)} of matrices on the "
                           "device; countsketch keeps none")
     if propose and (budgets.memory is not None or budgets.disk is not None):
         plan.proposal = propose_settings(model, adapter, dataset, settings, budgets)
     return plan
+
+
+#: engines whose curvature is fitted on the unprojected gradients
+FULL_GRADIENT_ENGINES = ("ekfac", "kfac")
 
 
 def _layer_filter(first: int, last: int) -> str:
@@ -242,6 +257,10 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
             if disk_ok(trial):
                 current = trial
                 reasons.append(f"a {p}-wide projection per block fits the disk budget")
+                if current.needs_full_gradients:
+                    current = current.with_changes(engine="datainf")
+                    reasons.append(f"{settings.engine} needs unprojected gradients, so a projected index is "
+                                   "scored with datainf")
                 break
     if not disk_ok(current):
         for first in range(1, model.num_layers):
