@@ -1,17 +1,23 @@
 """Build (or reuse) the index a config describes: the one call the CLI and the attribute lane share.
 
-Interface: ``index_from_config(config, force=False, progress=None) -> IndexBuild`` loads the
-dataset, the tokenizer and the model for gradients, seeds torch, and returns the stored index
-with the model and tokenizer (the query must be built with the same ones).
+Interface: ``index_from_config(config, force=False, progress=None, shard=None) -> IndexBuild``
+loads the dataset, the tokenizer and the model for gradients, seeds torch, and returns the stored
+index with the model and tokenizer (the query must be built with the same ones). With ``shard`` (a
+``gradian.distributed.ShardGroup``) every rank calls it, computes on its own device
+(``cuda:LOCAL_RANK`` under ``device: auto``) and writes its share of the chunks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gradian.errors import ConfigError
 from gradian.index.store import GradientIndex
+
+if TYPE_CHECKING:
+    from gradian.distributed import ShardGroup
 
 __all__ = ["IndexBuild", "index_from_config"]
 
@@ -26,11 +32,12 @@ class IndexBuild:
     cache_hit: bool
 
 
-def index_from_config(config: Any, *, force: bool = False,
-                      progress: Callable[[int, int], None] | None = None) -> IndexBuild:
+def index_from_config(config: Any, *, force: bool = False, progress: Callable[[int, int], None] | None = None,
+                      shard: "ShardGroup | None" = None) -> IndexBuild:
     import torch
 
     from gradian.data import load_dataset
+    from gradian.distributed import shard_device
     from gradian.grads import load_model_for_gradients
     from gradian.model_loading import load_tokenizer, read_adapter_config
 
@@ -39,17 +46,12 @@ def index_from_config(config: Any, *, force: bool = False,
     if not config.adapter_path:
         raise ConfigError("no adapter; pass --adapter/-a or set `adapter_path:` in the config")
     dataset = load_dataset(config.dataset)
+    if shard is not None:
+        config = dataclasses.replace(config, device=shard_device(config.device, shard))
     torch.manual_seed(config.seed)
     model = load_model_for_gradients(config.base_model, config.adapter_path, config)
     base = config.base_model
     name = config.tokenizer or base or read_adapter_config(config.adapter_path).get("base_model_name_or_path", "")
     tokenizer = load_tokenizer(name, config.trust_remote_code)
-    calls: list[int] = []
-
-    def track(done: int, total: int) -> None:
-        calls.append(done)
-        if progress:
-            progress(done, total)
-
-    index = GradientIndex.build(model, tokenizer, dataset, config, force=force, progress=track)
-    return IndexBuild(index, model, tokenizer, dataset, cache_hit=not calls)
+    index = GradientIndex.build(model, tokenizer, dataset, config, force=force, progress=progress, shard=shard)
+    return IndexBuild(index, model, tokenizer, dataset, cache_hit=index.cache_hit)

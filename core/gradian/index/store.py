@@ -15,12 +15,15 @@ Layout of ``<cache_dir>/index/<index_id>/``::
     chunks/NNNNN.npy       [rows, total width] in storage_dtype, blocks side by side
     chunks/NNNNN.norms.npy [rows, blocks] float64 squared norms of the stored values
 
-and ``<cache_dir>/index/.<index_id>.lock``, held (``fcntl.flock``) by whichever process builds it.
+and ``<cache_dir>/index/.<index_id>.lock``, held (``fcntl.flock``) by whichever process builds it
+(rank 0 of a sharded build). While a sharded build runs, ``chunks/NNNNN.record.json`` beside a
+chunk holds its manifest record until rank 0 commits the manifest (``gradian.index.sharded``).
 
 Every file is written beside its target and renamed into place, a chunk's data file last, and a
-chunk counts as done once the manifest records its checksums. An interrupted build leaves
-``status: building`` and its recorded chunks; the next build of the same inputs computes only the
-chunks that are missing. Damage is found before any score is produced:
+chunk counts as done once the manifest (or its chunk record) records its checksums. An
+interrupted build leaves ``status: building`` and its recorded chunks; the next build of the same
+inputs, with any number of processes, computes only the chunks that are missing. Damage is
+found before any score is produced:
 
 - ``open`` checks the manifest's own checksum, that example_ids.json and every norms file match
   their recorded sha256 and that every data file has its recorded size (a missing or truncated
@@ -47,14 +50,18 @@ import os
 import shutil
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
 from gradian.atomic import write_bytes_atomic, write_text_atomic
 from gradian.errors import IndexCorruptError, IndexMismatchError
 from gradian.index.manifest import FORMAT_VERSION, first_difference, index_id, index_identity, tokenizer_fingerprint
+
+if TYPE_CHECKING:
+    from gradian.distributed import ShardGroup
 
 __all__ = ["GradientIndex", "index_root"]
 
@@ -272,7 +279,8 @@ class GradientIndex:
 
     @classmethod
     def build(cls, gm: Any, tokenizer: Any, dataset: Any, config: Any, *, cache_dir: str | Path | None = None,
-              force: bool = False, progress: Callable[[int, int], None] | None = None) -> "GradientIndex":
+              force: bool = False, progress: Callable[[int, int], None] | None = None,
+              shard: "ShardGroup | None" = None) -> "GradientIndex":
         """Index ``dataset`` under ``gm`` (a ``GradientModel``) with ``config`` (a ``GradianConfig``).
 
         Returns the stored index: straight from the cache when these inputs were indexed before
@@ -280,169 +288,238 @@ class GradientIndex:
         computed when a previous build was interrupted or a file was damaged since, fresh
         otherwise (or with ``force``). ``progress(done, total)`` is called before the first
         chunk computed and after each one; never on a cache hit.
-        """
-        from gradian.grads import gradient_widths
 
-        grads = config.grads
-        widths = gradient_widths(gm, grads)
-        blocks, offset = [], 0
-        for spec in gm.spec():
-            blocks.append({**spec, "width": widths[spec["name"]], "offset": offset})
-            offset += widths[spec["name"]]
-        identity = index_identity(
-            base_fingerprint=gm.fingerprints.get("base", "in-memory"),
-            adapter_fingerprint=gm.fingerprints.get("adapter", "in-memory"),
-            tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
-            dataset_sha256=dataset.sha256, n_examples=len(dataset), config=config,
-            blocks=[{k: b[k] for k in ("name", "shapes", "dim", "width")} for b in blocks],
-            model_dtype=str(gm.dtype).replace("torch.", ""),
-        )
-        the_id = index_id(identity)
-        parent = index_root(cache_dir or config.cache_dir)
-        root = parent / the_id
-        parent.mkdir(parents=True, exist_ok=True)
-        with _build_lock(parent / f".{the_id}.lock"):
-            if force and root.exists():
-                shutil.rmtree(root)
-            return cls._build_locked(root, the_id, identity, blocks, offset, gm, tokenizer, dataset, config, progress)
+        ``shard``, a ``gradian.distributed.ShardGroup`` of several processes, splits the work:
+        every rank calls ``build`` with the same inputs, computes its contiguous share of the
+        chunks to do, and rank 0 commits the manifest (``gradian.index.sharded``).
+        """
+        target = _target(gm, tokenizer, dataset, config, cache_dir)
+        if shard is not None and shard.world_size > 1:
+            from gradian.index.sharded import build_sharded
+
+            return build_sharded(cls, target, shard, force=force, progress=progress)
+        with _build_lock(target.lock):
+            if force and target.root.exists():
+                shutil.rmtree(target.root)
+            plan = _prepare(target)
+            if plan.cached is not None:
+                return cls._built(target.root, plan.cached, plan.good, plan.repaired, cache_hit=True)
+            tokenized = _start(target, plan.manifest)
+            manifest = plan.manifest
+            manifest_path = target.root / "manifest.json"
+            todo = [k for k in range(target.n_chunks) if k not in plan.good]
+            rows_done = target.n - sum(target.chunk_rows(k) for k in todo)
+            if progress:
+                progress(rows_done, target.n)
+            started = time.perf_counter()
+
+            def record(k: int, chunk_record: dict[str, Any]) -> None:
+                nonlocal rows_done
+                manifest["chunks"][k] = chunk_record
+                manifest["n_chunks_done"] = sum(1 for c in manifest["chunks"] if c is not None)
+                _write_manifest(manifest_path, manifest)
+                rows_done += target.chunk_rows(k)
+                if progress:
+                    progress(rows_done, target.n)
+
+            _compute_chunks(target, todo, tokenized, record)
+            _finish(target, manifest, time.perf_counter() - started)
+            return cls._built(target.root, manifest, plan.good | set(todo), plan.repaired, cache_hit=False)
 
     @classmethod
-    def _build_locked(cls, root: Path, the_id: str, identity: dict[str, Any], blocks: list[dict[str, Any]],
-                      total_width: int, gm: Any, tokenizer: Any, dataset: Any, config: Any,
-                      progress: Callable[[int, int], None] | None) -> "GradientIndex":
-        grads = config.grads
-        chunk_size = int(grads.chunk_size)
-        n = len(dataset)
-        n_chunks = (n + chunk_size - 1) // chunk_size
-        repaired = _remove_leftovers(root)
-        manifest_path = root / "manifest.json"
-        stored: dict[str, Any] | None = None
-        if manifest_path.is_file():
-            try:
-                stored = _read_manifest(root)
-            except IndexMismatchError:
-                # without a trustworthy manifest no chunk can be checked: start over
-                repaired.append(f"{manifest_path} (unreadable: the whole index was rebuilt)")
-                shutil.rmtree(root)
-                stored = None
-        if stored is not None:
-            _refuse_mismatch(root, stored["identity"], identity)
-
-        ids_bytes = json.dumps(dataset.ids).encode("utf-8")
-        manifest = {
-            "index_id": the_id,
-            "status": "building",
-            "identity": identity,
-            "blocks": blocks,
-            "n_examples": n,
-            "chunk_size": chunk_size,
-            "n_chunks": n_chunks,
-            "n_chunks_done": 0,
-            "chunks": [None] * n_chunks,
-            "example_ids_sha256": _sha256_bytes(ids_bytes),
-            "total_width": total_width,
-            "storage_dtype": grads.storage_dtype,
-            "sources": {"dataset": str(getattr(dataset, "path", "")), "base_model": config.base_model,
-                        "adapter_path": config.adapter_path},
-            "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        }
-        if _ids_problem(root / "example_ids.json", manifest):
-            if stored is not None and (root / "example_ids.json").exists():
-                repaired.append(f"{root / 'example_ids.json'} was damaged: written again")
-            write_bytes_atomic(root / "example_ids.json", ids_bytes)
-
-        # which stored chunks are whole: recorded in the manifest, and every byte as recorded
-        recorded = {k: record for k, record in enumerate((stored or {}).get("chunks") or [])
-                    if k < n_chunks and record is not None}
-        problems = _chunk_problems(root, recorded)
-        good = set(recorded) - set(problems)
-        for k in good:
-            manifest["chunks"][k] = recorded[k]
-        repaired += [f"{problems[k]}: computed again" for k in sorted(problems)]
-        (root / "chunks").mkdir(parents=True, exist_ok=True)
-        for path in (root / "chunks").glob("*.npy"):
-            if int(path.name[:5]) not in good:
-                path.unlink()
-        manifest["n_chunks_done"] = len(good)
-
-        if stored is not None and stored.get("status") == "complete" and len(good) == n_chunks:
-            index = cls(root, stored)
-            index._verified.update(good)
-            index.cache_hit = True
-            index.repaired = repaired
-            return index
-
-        _write_manifest(manifest_path, manifest)
-        started = time.perf_counter()
-        computed = _compute_chunks(root, manifest, [k for k in range(n_chunks) if k not in good], blocks, gm,
-                                   tokenizer, dataset, grads, progress)
-        manifest["status"] = "complete"
-        manifest["build_seconds"] = round(time.perf_counter() - started, 3)
+    def _built(cls, root: Path, manifest: dict[str, Any], verified: set[int], repaired: list[str],
+               cache_hit: bool) -> "GradientIndex":
         index = cls(root, manifest)
-        manifest["bytes"] = index.disk_bytes()
-        manifest["bytes_per_example"] = manifest["bytes"] / max(n, 1)
-        _write_manifest(manifest_path, manifest)
-        index._verified.update(good | set(computed))
+        index._verified.update(verified)
+        index.cache_hit = cache_hit
         index.repaired = repaired
         return index
 
 
-def _compute_chunks(root: Path, manifest: dict[str, Any], todo: list[int], blocks: list[dict[str, Any]], gm: Any,
-                    tokenizer: Any, dataset: Any, grads: Any, progress: Callable[[int, int], None] | None) -> list[int]:
-    """Capture and write chunks ``todo`` (ascending), recording each in the manifest as it lands."""
+# -- building, step by step (the sharded build in gradian.index.sharded runs the same steps) --------
+
+@dataclass
+class _Target:
+    """What one build indexes and where it goes."""
+
+    root: Path
+    lock: Path
+    index_id: str
+    identity: dict[str, Any]
+    #: the manifest's blocks: name, shapes, dim, stored width and column offset
+    blocks: list[dict[str, Any]]
+    total_width: int
+    gm: Any
+    tokenizer: Any
+    dataset: Any
+    config: Any
+
+    @property
+    def n(self) -> int:
+        return len(self.dataset)
+
+    @property
+    def chunk_size(self) -> int:
+        return int(self.config.grads.chunk_size)
+
+    @property
+    def n_chunks(self) -> int:
+        return (self.n + self.chunk_size - 1) // self.chunk_size
+
+    def chunk_rows(self, k: int) -> int:
+        return min(self.chunk_size, self.n - k * self.chunk_size)
+
+
+@dataclass
+class _Plan:
+    """What ``_prepare`` found: the manifest to build under, the chunks already whole, what it
+    repaired, and the stored manifest itself when every chunk is whole and it is complete."""
+
+    manifest: dict[str, Any]
+    good: set[int]
+    repaired: list[str]
+    cached: dict[str, Any] | None
+
+
+def _target(gm: Any, tokenizer: Any, dataset: Any, config: Any, cache_dir: str | Path | None) -> _Target:
+    from gradian.grads import gradient_widths
+
+    widths = gradient_widths(gm, config.grads)
+    blocks, offset = [], 0
+    for spec in gm.spec():
+        blocks.append({**spec, "width": widths[spec["name"]], "offset": offset})
+        offset += widths[spec["name"]]
+    identity = index_identity(
+        base_fingerprint=gm.fingerprints.get("base", "in-memory"),
+        adapter_fingerprint=gm.fingerprints.get("adapter", "in-memory"),
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        dataset_sha256=dataset.sha256, n_examples=len(dataset), config=config,
+        blocks=[{k: b[k] for k in ("name", "shapes", "dim", "width")} for b in blocks],
+        model_dtype=str(gm.dtype).replace("torch.", ""),
+    )
+    the_id = index_id(identity)
+    parent = index_root(cache_dir or config.cache_dir)
+    parent.mkdir(parents=True, exist_ok=True)
+    return _Target(root=parent / the_id, lock=parent / f".{the_id}.lock", index_id=the_id, identity=identity,
+                   blocks=blocks, total_width=offset, gm=gm, tokenizer=tokenizer, dataset=dataset, config=config)
+
+
+def _prepare(target: _Target) -> _Plan:
+    """Under the build lock: remove leftovers, read and check what is stored, drop what is damaged.
+
+    The chunks counted whole are those the stored manifest records, or a chunk record beside its
+    files records (what a sharded build's ranks leave until rank 0 commits), with every byte as
+    recorded. Writes example_ids.json when it is missing or damaged, and nothing else; the caller
+    writes the manifest (``_start``). On a cache hit, chunk records left by a commit that was cut
+    short are removed.
+    """
+    root = target.root
+    repaired = _remove_leftovers(root)
+    manifest_path = root / "manifest.json"
+    stored: dict[str, Any] | None = None
+    if manifest_path.is_file():
+        try:
+            stored = _read_manifest(root)
+        except IndexMismatchError:
+            # without a trustworthy manifest no chunk can be checked: start over
+            repaired.append(f"{manifest_path} (unreadable: the whole index was rebuilt)")
+            shutil.rmtree(root)
+            stored = None
+    if stored is not None:
+        _refuse_mismatch(root, stored["identity"], target.identity)
+
+    grads = target.config.grads
+    dataset = target.dataset
+    n_chunks = target.n_chunks
+    ids_bytes = json.dumps(dataset.ids).encode("utf-8")
+    manifest = {
+        "index_id": target.index_id,
+        "status": "building",
+        "identity": target.identity,
+        "blocks": target.blocks,
+        "n_examples": target.n,
+        "chunk_size": target.chunk_size,
+        "n_chunks": n_chunks,
+        "n_chunks_done": 0,
+        "chunks": [None] * n_chunks,
+        "example_ids_sha256": _sha256_bytes(ids_bytes),
+        "total_width": target.total_width,
+        "storage_dtype": grads.storage_dtype,
+        "sources": {"dataset": str(getattr(dataset, "path", "")), "base_model": target.config.base_model,
+                    "adapter_path": target.config.adapter_path},
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    if _ids_problem(root / "example_ids.json", manifest):
+        if stored is not None and (root / "example_ids.json").exists():
+            repaired.append(f"{root / 'example_ids.json'} was damaged: written again")
+        write_bytes_atomic(root / "example_ids.json", ids_bytes)
+
+    # which stored chunks are whole: recorded (in the manifest, else beside the chunk when the
+    # manifest exists to vouch for the identity), and every byte as recorded
+    recorded = _chunk_records(root, n_chunks) if stored is not None else {}
+    recorded.update({k: record for k, record in enumerate(stored.get("chunks") or [])
+                     if k < n_chunks and record is not None} if stored is not None else {})
+    problems = _chunk_problems(root, recorded)
+    good = set(recorded) - set(problems)
+    for k in good:
+        manifest["chunks"][k] = recorded[k]
+    repaired += [f"{problems[k]}: computed again" for k in sorted(problems)]
+    (root / "chunks").mkdir(parents=True, exist_ok=True)
+    for path in (root / "chunks").glob("*.npy"):
+        if int(path.name[:5]) not in good:
+            path.unlink()
+    manifest["n_chunks_done"] = len(good)
+    cached = stored if (stored is not None and stored.get("status") == "complete" and len(good) == n_chunks) else None
+    if cached is not None:
+        _remove_chunk_records(root)
+    return _Plan(manifest=manifest, good=good, repaired=repaired, cached=cached)
+
+
+def _start(target: _Target, manifest: dict[str, Any]) -> list[Any]:
+    """Record the build as started (``status: building`` with the chunks already whole) and return
+    the tokenized dataset; chunk records beside the chunks are folded into that manifest, so
+    they are removed once it is written."""
     from gradian.data import tokenize_examples
+
+    tokenized = tokenize_examples(target.dataset.examples, target.tokenizer, target.config.grads.max_seq_length)
+    manifest["n_examples_without_supervision"] = sum(1 for t in tokenized if t.n_supervised == 0)
+    _write_manifest(target.root / "manifest.json", manifest)
+    _remove_chunk_records(target.root)
+    return tokenized
+
+
+def _finish(target: _Target, manifest: dict[str, Any], seconds: float) -> None:
+    """Mark the build complete, with its time and size, in one atomic manifest write."""
+    manifest["status"] = "complete"
+    manifest["n_chunks_done"] = sum(1 for c in manifest["chunks"] if c is not None)
+    manifest["build_seconds"] = round(seconds, 3)
+    manifest["bytes"] = sum(p.stat().st_size for p in (target.root / "chunks").glob("*.npy"))
+    manifest["bytes_per_example"] = manifest["bytes"] / max(target.n, 1)
+    _write_manifest(target.root / "manifest.json", manifest)
+
+
+def _compute_chunks(target: _Target, todo: list[int], tokenized: list[Any],
+                    written: Callable[[int, dict[str, Any]], None]) -> None:
+    """Capture and write chunks ``todo``, calling ``written(k, record)`` as each one lands.
+
+    Each chunk is captured on its own, in batches that start at its first row, so a chunk's
+    bytes depend on its rows alone (batches decide the padding, and padding can move the last
+    bit of a float32 sum): a resumed build and every rank of a sharded one store exactly what a
+    single uninterrupted build stores.
+    """
     from gradian.grads import iter_example_gradients, make_projector
 
-    n, chunk_size = manifest["n_examples"], manifest["chunk_size"]
-    manifest_path = root / "manifest.json"
-    tokenized = tokenize_examples(dataset.examples, tokenizer, grads.max_seq_length)
-    manifest["n_examples_without_supervision"] = sum(1 for t in tokenized if t.n_supervised == 0)
+    grads = target.config.grads
     storage = _STORAGE[grads.storage_dtype]
     projector = make_projector(grads)
-    names = [b["name"] for b in blocks]
-    rows_done = n - sum(min(chunk_size, n - k * chunk_size) for k in todo)
-    if progress:
-        progress(rows_done, n)
-    written: list[int] = []
-    for run in _contiguous_runs(todo):
-        first_row, end_row = run[0] * chunk_size, min((run[-1] + 1) * chunk_size, n)
-        buffer: list[dict[str, np.ndarray]] = []
-        buffered = 0
-        k = run[0]
-        for _, batch in iter_example_gradients(gm, tokenized[first_row:end_row], grads, tokenizer.pad_token_id,
-                                               projector=projector):
-            buffer.append(batch)
-            buffered += next(iter(batch.values())).shape[0]
-            while buffered >= chunk_size or (buffered and k * chunk_size + buffered >= end_row):
-                take = min(chunk_size, buffered)
-                rows, buffer, buffered = _take_rows(buffer, take, names)
-                manifest["chunks"][k] = _write_chunk(root, k, rows, storage)
-                written.append(k)
-                k += 1
-                manifest["n_chunks_done"] = sum(1 for c in manifest["chunks"] if c is not None)
-                _write_manifest(manifest_path, manifest)
-                rows_done += take
-                if progress:
-                    progress(rows_done, n)
-    return written
-
-
-def _contiguous_runs(ks: list[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    for k in ks:
-        if runs and runs[-1][-1] == k - 1:
-            runs[-1].append(k)
-        else:
-            runs.append([k])
-    return runs
-
-
-def _take_rows(buffer: list[dict[str, np.ndarray]], take: int, names: list[str]):
-    joined = {b: np.concatenate([part[b] for part in buffer], axis=0) for b in names}
-    rows = {b: v[:take] for b, v in joined.items()}
-    rest = {b: v[take:] for b, v in joined.items()}
-    left = next(iter(rest.values())).shape[0]
-    return rows, ([rest] if left else []), left
+    names = [b["name"] for b in target.blocks]
+    pad_id = target.tokenizer.pad_token_id
+    for k in todo:
+        first = k * target.chunk_size
+        parts = [batch for _, batch in iter_example_gradients(
+            target.gm, tokenized[first : first + target.chunk_rows(k)], grads, pad_id, projector=projector)]
+        rows = {b: np.concatenate([part[b] for part in parts], axis=0) for b in names}
+        written(k, _write_chunk(target.root, k, rows, storage))
 
 
 def _write_chunk(root: Path, k: int, rows: dict[str, np.ndarray], storage: Any) -> dict[str, Any]:
@@ -456,6 +533,40 @@ def _write_chunk(root: Path, k: int, rows: dict[str, np.ndarray], storage: Any) 
     write_bytes_atomic(root / "chunks" / f"{k:05d}.npy", data_bytes)
     return {"rows": int(data.shape[0]), "sha256": _sha256_bytes(data_bytes), "bytes": len(data_bytes),
             "norms_sha256": _sha256_bytes(norms_bytes), "norms_bytes": len(norms_bytes)}
+
+
+# -- chunk records: a chunk's manifest entry beside it, until the manifest takes it in ----------------
+
+def _chunk_record_path(root: Path, k: int) -> Path:
+    return root / "chunks" / f"{k:05d}.record.json"
+
+
+def _write_chunk_record(root: Path, k: int, record: dict[str, Any]) -> None:
+    """Record chunk ``k`` beside its files (after them), checksummed like the manifest; a sharded
+    build's rank writes these instead of the manifest, which only rank 0 writes."""
+    payload = {"chunk": k, "record": record}
+    payload["checksum"] = _manifest_checksum(payload)
+    write_text_atomic(_chunk_record_path(root, k), json.dumps(payload))
+
+
+def _chunk_records(root: Path, n_chunks: int) -> dict[int, dict[str, Any]]:
+    """``{chunk: record}`` from the chunk records found; an unreadable one is ignored (its chunk
+    is then computed again)."""
+    found: dict[int, dict[str, Any]] = {}
+    for path in sorted((root / "chunks").glob("?????.record.json")):
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+            k = int(path.name[:5])
+            if payload.get("checksum") == _manifest_checksum(payload) and payload.get("chunk") == k < n_chunks:
+                found[k] = payload["record"]
+        except (OSError, ValueError, AttributeError, KeyError):
+            continue
+    return found
+
+
+def _remove_chunk_records(root: Path) -> None:
+    for path in (root / "chunks").glob("?????.record.json"):
+        path.unlink(missing_ok=True)
 
 
 # -- checks ----------------------------------------------------------------------------------------

@@ -1,0 +1,199 @@
+"""One index built by several processes (``torchrun``): each rank computes a contiguous share of the chunks.
+
+Interface: ``build_sharded(cls, target, shard, force, progress) -> GradientIndex``, called by
+``GradientIndex.build`` on every rank of a ``ShardGroup`` with the same inputs.
+
+The protocol, in the store's own steps (``gradian.index.store``):
+
+1. Rank 0 takes the build lock (``<cache_dir>/index/.<index_id>.lock``) and holds it to the end:
+   it alone prepares (removes ``.tmp`` leftovers, checks every stored chunk, drops damaged ones)
+   and writes the ``building`` manifest, then broadcasts the plan: the index id and identity and
+   the chunks still to compute, or "cached" on a cache hit. The other ranks take no lock: they
+   only write the chunks rank 0 assigned them, so one lock per build serializes this build
+   against any other build of the same index (sharded or not) and nothing finer is needed.
+2. Every rank computes ``todo[r * len // W : (r + 1) * len // W]``: contiguous chunk indices, so
+   a rank's rows are a contiguous range of the dataset. A chunk's bytes depend on its rows alone
+   (``_compute_chunks`` batches inside the chunk), so the store equals the single-process one.
+   After each chunk a rank writes a chunk record (``chunks/NNNNN.record.json``) beside it.
+3. All ranks meet in one gather of their records (or their error). Rank 0 writes the complete
+   manifest in one atomic rename, removes the chunk records and broadcasts the manifest.
+
+A killed rank leaves its finished chunks and their records; the next build, with any number of
+processes or one, takes those chunks as done once their bytes check out and computes the rest.
+A rank whose inputs give another index id than rank 0's (another library version on another
+node, another dataset file) reports it in the gather, and every rank stops with that message.
+
+Multi-node: ``cache_dir`` must be one shared filesystem, since rank 0 checks and scoring reads
+every rank's chunks (and ``flock`` must work on it, as on local disks and NFSv4).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import TYPE_CHECKING, Any, Callable
+
+from gradian.errors import GradianError, IndexMismatchError
+from gradian.index.manifest import first_difference
+from gradian.index.store import (
+    _build_lock,
+    _compute_chunks,
+    _finish,
+    _prepare,
+    _remove_chunk_records,
+    _start,
+    _Target,
+    _write_chunk_record,
+)
+
+if TYPE_CHECKING:
+    from gradian.distributed import ShardGroup
+    from gradian.index.store import GradientIndex
+
+__all__ = ["build_sharded", "ShardedBuildError", "shard_of"]
+
+
+class ShardedBuildError(GradianError, RuntimeError):
+    """Another rank of a sharded index build failed; this rank stops with its message."""
+
+
+def shard_of(todo: list[int], rank: int, world_size: int) -> list[int]:
+    """Rank ``rank``'s contiguous share of the chunk indices ``todo`` (sizes differ by one at most)."""
+    return todo[rank * len(todo) // world_size : (rank + 1) * len(todo) // world_size]
+
+
+def build_sharded(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup", *, force: bool = False,
+                  progress: Callable[[int, int], None] | None = None) -> "GradientIndex":
+    if shard.is_main:
+        with _build_lock(target.lock):
+            return _lead(cls, target, shard, force, progress)
+    return _follow(cls, target, shard)
+
+
+def _lead(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup", force: bool,
+          progress: Callable[[int, int], None] | None) -> "GradientIndex":
+    import shutil
+
+    try:
+        if force and target.root.exists():
+            shutil.rmtree(target.root)
+        plan = _prepare(target)
+        tokenized = _start(target, plan.manifest) if plan.cached is None else None
+    except BaseException as err:
+        shard.broadcast({"kind": "failed", "error": _describe(err, shard.rank)})
+        raise
+    if plan.cached is not None:
+        shard.broadcast({"kind": "cached", "index_id": target.index_id, "identity": target.identity,
+                         "manifest": plan.cached})
+        return cls._built(target.root, plan.cached, plan.good, plan.repaired, cache_hit=True)
+
+    todo = [k for k in range(target.n_chunks) if k not in plan.good]
+    shard.broadcast({"kind": "build", "index_id": target.index_id, "identity": target.identity, "todo": todo})
+    rows_before = target.n - sum(target.chunk_rows(k) for k in todo)
+    if progress:
+        progress(rows_before, target.n)
+
+    seen = {"at": 0.0, "rows": 0}
+
+    def written(k: int, record: dict[str, Any]) -> None:
+        _write_chunk_record(target.root, k, record)
+        now = time.perf_counter()
+        if progress and now - seen["at"] >= 1.0:
+            # every rank's finished chunks, as their records on the shared disk say (one listing
+            # a second at most: a million rows are four thousand chunks)
+            recorded = {int(p.name[:5]) for p in (target.root / "chunks").glob("?????.record.json")}
+            seen["at"], seen["rows"] = now, sum(target.chunk_rows(j) for j in todo if j in recorded)
+            progress(rows_before + seen["rows"], target.n)
+
+    started = time.perf_counter()
+    mine = shard_of(todo, shard.rank, shard.world_size)
+    outcome, own_error = _compute(target, mine, tokenized, written, shard.rank)
+    outcomes = shard.gather(outcome)
+    try:
+        if own_error is not None:
+            raise own_error
+        _raise_first_failure(outcomes)
+        manifest = plan.manifest
+        for records in outcomes:
+            for k, record in records["records"].items():
+                manifest["chunks"][int(k)] = record
+        _finish(target, manifest, time.perf_counter() - started)
+        _remove_chunk_records(target.root)
+    except BaseException as err:
+        shard.broadcast({"kind": "failed", "error": _describe(err, shard.rank)})
+        raise
+    shard.broadcast({"kind": "complete", "manifest": manifest})
+    if progress:
+        progress(target.n, target.n)
+    return cls._built(target.root, manifest, set(range(target.n_chunks)), plan.repaired, cache_hit=False)
+
+
+def _follow(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup") -> "GradientIndex":
+    from gradian.data import tokenize_examples
+
+    # tokenized while rank 0 checks the store
+    tokenized = tokenize_examples(target.dataset.examples, target.tokenizer, target.config.grads.max_seq_length)
+    plan = shard.broadcast()
+    if plan["kind"] == "failed":
+        raise ShardedBuildError(plan["error"])
+    mismatch = _mismatch(plan, target, shard.rank)
+    if plan["kind"] == "cached":
+        if mismatch:
+            raise IndexMismatchError(mismatch)
+        return cls._built(target.root, plan["manifest"], set(), [], cache_hit=True)
+    own_error: BaseException | None = None
+    if mismatch:
+        outcome, own_error = {"error": mismatch, "records": {}}, IndexMismatchError(mismatch)
+    else:
+        mine = shard_of(plan["todo"], shard.rank, shard.world_size)
+        outcome, own_error = _compute(target, mine, tokenized,
+                                      lambda k, record: _write_chunk_record(target.root, k, record), shard.rank)
+    shard.gather(outcome)
+    result = shard.broadcast()
+    if own_error is not None:
+        raise own_error
+    if result["kind"] == "failed":
+        raise ShardedBuildError(result["error"])
+    return cls._built(target.root, result["manifest"], set(), [], cache_hit=False)
+
+
+def _compute(target: _Target, mine: list[int], tokenized: list[Any] | None,
+             written: Callable[[int, dict[str, Any]], None],
+             rank: int) -> tuple[dict[str, Any], Exception | None]:
+    """This rank's chunks: ``({"records": {chunk: record}, "error": None | message}, the exception)``.
+    An exception is reported to the gather, not raised, so no rank waits for one that left; an
+    interrupt (KeyboardInterrupt, SIGTERM) still ends the process, and torchrun the others."""
+    records: dict[int, dict[str, Any]] = {}
+
+    def keep(k: int, record: dict[str, Any]) -> None:
+        records[k] = record
+        written(k, record)
+
+    try:
+        _compute_chunks(target, mine, tokenized or [], keep)
+    except Exception as err:
+        return {"records": records, "error": _describe(err, rank)}, err
+    return {"records": records, "error": None}, None
+
+
+def _mismatch(plan: dict[str, Any], target: _Target, rank: int) -> str | None:
+    if plan["index_id"] == target.index_id:
+        return None
+    field, lead, here = first_difference(plan["identity"], target.identity) or ("?", "?", "?")
+    return (f"rank {rank} indexes other inputs than rank 0 ({field}: rank 0 has {lead!r}, rank {rank} has "
+            f"{here!r}); every process must see the same dataset, model, adapter, config and library versions")
+
+
+def _raise_first_failure(outcomes: list[dict[str, Any]]) -> None:
+    failed = [(r, o["error"]) for r, o in enumerate(outcomes) if o.get("error")]
+    if failed:
+        r, message = failed[0]
+        raise ShardedBuildError(f"rank {r} of the sharded index build failed: {message}")
+
+
+def _describe(err: BaseException, rank: int) -> str:
+    if isinstance(err, GradianError):
+        return str(err)
+    last = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ else []
+    where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
+    return f"{type(err).__name__}: {err}{where} (rank {rank})"
