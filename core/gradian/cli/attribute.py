@@ -7,6 +7,7 @@ from typing import Any, Optional
 
 import typer
 
+from gradian.cli.index import DISTRIBUTED_HELP
 from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
 from gradian.engines.registry import available_engines
 from gradian.errors import ConfigError
@@ -29,6 +30,7 @@ def attribute_command(
     cross_check: str = typer.Option("graddot", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), or none; one that ranks by the same method as --engine is swapped for one that does not"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write report.json/.md/.html, plots and rankings.parquet here"),
     force: bool = typer.Option(False, "--force", help="Rebuild the gradient index even if a cached one matches"),
+    distributed: Optional[bool] = typer.Option(None, "--distributed/--no-distributed", help=DISTRIBUTED_HELP + "; under torchrun the index is built first, then rank 0 alone runs the rest"),
 ) -> None:
     """Attribute a capability regression to training examples and write the merged report."""
     import tempfile
@@ -36,8 +38,11 @@ def attribute_command(
     from rich.console import Console
 
     from gradian.attribution import run_attribution
+    from gradian.cli.index import build_index_stage
     from gradian.cli.run_flags import index_progress, publish_to_source, read_run, run_reference
     from gradian.config import load_config
+    from gradian.distributed import join_shard_group
+    from gradian.model_loading import check_attention_kernel
     from gradian.paths import ensure_writable_dir
 
     run = run_reference(run, mlflow_run)
@@ -56,12 +61,25 @@ def attribute_command(
     ensure_writable_dir(cfg.cache_dir, "cache_dir")
     if out is not None:
         ensure_writable_dir(out, "--out")
-    record = read_run(cfg, trust_run_dataset)
     console = Console(stderr=True)
+    with join_shard_group(distributed) as shard:
+        if shard is not None:
+            # the indexing stage, sharded over every rank; the rest runs on rank 0 alone and finds
+            # this index in the cache (audit and evaluation come after it, not before, here)
+            check_attention_kernel(cfg.attn_implementation)
+            if shard.is_main:
+                console.print(f"[dim]indexing per-example gradients on {shard.world_size} processes[/]",
+                              highlight=False)
+            _, record = build_index_stage(cfg, trust_run_dataset, force, shard)
+    if shard is not None and not shard.is_main:
+        return
+    if shard is None:
+        record = read_run(cfg, trust_run_dataset)
     out_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="gradian-attribute-"))
     with index_progress(console) as progress:
         outcome = run_attribution(
-            cfg, capability=capability, cross_check=cross_check, run=record, force=force, out_dir=out_dir,
+            cfg, capability=capability, cross_check=cross_check, run=record, force=force and shard is None,
+            out_dir=out_dir,
             progress=progress, log=lambda message: console.print(f"[dim]{message}[/]", highlight=False),
         )
     print_summary(Console(), outcome.report)

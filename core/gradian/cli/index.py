@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
 
-__all__ = ["register"]
+if TYPE_CHECKING:
+    from gradian.distributed import ShardGroup
+
+__all__ = ["register", "build_index_stage", "DISTRIBUTED_HELP"]
+
+DISTRIBUTED_HELP = ("Shard the index build over the processes torchrun started (each rank computes a contiguous "
+                    "share of the chunks; rank 0 commits the manifest and reports). Default: on when torchrun's "
+                    "WORLD_SIZE is above 1; --no-distributed makes every process work alone")
 
 
 def index_command(
@@ -22,24 +29,23 @@ def index_command(
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log anything back"),
     trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
     force: bool = typer.Option(False, "--force", help="Rebuild even when the same inputs are already indexed"),
+    distributed: Optional[bool] = typer.Option(None, "--distributed/--no-distributed", help=DISTRIBUTED_HELP),
 ) -> None:
     """Compute every training example's LoRA gradient and store it in the content-addressed index."""
     from rich.console import Console
 
-    from gradian.attribution import fill_from_run
-    from gradian.cli.run_flags import index_progress, publish_to_source, read_run, run_reference
+    from gradian.cli.run_flags import publish_to_source, run_reference
     from gradian.config import load_config
-    from gradian.index import index_from_config
+    from gradian.distributed import join_shard_group
     from gradian.paths import ensure_writable_dir
 
     run = run_reference(run, mlflow_run)
     cfg = load_config(config, {"dataset": dataset, "base_model": base_model, "adapter_path": adapter, "run_dir": run})
     ensure_writable_dir(cfg.cache_dir, "cache_dir")  # before the model loads, not after the gradients
-    record = read_run(cfg, trust_run_dataset)
-    if record is not None:
-        cfg = fill_from_run(cfg, record)
-    with index_progress(Console(stderr=True)) as progress:
-        built = index_from_config(cfg, force=force, progress=progress)
+    with join_shard_group(distributed) as shard:
+        built, record = build_index_stage(cfg, trust_run_dataset, force, shard)
+    if shard is not None and not shard.is_main:
+        return  # rank 0 reports and logs the one index every rank wrote into
     index = built.index
     verb = "reused" if built.cache_hit else "built"
     typer.echo(f"{verb} index {index.index_id}: {index.n} examples x {index.manifest['total_width']} values "
@@ -47,6 +53,31 @@ def index_command(
     typer.echo(str(index.root))
     publish_to_source(record, _index_report(index, verb), "index", [index.root / "manifest.json"],
                       no_log=no_log, console=Console())
+
+
+def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "ShardGroup | None") -> tuple[Any, Any]:
+    """``(IndexBuild, RunRecord | None)``: the run read (by rank 0 first, so the others find its
+    downloads in the cache) and the index built, on this rank's share when ``shard`` is given;
+    the progress bar is rank 0's alone."""
+    import contextlib
+
+    from rich.console import Console
+
+    from gradian.attribution import fill_from_run
+    from gradian.cli.run_flags import index_progress, read_run
+    from gradian.index import index_from_config
+
+    main = shard is None or shard.is_main
+    record = read_run(cfg, trust_run_dataset) if main else None
+    if shard is not None:
+        shard.barrier()
+        if not main:
+            record = read_run(cfg, trust_run_dataset)
+    if record is not None:
+        cfg = fill_from_run(cfg, record)
+    bar = index_progress(Console(stderr=True)) if main else contextlib.nullcontext(None)
+    with bar as progress:
+        return index_from_config(cfg, force=force, progress=progress, shard=shard), record
 
 
 def _index_report(index: object, verb: str) -> dict:
