@@ -30,6 +30,22 @@ from typing import Any, Callable
 import numpy as np
 
 from gradian.errors import ConfigError, ModelLoadError
+from gradian.report.schema import (
+    Accused,
+    AnalysisInputs,
+    AttributeManifest,
+    Attribution,
+    AttributionMetrics,
+    Capability,
+    ClusteringSummary,
+    ClusterRow,
+    EngineStateSummary,
+    ExampleRow,
+    IndexSummary,
+    QuerySummary,
+    Report,
+    Span,
+)
 
 __all__ = ["AttributionOutcome", "accused_ids", "run_attribution", "rankings_frame", "fill_from_run"]
 
@@ -38,12 +54,15 @@ Progress = Callable[[int, int], None]
 
 @dataclass
 class AttributionOutcome:
+    #: report.json as written: ``report_obj.to_json()``
     report: dict[str, Any]
     #: one row per training example (pandas DataFrame), or None when attribution did not run
     rankings: Any = None
     capability: Any = None
     files: list[Path] = field(default_factory=list)
     run: Any = None
+    #: the typed report (``gradian.report.schema.Report``) that ``report`` is the JSON of
+    report_obj: Report | None = None
 
 
 def fill_from_run(cfg: Any, run: Any) -> Any:
@@ -99,7 +118,7 @@ def run_attribution(
     from gradian.index import GradientIndex
     from gradian.model_loading import check_attention_kernel, load_tokenizer
     from gradian.query import build_query_gradient, select_query_items
-    from gradian.report import assemble_report, top_examples, write_report
+    from gradian.report import build_report, top_examples, write_report
     from gradian.runs import resolve_run
 
     started = time.time()
@@ -137,13 +156,13 @@ def run_attribution(
             findings.append(gate.finding)
         eval_items = _query_items(cap, eval_set)
 
-    manifest: dict[str, Any] = {
-        "kind": "attribute",
-        "gradian_version": __version__,
-        "config_hash": config_hash(cfg),
-        "config": config_to_dict(cfg),
-        "inputs": diagnosis.inputs.manifest() | {"adapter": cfg.adapter_path, "capability": capability},
-    }
+    manifest = AttributeManifest(
+        gradian_version=__version__,
+        config_hash=config_hash(cfg),
+        config=config_to_dict(cfg),
+        inputs=AnalysisInputs.from_json(diagnosis.inputs.manifest() | {"adapter": cfg.adapter_path,
+                                                                       "capability": capability}, "manifest.inputs"),
+    )
     attribution = None
     rankings = None
     assignment = None
@@ -193,63 +212,67 @@ def run_attribution(
             from gradian.explain import explain_top_accused
 
             log(f"locating the harmful span of the top {min(cfg.clustering.explain_top_accused, accused.n)} accused rows")
-            spans = [s.to_dict() for s in explain_top_accused(
+            spans = [Span.from_json(s.to_dict(), "attribution.spans[]") for s in explain_top_accused(
                 gm, tokenizer, index, dataset, qg, item_scores, accused.example_ids, cfg,
                 k=cfg.clustering.explain_top_accused)]
-        attribution = {
-            "engine": cfg.engine.name,
-            "cross_check": cross_check if cross_check and cross_check != "none" else None,
-            "engine_agreement_spearman": agreement,
-            "query_signal": qg.signal,
-            "query": qg.to_dict(),
-            "gated": gated,
-            "n_examples": len(ids),
-            "clusters": clusters,
-            "top_harmful": _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True),
-                                            ids, item_scores, qg.item_ids),
-            "top_helpful": top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False),
-            "accused": accused.to_dict() if accused is not None else None,
-            "spans": spans,
-            "notes": list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
-                     + ([cross_note] if cross_note else []),
-            "metrics": {"index_seconds": round(index_seconds, 3),
-                        # one name whatever the engine, so runs of different engines compare
-                        "fit_seconds": fit_seconds[cfg.engine.name]},
-        }
+        top_harmful = _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True),
+                                       ids, item_scores, qg.item_ids)
+        attribution = Attribution(
+            engine=cfg.engine.name,
+            cross_check=cross_check if cross_check and cross_check != "none" else None,
+            engine_agreement_spearman=agreement,
+            query_signal=qg.signal,
+            query=QuerySummary.from_json(qg.to_dict(), "attribution.query"),
+            gated=gated,
+            n_examples=len(ids),
+            clusters=[ClusterRow.from_json(c, "attribution.clusters[]") for c in clusters],
+            top_harmful=[ExampleRow.from_json(r, "attribution.top_harmful[]") for r in top_harmful],
+            top_helpful=[ExampleRow.from_json(r, "attribution.top_helpful[]") for r in
+                         top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False)],
+            accused=Accused.of(accused) if accused is not None else None,
+            spans=spans,
+            notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
+                  + ([cross_note] if cross_note else []),
+            # one name whatever the engine, so runs of different engines compare
+            metrics=AttributionMetrics(index_seconds=round(index_seconds, 3),
+                                       fit_seconds=fit_seconds[cfg.engine.name]),
+        )
         # attribution.no_capability_target (no eval set) is raised by the verdict synthesis
-        manifest["index"] = {
-            "index_id": index.index_id,
-            "path": str(index.root),
-            "n_examples": index.n,
-            "bytes": index.disk_bytes(),
-            "bytes_per_example": round(index.disk_bytes() / max(index.n, 1), 1),
-            "build_seconds": round(index_seconds, 3),
-        }
-        manifest["index_manifest"] = index.manifest
-        manifest["damping"] = main.damping
-        manifest["engine_state"] = {
-            "engine": main_state.engine, "state_id": main_state.state_id, "cache_hit": main_state.cache_hit,
-            "settings": main_state.meta.get("settings", {}), "fit_seconds": round(main_state.fit_seconds, 3),
-            "stage_seconds": fit_seconds,
-        }
-        manifest["clustering"] = {k: v for k, v in assignment.to_dict().items() if k != "labels"}
+        manifest.index = IndexSummary(
+            index_id=index.index_id,
+            path=str(index.root),
+            n_examples=index.n,
+            bytes=index.disk_bytes(),
+            bytes_per_example=round(index.disk_bytes() / max(index.n, 1), 1),
+            build_seconds=round(index_seconds, 3),
+        )
+        manifest.index_manifest = index.manifest
+        manifest.damping = main.damping
+        manifest.engine_state = EngineStateSummary(
+            engine=main_state.engine, state_id=main_state.state_id, cache_hit=main_state.cache_hit,
+            settings=main_state.meta.get("settings", {}), fit_seconds=round(main_state.fit_seconds, 3),
+            stage_seconds=fit_seconds,
+        )
+        manifest.clustering = ClusteringSummary.from_json(
+            {k: v for k, v in assignment.to_dict().items() if k != "labels"}, "manifest.clustering")
         rankings = rankings_frame(dataset, scores, assignment, findings, cross_scores if cross else None,
                                   item_scores=item_scores if item_scores.ndim == 2 else None, item_ids=qg.item_ids)
-    manifest["seconds"] = round(time.time() - started, 2)
+    manifest.seconds = round(time.time() - started, 2)
 
-    report = assemble_report(
-        cap.to_full_dict() if cap is not None else None,
+    report_obj = build_report(
+        Capability.from_json(cap.to_full_dict(), "capability") if cap is not None else None,
         findings,
         attribution,
         manifest,
         assignment=assignment,
         skipped=skipped,
     )
+    report = report_obj.to_json()
     if rankings is not None:
         rankings["accused"] = rankings["example_id"].isin(set(accused_ids(report)))
     files: list[Path] = []
     if out_dir is not None:
-        files = write_report(report, out_dir, rankings=rankings, logs=run.logs if run is not None else None)
+        files = write_report(report_obj, out_dir, rankings=rankings, logs=run.logs if run is not None else None)
         if rankings is not None:
             from gradian.atomic import write_bytes_atomic
 
@@ -259,7 +282,8 @@ def run_attribution(
             if bool(rankings["accused"].any()):
                 accused_file = Path(out_dir) / "accused.parquet"
                 write_bytes_atomic(accused_file, _parquet_bytes(rankings[rankings["accused"]].sort_values("score")))
-    return AttributionOutcome(report=report, rankings=rankings, capability=cap, files=files, run=run)
+    return AttributionOutcome(report=report, rankings=rankings, capability=cap, files=files, run=run,
+                              report_obj=report_obj)
 
 
 def accused_ids(report: dict[str, Any]) -> list[str]:

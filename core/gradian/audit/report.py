@@ -13,30 +13,37 @@ from typing import Any, Mapping
 
 from gradian.atomic import write_text_atomic
 from gradian.audit.runner import AuditResult
+from gradian.report.schema import Report
 
-__all__ = ["diagnosis_report", "render_diagnosis_markdown", "write_diagnosis"]
+__all__ = ["build_diagnosis_report", "diagnosis_report", "render_diagnosis_markdown", "write_diagnosis"]
+
+
+def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None = None,
+                           audit_config: Mapping[str, Any] | None = None) -> Report:
+    """The typed report: ``inputs`` (paths, base model, max_seq_length) go to the manifest."""
+    from gradian import __version__
+    from gradian.report.schema import AnalysisInputs, DiagnoseManifest, ReportFinding, SkippedCheckRow, Verdict
+
+    return Report(
+        capability=None,
+        findings=[ReportFinding.of(f) for f in result.findings],
+        attribution=None,
+        verdict=Verdict.from_json(result.verdict(), "verdict"),
+        skipped=[SkippedCheckRow.from_json(s.to_dict(), "skipped[]") for s in result.skipped],
+        manifest=DiagnoseManifest(
+            gradian_version=__version__,
+            inputs=AnalysisInputs.from_json(dict(inputs or {}), "manifest.inputs"),
+            checks_run=list(result.ran),
+            counts=result.counts(),
+            audit_config=dict(audit_config or {}),
+        ),
+    )
 
 
 def diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None = None,
                      audit_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The report dict: ``inputs`` (paths, base model, max_seq_length) go to the manifest."""
-    from gradian import __version__
-
-    return {
-        "capability": None,
-        "findings": [f.to_dict() for f in result.findings],
-        "attribution": None,
-        "verdict": result.verdict(),
-        "skipped": [s.to_dict() for s in result.skipped],
-        "manifest": {
-            "kind": "diagnose",
-            "gradian_version": __version__,
-            "inputs": dict(inputs or {}),
-            "checks_run": list(result.ran),
-            "counts": result.counts(),
-            "audit_config": dict(audit_config or {}),
-        },
-    }
+    """``build_diagnosis_report(...).to_json()``: the dict diagnose.json holds."""
+    return build_diagnosis_report(result, inputs, audit_config).to_json()
 
 
 def render_diagnosis_markdown(report: Mapping[str, Any]) -> str:
@@ -46,10 +53,12 @@ def render_diagnosis_markdown(report: Mapping[str, Any]) -> str:
     return render_markdown(report)
 
 
-def write_diagnosis(report: Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path, Path]:
+def write_diagnosis(report: Report | Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path, Path]:
     """Write ``diagnose.json``, ``diagnose.md`` and ``diagnose.html`` into ``out_dir``."""
     from gradian.report import render_html
 
+    if isinstance(report, Report):
+        report = report.to_json()
     out = Path(out_dir)
     json_path, md_path, html_path = out / "diagnose.json", out / "diagnose.md", out / "diagnose.html"
     write_text_atomic(json_path, json.dumps(report, indent=2, sort_keys=False, default=str) + "\n")

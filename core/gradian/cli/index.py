@@ -80,17 +80,20 @@ def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "Sh
         return index_from_config(cfg, force=force, progress=progress, shard=shard), record
 
 
-def _index_report(index: object, verb: str) -> dict:
-    """The report.json shape for an index build: only the manifest and a one-line summary."""
+def _index_report(index: Any, verb: str) -> dict[str, Any]:
+    """The report.json of an index build: only the manifest and a one-line summary."""
+    from gradian.report.schema import IndexManifest, IndexSummary, Report, Verdict
+
     size = index.disk_bytes()
     summary = f"{verb.capitalize()} gradient index {index.index_id}: {index.n} examples, {_size(size)}"
-    return {
-        "capability": None, "findings": [], "attribution": None,
-        "verdict": {"kind": "inconclusive", "summary": summary, "hedges": []},
-        "manifest": {"kind": "index", "index": {"index_id": index.index_id, "n_examples": index.n, "bytes": size,
-                                                 "bytes_per_example": round(size / max(index.n, 1), 1)},
-                     "index_manifest": index.manifest},
-    }
+    return Report(
+        verdict=Verdict(kind="inconclusive", summary=summary),
+        manifest=IndexManifest(
+            index=IndexSummary(index_id=index.index_id, n_examples=index.n, bytes=size,
+                               bytes_per_example=round(size / max(index.n, 1), 1)),
+            index_manifest=index.manifest,
+        ),
+    ).to_json()
 
 
 def show_index_command(

@@ -29,6 +29,20 @@ from gradian.counterfactual.figures import (
 from gradian.counterfactual.selection import RemovalPlan
 from gradian.counterfactual.subset import write_kept_rows
 from gradian.errors import ConfigError
+from gradian.report.schema import (
+    Capability,
+    Counterfactual,
+    CounterfactualInputs,
+    CounterfactualManifest,
+    CounterfactualSeconds,
+    DatasetRef,
+    GroundTruth,
+    PredictedSums,
+    Recovery,
+    Removal,
+    Report,
+    Verdict,
+)
 
 __all__ = ["CounterfactualOutcome", "retrain_config", "run_counterfactual", "KEPT_DATA_FILE", "RETRAIN_SUBDIR"]
 
@@ -41,6 +55,7 @@ _NOT_RECIPE = ("backend", "base_model", "output_dir", "logging_steps", "save_ste
 
 @dataclass
 class CounterfactualOutcome:
+    #: report.json as written: ``report_obj.to_json()``
     report: dict[str, Any]
     plan: RemovalPlan
     #: the retrained model's ``CapabilityResult`` (base vs retrained)
@@ -48,6 +63,8 @@ class CounterfactualOutcome:
     #: the retrained run's ``RunRecord``
     run: Any
     files: list[Path] = field(default_factory=list)
+    #: the typed report (``gradian.report.schema.Report``) that ``report`` is the JSON of
+    report_obj: Report | None = None
 
 
 def _train_at_defaults(train: Any) -> bool:
@@ -165,53 +182,55 @@ def run_counterfactual(
     truth = removal_precision(plan.drop_indices, planted) if planted is not None else None
     predicted = predicted_score_sums(plan.scores, plan.drop_ids) if plan.scores else None
 
-    block = {
-        "outcome": outcome,
-        "removal": plan.to_dict(),
-        "capability": recovery | {"before_source": before_source},
-        "ground_truth": truth,
-        "predicted": predicted,
-        "recipe_source": recipe_source,
-        "seconds": {"train": round(train_seconds, 2), "evaluate": round(eval_seconds, 2),
-                    "total": round(time.time() - started, 2)},
-    }
+    block = Counterfactual(
+        outcome=outcome,  # type: ignore[arg-type]
+        removal=Removal.from_json(plan.to_dict(), "counterfactual.removal"),
+        capability=Recovery.from_json(recovery | {"before_source": before_source}, "counterfactual.capability"),
+        ground_truth=GroundTruth.from_json(truth, "counterfactual.ground_truth") if truth is not None else None,
+        predicted=PredictedSums.from_json(predicted, "counterfactual.predicted") if predicted is not None else None,
+        recipe_source=recipe_source,
+        seconds=CounterfactualSeconds(train=round(train_seconds, 2), evaluate=round(eval_seconds, 2),
+                                      total=round(time.time() - started, 2)),
+    )
     kept = load_dataset(kept_path)
-    manifest = {
-        "kind": "counterfactual",
-        "gradian_version": __version__,
-        "config_hash": config_hash(retrain_cfg),
-        "config": config_to_dict(retrain_cfg),
-        "inputs": {
-            "dataset": {"path": plan.dataset_path, "sha256": plan.dataset_sha256, "n_examples": plan.n_examples},
-            "kept_dataset": {"path": str(kept_path), "sha256": kept.sha256, "n_examples": len(kept)},
-            "eval_dataset": cfg.eval_dataset,
-            "base_model": retrain_cfg.base_model,
-            "adapter_before": cfg.adapter_path,
-            "adapter_after": record.adapter_dir,
-            "capability": capability,
-            "seed": retrain_cfg.seed,
-        },
-        "seconds": block["seconds"]["total"],
-    }
-    report = {
-        "capability": after.to_full_dict(),
-        "findings": [],
-        "attribution": None,
-        "verdict": {"kind": kind, "summary": _summary(plan, recovery, outcome, truth, predicted, capability),
-                    "hedges": _hedges(recovery, outcome, truth), "accused_cluster": plan.cluster},
-        "manifest": manifest,
-        "counterfactual": block,
-    }
+    manifest = CounterfactualManifest(
+        gradian_version=__version__,
+        config_hash=config_hash(retrain_cfg),
+        config=config_to_dict(retrain_cfg),
+        inputs=CounterfactualInputs(
+            dataset=DatasetRef(path=plan.dataset_path, sha256=plan.dataset_sha256, n_examples=plan.n_examples),
+            kept_dataset=DatasetRef(path=str(kept_path), sha256=kept.sha256, n_examples=len(kept)),
+            eval_dataset=cfg.eval_dataset,
+            base_model=retrain_cfg.base_model,
+            adapter_before=cfg.adapter_path,
+            adapter_after=record.adapter_dir,
+            capability=capability,
+            seed=retrain_cfg.seed,
+        ),
+        seconds=block.seconds.total if block.seconds is not None else 0.0,
+    )
+    report_obj = Report(
+        capability=Capability.from_json(after.to_full_dict(), "capability"),
+        findings=[],
+        attribution=None,
+        verdict=Verdict(kind=kind,  # type: ignore[arg-type]
+                        summary=_summary(plan, recovery, outcome, truth, predicted, capability),
+                        hedges=_hedges(recovery, outcome, truth), accused_cluster=plan.cluster),
+        manifest=manifest,
+        counterfactual=block,
+    )
+    report = report_obj.to_json()
     files: list[Path] = []
     if write:
         from gradian.atomic import write_text_atomic
         from gradian.report import write_report
 
-        files = write_report(report, out)
+        files = write_report(report_obj, out)
         removed = out / "removed_ids.txt"
         write_text_atomic(removed, "".join(i + "\n" for i in plan.drop_ids))
         files.append(removed)
-    return CounterfactualOutcome(report=report, plan=plan, capability=after, run=record, files=files)
+    return CounterfactualOutcome(report=report, plan=plan, capability=after, run=record, files=files,
+                                 report_obj=report_obj)
 
 
 def _pct(x: float | None) -> str:

@@ -8,30 +8,37 @@ Interface:
   ``predicted_loss_delta_if_removed = score / n``.
 - ``synthesize_verdict(capability, findings, attribution, thresholds, assignment) ->
   VerdictSynthesis`` (the ``verdict`` block plus the ``attribution.*`` findings it raises), with
-  every threshold in ``VerdictThresholds``; ``assemble_report(...)`` builds report.json's dict.
-- ``write_report(report, out_dir, rankings, logs) -> list[Path]``: report.json, report.md,
+  every threshold in ``VerdictThresholds``; ``build_report(...)`` builds the typed ``Report``
+  (``gradian.report.schema``: the report.json contract, ``SCHEMA_VERSION``, its JSON Schema) and
+  ``assemble_report(...)`` the same dict from plain dicts.
+- ``write_report(report, out_dir, rankings, logs) -> list[Path]`` (a ``Report`` or its dict): report.json, report.md,
   report.html and plots/*.png; ``render_markdown`` and ``render_html`` alone, ``draw_plots``.
 """
 
 from gradian.report.html import render_html
 from gradian.report.markdown import render_markdown
 from gradian.report.plots import draw_plots, flagged_steps
+from gradian.report.schema import SCHEMA_VERSION, Report
 from gradian.report.tables import cluster_table, excerpt_of, top_examples
 from gradian.report.verdict import (
     VerdictSynthesis,
     VerdictThresholds,
     assemble_report,
     assess_lumpiness,
+    build_report,
     synthesize_verdict,
 )
 from gradian.report.write import REPORT_FILES, write_report
 
 __all__ = [
     "REPORT_FILES",
+    "Report",
+    "SCHEMA_VERSION",
     "VerdictSynthesis",
     "VerdictThresholds",
     "assemble_report",
     "assess_lumpiness",
+    "build_report",
     "cluster_table",
     "draw_plots",
     "excerpt_of",

@@ -2,7 +2,8 @@
 
 ``synthesize_verdict(capability, findings, attribution, thresholds)`` returns the report's
 ``verdict`` ({kind, summary, hedges, accused_cluster, accused_set_n}) and the ``attribution.*`` findings it
-raises. ``assemble_report`` builds the whole report.json dict around it.
+raises. ``build_report`` builds the typed ``Report`` around it (``gradian.report.schema``);
+``assemble_report`` the same from plain dicts.
 
 The kinds, decided in this order:
 
@@ -30,11 +31,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from gradian.findings import Finding, severity_rank
 
-__all__ = ["VerdictSynthesis", "VerdictThresholds", "assemble_report", "assess_lumpiness", "synthesize_verdict"]
+if TYPE_CHECKING:
+    from gradian.report.schema import Attribution, Capability, Manifest, Report
+
+__all__ = ["VerdictSynthesis", "VerdictThresholds", "assemble_report", "assess_lumpiness", "build_report",
+           "synthesize_verdict"]
 
 _CONFIG_CATEGORIES = ("config", "dynamics")
 
@@ -516,38 +521,73 @@ def assemble_report(capability: Any, findings: Sequence[Finding | Mapping[str, A
                     attribution: Mapping[str, Any] | None, manifest: Mapping[str, Any] | None = None,
                     thresholds: VerdictThresholds | None = None, assignment: Any = None,
                     skipped: Sequence[Any] | None = None) -> dict[str, Any]:
-    """The report.json dict: capability, findings (most severe first), attribution, verdict, manifest.
+    """The report.json dict from plain dicts: capability, findings (most severe first), attribution,
+    verdict, manifest. For hand-built blocks (tests, notebooks); the commands build a typed
+    ``Report`` with ``build_report``, which shares the steps below.
 
     When the verdict offers nothing for deletion, ``attribution.top_harmful`` is emptied and
     ``attribution.deletions_withheld`` says why (every score stays in the rankings table).
     """
     synthesis = synthesize_verdict(capability, findings, attribution, thresholds, assignment)
-    cap = _capability_dict(capability)
-    all_findings = [_finding(f) for f in findings] + synthesis.findings
-    all_findings.sort(key=lambda f: severity_rank(f.severity))  # stable: lanes keep their order
-    attr = dict(attribution) if attribution is not None else None
-    if attr is not None:
-        attr["lumpiness"] = synthesis.lumpiness
-        # the accused set exists only beside an accused cluster it refines
-        attr["accused"] = _matching_accused(attr, synthesis.accused_cluster)
-        if attr["accused"] is None:
-            attr["spans"] = []
-        if not synthesis.offer_deletions and attr.get("top_harmful"):
-            attr["top_harmful"] = []
-            attr["deletions_withheld"] = (
-                "No cluster carries the harm at a distinctly higher rate"
-                + (f" ({synthesis.lumpiness['reason']})" if synthesis.lumpiness else "")
-                + "; deleting the highest-scoring rows would not address the cause."
-            )
-            for c in attr.get("clusters") or []:
-                c["top_examples"] = []
     report: dict[str, Any] = {
-        "capability": cap,
-        "findings": [f.to_dict() for f in all_findings],
-        "attribution": attr,
+        "capability": _capability_dict(capability),
+        "findings": [f.to_dict() for f in _ordered_findings(findings, synthesis)],
+        "attribution": _finish_attribution(attribution, synthesis),
         "verdict": synthesis.verdict,
         "manifest": dict(manifest or {}),
     }
     if skipped is not None:
         report["skipped"] = [s.to_dict() if hasattr(s, "to_dict") else dict(s) for s in skipped]
     return report
+
+
+def build_report(capability: "Capability | None", findings: Sequence[Finding], attribution: "Attribution | None",
+                 manifest: "Manifest", thresholds: VerdictThresholds | None = None, assignment: Any = None,
+                 skipped: Sequence[Any] | None = None) -> "Report":
+    """The typed ``Report`` of an attribution run: the verdict decided over the blocks given, its
+    ``attribution.*`` findings added, the attribution finished as in ``assemble_report``."""
+    from gradian.report.schema import Attribution, Report, ReportFinding, SkippedCheckRow, Verdict
+
+    cap = capability.to_json() if capability is not None else None
+    attr = attribution.to_json() if attribution is not None else None
+    synthesis = synthesize_verdict(cap, findings, attr, thresholds, assignment)
+    finished = _finish_attribution(attr, synthesis)
+    return Report(
+        capability=capability,
+        findings=[ReportFinding.of(f) for f in _ordered_findings(findings, synthesis)],
+        attribution=Attribution.from_json(finished, "attribution") if finished is not None else None,
+        verdict=Verdict.from_json(synthesis.verdict, "verdict"),
+        manifest=manifest,
+        skipped=None if skipped is None else [
+            SkippedCheckRow.from_json(s.to_dict() if hasattr(s, "to_dict") else dict(s), "skipped[]") for s in skipped],
+    )
+
+
+def _ordered_findings(findings: Sequence[Finding | Mapping[str, Any]], synthesis: VerdictSynthesis) -> list[Finding]:
+    """The lanes' findings and the verdict's, most severe first (stable: lanes keep their order)."""
+    out = [_finding(f) for f in findings] + synthesis.findings
+    out.sort(key=lambda f: severity_rank(f.severity))
+    return out
+
+
+def _finish_attribution(attribution: Mapping[str, Any] | None, synthesis: VerdictSynthesis) -> dict[str, Any] | None:
+    """The attribution block as reported: its lumpiness, the accused set only beside the cluster
+    it refines, and no deletion list when the verdict offers none."""
+    if attribution is None:
+        return None
+    attr = dict(attribution)
+    attr["lumpiness"] = synthesis.lumpiness
+    # the accused set exists only beside an accused cluster it refines
+    attr["accused"] = _matching_accused(attr, synthesis.accused_cluster)
+    if attr["accused"] is None:
+        attr["spans"] = []
+    if not synthesis.offer_deletions and attr.get("top_harmful"):
+        attr["top_harmful"] = []
+        attr["deletions_withheld"] = (
+            "No cluster carries the harm at a distinctly higher rate"
+            + (f" ({synthesis.lumpiness['reason']})" if synthesis.lumpiness else "")
+            + "; deleting the highest-scoring rows would not address the cause."
+        )
+        for c in attr.get("clusters") or []:
+            c["top_examples"] = []
+    return attr

@@ -14,6 +14,7 @@ from gradian.atomic import write_bytes_atomic, write_text_atomic
 from gradian.report.html import render_html
 from gradian.report.markdown import render_markdown
 from gradian.report.plots import draw_plots
+from gradian.report.schema import Report
 
 __all__ = ["REPORT_FILES", "write_report"]
 
@@ -32,14 +33,18 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write_report(report: Mapping[str, Any], out_dir: str | Path, rankings: Any = None,
+def write_report(report: Report | Mapping[str, Any], out_dir: str | Path, rankings: Any = None,
                  logs: Any = None) -> list[Path]:
     """Write the report in all three forms plus its figures; returns every path written.
+
+    ``report`` is a ``Report`` (written through ``to_json()``) or a dict of its shape.
 
     ``rankings``: a DataFrame with ``score`` (and ``cluster``) per example, for the score
     distribution; ``logs``: a ``gradian.runs.TrainingLogs`` for the training curves. Either may be
     None, and the report may lack ``capability``/``attribution`` (a diagnose report).
     """
+    if isinstance(report, Report):
+        report = report.to_json()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = draw_plots(report, rankings, logs)

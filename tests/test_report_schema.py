@@ -1,0 +1,289 @@
+"""The report.json contract: the typed schema round-trips what every builder writes, every written
+report validates against the published JSON Schema, old reports load, and the schema file is current."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+
+from gradian.report.schema import (
+    SCHEMA_VERSION,
+    Accused,
+    AttributeManifest,
+    Attribution,
+    ClusterRow,
+    CounterfactualManifest,
+    DiagnoseManifest,
+    ExampleRow,
+    IndexManifest,
+    OtherManifest,
+    Report,
+    ReportFinding,
+    ReportSchemaError,
+    Span,
+    json_schema,
+)
+
+SCHEMA_FILE = Path(__file__).resolve().parents[1] / "docs" / "report-schema.json"
+REGENERATE = "python -m gradian.report > docs/report-schema.json"
+WORDS = "paris tokyo hello world yes no one two three four five".split()
+
+
+def _on_disk(report: dict) -> dict:
+    """The dict as report.json holds it (non-finite floats null, tuples lists)."""
+    from gradian.report.write import _jsonable
+
+    return json.loads(json.dumps(_jsonable(report), default=str, allow_nan=False))
+
+
+def assert_contract(report_obj: Report, written: dict) -> None:
+    """``written`` is what the builder wrote: it is ``report_obj``'s JSON, loads back to the same object,
+    and validates against the published schema."""
+    assert written["schema_version"] == SCHEMA_VERSION
+    assert _on_disk(report_obj.to_json()) == _on_disk(written)
+    loaded = Report.from_json(written)
+    assert loaded == Report.from_json(_on_disk(report_obj.to_json()))
+    assert _on_disk(loaded.to_json()) == _on_disk(written)
+    assert Report.from_json(report_obj.to_json()) == report_obj
+    jsonschema.Draft202012Validator(json_schema()).validate(_on_disk(written))
+    # nothing the builder wrote fell outside the declared fields
+    assert _extras(loaded) == []
+
+
+def _extras(value, path="report") -> list[str]:
+    import dataclasses
+
+    out = []
+    if dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            child = getattr(value, f.name)
+            if f.name == "extra" and child:
+                out.append(f"{path}: {sorted(child)}")
+            elif f.name != "extra":
+                out += _extras(child, f"{path}.{f.name}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _extras(v, f"{path}[{i}]")
+    return out
+
+
+# -- the real builders ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def attribute_inputs(tmp_path_factory, tiny_lora_dirs):
+    from gradian.config import load_config
+
+    tmp = tmp_path_factory.mktemp("schema")
+    train = tmp / "train.jsonl"
+    rows = [{"prompt": f"what is the capital of {WORDS[i % 3]} ?", "completion": f"{WORDS[(i * 7) % len(WORDS)]} {WORDS[i % 5]}",
+             "cluster": "a" if i < 8 else "b"} for i in range(20)]
+    train.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    evals = tmp / "eval.jsonl"
+    evals.write_text("\n".join(json.dumps({"prompt": f"what is the capital of {w} ?", "completion": w})
+                               for w in ("paris", "tokyo", "france", "japan")) + "\n")
+    base_dir, adapter_dir = tiny_lora_dirs
+
+    def config(**extra):
+        overrides = {
+            "base_model": str(base_dir), "adapter_path": str(adapter_dir), "dataset": str(train),
+            "eval_dataset": str(evals), "cache_dir": str(tmp / "cache"), "evaluation.metric": "contains",
+            "evaluation.require_significant": False, "evaluation.max_new_tokens": 4,
+            "evaluation.n_bootstrap": 200, "clustering.method": "declared", "grads.batch_size": 4,
+            "grads.chunk_size": 8,
+        }
+        overrides.update(extra)
+        return load_config(overrides=overrides)
+
+    return tmp, config
+
+
+@pytest.fixture(scope="module")
+def attribute_outcome(attribute_inputs):
+    from gradian.attribution import run_attribution
+
+    tmp, config = attribute_inputs
+    return run_attribution(config(), capability="capitals", out_dir=tmp / "out"), tmp / "out"
+
+
+def test_the_attribute_report_is_its_typed_report(attribute_outcome):
+    outcome, out = attribute_outcome
+    written = json.loads((out / "report.json").read_text())
+    assert outcome.report_obj is not None and outcome.report == outcome.report_obj.to_json()
+    assert_contract(outcome.report_obj, written)
+    report = outcome.report_obj
+    assert isinstance(report.manifest, AttributeManifest) and report.kind == "attribute"
+    assert report.manifest.index is not None and report.manifest.index.n_examples == 20
+    assert report.manifest.engine_state is not None and report.manifest.clustering.method == "declared"
+    assert report.attribution.engine == report.manifest.config["engine"]["name"]
+    assert report.attribution.query is not None and report.attribution.query.n_items == 4
+    assert {c.cluster for c in report.attribution.clusters} == {"a", "b"}
+    assert report.attribution.lumpiness is not None and report.skipped is not None
+    assert all(isinstance(f, ReportFinding) for f in report.findings)
+
+
+def test_a_gated_attribute_report_has_no_attribution_block(attribute_inputs):
+    from gradian.attribution import run_attribution
+
+    _, config = attribute_inputs
+    outcome = run_attribution(config(**{"evaluation.require_significant": True}), capability="capitals",
+                              cross_check="none")
+    # the random adapter barely moves 4 items: the interval straddles zero (as in test_attribute_pipeline)
+    assert outcome.report_obj.attribution is None and outcome.report_obj.capability.status != "regressed"
+    assert "index" not in outcome.report["manifest"]  # kind-specific manifest parts are left out, not null
+    assert_contract(outcome.report_obj, outcome.report)
+
+
+def test_the_index_report(attribute_inputs, attribute_outcome):
+    from gradian.cli.index import _index_report
+    from gradian.index import index_from_config
+
+    _, config = attribute_inputs
+    built = index_from_config(config())
+    assert built.cache_hit  # the attribute run above built it
+    written = _index_report(built.index, "reused")
+    report = Report.from_json(written)
+    assert isinstance(report.manifest, IndexManifest) and report.manifest.index.index_id == built.index.index_id
+    assert report.capability is None and report.attribution is None and report.verdict.kind == "inconclusive"
+    assert_contract(report, written)
+
+
+def test_the_diagnose_report(attribute_inputs, tmp_path):
+    from gradian.audit import build_diagnosis_report, write_diagnosis
+    from gradian.audit.session import diagnose
+
+    _, config = attribute_inputs
+    diagnosis = diagnose(config())
+    report = build_diagnosis_report(diagnosis.result, diagnosis.inputs.manifest(),
+                                    diagnosis.report["manifest"]["audit_config"])
+    assert diagnosis.report == report.to_json()
+    json_path, _, _ = write_diagnosis(report, tmp_path)
+    written = json.loads(json_path.read_text())
+    assert isinstance(report.manifest, DiagnoseManifest) and report.manifest.inputs.dataset.n_examples == 20
+    assert report.skipped is not None and report.manifest.counts.keys() == {"critical", "high", "medium", "low", "info"}
+    assert_contract(report, written)
+
+
+def test_the_counterfactual_report(attribute_inputs, tmp_path):
+    from gradian.counterfactual import plan_removal, run_counterfactual
+    from gradian.data import load_dataset
+
+    _, config = attribute_inputs
+    cfg = config(**{"train.r": 4, "train.lora_alpha": 8, "train.num_train_epochs": 1,
+                    "train.per_device_train_batch_size": 8, "train.max_seq_length": 64, "evaluation.n_bootstrap": 100})
+    plan = plan_removal(load_dataset(cfg.dataset), drop_cluster="a", clustering=cfg.clustering, seed=cfg.seed)
+    outcome = run_counterfactual(cfg, plan, out_dir=tmp_path / "cf", capability="capitals",
+                                 before={"name": "capitals", "base": 0.5, "tuned": 0.25}, planted=[0, 1, 2])
+    written = json.loads((tmp_path / "cf" / "report.json").read_text())
+    report = outcome.report_obj
+    assert isinstance(report.manifest, CounterfactualManifest) and report.counterfactual is not None
+    assert report.counterfactual.removal.n_removed == 8 and report.counterfactual.ground_truth.n_planted_removed == 3
+    assert report.verdict.accused_cluster == "a"
+    assert_contract(report, written)
+
+
+def test_an_accused_set_and_its_spans_go_through_the_typed_builder():
+    """``build_report`` with the blocks a lumpy attribution has: the accused set and its spans."""
+    from gradian.cluster import refine_accused
+    from gradian.report import build_report, cluster_table, top_examples
+    from gradian.report.schema import Capability
+    from tests.test_verdict import capability, planted_scores
+
+    scores, ids, clusters = planted_scores()
+    members = [i for i, e in enumerate(ids) if clusters[e] == "0"]
+    accused = refine_accused("0", [ids[i] for i in members], scores[members], scale=1.0)
+    text = "Its capital is Brask."
+    span = {"example_id": accused.example_ids[0], "item_id": "item-1", "engine": "graddot", "signal": "contrastive",
+            "text": text, "token_sum": -3.0, "words": [{"text": "Brask.", "start": 15, "end": 21, "score": -3.0}],
+            "sentences": [{"text": text, "start": 0, "end": 21, "score": -3.0}],
+            "span": {"text": text, "start": 0, "end": 21, "score": -3.0}, "score": -3.0, "notes": [],
+            "span_start": 0, "span_end": 21, "span_text": text, "span_score": -3.0}
+    attribution = Attribution(
+        engine="datainf", cross_check="graddot", engine_agreement_spearman=0.9, query_signal="contrastive",
+        n_examples=len(ids), clusters=[ClusterRow.from_json(c) for c in cluster_table(scores, ids, clusters, None, 3)],
+        top_harmful=[ExampleRow.from_json(r) for r in top_examples(scores, ids, clusters, None, 5, harmful=True)],
+        accused=Accused.of(accused), spans=[Span.from_json(span)],
+    )
+    report = build_report(Capability.from_json(capability()), [], attribution, AttributeManifest(), assignment=clusters)
+    assert report.verdict.kind == "data" and report.verdict.accused_cluster == "0"
+    assert report.attribution.accused.n == report.verdict.accused_set_n == len(accused.example_ids)
+    assert report.attribution.spans[0].span.text == text
+    written = report.to_json()
+    assert written["attribution"]["accused"]["n_left_out"] == accused.n_left_out
+    assert_contract(report, written)
+
+
+# -- reading: old reports, unknown keys, wrong types ---------------------------------------------
+
+
+def test_a_report_without_schema_version_loads_as_version_1(attribute_outcome):
+    outcome, _ = attribute_outcome
+    old = dict(outcome.report)
+    del old["schema_version"]
+    assert Report.from_json(old).schema_version == 1
+    # the barest report an old diagnose could write
+    bare = Report.from_json({"capability": None, "findings": [], "attribution": None,
+                             "verdict": {"kind": "inconclusive", "summary": "s", "hedges": []},
+                             "manifest": {"kind": "diagnose"}})
+    assert bare.schema_version == 1 and isinstance(bare.manifest, DiagnoseManifest) and bare.skipped is None
+
+
+def test_unknown_keys_are_kept_and_written_back(attribute_outcome):
+    outcome, _ = attribute_outcome
+    newer = json.loads(json.dumps(outcome.report))
+    newer["schema_version"] = SCHEMA_VERSION + 1
+    newer["provenance"] = {"signed_by": "x"}
+    newer["attribution"]["clusters"][0]["median"] = -1.5
+    newer["manifest"] = {"kind": "shard", "ranks": 4}
+    report = Report.from_json(newer)
+    assert report.extra == {"provenance": {"signed_by": "x"}}
+    assert report.attribution.clusters[0].extra == {"median": -1.5}
+    assert isinstance(report.manifest, OtherManifest) and report.manifest.extra == {"ranks": 4}
+    assert report.to_json() == newer
+
+
+def test_a_wrong_type_or_a_missing_key_names_the_path(attribute_outcome):
+    outcome, _ = attribute_outcome
+    broken = json.loads(json.dumps(outcome.report))
+    broken["attribution"]["clusters"][1]["n"] = "many"
+    with pytest.raises(ReportSchemaError, match=r"attribution\.clusters\[1\]\.n: expected an integer"):
+        Report.from_json(broken)
+    broken = json.loads(json.dumps(outcome.report))
+    del broken["verdict"]["kind"]
+    with pytest.raises(ReportSchemaError, match=r"verdict: the required key 'kind' is missing"):
+        Report.from_json(broken)
+    with pytest.raises(ReportSchemaError, match="severity"):
+        ReportFinding.from_json({"id": "x.y", "category": "x", "severity": "dire", "title": "t", "message": "m"})
+
+
+def test_the_json_schema_rejects_what_the_builders_never_write(attribute_outcome):
+    outcome, _ = attribute_outcome
+    validator = jsonschema.Draft202012Validator(json_schema())
+    for mutate in (lambda r: r["verdict"].update(kind="probably_data"),
+                   lambda r: r["attribution"]["clusters"][0].pop("signed_influence"),
+                   lambda r: r["manifest"].update(kind="attribute", typo=1)):
+        report = _on_disk(outcome.report)
+        mutate(report)
+        assert not validator.is_valid(report)
+
+
+# -- the published schema ------------------------------------------------------------------------
+
+
+def test_the_published_schema_is_current():
+    jsonschema.Draft202012Validator.check_schema(json_schema())
+    published = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    assert published == json_schema(), f"docs/report-schema.json is stale: regenerate it with `{REGENERATE}`"
+
+
+def test_the_schema_module_prints_the_schema():
+    proc = subprocess.run([sys.executable, "-m", "gradian.report"], capture_output=True, text=True)
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr[-2000:]
+    assert json.loads(proc.stdout) == json_schema()
+    assert proc.stdout == SCHEMA_FILE.read_text(encoding="utf-8")
