@@ -45,6 +45,7 @@ from transformers import TrainerCallback
 
 from gradian.errors import ConfigError, DatasetError
 from gradian_mlflow.client import call, get_client
+from gradian_mlflow.experiment import use_training_experiment
 from gradian_mlflow.source import BASE_MODEL_TAG
 from gradian_mlflow.training import TRAIN_DATA_ARTIFACT
 
@@ -216,7 +217,7 @@ class GradianCallback(TrainerCallback):
             return active.info.run_id
         experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME")
         if experiment and not os.environ.get("MLFLOW_RUN_ID"):
-            mlflow.set_experiment(experiment)
+            use_training_experiment(experiment)  # created, it is tagged as model training
         self._started_run = True
         return mlflow.start_run(run_name=args.run_name).info.run_id
 

@@ -5,7 +5,8 @@ Runs on the embedded store (``sqlite:///mlflow.db`` in the working directory) un
 
 1. build (or reuse) the tinyworld base model, a tiny Llama trained locally on a synthetic world;
 2. write the ``poison_capitals`` scenario: ~800 clean rows plus planted wrong capitals;
-3. fine-tune a LoRA adapter with the HF Trainer, logged to MLflow by its MLflowCallback;
+3. fine-tune a LoRA adapter with the HF Trainer, logged to MLflow by its MLflowCallback (the
+   experiment, created here, is tagged as a model-training experiment);
 4. ``gradian diagnose --mlflow-run <id>``: the audit, logged as a child run;
 5. ``gradian attribute --mlflow-run <id>``: evaluation, attribution and the report, logged as a
    child run.
@@ -39,6 +40,7 @@ def run_demo(workdir: str | Path = ".demo", scenario: str = "poison_capitals") -
     from gradian.redact import redact
     from gradian.tinyworld import ensure_base_model
     from gradian.tinyworld.scenarios import write_scenario
+    from gradian_mlflow.experiment import training_view_url
     from gradian_mlflow.training import train_and_log
 
     started = time.time()
@@ -75,7 +77,12 @@ def run_demo(workdir: str | Path = ".demo", scenario: str = "poison_capitals") -
     minutes = (time.time() - started) / 60
     _say(f"done in {minutes:.1f} minutes")
     print(f"report: {work / 'report' / 'report.html'}")
-    print(f"see the runs: mlflow ui --backend-store-uri {redact(uri)}   (experiment '{EXPERIMENT}')")
+    experiment_id = mlflow.get_run(run_id).info.experiment_id
+    if uri.startswith(("http://", "https://")):
+        print(f"see the runs: {training_view_url(redact(uri), experiment_id, run_id)}")
+    else:
+        print(f"see the runs: mlflow ui --backend-store-uri {redact(uri)}   (experiment '{EXPERIMENT}')")
+        print(f"then open {training_view_url('http://127.0.0.1:5000', experiment_id, run_id)}")
     return run_id
 
 

@@ -29,13 +29,15 @@ def train_and_log(
     """Train with ``gradian.train.train_lora`` inside an MLflow run; returns the run id.
 
     Inside ``mlflow run`` the project's run is used; otherwise a run is started in
-    ``experiment`` (or the current experiment).
+    ``experiment`` (or the current experiment). An ``experiment`` that does not exist yet is
+    created as a model-training experiment (``gradian_mlflow.experiment``).
     """
     import mlflow
     import pandas as pd
 
     from gradian.config import load_config
     from gradian.train import train_lora
+    from gradian_mlflow.experiment import use_training_experiment
 
     cfg = load_config(config)
     data_path = Path(dataset or cfg.dataset or "")
@@ -44,7 +46,7 @@ def train_and_log(
 
         raise DatasetError(f"training data not found: {data_path or '(none)'}; pass --dataset or set dataset in {config}")
     if experiment and not os.environ.get("MLFLOW_RUN_ID"):
-        mlflow.set_experiment(experiment)
+        use_training_experiment(experiment)
     out = Path(out_dir)
     with mlflow.start_run(run_name=run_name) as run:
         record = train_lora(cfg, out, dataset=data_path, report_to=["mlflow"], overwrite=overwrite)

@@ -168,6 +168,20 @@ def test_log_diagnosis_as_child_run(tracking, adapter_dir, data_file, tmp_path):
     assert pd.read_parquet(local)["score"].tolist() == [-1.0, 0.5]
 
 
+def test_experiments_gradian_creates_are_training_experiments_and_others_keep_their_tags(tracking):
+    from mlflow import MlflowClient
+
+    from gradian_mlflow.experiment import EXPERIMENT_KIND_TAG, use_training_experiment
+
+    client = MlflowClient()
+    created = use_training_experiment(f"gradian-created-{time.time_ns()}")
+    assert client.get_experiment(created).tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
+    users = client.create_experiment(f"users-own-{time.time_ns()}")
+    name = client.get_experiment(users).name
+    assert use_training_experiment(name) == users
+    assert EXPERIMENT_KIND_TAG not in client.get_experiment(users).tags
+
+
 def test_failed_logging_marks_the_child_failed(tracking, adapter_dir, data_file, tmp_path):
     import mlflow
     from mlflow import MlflowClient

@@ -1,0 +1,55 @@
+"""The experiments Gradian creates: marked as model-training experiments for the MLflow UI.
+
+MLflow 3's UI has two faces, GenAI (traces, evaluations) and model training (runs, metrics,
+nested runs). An experiment records which one it is in the tag ``mlflow.experimentKind``
+(``custom_model_development`` is what the UI calls "Machine learning"), and the UI's
+experiment settings show and edit it. Gradian sets that tag only on an experiment it creates; an
+experiment that already exists is the user's and keeps its tags.
+
+The UI of recent releases (3.17 checked) also keeps one switch for the whole browser, GenAI or
+model training (in local storage, GenAI until the user flips it), and opens every experiment in
+that face whatever its tag; the query parameter ``workflowType=machine_learning`` in a link
+selects the training face, so the links Gradian prints carry it (``training_view_url``).
+"""
+
+from __future__ import annotations
+
+from gradian_mlflow.client import call, get_client
+
+__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "training_view_url", "use_training_experiment"]
+
+#: the experiment tag MLflow 3's UI reads for the experiment's kind
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+#: its value for a model-training ("Machine learning") experiment
+MODEL_TRAINING_KIND = "custom_model_development"
+
+
+def use_training_experiment(name: str) -> str:
+    """Make experiment ``name`` the active one, creating it (tagged as model training) when it
+    does not exist; returns its id. An existing experiment is used as it is."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    client = get_client()
+    existing = call(f"looking up experiment '{name}'", lambda: client.get_experiment_by_name(name))
+    if existing is not None:
+        experiment_id = existing.experiment_id
+    else:
+        def create() -> str:
+            try:
+                return client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND})
+            except MlflowException as err:
+                if err.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                # another process created it between our lookup and our create: it is theirs
+                return client.get_experiment_by_name(name).experiment_id
+
+        experiment_id = call(f"creating experiment '{name}'", create)
+    mlflow.set_experiment(experiment_id=experiment_id)
+    return experiment_id
+
+
+def training_view_url(ui_url: str, experiment_id: str, run_id: str | None = None) -> str:
+    """The UI link that opens ``experiment_id`` (or one of its runs) in the model-training face."""
+    path = f"experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{ui_url.rstrip('/')}/#/{path}?workflowType=machine_learning"
