@@ -5,6 +5,12 @@ source, so the MLflow UI nests it under the training run and diagnoses can be co
 side. Inside ``mlflow run`` the project's own run becomes the child when it is in the source's
 experiment; otherwise a fresh child is created there and the project run links to it.
 
+A child run Gradian creates is named for what it is (``child_run_name``: ``diagnose``,
+``attribute-<engine>-<capability>``, ``counterfactual-<what was dropped>-<capability>``,
+``index-<index id>``) and starts when the work started (``work_started_ms``: the report's
+``manifest.started_at``, else its ``manifest.seconds`` before now), so the UI shows how long the
+diagnosis took rather than how long logging it did.
+
 What is logged (artifact keys in ``ArtifactKeys``):
 - tags ``gradian.source_run_id``, ``gradian.kind``, ``gradian.verdict``, ``gradian.index_id``,
   ``gradian.capability``; the summary as the run description; a back-link tag on the source run;
@@ -18,7 +24,7 @@ server's included, after its retries), Ctrl-C, or SIGTERM (turned into an except
 is open, ``gradian.termination``). When the server itself is gone, closing it is retried once and
 the error names the run that may stay RUNNING. Each created run carries ``gradian.host`` and
 ``gradian.pid``; before opening a new child, the source's RUNNING children whose process is gone
-(same host) or that started more than ``STALE_AFTER_HOURS`` ago are named in a warning, marked
+(same host) or that logging opened more than ``STALE_AFTER_HOURS`` ago are named in a warning, marked
 FAILED and tagged ``gradian.stale=true``.
 """
 
@@ -27,10 +33,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import socket
 import sys
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -38,8 +46,8 @@ from gradian.redact import redact
 from gradian.termination import sigterm_raises
 from gradian_mlflow.client import TrackingError, call, get_client, parse_run_ref
 
-__all__ = ["ArtifactKeys", "STALE_AFTER_HOURS", "flatten_numbers", "log_diagnosis", "publish",
-           "report_metrics", "stale_children"]
+__all__ = ["ArtifactKeys", "STALE_AFTER_HOURS", "child_run_name", "flatten_numbers", "log_diagnosis", "publish",
+           "report_metrics", "stale_children", "work_started_ms"]
 
 #: a RUNNING child older than this is stale whatever host it came from (logging one takes minutes)
 STALE_AFTER_HOURS = 6.0
@@ -105,7 +113,8 @@ def report_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     if attribution:
         if _num(attribution.get("engine_agreement_spearman")) is not None:
             metrics["attribution.engine_agreement_spearman"] = _num(attribution["engine_agreement_spearman"])
-        metrics["attribution.gated"] = float(bool(attribution.get("gated")))
+        # the report's ``gated`` means the gate failed and scores were computed anyway (gate off)
+        metrics["attribution.gate_passed"] = float(not attribution.get("gated"))
         clusters = attribution.get("clusters") or []
         metrics["attribution.n_clusters"] = float(len(clusters))
         if clusters:
@@ -139,12 +148,81 @@ def report_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     removal = counterfactual.get("removal") or {}
     if _num(removal.get("n_removed")) is not None:
         metrics["counterfactual.n_removed"] = _num(removal["n_removed"])
+    stage_seconds = counterfactual.get("seconds")
+    if isinstance(stage_seconds, Mapping):
+        for stage in ("train", "evaluate"):
+            if _num(stage_seconds.get(stage)) is not None:
+                metrics[f"counterfactual.{stage}_seconds"] = _num(stage_seconds[stage])
+    if _num((report.get("manifest") or {}).get("seconds")) is not None:
+        metrics["gradian.total_seconds"] = _num(report["manifest"]["seconds"])
 
     index = (report.get("manifest") or {}).get("index") or {}
     for key, value in index.items():
         if _num(value) is not None:
             metrics[f"index.{key}"] = _num(value)
     return metrics
+
+
+_NAME_PART = re.compile(r"[^A-Za-z0-9_.]+")
+_EPOCH_2000_MS = 946_684_800_000
+
+
+def _name_part(value: Any, limit: int = 40) -> str:
+    """``value`` as one hyphen-free piece of a run name: other characters become ``_``."""
+    return _NAME_PART.sub("_", str(value)).strip("_")[:limit] or "none"
+
+
+def child_run_name(report: Mapping[str, Any], kind: str) -> str:
+    """The name of the child run that holds ``report``: short, deterministic, saying what it is.
+
+    ``diagnose``; ``attribute-<engine>-<capability>`` (``attribute-<capability>`` when nothing was
+    attributed); ``counterfactual-<dropped>-<capability>`` with ``accused``, ``cluster<name>`` or
+    ``<n>ids`` for what was dropped; ``index-<first 12 of the index id>``; else ``<kind>``.
+    """
+    manifest = report.get("manifest") or {}
+    capability = (report.get("capability") or {}).get("name") or (manifest.get("inputs") or {}).get("capability")
+    cap = [_name_part(capability)] if capability else []
+    if kind == "attribute":
+        engine = (report.get("attribution") or {}).get("engine")
+        return "-".join(["attribute", *([_name_part(engine)] if engine else []), *cap])
+    if kind == "counterfactual":
+        removal = (report.get("counterfactual") or {}).get("removal") or {}
+        if removal.get("cluster") is not None:
+            dropped = f"cluster{_name_part(removal['cluster'], 24)}"
+        elif str(removal.get("reason", "")).startswith("the report's accused set"):
+            dropped = "accused"
+        else:
+            dropped = f"{int(removal.get('n_removed') or 0)}ids"
+        return "-".join(["counterfactual", dropped, *cap])
+    if kind == "index":
+        index_id = (manifest.get("index") or {}).get("index_id") or manifest.get("index_id")
+        return f"index-{_name_part(index_id, 12)}" if index_id else "index"
+    return _name_part(kind)
+
+
+def work_started_ms(report: Mapping[str, Any], now_ms: int, started_at: float | None = None) -> int:
+    """When the work behind ``report`` started, in ms since the epoch (the child run's start time).
+
+    ``started_at`` (seconds since the epoch) when the caller knows it, else the manifest's
+    ``started_at`` (epoch seconds or ISO 8601), else ``now_ms`` minus the manifest's ``seconds``,
+    else ``now_ms``. A time in the future or before 2000 is ignored.
+    """
+    manifest = report.get("manifest") or {}
+    candidates: list[float] = []
+    for value in (started_at, manifest.get("started_at")):
+        if isinstance(value, str):
+            try:
+                value = datetime.fromisoformat(value).timestamp()
+            except ValueError:
+                value = None
+        if _num(value) is not None and not isinstance(value, bool):
+            candidates.append(float(value) * 1000)
+    if _num(manifest.get("seconds")) is not None and not isinstance(manifest.get("seconds"), bool):
+        candidates.append(now_ms - float(manifest["seconds"]) * 1000)
+    for ms in candidates:
+        if _EPOCH_2000_MS <= ms <= now_ms:
+            return int(ms)
+    return now_ms
 
 
 def _params(report: Mapping[str, Any]) -> dict[str, str]:
@@ -248,7 +326,8 @@ def stale_children(client: Any, source: Any, *, now_ms: int | None = None) -> li
     nothing will close any more.
 
     Stale: the recorded process is gone (``gradian.host`` is this host, ``gradian.pid`` not alive)
-    or the run started more than ``STALE_AFTER_HOURS`` ago. Runs without ``gradian.pid`` (the
+    or logging opened it (``gradian.opened_ms``, else its start time) more than
+    ``STALE_AFTER_HOURS`` ago. Runs without ``gradian.pid`` (the
     ``mlflow run`` project run Gradian adopts, anyone else's runs) are never stale here.
     """
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
@@ -266,7 +345,10 @@ def stale_children(client: Any, source: Any, *, now_ms: int | None = None) -> li
         tags = run.data.tags
         if "gradian.pid" not in tags:
             continue
-        age_h = (now_ms - (run.info.start_time or now_ms)) / 3.6e6
+        # the start time is when the work began (possibly hours back); staleness counts from when
+        # logging opened the run
+        opened = tags.get("gradian.opened_ms", "")
+        age_h = (now_ms - (int(opened) if opened.isdigit() else run.info.start_time or now_ms)) / 3.6e6
         if _process_gone(tags.get("gradian.host"), tags.get("gradian.pid")):
             stale.append((run, f"its process (pid {tags['gradian.pid']} on {tags['gradian.host']}) is gone"))
         elif age_h > STALE_AFTER_HOURS:
@@ -292,8 +374,11 @@ def _close_stale_children(client: Any, source: Any) -> None:
               f"{source.info.run_id} was left RUNNING and {why}; {done}")
 
 
-def _open_child(client: Any, source: Any, kind: str, tags: dict[str, str]) -> tuple[str, bool]:
-    """(run id, whether we created it). Reuses the project run inside ``mlflow run``."""
+def _open_child(client: Any, source: Any, tags: dict[str, str], *, run_name: str,
+                start_ms: int) -> tuple[str, bool]:
+    """(run id, whether we created it). Reuses the project run inside ``mlflow run`` (which already
+    spans the work, under the name ``mlflow run`` gave it); a created run is named ``run_name`` and
+    starts at ``start_ms``."""
     _close_stale_children(client, source)
     project_run_id = os.environ.get("MLFLOW_RUN_ID")
     # never adopt the project run when the source is its own child: the two would parent each other
@@ -309,8 +394,10 @@ def _open_child(client: Any, source: Any, kind: str, tags: dict[str, str]) -> tu
         lambda: client.create_run(
             experiment_id=source.info.experiment_id,
             tags={"mlflow.parentRunId": source.info.run_id, **tags,
-                  "gradian.host": socket.gethostname(), "gradian.pid": str(os.getpid())},
-            run_name=f"gradian-{kind}",
+                  "gradian.host": socket.gethostname(), "gradian.pid": str(os.getpid()),
+                  "gradian.opened_ms": str(int(time.time() * 1000))},
+            run_name=run_name,
+            start_time=start_ms,
         ),
     )
     if project_run_id and project_run_id != source.info.run_id:
@@ -326,18 +413,21 @@ def log_diagnosis(
     files: Sequence[str | Path] = (),
     rankings: Any = None,
     client: Any = None,
+    started_at: float | None = None,
 ) -> str:
     """Log ``report`` (the report.json dict) and ``files`` as a child run; returns its run id.
 
     ``rankings`` is a pandas DataFrame with one row per training example, written as
-    ``rankings.parquet``. PNG files among ``files`` go under ``plots/``.
+    ``rankings.parquet``. PNG files among ``files`` go under ``plots/``. ``started_at`` (seconds
+    since the epoch) is when the work began, if the caller knows better than the report.
     """
     client = client or get_client()
     source_id = parse_run_ref(source_run)
     source = call(f"reading source run {source_id}", lambda: client.get_run(source_id))
     tags = _tags(report, source_id, kind)
     with sigterm_raises():
-        run_id, created = _open_child(client, source, kind, tags)
+        run_id, created = _open_child(client, source, tags, run_name=child_run_name(report, kind),
+                                      start_ms=work_started_ms(report, int(time.time() * 1000), started_at))
         try:
             _log_into(client, run_id, source_id, report, kind=kind, tags=tags, files=files,
                       rankings=rankings, close=created)
@@ -399,6 +489,6 @@ def _log_into(client: Any, run_id: str, source_id: str, report: Mapping[str, Any
 
 
 def publish(source: str, report: Mapping[str, Any], *, kind: str, files: Sequence[str | Path] = (),
-            rankings: Any = None) -> str:
+            rankings: Any = None, started_at: float | None = None) -> str:
     """The ``gradian.report_sinks`` entry point: ``source`` is ``mlflow:<run_id>``."""
-    return log_diagnosis(report, source, kind=kind, files=files, rankings=rankings)
+    return log_diagnosis(report, source, kind=kind, files=files, rankings=rankings, started_at=started_at)

@@ -131,7 +131,8 @@ REPORT = {
                                   "share_of_negative": 0.7, "mean_per_example": -0.06}],
                     "top_harmful": []},
     "verdict": {"kind": "data", "summary": "Cluster poison carries 70% of the harm.", "hedges": []},
-    "manifest": {"gradian_version": "0.1.0", "config_hash": "abc", "index": {"index_id": "idx123", "n_examples": 800}},
+    "manifest": {"gradian_version": "0.1.0", "config_hash": "abc", "index": {"index_id": "idx123", "n_examples": 800},
+                 "seconds": 30.0},
 }
 
 
@@ -155,7 +156,12 @@ def test_log_diagnosis_as_child_run(tracking, adapter_dir, data_file, tmp_path):
     assert run.data.tags["mlflow.parentRunId"] == source_id
     assert run.info.experiment_id == source.info.experiment_id
     assert run.info.status == "FINISHED"
+    assert run.info.run_name == "attribute-datainf-capitals"
+    # the run spans the 30 s of work the report records, not just the logging
+    assert run.info.end_time - run.info.start_time >= 30_000 and run.data.metrics["gradian.total_seconds"] == 30.0
     assert run.data.metrics["capability.delta"] == -0.5 and run.data.metrics["capability.ci_low"] == -0.75
+    # the report says the gate failed (scores computed anyway): gate_passed is 0, the old key is gone
+    assert run.data.metrics["attribution.gate_passed"] == 0.0 and "attribution.gated" not in run.data.metrics
     assert run.data.metrics["audit.n_high"] == 1.0
     assert run.data.tags["gradian.verdict"] == "data" and run.data.tags["gradian.index_id"] == "idx123"
     assert run.data.tags["mlflow.note.content"].startswith("Cluster poison")
@@ -166,6 +172,37 @@ def test_log_diagnosis_as_child_run(tracking, adapter_dir, data_file, tmp_path):
     local = mlflow.artifacts.download_artifacts(run_id=child, artifact_path="gradian/rankings.parquet",
                                                 dst_path=str(tmp_path / "dl"))
     assert pd.read_parquet(local)["score"].tolist() == [-1.0, 0.5]
+
+
+def test_child_runs_are_named_for_what_they_hold():
+    from gradian_mlflow.sink import child_run_name
+
+    cap = {"name": "capitals"}
+    assert child_run_name(REPORT, "attribute") == "attribute-datainf-capitals"
+    assert child_run_name({"capability": cap, "attribution": None}, "attribute") == "attribute-capitals"  # gated
+    assert child_run_name({"manifest": {"kind": "diagnose"}}, "diagnose") == "diagnose"
+    assert child_run_name({"manifest": {"index": {"index_id": "0123456789abcdef"}}}, "index") == "index-0123456789ab"
+    removal = {"cluster": None, "reason": "the report's accused set: 40 of cluster 0's 48 rows (gmm)", "n_removed": 40}
+    assert child_run_name({"capability": cap, "counterfactual": {"removal": removal}}, "counterfactual") \
+        == "counterfactual-accused-capitals"
+    removal = {**removal, "cluster": "poison/2", "reason": "cluster poison/2: --drop-cluster"}
+    assert child_run_name({"capability": cap, "counterfactual": {"removal": removal}}, "counterfactual") \
+        == "counterfactual-clusterpoison_2-capitals"
+    removal = {"cluster": None, "reason": "3 example id(s) given with --drop-ids", "n_removed": 3}
+    assert child_run_name({"capability": cap, "counterfactual": {"removal": removal}}, "counterfactual") \
+        == "counterfactual-3ids-capitals"
+
+
+def test_the_work_starts_when_the_report_says():
+    from gradian_mlflow.sink import work_started_ms
+
+    now_ms = 1_800_000_000_000
+    assert work_started_ms({"manifest": {"seconds": 42.5}}, now_ms) == now_ms - 42_500
+    assert work_started_ms({"manifest": {"seconds": 42.5, "started_at": 1_799_999_000.0}}, now_ms) == 1_799_999_000_000
+    assert work_started_ms({"manifest": {"started_at": "2027-01-15T07:46:40+00:00"}}, now_ms) == 1_799_999_200_000
+    assert work_started_ms({"manifest": {"seconds": 42.5}}, now_ms, started_at=1_799_999_990.0) == now_ms - 10_000
+    assert work_started_ms({"manifest": {"kind": "index"}}, now_ms) == now_ms  # nothing recorded: now
+    assert work_started_ms({"manifest": {"started_at": 2e9}}, now_ms) == now_ms  # the future is ignored
 
 
 def test_experiments_gradian_creates_are_training_experiments_and_others_keep_their_tags(tracking):
