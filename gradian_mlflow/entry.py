@@ -2,12 +2,15 @@
 
 ``mlflow run`` passes every parameter; an empty string or 0 means "not given" here. Inside
 ``mlflow run`` the project's own run becomes the diagnosis (a child of the source run) when both
-live in the same experiment; see ``gradian_mlflow.sink``.
+live in the same experiment; see ``gradian_mlflow.sink``. ``mlflow run`` names that run only in the
+``MLFLOW_RUN_ID`` environment variable; this module passes it down as ``--into-run``, so the sink
+never reads the environment.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Sequence
 
@@ -38,6 +41,7 @@ def _dispatch(args: argparse.Namespace) -> None:
         for name, value in vars(args).items():
             if name not in ("command", "run_id"):
                 _flag(cli, "--" + name.replace("_", "-"), value)
+        _flag(cli, "--into-run", os.environ.get("MLFLOW_RUN_ID"))
         _cli(cli)
     elif args.command == "train":
         from gradian_mlflow.training import train_and_log

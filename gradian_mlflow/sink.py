@@ -374,13 +374,13 @@ def _close_stale_children(client: Any, source: Any) -> None:
               f"{source.info.run_id} was left RUNNING and {why}; {done}")
 
 
-def _open_child(client: Any, source: Any, tags: dict[str, str], *, run_name: str,
+def _open_child(client: Any, source: Any, tags: dict[str, str], into_run: str | None, *, run_name: str,
                 start_ms: int) -> tuple[str, bool]:
     """(run id, whether we created it). Reuses the project run inside ``mlflow run`` (which already
     spans the work, under the name ``mlflow run`` gave it); a created run is named ``run_name`` and
     starts at ``start_ms``."""
     _close_stale_children(client, source)
-    project_run_id = os.environ.get("MLFLOW_RUN_ID")
+    project_run_id = into_run  # the project run under `mlflow run`, passed down from gradian_mlflow.entry
     # never adopt the project run when the source is its own child: the two would parent each other
     if project_run_id and source.data.tags.get("mlflow.parentRunId") == project_run_id:
         project_run_id = None
@@ -414,19 +414,22 @@ def log_diagnosis(
     rankings: Any = None,
     client: Any = None,
     started_at: float | None = None,
+    into_run: str | None = None,
 ) -> str:
     """Log ``report`` (the report.json dict) and ``files`` as a child run; returns its run id.
 
     ``rankings`` is a pandas DataFrame with one row per training example, written as
     ``rankings.parquet``. PNG files among ``files`` go under ``plots/``. ``started_at`` (seconds
-    since the epoch) is when the work began, if the caller knows better than the report.
+    since the epoch) is when the work began, if the caller knows better than the report. ``into_run``: a run
+    already open for this work (the ``mlflow run`` project run) that becomes the child instead of a
+    new one, when it lives in the source's experiment.
     """
     client = client or get_client()
     source_id = parse_run_ref(source_run)
     source = call(f"reading source run {source_id}", lambda: client.get_run(source_id))
     tags = _tags(report, source_id, kind)
     with sigterm_raises():
-        run_id, created = _open_child(client, source, tags, run_name=child_run_name(report, kind),
+        run_id, created = _open_child(client, source, tags, into_run, run_name=child_run_name(report, kind),
                                       start_ms=work_started_ms(report, int(time.time() * 1000), started_at))
         try:
             _log_into(client, run_id, source_id, report, kind=kind, tags=tags, files=files,
@@ -489,6 +492,7 @@ def _log_into(client: Any, run_id: str, source_id: str, report: Mapping[str, Any
 
 
 def publish(source: str, report: Mapping[str, Any], *, kind: str, files: Sequence[str | Path] = (),
-            rankings: Any = None, started_at: float | None = None) -> str:
+            rankings: Any = None, into_run: str | None = None, started_at: float | None = None) -> str:
     """The ``gradian.report_sinks`` entry point: ``source`` is ``mlflow:<run_id>``."""
-    return log_diagnosis(report, source, kind=kind, files=files, rankings=rankings, started_at=started_at)
+    return log_diagnosis(report, source, kind=kind, files=files, rankings=rankings, into_run=into_run,
+                         started_at=started_at)

@@ -41,9 +41,11 @@ from gradian.runs import (
     normalize_trainer_config,
 )
 from gradian.runs.record import LogStep
+from gradian.runs.ref import RunRef
 from gradian_mlflow.client import call, get_client, parse_run_ref
 
-__all__ = ["read_mlflow_run", "AdapterLocation", "find_adapters", "default_cache_dir", "BASE_MODEL_TAG"]
+__all__ = ["read_mlflow_run", "MlflowRunSource", "RUN_SOURCE", "AdapterLocation", "find_adapters", "default_cache_dir",
+           "BASE_MODEL_TAG"]
 
 #: the run tag naming the base model (set by ``train_and_log`` and ``GradianCallback``)
 BASE_MODEL_TAG = "gradian.base_model"
@@ -53,6 +55,7 @@ _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 #: files an adapter needs; optimizer state and pickles are never downloaded
 _ADAPTER_FILES = re.compile(r"^(adapter_config\.json|adapter_model\.(safetensors|bin)|trainer_state\.json|README\.md)$")
 _MARKER = ".gradian-download.json"
+_BARE_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 @dataclass
@@ -388,3 +391,27 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
     if found.refused is not None and record.dataset.path is None and not dataset_given:
         raise _refused_dataset(run_id, found.refused)
     return record
+
+
+class MlflowRunSource:
+    """The ``gradian.run_sources`` entry point for the ``mlflow:`` and ``runs:`` schemes.
+
+    ``mlflow:<id>``, ``runs:/<id>`` and a bare 32-hex run id (one that is not a local folder) all
+    name the same run; downloads are cached under ``<cache_dir>/mlflow`` whichever spelling is used.
+    """
+
+    name = "mlflow"
+
+    @staticmethod
+    def matches(text: str) -> bool:
+        """A bare run id, written without a scheme."""
+        return bool(_BARE_RUN_ID.match(text.strip()))
+
+    @staticmethod
+    def read(ref: RunRef, cache_dir: str | Path | None = None, **options: bool) -> RunRecord:
+        # runs:/<id>/<artifact path> names a run by its first segment
+        return read_mlflow_run(ref.id.split("/", 1)[0], cache_dir=cache_dir, **options)
+
+
+#: what ``pyproject.toml`` registers under ``gradian.run_sources``
+RUN_SOURCE = MlflowRunSource()

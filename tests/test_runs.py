@@ -147,12 +147,15 @@ def test_resolve_run_dispatches_local_and_remote(tmp_path, monkeypatch):
 
     run = hf_run_dir(tmp_path)
     assert resolve_run(str(run)).lora.r == 16
-    assert is_remote_run_ref("runs:/" + "a" * 32) and is_remote_run_ref("b" * 32)
-    assert not is_remote_run_ref(str(run))
     seen = {}
 
     class FakeEntryPoint:
-        name = "mlflow"
+        """A run source written as a plain function, the first contract: it gets the reference as written."""
+
+        group, value, dist = "gradian.run_sources", "fake:reader", None
+
+        def __init__(self, name):
+            self.name = name
 
         def load(self):
             def reader(ref, cache_dir):
@@ -160,6 +163,8 @@ def test_resolve_run_dispatches_local_and_remote(tmp_path, monkeypatch):
                 return RunRecord(source=f"mlflow:{ref}")
             return reader
 
-    monkeypatch.setattr("gradian.runs.sources.entry_points", lambda group: [FakeEntryPoint()])
+    monkeypatch.setattr("gradian.runs.sources.entry_points",
+                        lambda group: [FakeEntryPoint("mlflow"), FakeEntryPoint("runs")])
+    assert is_remote_run_ref("runs:/" + "a" * 32) and not is_remote_run_ref(str(run))
     assert resolve_run("runs:/" + "c" * 32, cache_dir=tmp_path).source.startswith("mlflow:")
-    assert seen["cache"] == tmp_path / "mlflow"
+    assert seen["ref"] == "runs:/" + "c" * 32 and seen["cache"] == tmp_path / "runs"

@@ -8,7 +8,7 @@ from typing import Any, Optional
 import typer
 
 from gradian.cli.index import DISTRIBUTED_HELP
-from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
+from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
 from gradian.engines.registry import available_engines
 from gradian.errors import ConfigError
 
@@ -25,6 +25,7 @@ def attribute_command(
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the report is logged as its child run"),
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the report back"),
     trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
+    into_run: Optional[str] = typer.Option(None, "--into-run", help=INTO_RUN_HELP),
     capability: str = typer.Option("capability", "--capability", help="Name of the capability, used in the report"),
     engine: Optional[str] = typer.Option(None, "--engine", help="Attribution engine: " + ", ".join(available_engines()) + " (default: the config's engine.name)"),
     cross_check: str = typer.Option("graddot", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), or none; one that ranks by the same method as --engine is swapped for one that does not"),
@@ -86,7 +87,7 @@ def attribute_command(
     if out is not None:
         Console().print(f"wrote {out / 'report.html'} (and report.json, report.md, rankings.parquet)", highlight=False)
     publish_to_source(outcome.run, outcome.report, "attribute", outcome.files, rankings=outcome.rankings,
-                      no_log=no_log, console=Console())
+                      no_log=no_log, console=Console(), into_run=into_run)
 
 
 def print_summary(console: Any, report: dict) -> None:

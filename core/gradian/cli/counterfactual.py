@@ -15,7 +15,7 @@ from typing import Any, Mapping, Optional
 
 import typer
 
-from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
+from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
 from gradian.errors import ConfigError
 
 __all__ = ["register", "print_counterfactual"]
@@ -52,6 +52,7 @@ def counterfactual_command(
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the result is logged as its child run"),
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the result back"),
     trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
+    into_run: Optional[str] = typer.Option(None, "--into-run", help=INTO_RUN_HELP),
     capability: Optional[str] = typer.Option(None, "--capability", help="Name of the capability (default: the report's, else 'capability')"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the kept rows, the retrained run and report.json/.md/.html"),
 ) -> None:
@@ -107,7 +108,7 @@ def counterfactual_command(
     print_counterfactual(Console(), outcome.report)
     Console().print(f"wrote {out_dir / 'report.html'} (and report.json, report.md, the retrained run in {out_dir / 'run'})",
                     highlight=False)
-    publish_to_source(record, outcome.report, "counterfactual", outcome.files, no_log=no_log, console=Console())
+    publish_to_source(record, outcome.report, "counterfactual", outcome.files, no_log=no_log, console=Console(), into_run=into_run)
 
 
 def print_counterfactual(console: Any, report: Mapping[str, Any]) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 import typer
 
-from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
+from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
 from gradian.errors import ConfigError
 from gradian.findings import SEVERITIES
 
@@ -29,6 +29,7 @@ def diagnose_command(
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id to read (same as --run runs:/<id>); the diagnosis is logged as its child run"),
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log the diagnosis back"),
     trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
+    into_run: Optional[str] = typer.Option(None, "--into-run", help=INTO_RUN_HELP),
     base_model: Optional[str] = typer.Option(None, "--base-model", "-m", help="Base model id or path, used for its tokenizer only"),
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Sequence length used in training (default: the run's)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write diagnose.json and diagnose.md to this directory"),
@@ -43,6 +44,7 @@ def diagnose_command(
     from gradian.audit.session import diagnose
     from gradian.config import load_config
     from gradian.cli.run_flags import publish_to_source, read_run, run_reference
+    from gradian.runs import has_report_sink
 
     if fail_on is not None and fail_on.lower() not in SEVERITIES:
         raise ConfigError(f"--fail-on {fail_on!r}: use one of {', '.join(SEVERITIES)}")
@@ -72,11 +74,11 @@ def diagnose_command(
     if out is not None:
         files = list(write_diagnosis(report, out))
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False, soft_wrap=True)
-    if not no_log and record is not None and (record.source or "").startswith("mlflow:") and not files:
+    if not no_log and record is not None and has_report_sink(record.source) and not files:
         import tempfile
 
         files = list(write_diagnosis(report, tempfile.mkdtemp(prefix="gradian-diagnose-")))
-    publish_to_source(record, report, "diagnose", files, no_log=no_log, console=console)
+    publish_to_source(record, report, "diagnose", files, no_log=no_log, console=console, into_run=into_run)
     if fail_on is not None and result.at_least(fail_on.lower()):
         n = len(result.at_least(fail_on.lower()))
         Console(stderr=True).print(f"[bold red]{n} finding(s) at or above {fail_on.lower()}: failing (--fail-on).[/]",

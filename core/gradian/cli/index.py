@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
-from gradian.cli.run_flags import TRUST_RUN_DATASET_HELP
+from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
 
 if TYPE_CHECKING:
     from gradian.distributed import ShardGroup
@@ -28,6 +28,7 @@ def index_command(
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id (same as --run runs:/<id>); the index manifest is logged as its child run"),
     no_log: bool = typer.Option(False, "--no-log", help="Read an MLflow run but do not log anything back"),
     trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
+    into_run: Optional[str] = typer.Option(None, "--into-run", help=INTO_RUN_HELP),
     force: bool = typer.Option(False, "--force", help="Rebuild even when the same inputs are already indexed"),
     distributed: Optional[bool] = typer.Option(None, "--distributed/--no-distributed", help=DISTRIBUTED_HELP),
 ) -> None:
@@ -52,7 +53,7 @@ def index_command(
                f"({len(index.block_names)} blocks, {index.manifest['storage_dtype']}), {_size(index.disk_bytes())}")
     typer.echo(str(index.root))
     publish_to_source(record, _index_report(index, verb), "index", [index.root / "manifest.json"],
-                      no_log=no_log, console=Console())
+                      no_log=no_log, console=Console(), into_run=into_run)
 
 
 def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "ShardGroup | None") -> tuple[Any, Any]:

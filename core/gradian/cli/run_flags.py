@@ -1,5 +1,8 @@
-"""The `--run` / `--mlflow-run` / `--no-log` / `--trust-run-dataset` flags that diagnose, index,
-attribute and counterfactual share, and the progress bar of an index build.
+"""The `--run` / `--mlflow-run` / `--no-log` / `--trust-run-dataset` / `--into-run` flags that
+diagnose, index, attribute and counterfactual share, and the progress bar of an index build.
+
+A run reference is parsed once, into a ``gradian.runs.RunRef``; its scheme picks the run source
+that reads it and the report sink that logs back (see ``gradian.runs.sources``).
 
 Not a command module (it has no ``register``): the commands import these helpers.
 """
@@ -9,53 +12,65 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from gradian.errors import ConfigError
 
-__all__ = ["run_reference", "read_run", "publish_to_source", "index_progress", "TRUST_RUN_DATASET_HELP"]
+if TYPE_CHECKING:
+    from gradian.runs import RunRecord
+
+__all__ = ["run_reference", "read_run", "publish_to_source", "index_progress", "TRUST_RUN_DATASET_HELP",
+           "INTO_RUN_HELP"]
 
 TRUST_RUN_DATASET_HELP = ("Read the training data from wherever the MLflow run's dataset input points (a local "
                           "path, another run), not only from the run's own artifacts")
+INTO_RUN_HELP = ("Log the report into this run, already open for the work (the project run `mlflow run` "
+                 "creates), instead of creating a child run of the source run")
 
 
 def run_reference(run: str | None, mlflow_run: str | None) -> str | None:
-    """The run to read: ``--run`` as given, or ``--mlflow-run <id>`` as ``runs:/<id>``."""
+    """The run to read, checked once: ``--run`` as written (a directory, ``<scheme>:<id>``), or
+    ``--mlflow-run <id>`` as ``mlflow:<id>``."""
+    from gradian.runs import RunRef
+
     if mlflow_run and run:
         raise ConfigError("--run and --mlflow-run both name a run; pass one of them")
     if mlflow_run:
-        return mlflow_run if mlflow_run.startswith("runs:/") else f"runs:/{mlflow_run}"
-    return run
+        ref = RunRef.parse(mlflow_run)
+        return f"mlflow:{ref.id if ref.scheme in ('mlflow', 'runs') else ref.raw}"
+    return RunRef.parse(run).raw if run else None
 
 
-def read_run(cfg: Any, trust_run_dataset: bool = False) -> Any:
+def read_run(cfg: Any, trust_run_dataset: bool = False) -> "RunRecord | None":
     """The RunRecord ``cfg.run_dir`` names, or None.
 
     A tracking-server run's dataset input outside its own artifacts is read only with
     ``--trust-run-dataset``; with ``--dataset`` given, such a run is read without it.
     """
-    from gradian.runs import resolve_run
+    from gradian.runs import resolve_run, resolve_run_ref
 
     if not cfg.run_dir:
         return None
     options = {"trust_run_dataset": True} if trust_run_dataset else {}
     if cfg.dataset:
         options["dataset_given"] = True
-    return resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir, **options)
+    return resolve_run(resolve_run_ref(cfg.run_dir), cache_dir=cfg.cache_dir, **options)
 
 
-def publish_to_source(record: Any, report: dict, kind: str, files: Sequence[Path] = (), *,
-                      rankings: Any = None, no_log: bool = False, console: Any = None) -> str | None:
-    """Log ``report`` back to the tracking-server run ``record`` came from (nothing for a local run)."""
-    from gradian.runs import publish_report
+def publish_to_source(record: "RunRecord | None", report: Any, kind: str, files: Sequence[Path] = (), *,
+                      rankings: Any = None, no_log: bool = False, console: Any = None,
+                      into_run: str | None = None) -> str | None:
+    """Log ``report`` back to where ``record`` came from, through the report sink of its scheme
+    (nothing for a local run, or a source without a sink). ``into_run``: ``--into-run``."""
+    from gradian.runs import RunRef, publish_report
 
-    source = getattr(record, "source", None)
+    source = record.source if record is not None else None
     if no_log or not source:
         return None
-    child = publish_report(source, report, kind=kind, files=list(files), rankings=rankings)
+    child = publish_report(source, report, kind=kind, files=list(files), rankings=rankings, into_run=into_run)
     if child is not None and console is not None:
-        console.print(f"logged the {kind} report as MLflow run {child} (child of {source.split(':', 1)[1]})",
-                      highlight=False)
+        ref = RunRef.parse(source)
+        console.print(f"logged the {kind} report as {ref.scheme} run {child} (child of {ref.id})", highlight=False)
     return child
 
 

@@ -2,8 +2,11 @@
 
 Public interface: ``RunRecord`` (with ``TrainerConfig``, ``LoraSettings``, ``TrainingLogs``,
 ``LogStep``, ``DatasetRef``), ``normalize_trainer_config``, ``parse_param_value``,
-``read_run_dir``, ``find_adapter_dir``, ``list_checkpoints``, ``resolve_run`` (a local dir or,
-through the ``gradian.run_sources`` entry points, a tracking-server run), ``read_training_args``
+``read_run_dir``, ``find_adapter_dir``, ``list_checkpoints``, ``RunRef`` (a ``--run`` value parsed
+once: scheme, id, as written), ``resolve_run`` (a local dir or, through the ``gradian.run_sources``
+entry point named by the reference's scheme, a run elsewhere; ``resolve_run_ref``,
+``installed_schemes``), ``publish_report`` and ``has_report_sink`` (the ``gradian.report_sinks``
+entry point of the record's scheme), ``read_training_args``
 (``training_args.bin`` through ``torch.load(weights_only=True)`` and an allowlist;
 ``TrainingArgsRefused`` otherwise) and ``fill_config_from_logs`` (learning rate, schedule and
 warmup fitted to the logged rates when no argument file recorded them).
@@ -12,7 +15,15 @@ warmup fitted to the logged rates when no argument file recorded them).
 from gradian.runs.reader import find_adapter_dir, list_checkpoints, read_run_dir
 from gradian.runs.schedule import fill_config_from_logs
 from gradian.runs.training_args import TrainingArgsRefused, read_training_args
-from gradian.runs.sources import is_remote_run_ref, publish_report, resolve_run
+from gradian.runs.ref import RunRef
+from gradian.runs.sources import (
+    has_report_sink,
+    installed_schemes,
+    is_remote_run_ref,
+    publish_report,
+    resolve_run,
+    resolve_run_ref,
+)
 from gradian.runs.record import (
     DatasetRef,
     LogStep,
@@ -29,11 +40,14 @@ __all__ = [
     "LogStep",
     "LoraSettings",
     "RunRecord",
+    "RunRef",
     "TrainerConfig",
     "TrainingArgsRefused",
     "TrainingLogs",
     "fill_config_from_logs",
     "find_adapter_dir",
+    "has_report_sink",
+    "installed_schemes",
     "is_remote_run_ref",
     "list_checkpoints",
     "normalize_trainer_config",
@@ -42,4 +56,5 @@ __all__ = [
     "read_run_dir",
     "read_training_args",
     "resolve_run",
+    "resolve_run_ref",
 ]
