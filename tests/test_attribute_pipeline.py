@@ -51,7 +51,7 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
     report = json.loads((out / "report.json").read_text())
     assert report["capability"]["name"] == "capitals" and report["capability"]["n_items"] == 4
     attr = report["attribution"]
-    assert attr["engine"] == "datainf" and attr["cross_check"] == "graddot"  # the defaults
+    assert attr["engine"] == "ekfac" and attr["cross_check"] == "datainf"  # the defaults
     assert -1.0 <= attr["engine_agreement_spearman"] <= 1.0
     assert {c["cluster"] for c in attr["clusters"]} == {"a", "b"}
     assert report["verdict"]["kind"] in {"data", "config", "mixed", "inconclusive", "no_regression"}

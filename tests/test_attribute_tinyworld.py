@@ -40,7 +40,7 @@ def attributed(tinyworld_run, tmp_path_factory):
             run = tinyworld_run(name)
             out = tmp_path_factory.mktemp(f"report-{name}")
             cfg = run.config(**{"evaluation.query_signal": "contrastive"})
-            outcome = run_attribution(cfg, capability="capitals", cross_check="graddot", out_dir=out)
+            outcome = run_attribution(cfg, capability="capitals", out_dir=out)
             done[name] = (run, outcome, out)
         return done[name]
 
@@ -67,7 +67,7 @@ def test_poisoned_run_ranks_the_planted_rows_at_the_harmful_end(attributed):
     run, outcome, _ = attributed("poison_capitals")
     attr = outcome.report["attribution"]
     assert attr is not None, outcome.report["verdict"]
-    assert attr["engine"] == "datainf" and attr["query_signal"] == "contrastive"  # the default engine
+    assert attr["engine"] == "ekfac" and attr["query_signal"] == "contrastive"  # the default engine
     assert outcome.report["capability"]["status"] == "regressed"
 
     rankings = outcome.rankings
@@ -102,7 +102,7 @@ def test_poisoned_run_accuses_the_planted_cluster_with_a_data_verdict(attributed
 
     # the engine agreement figure is stated: in report.json, the summary and report.md
     rho = report["attribution"]["engine_agreement_spearman"]
-    assert report["attribution"]["cross_check"] == "graddot"
+    assert report["attribution"]["cross_check"] == "datainf"  # EK-FAC's own cross-check
     assert isinstance(rho, float) and -1.0 <= rho <= 1.0
     assert f"{rho:.3f}" in verdict["summary"]
     assert f"{rho:.3f}" in (out / "report.md").read_text()

@@ -26,7 +26,7 @@ def test_defaults_match_documented_values():
     c = load_config()
     assert c.seed == 1234 and c.cache_dir == ".gradian" and c.attn_implementation == "eager"
     assert c.grads.strategy == "hooks" and c.grads.batch_size == 4 and c.grads.chunk_size == 256
-    assert c.engine.name == "datainf" and c.engine.lambda_scale == 0.1 and c.engine.fisher == "empirical"
+    assert c.engine.name == "ekfac" and c.engine.lambda_scale == 0.1 and c.engine.fisher == "empirical"
     assert c.evaluation.metric == "exact_match" and c.evaluation.n_bootstrap == 2000
     assert c.clustering.method == "auto" and c.clustering.n_clusters == 8
     assert c.train.r == 8 and c.train.lora_alpha == 16 and c.train.learning_rate == 2e-4

@@ -108,11 +108,11 @@ def test_attribute_entry_point_logs_child_runs(finetuned, tracking):
     import yaml
 
     config = yaml.safe_load((work / "diagnosis.yaml").read_text()) or {}
-    config.setdefault("engine", {})["name"] = "ekfac"
-    (work / "diagnosis-ekfac.yaml").write_text(yaml.safe_dump(config))
+    config.setdefault("engine", {})["name"] = "kfac"  # not the default, so it shows the config won
+    (work / "diagnosis-kfac.yaml").write_text(yaml.safe_dump(config))
     for engine, cross, config_file, params in (
             ("datainf", "graddot", "diagnosis.yaml", ["-P", "engine=datainf"]),
-            ("ekfac", "none", "diagnosis-ekfac.yaml", [])):
+            ("kfac", "none", "diagnosis-kfac.yaml", [])):
         child = _mlflow_run([str(ROOT), "-e", "attribute", "--experiment-id", experiment_id,
                              "-P", f"run_id={run_id}", "-P", f"config={work / config_file}",
                              "-P", "capability=capitals", *params, "-P", f"cross_check={cross}"],
@@ -126,7 +126,7 @@ def test_attribute_entry_point_logs_child_runs(finetuned, tracking):
         # a parameter left empty keeps MLflow's logged value; the one used sits beside it
         assert run.data.params.get("engine.resolved", run.data.params["engine"]) == engine
         assert run.data.params["damping"] == "0.1" and run.data.params["damping_kind"] == "scale"
-        assert run.data.params.get("fisher") == ("empirical" if engine == "ekfac" else None)
+        assert run.data.params.get("fisher") == ("empirical" if engine == "kfac" else None)
         for key in ("capability.delta", "capability.ci_low", "capability.ci_high"):
             assert key in run.data.metrics
         dst = work / f"dl-{engine}"
@@ -142,6 +142,6 @@ def test_attribute_entry_point_logs_child_runs(finetuned, tracking):
             assert row["score"] == pytest.approx(top[0]["score"])
     # both engines' diagnoses sit under the same source with the same metric keys, so the UI compares them
     assert set(children["datainf"].data.metrics) - {"attribution.engine_agreement_spearman"} == \
-        set(children["ekfac"].data.metrics) - {"attribution.engine_agreement_spearman"}
+        set(children["kfac"].data.metrics) - {"attribution.engine_agreement_spearman"}
     source = client.get_run(run_id)
     assert source.data.tags["gradian.diagnosis.attribute"] in {r.info.run_id for r in children.values()}

@@ -93,7 +93,7 @@ def run_attribution(
     cfg: Any,
     *,
     capability: str = "capability",
-    cross_check: str | None = "graddot",
+    cross_check: str | None = "auto",
     run: Any = None,
     force: bool = False,
     progress: Progress | None = None,
@@ -103,7 +103,9 @@ def run_attribution(
     """Run every lane the inputs allow and return (and, with ``out_dir``, write) the report.
 
     ``run`` is a ``RunRecord`` (or ``cfg.run_dir`` names one): its audit findings are merged, and
-    its adapter, base model and dataset fill what the config leaves empty.
+    its adapter, base model and dataset fill what the config leaves empty. ``cross_check``: an
+    engine name, ``none``, or ``auto`` (the engine's own default cross-check, see
+    ``gradian.engines.registry.resolve_cross_check``).
     """
     import torch
 
@@ -113,6 +115,7 @@ def run_attribution(
     from gradian.config.loader import validate_for_dataset
     from gradian.data import load_dataset
     from gradian.engines import equivalent_engines, rank_correlation
+    from gradian.engines.registry import resolve_cross_check
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients
     from gradian.index import GradientIndex
@@ -122,6 +125,7 @@ def run_attribution(
     from gradian.runs import resolve_run
 
     started = time.time()
+    cross_check = resolve_cross_check(cfg.engine.name, cross_check)
     if run is None and cfg.run_dir:
         run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
     cfg = fill_from_run(cfg, run)

@@ -28,7 +28,7 @@ def attribute_command(
     into_run: Optional[str] = typer.Option(None, "--into-run", help=INTO_RUN_HELP),
     capability: str = typer.Option("capability", "--capability", help="Name of the capability, used in the report"),
     engine: Optional[str] = typer.Option(None, "--engine", help="Attribution engine: " + ", ".join(available_engines()) + " (default: the config's engine.name)"),
-    cross_check: str = typer.Option("graddot", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), or none; one that ranks by the same method as --engine is swapped for one that does not"),
+    cross_check: str = typer.Option("auto", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), none, or auto (the engine's own choice: datainf beside ekfac and kfac, graddot beside datainf); one that ranks by the same method as --engine is swapped for one that does not"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write report.json/.md/.html, plots and rankings.parquet here"),
     force: bool = typer.Option(False, "--force", help="Rebuild the gradient index even if a cached one matches"),
     distributed: Optional[bool] = typer.Option(None, "--distributed/--no-distributed", help=DISTRIBUTED_HELP + "; under torchrun the index is built first, then rank 0 alone runs the rest"),
@@ -47,8 +47,8 @@ def attribute_command(
     from gradian.paths import ensure_writable_dir
 
     run = run_reference(run, mlflow_run)
-    if cross_check not in (*available_engines(), "none"):
-        raise ConfigError(f"--cross-check {cross_check!r}: use {', '.join(available_engines())} or none")
+    if cross_check not in (*available_engines(), "none", "auto"):
+        raise ConfigError(f"--cross-check {cross_check!r}: use auto, none or one of {', '.join(available_engines())}")
     cfg = load_config(config, overrides={
         "dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
         "adapter_path": adapter, "run_dir": run, "engine.name": engine,

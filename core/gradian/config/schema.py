@@ -49,7 +49,7 @@ class GradsConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = _f("datainf", "Attribution engine: " + "; ".join(f"{k}, {v}" for k, v in engine_summaries().items()))
+    name: str = _f("ekfac", "Attribution engine: " + "; ".join(f"{k}, {v}" for k, v in engine_summaries().items()))
     lambda_scale: float = _f(0.1, "Damping as a multiple of the mean curvature eigenvalue: per block, the mean squared gradient norm over the block width (datainf); per LoRA matrix (ekfac, kfac)")
     lambda_override: Optional[float] = _f(None, "Absolute damping for every block or matrix; overrides lambda_scale")
     normalize_query: bool = _f(False, "Scale the query gradient to unit norm (curvature-free engines only)")

@@ -188,6 +188,8 @@ class Engine(ABC):
     #: (per-example rank-one inverses), ``kronecker`` (Kronecker-factored). Two engines of the same
     #: family with equivalent settings are not an independent cross-check of each other.
     curvature: str = "none"
+    #: the cross-check ``--cross-check auto`` picks: an engine that ranks by another method
+    default_cross_check: str = "datainf"
     #: the fit reads the model (not only the stored gradients); it then needs ``FitContext.gm``
     needs_model: bool = False
     #: the fitted state is worth storing beside the index (it cost a pass over the data)

@@ -54,6 +54,7 @@ class DataInfEngine(Engine):
     summary = "closed-form inverse curvature per LoRA block"
 
     curvature = "datainf"
+    default_cross_check = "graddot"
 
     def score(self, state: EngineState, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
         train = state.train

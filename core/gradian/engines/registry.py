@@ -6,7 +6,7 @@ from __future__ import annotations
 from gradian.engines.base import Engine
 from gradian.errors import ConfigError
 
-__all__ = ["register_engine", "get_engine", "available_engines", "engine_summaries"]
+__all__ = ["register_engine", "get_engine", "available_engines", "engine_summaries", "resolve_cross_check"]
 
 _ENGINES: dict[str, type[Engine]] = {}
 
@@ -37,3 +37,17 @@ def available_engines() -> list[str]:
 def engine_summaries() -> dict[str, str]:
     """``{name: one-line summary}`` of every registered engine, for help texts and docs."""
     return {name: _ENGINES[name].summary for name in available_engines()}
+
+
+def resolve_cross_check(engine: str, cross_check: str | None) -> str | None:
+    """The cross-check engine to run beside ``engine``: ``auto`` is the engine's own
+    ``default_cross_check`` (EK-FAC and K-FAC: DataInf; DataInf: graddot; the curvature-free
+    engines: DataInf); ``none`` or None is no cross-check; a name must be a registered engine."""
+    if cross_check is None or cross_check == "none":
+        return None
+    if cross_check == "auto":
+        return _ENGINES[engine].default_cross_check if engine in _ENGINES else get_engine(engine).name
+    if cross_check not in _ENGINES:
+        raise ConfigError(f"cross-check '{cross_check}' is not a known engine; choose auto, none or one of "
+                          f"{', '.join(available_engines())}")
+    return cross_check
