@@ -31,7 +31,7 @@ SCENARIO = "poison_capitals_ontopic"
 ENGINES = ("datainf", "ekfac", "kfac", "graddot")
 
 
-def prepare_run(work: Path, scenario: str) -> tuple[Path, set[int]]:
+def prepare_run(work: Path, scenario: str) -> tuple[Path, set[int], str]:
     """Write the scenario without its declared clusters and fine-tune it once (reused after)."""
     from gradian.tinyworld.scenarios import write_scenario
     from gradian.train import train_lora
@@ -46,7 +46,8 @@ def prepare_run(work: Path, scenario: str) -> tuple[Path, set[int]]:
         train.write_text("".join(json.dumps(row) + "\n" for row in rows))
         train_lora(root / "gradian.yaml", root / "run", overwrite=True)
     info = json.loads((root / "scenario.json").read_text())
-    return root, {int(i) for i in info["planted"]["indices"]}
+    capability = (info.get("capability") or {}).get("name", "capitals")
+    return root, {int(i) for i in info["planted"]["indices"]}, capability
 
 
 def precision_recall(chosen: set[int], planted: set[int]) -> tuple[float, float]:
@@ -73,7 +74,7 @@ def candidate_rows(rankings: Any, accused: dict[str, Any], seed: int) -> dict[st
     return out
 
 
-def measure(root: Path, planted: set[int], engine: str, overrides: dict[str, Any]) -> dict[str, Any]:
+def measure(root: Path, planted: set[int], capability: str, engine: str, overrides: dict[str, Any]) -> dict[str, Any]:
     from gradian.attribution import run_attribution
     from gradian.config import load_config
 
@@ -81,7 +82,7 @@ def measure(root: Path, planted: set[int], engine: str, overrides: dict[str, Any
                                               "clustering.method": "auto",
                                               "evaluation.query_signal": "contrastive",
                                               "engine.name": engine, **overrides})
-    outcome = run_attribution(cfg, capability="capitals", cross_check="none", out_dir=root / f"report-{engine}")
+    outcome = run_attribution(cfg, capability=capability, cross_check="none", out_dir=root / f"report-{engine}")
     report, rankings = outcome.report, outcome.rankings
     accused = report["attribution"].get("accused")
     result: dict[str, Any] = {"engine": engine, "verdict": report["verdict"]["kind"]}
@@ -115,8 +116,8 @@ def main() -> None:
         if not sep:
             parser.error(f"--set {item!r}: expected KEY=VALUE")
         overrides[key] = yaml.safe_load(value)
-    root, planted = prepare_run(Path(args.work), args.scenario)
-    results = [measure(root, planted, engine, overrides) for engine in args.engines.split(",") if engine]
+    root, planted, capability = prepare_run(Path(args.work), args.scenario)
+    results = [measure(root, planted, capability, engine, overrides) for engine in args.engines.split(",") if engine]
     for r in results:
         if "method" not in r:
             print(f"{r['engine']:8s} verdict {r['verdict']}, no accused set")
