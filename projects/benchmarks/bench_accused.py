@@ -6,6 +6,7 @@ training file so that ``clustering.method: auto`` has to find the topics itself.
 attribution pipeline once per engine (contrastive query, no cross-check), and for each, against
 the ground truth in ``scenario.json``:
 
+- ``auc``: ROC AUC of the planted rows against the clean ones (harm = -score), for reference;
 - the accused topic cluster: its size and how many planted rows it holds;
 - the accused set the report chose: its method, size, precision and recall of the planted rows;
 - every candidate split ``refine_accused`` weighed (whole cluster, score gap, score mixture,
@@ -85,7 +86,11 @@ def measure(root: Path, planted: set[int], capability: str, engine: str, overrid
     outcome = run_attribution(cfg, capability=capability, cross_check="none", out_dir=root / f"report-{engine}")
     report, rankings = outcome.report, outcome.rankings
     accused = report["attribution"].get("accused")
-    result: dict[str, Any] = {"engine": engine, "verdict": report["verdict"]["kind"]}
+    from sklearn.metrics import roc_auc_score
+
+    is_planted = rankings["row_index"].isin(planted).to_numpy()
+    auc = float(roc_auc_score(is_planted, -rankings["score"].to_numpy(dtype=np.float64)))
+    result: dict[str, Any] = {"engine": engine, "verdict": report["verdict"]["kind"], "auc": round(auc, 3)}
     if not accused:
         return result
     cluster_rows = set(rankings.loc[rankings["cluster"].astype(str) == str(accused["cluster"]), "row_index"])
@@ -120,9 +125,9 @@ def main() -> None:
     results = [measure(root, planted, capability, engine, overrides) for engine in args.engines.split(",") if engine]
     for r in results:
         if "method" not in r:
-            print(f"{r['engine']:8s} verdict {r['verdict']}, no accused set")
+            print(f"{r['engine']:8s} AUC {r['auc']:.3f}; verdict {r['verdict']}, no accused set")
             continue
-        print(f"{r['engine']:8s} cluster {r['cluster_n']} rows ({r['planted_in_cluster']} planted); accused "
+        print(f"{r['engine']:8s} AUC {r['auc']:.3f}; cluster {r['cluster_n']} rows ({r['planted_in_cluster']} planted); accused "
               f"{r['accused_n']} by {r['method']}: precision {r['precision']:.3f}, recall {r['recall']:.3f}")
         for method, c in r["candidates"].items():
             print(f"{'':10s}{method:14s} n {c['n']:4d}  precision {c['precision']:.3f}  recall {c['recall']:.3f}")
