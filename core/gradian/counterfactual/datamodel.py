@@ -31,6 +31,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from gradian.engines.correlation import rank_correlation, rowwise_rank_correlation
+
 __all__ = [
     "compare_rankings",
     "group_removal_sums",
@@ -66,30 +68,13 @@ def subset_score_sums(masks: np.ndarray, scores: Sequence[float]) -> np.ndarray:
     return masks.astype(np.float64) @ scores
 
 
-def _ranks(x: np.ndarray) -> np.ndarray:
-    from scipy.stats import rankdata
-
-    return rankdata(x, axis=-1)
-
-
-def _rowwise_spearman(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Spearman of matching rows of ``a`` and ``b`` (``[..., m]``); NaN where a row is constant."""
-    ra, rb = _ranks(a), _ranks(b)
-    ra = ra - ra.mean(axis=-1, keepdims=True)
-    rb = rb - rb.mean(axis=-1, keepdims=True)
-    denom = np.sqrt((ra * ra).sum(axis=-1) * (rb * rb).sum(axis=-1))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(denom > 0, (ra * rb).sum(axis=-1) / np.where(denom > 0, denom, 1.0), np.nan)
-
-
 def spearman(a: Sequence[float], b: Sequence[float]) -> float:
-    """Spearman rank correlation (average ranks for ties); NaN when either side is constant."""
+    """Spearman rank correlation (average ranks for ties); NaN when either side is constant.
+    ``gradian.engines.correlation`` holds the one implementation."""
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"spearman needs two vectors of one length, got {a.shape} and {b.shape}")
-    if a.size < 2:
-        return float("nan")
-    return float(_rowwise_spearman(a, b))
+    return rank_correlation(a, b)
 
 
 def linear_datamodeling_score(losses: Sequence[float], masks: np.ndarray, scores: Sequence[float]) -> float:
@@ -122,7 +107,7 @@ def compare_rankings(measured: Sequence[float], predicted: Mapping[str, Sequence
     m = y.shape[0]
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, m, size=(n_bootstrap, m))
-    boot = {k: _rowwise_spearman(y[idx], preds[k][idx]) for k in names}
+    boot = {k: rowwise_rank_correlation(y[idx], preds[k][idx]) for k in names}
     lo_q, hi_q = (1 - ci_level) / 2, 1 - (1 - ci_level) / 2
 
     def interval(values: np.ndarray) -> list[float | None]:
