@@ -1,4 +1,6 @@
-"""Verdict synthesis on synthetic scores whose right answer is known."""
+"""The verdict on synthetic scores whose right answer is known: the decision asserted as data
+(``decide_verdict`` -> ``VerdictDecision``), its wording (``render_verdict``, ``render_hedge``)
+tested apart."""
 
 from __future__ import annotations
 
@@ -11,9 +13,13 @@ from gradian.report import (
     assemble_report,
     assess_lumpiness,
     cluster_table,
+    decide_verdict,
+    render_verdict,
     synthesize_verdict,
     top_examples,
 )
+from gradian.report.verdict import CapabilityFigures, EngineAgreement, Hedge, VerdictDecision
+from gradian.report.verdict_prose import render_hedge
 
 
 def capability(status: str = "regressed", **extra) -> dict:
@@ -59,47 +65,86 @@ def lr_finding(severity: str = "high") -> Finding:
                    evidence={"effective_lr": 0.004}, fix="Lower the learning rate to 2e-4.")
 
 
+
+def gate_finding() -> Finding:
+    """The evaluate lane's finding for scores computed past a failed gate (``gate_attribution``)."""
+    return Finding(id="attribution.gate_failed", category="attribution", severity="high",
+                   title="No significant regression in 'capitals'; attribution is not a diagnosis", message="m")
+
+
+def codes(decision: VerdictDecision) -> set[str]:
+    return {h.code for h in decision.hedges}
+
+
+# -- the decision, as data ----------------------------------------------------------------------
+
+
 def test_concentrated_harm_is_a_data_verdict_naming_the_cluster():
     scores, ids, clusters = planted_scores()
-    syn = synthesize_verdict(capability(), [], attribution(scores, ids, clusters))
-    assert syn.verdict["kind"] == "data"
-    assert syn.accused_cluster == "0" and syn.offer_deletions
-    assert "Cluster 0" in syn.verdict["summary"]
-    assert "0.910" in syn.verdict["summary"]  # the engine agreement figure is stated
-    assert syn.lumpiness["share"] > 0.8 and syn.lumpiness["rate_ratio"] > 5
+    d = decide_verdict(capability(), [], attribution(scores, ids, clusters))
+    assert (d.kind, d.rule, d.accused_cluster, d.offer_deletions) == ("data", "lumpy", "0", True)
+    assert d.attributed and d.attribution_ran
+    assert d.engine_agreement == EngineAgreement("datainf", "graddot", 0.91)
+    assert d.lumpiness is not None and d.lumpiness["share"] > 0.8 and d.lumpiness["rate_ratio"] > 5
+    assert d.capability == CapabilityFigures("capitals", "contains", 0.9375, 0.4375, -0.5, (-0.75, -0.25), 16, 8,
+                                             False, "regressed")
+    assert d.hedges == ()
+
+
+def test_decision_is_frozen_and_repeatable():
+    scores, ids, clusters = planted_scores()
+    args = (capability(), [lr_finding()], attribution(scores, ids, clusters))
+    d = decide_verdict(*args)
+    assert decide_verdict(*args) == d
+    with pytest.raises(AttributeError):
+        d.kind = "data"  # type: ignore[misc]
 
 
 def test_flat_harm_with_a_config_finding_is_a_config_verdict_without_deletions():
     for n_clusters in (1, 6):  # one cluster holding the dataset, or several at the same rate
         scores, ids, clusters = flat_scores(n_clusters=n_clusters)
-        report = assemble_report(capability(), [lr_finding()], attribution(scores, ids, clusters))
-        assert report["verdict"]["kind"] == "config", report["verdict"]
-        assert report["verdict"]["accused_cluster"] is None
-        assert report["attribution"]["top_harmful"] == []
-        assert report["attribution"]["deletions_withheld"]
-        assert all(c["top_examples"] == [] for c in report["attribution"]["clusters"])
-        assert "config.lr_too_high" in report["verdict"]["summary"]
-        assert "no examples are offered" in report["verdict"]["summary"]
+        d = decide_verdict(capability(), [lr_finding()], attribution(scores, ids, clusters))
+        assert (d.kind, d.rule, d.accused_cluster, d.offer_deletions) == ("config", "flat_config", None, False)
+        assert d.config_ids == ("config.lr_too_high",) and d.lead_config_title == lr_finding().title
+
+
+def test_config_causes_are_led_by_the_most_severe():
+    scores, ids, clusters = flat_scores(n_clusters=4)
+    medium = Finding(id="config.overtraining", category="config", severity="medium", title="t", message="m")
+    d = decide_verdict(capability(), [medium, lr_finding()], attribution(scores, ids, clusters))
+    assert d.rule == "flat_config" and d.config_ids == ("config.lr_too_high", "config.overtraining")
+
+
+def test_flat_harm_withholds_deletions_in_the_report():
+    scores, ids, clusters = flat_scores(n_clusters=6)
+    report = assemble_report(capability(), [lr_finding()], attribution(scores, ids, clusters))
+    assert report["verdict"]["kind"] == "config" and report["verdict"]["accused_cluster"] is None
+    assert report["attribution"]["top_harmful"] == []
+    assert report["attribution"]["deletions_withheld"]
+    assert all(c["top_examples"] == [] for c in report["attribution"]["clusters"])
 
 
 def test_critical_findings_lead_and_must_be_fixed_first():
     scores, ids, clusters = flat_scores()
     medium = Finding(id="config.overtraining", category="config", severity="medium", title="t", message="m")
+    d = decide_verdict(capability(), [medium, lr_finding("critical")], attribution(scores, ids, clusters))
+    assert (d.kind, d.rule, d.critical_ids, d.offer_deletions) == ("config", "critical", ("config.lr_too_high",), False)
     report = assemble_report(capability(), [medium, lr_finding("critical")], attribution(scores, ids, clusters))
     assert report["findings"][0]["severity"] == "critical"
-    assert report["verdict"]["kind"] == "config"
-    assert report["verdict"]["summary"].startswith("1 critical issue")
-    assert "fixed" in report["verdict"]["summary"]
     assert report["attribution"]["top_harmful"] == []
 
 
 def test_critical_data_finding_beside_a_planted_cluster():
     scores, ids, clusters = planted_scores()
     crit = Finding(id="data.train_eval_contamination", category="data", severity="critical", title="t", message="m")
-    syn = synthesize_verdict(capability(), [crit], attribution(scores, ids, clusters))
-    assert syn.verdict["kind"] == "data"
-    assert syn.verdict["summary"].startswith("1 critical issue")
-    assert "cluster 0" in syn.verdict["summary"]
+    d = decide_verdict(capability(), [crit], attribution(scores, ids, clusters))
+    assert (d.kind, d.rule, d.accused_cluster) == ("data", "critical", "0")
+
+
+def test_critical_config_finding_beside_a_planted_cluster_is_mixed():
+    scores, ids, clusters = planted_scores()
+    d = decide_verdict(capability(), [lr_finding("critical")], attribution(scores, ids, clusters))
+    assert (d.kind, d.rule, d.accused_cluster) == ("mixed", "critical", "0")
 
 
 def test_accused_rows_that_trip_a_data_check_raise_cluster_matches_data_defect():
@@ -128,43 +173,77 @@ def test_no_overlap_no_defect_finding():
 
 
 def test_no_significant_regression_is_not_attributed():
-    syn = synthesize_verdict(capability("not_significant"), [], None)
-    assert syn.verdict["kind"] == "no_regression" and syn.accused_cluster is None
-    improved = synthesize_verdict(capability("improved", tuned=0.99, delta=0.05, ci=[0.01, 0.1]),
-                                  [lr_finding()], None)
-    assert improved.verdict["kind"] == "no_regression"
-    assert "config.lr_too_high" in improved.verdict["summary"]
+    d = decide_verdict(capability("not_significant"), [], None)
+    assert (d.kind, d.rule, d.accused_cluster, d.attribution_ran) == ("no_regression", "no_regression", None, False)
+    improved = decide_verdict(capability("improved", tuned=0.99, delta=0.05, ci=[0.01, 0.1]), [lr_finding()], None)
+    assert (improved.kind, improved.serious_ids) == ("no_regression", ("config.lr_too_high",))
 
 
 def test_ungated_scores_on_a_non_regression_are_hedged_not_blamed():
     scores, ids, clusters = planted_scores()
-    syn = synthesize_verdict(capability("not_significant"), [], attribution(scores, ids, clusters, gated=True))
-    assert syn.verdict["kind"] == "no_regression" and not syn.offer_deletions
-    assert any(f.id == "attribution.gate_failed" for f in syn.findings)
-    assert any("significance gate" in h for h in syn.verdict["hedges"])
+    syn = synthesize_verdict(capability("not_significant"), [gate_finding()],
+                             attribution(scores, ids, clusters, gated=True))
+    d = syn.decision
+    assert (d.kind, d.accused_cluster, d.offer_deletions, d.attributed) == ("no_regression", None, False, False)
+    assert codes(d) == {"gated"}
+    # the gate's finding is the evaluate lane's: the verdict does not build a second one
+    assert not any(f.id == "attribution.gate_failed" for f in syn.findings)
+
+
+def test_gated_scores_on_a_regression_never_accuse_a_cluster():
+    scores, ids, clusters = planted_scores()  # lumpy, but the gate failed (e.g. too few items)
+    d = decide_verdict(capability(), [gate_finding()], attribution(scores, ids, clusters, gated=True))
+    assert (d.kind, d.rule, d.accused_cluster, d.offer_deletions) == ("inconclusive", "unexplained", None, False)
 
 
 def test_regression_without_attribution_falls_back_to_the_audit():
-    assert synthesize_verdict(capability(), [lr_finding()], None).verdict["kind"] == "config"
-    assert synthesize_verdict(capability(), [], None).verdict["kind"] == "inconclusive"
+    d = decide_verdict(capability(), [lr_finding(), gate_finding()], None)
+    assert (d.kind, d.rule, d.gate_title) == ("config", "not_attributed", gate_finding().title)
+    assert decide_verdict(capability(), [], None).kind == "inconclusive"
 
 
 def test_untargeted_run_is_a_smoke_test():
     scores, ids, clusters = planted_scores()
     syn = synthesize_verdict(None, [], attribution(scores, ids, clusters))
-    assert syn.verdict["kind"] == "inconclusive" and not syn.offer_deletions
+    assert (syn.decision.kind, syn.decision.rule, syn.offer_deletions) == ("inconclusive", "no_target", False)
     assert any(f.id == "attribution.no_capability_target" for f in syn.findings)
-    assert any("smoke test" in h for h in syn.verdict["hedges"])
+    assert codes(syn.decision) == {"no_target"}
 
 
 def test_flat_harm_and_no_finding_is_inconclusive():
     scores, ids, clusters = flat_scores(n_clusters=4)
-    assert synthesize_verdict(capability(), [], attribution(scores, ids, clusters)).verdict["kind"] == "inconclusive"
+    d = decide_verdict(capability(), [], attribution(scores, ids, clusters))
+    assert (d.kind, d.rule) == ("inconclusive", "unexplained")
+
+
+def test_flat_harm_beside_a_high_data_finding_is_data_without_a_cluster():
+    scores, ids, clusters = flat_scores(n_clusters=4)
+    bad = Finding(id="data.empty_completions", category="data", severity="high", title="t", message="m")
+    d = decide_verdict(capability(), [bad], attribution(scores, ids, clusters))
+    assert (d.kind, d.rule, d.accused_cluster, d.data_high_ids) == ("data", "flat_data", None,
+                                                                    ("data.empty_completions",))
 
 
 def test_lumpy_harm_beside_a_high_config_finding_is_mixed():
     scores, ids, clusters = planted_scores()
-    assert synthesize_verdict(capability(), [lr_finding()], attribution(scores, ids, clusters)).verdict["kind"] == "mixed"
+    d = decide_verdict(capability(), [lr_finding()], attribution(scores, ids, clusters))
+    assert (d.kind, d.rule, d.accused_cluster, d.high_config_ids) == ("mixed", "lumpy", "0", ("config.lr_too_high",))
+
+
+def test_audit_alone_uses_the_same_decision():
+    from gradian.audit import AuditResult, SkippedCheck, audit_verdict
+
+    data = Finding(id="data.duplicates", category="data", severity="high", title="t", message="m")
+    result = AuditResult(findings=[lr_finding("critical"), data], ran=["a", "b"],
+                         skipped=[SkippedCheck("c", "data", "no tokenizer")])
+    verdict = audit_verdict(result)
+    expected = decide_verdict(None, result.findings, None)
+    assert (expected.kind, expected.rule) == ("config", "critical")  # the critical finding leads
+    assert verdict["kind"] == "config" and verdict["summary"] == render_verdict(expected)
+    assert verdict["hedges"] == [render_hedge(Hedge("checks_skipped", {"n_skipped": 1, "n_checks": 3}))]
+    assert audit_verdict(AuditResult(findings=[data]))["kind"] == "data"
+    assert audit_verdict(AuditResult(findings=[lr_finding(), data]))["kind"] == "mixed"
+    assert audit_verdict(AuditResult())["kind"] == "inconclusive"
 
 
 @pytest.mark.parametrize("rho,severity", [(0.3, "high"), (0.791, "medium"), (0.95, None)])
@@ -173,30 +252,36 @@ def test_engine_disagreement(rho, severity):
     syn = synthesize_verdict(capability(), [], attribution(scores, ids, clusters, spearman=rho))
     found = [f for f in syn.findings if f.id == "attribution.engine_disagreement"]
     if severity is None:
-        assert not found and not any("Spearman" in h for h in syn.verdict["hedges"])
+        assert not found and syn.decision.hedges == ()
     else:
         assert found[0].severity == severity and found[0].evidence["spearman"] == rho
-        assert any(f"{rho:.3f}" in h for h in syn.verdict["hedges"])
+        assert syn.decision.hedges == (Hedge("engine_disagreement", {"spearman": rho}),)
 
 
 def test_missing_cross_check_is_hedged():
     scores, ids, clusters = planted_scores()
-    syn = synthesize_verdict(capability(), [], attribution(scores, ids, clusters, spearman=None))
-    assert any("second engine" in h for h in syn.verdict["hedges"])
+    d = decide_verdict(capability(), [], attribution(scores, ids, clusters, spearman=None))
+    assert codes(d) == {"no_cross_check"} and d.engine_agreement is None
 
 
 def test_capability_hedges_from_the_evaluate_lane():
     cap = capability(n_base_failing=1, n_weakly_held=2, mean_base_margin=0.53, low_base_score=False)
-    hedges = synthesize_verdict(cap, [], None).verdict["hedges"]
-    assert any("fail on the base model" in h for h in hedges)
-    assert any("2 of the 8 flipped" in h and "+0.53" in h for h in hedges)
+    assert decide_verdict(cap, [], None).hedges == (
+        Hedge("base_failing", {"n_base_failing": 1, "n_items": 16}),
+        Hedge("weakly_held", {"n_weakly_held": 2, "n_flipped": 8, "mean_base_margin": 0.53}))
     proxy = capability(metric="loglik", proxy_used=True, base=-5.05, tuned=-6.9, delta=-1.84,
                        ci=[-2.5, -1.1], low_base_score=True)
     scores, ids, clusters = flat_scores()
     syn = synthesize_verdict(proxy, [lr_finding()], attribution(scores, ids, clusters))
-    assert any("likelihood" in h for h in syn.verdict["hedges"])
-    assert any("-5.05" in h for h in syn.verdict["hedges"])
+    assert codes(syn.decision) == {"low_base", "proxy_metric"} and syn.decision.low_base
     assert any(f.id == "attribution.low_base_score" for f in syn.findings)
+
+
+def test_low_base_is_the_capability_flag_not_recomputed():
+    # 0.3 is below the evaluate lane's LOW_BASE_SCORE, but the lane (with its own threshold) did not
+    # flag it: the verdict follows the flag
+    d = decide_verdict(capability(base=0.3, low_base_score=False), [], None)
+    assert not d.low_base and "low_base" not in codes(d)
 
 
 def test_capability_result_object_is_accepted():
@@ -208,8 +293,96 @@ def test_capability_result_object_is_accepted():
     result = CapabilityResult(name="c", metric="contains", base=1.0, tuned=0.0, delta=-1.0, ci=(-1.0, -1.0),
                               n_items=2, n_flipped=2, n_base_failing=0, status="regressed", proxy_used=False,
                               items=items)
-    hedges = synthesize_verdict(result, [], None).verdict["hedges"]
-    assert any("2 of the 2 flipped" in h for h in hedges)
+    d = decide_verdict(result, [], None)
+    assert (d.kind, d.rule) == ("inconclusive", "not_attributed")
+    assert d.hedges == (Hedge("weakly_held", {"n_weakly_held": 2, "n_flipped": 2, "mean_base_margin": 0.2}),)
+
+
+# -- the words ------------------------------------------------------------------------------------
+
+
+def test_verdict_block_words_the_decision():
+    scores, ids, clusters = planted_scores()
+    syn = synthesize_verdict(capability(), [], attribution(scores, ids, clusters, spearman=0.3))
+    assert syn.verdict == {"kind": "data", "summary": render_verdict(syn.decision),
+                           "hedges": [render_hedge(h) for h in syn.decision.hedges],
+                           "accused_cluster": "0", "accused_set_n": None}
+
+
+def _decision(**fields) -> VerdictDecision:
+    cap = CapabilityFigures("capitals", "contains", 0.9375, 0.4375, -0.5, (-0.75, -0.25), 16, 8, False, "regressed")
+    return VerdictDecision(**{"capability": cap, **fields})
+
+
+def test_prose_of_a_lumpy_decision():
+    lump = {"label": "planted", "n": 40, "mean_per_example": -100.0, "rest_mean_per_example": -0.5,
+            "share_of_negative": 0.8, "net_harm_share": 0.8, "rate_ratio": 200.0, "reason": "r"}
+    accused = {"n": 30, "cluster_n": 40, "share_of_cluster_harm": 0.9, "mean_per_example": -120.0,
+               "estimated_harmful_share": 0.75, "left_out_mean_per_example": -40.0}
+    text = render_verdict(_decision(kind="data", rule="lumpy", accused_cluster="0", lumpiness=lump,
+                                    accused_set=accused, engine_agreement=EngineAgreement("datainf", "graddot", 0.91)))
+    assert text == (
+        "'capitals' (contains) went 0.9375 -> 0.4375 (delta -0.5000, 95% CI [-0.7500, -0.2500]) over 16 items; "
+        "8 flipped from right to wrong. Cluster 0 (planted) carries 80% of the negative influence: 40 examples at "
+        "-100 per example against -0.5 for the rest (200x the rest's rate). Inside it, the accused set is 30 of its "
+        "40 rows: they carry 90% of the cluster's harm at -120 per example, an estimated 75% of them harmful; the "
+        "other 10 rows (mean -40) are left out. Engine agreement (Spearman, datainf vs graddot): 0.910.")
+
+
+def test_prose_of_a_critical_decision():
+    text = render_verdict(_decision(kind="config", rule="critical", critical_ids=("config.lr_too_high",),
+                                    attributed=True))
+    assert text.startswith("1 critical issue(s) invalidate or dominate this run and must be fixed before anything "
+                           "else is read: config.lr_too_high. 'capitals' (contains) went")
+    assert text.endswith("No cluster stands out in the influence scores; nothing is offered for deletion.")
+
+
+def test_prose_of_a_flat_config_decision():
+    text = render_verdict(_decision(kind="config", rule="flat_config", lumpiness={"reason": "flat"},
+                                    config_ids=("config.lr_too_high", "config.overtraining"),
+                                    lead_config_title="LR high"))
+    assert "spread flatly over the data (flat)" in text and "no examples are offered for deletion" in text
+    assert text.endswith("The audit names the cause: config.lr_too_high (LR high), with config.overtraining.")
+
+
+def test_prose_of_the_other_rules():
+    improved = CapabilityFigures("c", "contains", 0.9, 0.99, 0.09, (0.01, 0.1), 16, 0, False, "improved")
+    no_reg = render_verdict(_decision(kind="no_regression", rule="no_regression",
+                                      serious_ids=("config.lr_too_high",), capability=improved))
+    assert no_reg.startswith("'c' improved: ")
+    assert no_reg.endswith("There is no regression to attribute. The audit still raised: config.lr_too_high.")
+    gate = render_verdict(_decision(kind="inconclusive", rule="not_attributed", gate_title="Only 1 eval item(s)"))
+    assert "Attribution did not run (Only 1 eval item(s)); no high or critical audit finding" in gate
+    audit_only = VerdictDecision(kind="data", rule="no_target", serious_ids=("data.duplicates",))
+    assert render_verdict(audit_only) == "The audit names 1 high-severity cause(s): data.duplicates."
+    data = render_verdict(_decision(kind="data", rule="flat_data", data_high_ids=("data.empty_completions",),
+                                    lumpiness={"reason": "r"}))
+    assert "but the audit found data defects: data.empty_completions. Fix those rows first." in data
+    assert "(no clusters) and no audit finding" in render_verdict(_decision(kind="inconclusive", rule="unexplained"))
+
+
+@pytest.mark.parametrize("hedge,words", [
+    (Hedge("base_failing", {"n_base_failing": 1, "n_items": 16}), "1 of 16 eval items fail on the base model"),
+    (Hedge("low_base", {"base": -5.05}), "scored only -5.05 before training"),
+    (Hedge("weakly_held", {"n_weakly_held": 2, "n_flipped": 8, "mean_base_margin": 0.53}),
+     "on 2 of the 8 flipped items, mean margin +0.53 nats"),
+    (Hedge("proxy_metric", {"metric": "loglik"}), "'loglik' scores likelihood"),
+    (Hedge("engine_disagreement", {"spearman": 0.791}), "agree only at Spearman 0.791"),
+    (Hedge("no_cross_check"), "No second engine"),
+    (Hedge("gated"), "significance gate"),
+    (Hedge("no_target"), "smoke test"),
+    (Hedge("checks_skipped", {"n_skipped": 1, "n_checks": 3}), "1 of 3 checks were skipped"),
+])
+def test_hedge_prose(hedge, words):
+    assert words in render_hedge(hedge)
+
+
+def test_unknown_hedge_code_is_refused():
+    with pytest.raises(ValueError, match="bogus"):
+        render_hedge(Hedge("bogus"))
+
+
+# -- lumpiness and thresholds ---------------------------------------------------------------------
 
 
 def test_lumpiness_reasons():

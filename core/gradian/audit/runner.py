@@ -7,7 +7,7 @@ broken row or template never hides the other forty checks.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable
 
 from gradian.audit.context import AuditContext
@@ -113,34 +113,15 @@ def _run_one(check: Check, ctx: AuditContext, result: AuditResult) -> None:
 
 
 def audit_verdict(result: AuditResult) -> dict[str, Any]:
-    """The report's ``verdict`` for an audit alone: which kind of cause the serious findings name.
-
-    ``kind`` is ``config`` when every high/critical finding is a config or dynamics one, ``data``
-    when all are data ones, ``mixed`` for both, ``inconclusive`` when there is none.
+    """The report's ``verdict`` for an audit alone, decided by ``gradian.report.verdict.decide_verdict``
+    with no capability and no attribution: the critical findings lead, else the high ones name the
+    kind of cause (``config``, ``data``, ``mixed``), else ``inconclusive``. Skipped checks are hedged.
     """
-    serious = result.at_least("high")
-    critical = result.at_least("critical")
-    kinds = {"data" if f.category == "data" else "config" for f in serious}
-    kind = "mixed" if len(kinds) > 1 else (kinds.pop() if kinds else "inconclusive")
-    if critical:
-        summary = (
-            f"{len(critical)} critical issue(s) invalidate or dominate this run: fix these first "
-            f"({', '.join(sorted({f.id for f in critical}))})."
-        )
-    elif serious:
-        summary = (
-            f"{len(serious)} high-severity finding(s) likely explain a regression "
-            f"({', '.join(sorted({f.id for f in serious}))})."
-        )
-    else:
-        summary = (
-            "No high or critical finding: the audit alone does not explain a regression; "
-            "attribution can test the data."
-        )
-    hedges = []
+    from gradian.report.verdict import Hedge, decide_verdict, verdict_block
+
+    decision = decide_verdict(None, result.findings, None)
     if result.skipped:
-        hedges.append(
-            f"{len(result.skipped)} of {len(result.skipped) + len(result.ran)} checks were skipped "
-            "(missing inputs or values); `skipped` says why."
-        )
-    return {"kind": kind, "summary": summary, "hedges": hedges}
+        skipped = Hedge("checks_skipped", {"n_skipped": len(result.skipped),
+                                           "n_checks": len(result.skipped) + len(result.ran)})
+        decision = replace(decision, hedges=decision.hedges + (skipped,))
+    return verdict_block(decision)

@@ -6,9 +6,11 @@ Interface:
   ``top_examples(scores, example_ids, assignment, examples, k, harmful)``: the attribution tables.
   Sign: a positive score reinforced the queried behaviour, a negative one degraded it;
   ``predicted_loss_delta_if_removed = score / n``.
-- ``synthesize_verdict(capability, findings, attribution, thresholds, assignment) ->
-  VerdictSynthesis`` (the ``verdict`` block plus the ``attribution.*`` findings it raises), with
-  every threshold in ``VerdictThresholds``; ``build_report(...)`` builds the typed ``Report``
+- ``decide_verdict(capability, findings, attribution, thresholds) -> VerdictDecision``: the verdict
+  as data (kind, rule, accused cluster, cited figures, hedges as codes), with every threshold in
+  ``VerdictThresholds``; ``render_verdict(decision)`` words it. ``synthesize_verdict(...,
+  assignment) -> VerdictSynthesis`` adds the ``verdict`` block and the ``attribution.*`` findings
+  it raises; ``build_report(...)`` builds the typed ``Report``
   (``gradian.report.schema``: the report.json contract, ``SCHEMA_VERSION``, its JSON Schema) and
   ``assemble_report(...)`` the same dict from plain dicts.
 - ``write_report(report, out_dir, rankings, logs) -> list[Path]`` (a ``Report`` or its dict): report.json, report.md,
@@ -21,11 +23,14 @@ from gradian.report.plots import draw_plots, flagged_steps
 from gradian.report.schema import SCHEMA_VERSION, Report
 from gradian.report.tables import cluster_table, excerpt_of, top_examples
 from gradian.report.verdict import (
+    VerdictDecision,
     VerdictSynthesis,
     VerdictThresholds,
     assemble_report,
     assess_lumpiness,
     build_report,
+    decide_verdict,
+    render_verdict,
     synthesize_verdict,
 )
 from gradian.report.write import REPORT_FILES, write_report
@@ -34,17 +39,20 @@ __all__ = [
     "REPORT_FILES",
     "Report",
     "SCHEMA_VERSION",
+    "VerdictDecision",
     "VerdictSynthesis",
     "VerdictThresholds",
     "assemble_report",
     "assess_lumpiness",
     "build_report",
     "cluster_table",
+    "decide_verdict",
     "draw_plots",
     "excerpt_of",
     "flagged_steps",
     "render_html",
     "render_markdown",
+    "render_verdict",
     "synthesize_verdict",
     "top_examples",
     "write_report",

@@ -1,45 +1,61 @@
-"""Verdict synthesis: join the audit, the capability measurement and the attribution into one call.
+"""The verdict: one call joining the audit, the capability measurement and the attribution.
 
-``synthesize_verdict(capability, findings, attribution, thresholds)`` returns the report's
-``verdict`` ({kind, summary, hedges, accused_cluster, accused_set_n}) and the ``attribution.*`` findings it
-raises. ``build_report`` builds the typed ``Report`` around it (``gradian.report.schema``);
-``assemble_report`` the same from plain dicts.
+``decide_verdict(capability, findings, attribution, thresholds)`` is the decision, a pure function
+returning a ``VerdictDecision``: the kind, the rule that decided it, the accused cluster and set, the
+figures the prose cites and the hedges as codes with their figures. ``render_verdict(decision)``
+(``gradian.report.verdict_prose``) words it. ``synthesize_verdict`` adds the ``attribution.*``
+findings the decision raises and the report's ``verdict`` block ({kind, summary, hedges,
+accused_cluster, accused_set_n}); ``build_report`` builds the typed ``Report`` around it
+(``gradian.report.schema``), ``assemble_report`` the same from plain dicts. The audit alone
+(``gradian.audit.audit_verdict``) is decided by the same function with no capability and no
+attribution.
 
-The kinds, decided in this order:
+The rules (``VerdictDecision.rule``), decided in this order:
 
-1. a critical audit finding exists: it leads and must be fixed first. The kind follows the
-   categories of the critical findings (``data``, ``config``, or ``mixed`` for both, or when the
+1. ``critical``: a critical audit finding exists: it leads and must be fixed first. The kind follows
+   the categories of the critical findings (``data``, ``config``, or ``mixed`` for both, or when the
    attribution also accuses a cluster beside a config-only critical finding).
-2. no capability target (``capability`` is None): the audit's high/critical findings decide
-   (``config``/``data``/``mixed``), else ``inconclusive``; influence scores without a target are a
-   smoke test, never a verdict.
-3. the capability did not regress significantly: ``no_regression``.
-4. it regressed but attribution did not run (or ran ungated): the audit decides as in 2.
+2. ``no_target``: no capability target (``capability`` is None): the audit's high/critical findings
+   decide (``config``/``data``/``mixed``), else ``inconclusive``; influence scores without a target
+   are a smoke test, never a verdict.
+3. ``no_regression``: the capability did not regress significantly.
+4. ``not_attributed``: it regressed but attribution did not run: the audit decides as in 2.
 5. it regressed and attribution ran: a *lumpy* distribution (``VerdictThresholds``: one cluster
    carries most of the harm at a much higher per-example rate, and is not most of the dataset)
-   is ``data`` (``mixed`` beside a high config finding) naming the cluster; a flat distribution
-   beside config or dynamics findings is ``config`` and offers nothing for deletion; a flat one
-   beside high data findings is ``data`` (the audit's rows, not a cluster); otherwise
-   ``inconclusive``.
+   is ``lumpy``, kind ``data`` (``mixed`` beside a high config finding) naming the cluster; a flat
+   distribution beside config or dynamics findings is ``flat_config``, kind ``config``, and offers
+   nothing for deletion; a flat one beside high data findings is ``flat_data``, kind ``data`` (the
+   audit's rows, not a cluster); otherwise ``unexplained``, kind ``inconclusive``. Scores that did
+   not clear the significance gate never accuse a cluster.
 
 Beside an accused cluster, the attribution's ``accused`` set (``gradian.cluster.refine_accused``:
 the rows inside the cluster whose harm stands out) is kept and named in the summary; an accused set
 for any other cluster, or with no cluster accused, is dropped from the report with its spans.
+
+The low-base flag is the capability's own (``low_base_score``, set by the evaluate lane against
+``gradian.evaluate.LOW_BASE_SCORE``); the gate's finding is the evaluate lane's
+(``gradian.evaluate.gate_attribution``). Neither is recomputed here.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
 
 from gradian.findings import Finding, severity_rank
+from gradian.report.verdict_prose import ratio_text, render_hedge, render_verdict, share_text
 
 if TYPE_CHECKING:
     from gradian.report.schema import Attribution, Capability, Manifest, Report
 
-__all__ = ["VerdictSynthesis", "VerdictThresholds", "assemble_report", "assess_lumpiness", "build_report",
-           "synthesize_verdict"]
+__all__ = ["CapabilityFigures", "EngineAgreement", "Hedge", "VerdictDecision", "VerdictKind", "VerdictRule",
+           "VerdictSynthesis", "VerdictThresholds", "assemble_report", "assess_lumpiness", "build_report",
+           "decide_verdict", "render_hedge", "render_verdict", "synthesize_verdict", "verdict_block"]
+
+VerdictKind = Literal["data", "config", "mixed", "inconclusive", "no_regression"]
+VerdictRule = Literal["critical", "no_target", "no_regression", "not_attributed", "lumpy", "flat_config",
+                      "flat_data", "unexplained"]
 
 _CONFIG_CATEGORIES = ("config", "dynamics")
 
@@ -60,9 +76,6 @@ class VerdictThresholds:
         "Cross-check Spearman below this raises attribution.engine_disagreement (medium) and a hedge")})
     engine_agreement_low: float = field(default=0.5, metadata={"help": (
         "Below this the engine disagreement finding is high: at least one engine's approximation fails")})
-    low_base_score: float = field(default=0.5, metadata={"help": (
-        "Pass/fail metrics: a base score below this means the capability was mostly absent before "
-        "training (used when the capability block carries no low_base_score flag)")})
     config_min_severity: str = field(default="medium", metadata={"help": (
         "Config/dynamics findings at least this severe make a flat distribution a config verdict")})
     mixed_config_min_severity: str = field(default="high", metadata={"help": (
@@ -83,18 +96,109 @@ class VerdictThresholds:
         severity_rank(self.mixed_config_min_severity)
 
 
+# -- the decision, as data ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hedge:
+    """A qualifier on the verdict: ``code`` names it, ``figures`` are the numbers it cites.
+
+    Codes: ``base_failing``, ``low_base``, ``weakly_held``, ``proxy_metric`` (from the capability),
+    ``engine_disagreement``, ``no_cross_check``, ``gated``, ``no_target`` (from the attribution),
+    ``checks_skipped`` (from the audit).
+    """
+
+    code: str
+    figures: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CapabilityFigures:
+    """What the prose cites of the measured capability: the scores before and after, in the metric's units."""
+
+    name: str | None
+    metric: str | None
+    base: float
+    tuned: float
+    delta: float | None
+    ci: tuple[float, float]
+    n_items: int | None
+    n_flipped: int | None
+    proxy_used: bool
+    status: str | None
+
+    @classmethod
+    def of(cls, cap: Mapping[str, Any]) -> "CapabilityFigures":
+        nan = float("nan")
+        lo, hi = (list(cap.get("ci") or []) + [nan, nan])[:2]
+        return cls(name=cap.get("name"), metric=cap.get("metric"), base=_number(cap.get("base")),
+                   tuned=_number(cap.get("tuned")), delta=cap.get("delta"), ci=(lo, hi), n_items=cap.get("n_items"),
+                   n_flipped=cap.get("n_flipped"), proxy_used=bool(cap.get("proxy_used")), status=cap.get("status"))
+
+
+@dataclass(frozen=True)
+class EngineAgreement:
+    """The cross-check: Spearman rank correlation of the two engines' scores, in [-1, 1]."""
+
+    engine: str | None
+    cross_check: str | None
+    spearman: float
+
+
+@dataclass(frozen=True)
+class VerdictDecision:
+    """The verdict as data: which kind, by which rule, on what evidence; ``render_verdict`` words it."""
+
+    kind: VerdictKind
+    rule: VerdictRule
+    accused_cluster: str | None = None
+    accused_set_n: int | None = None
+    offer_deletions: bool = False
+    attribution_ran: bool = False
+    attributed: bool = field(default=False, metadata={"help": (
+        "attribution ran on a significant regression with a capability target: its clusters can accuse")})
+    critical_ids: tuple[str, ...] = ()
+    serious_ids: tuple[str, ...] = field(default=(), metadata={"help": "audit findings at high or critical"})
+    config_ids: tuple[str, ...] = field(default=(), metadata={"help": (
+        "config/dynamics findings at thresholds.config_min_severity, the most severe (the lead) first")})
+    lead_config_title: str | None = None
+    high_config_ids: tuple[str, ...] = ()
+    data_high_ids: tuple[str, ...] = ()
+    gate_title: str | None = None
+    capability: CapabilityFigures | None = None
+    lumpiness: Mapping[str, Any] | None = None
+    accused_set: Mapping[str, Any] | None = None
+    engine_agreement: EngineAgreement | None = None
+    low_base: bool = False
+    hedges: tuple[Hedge, ...] = ()
+
+
 @dataclass
 class VerdictSynthesis:
-    """The ``verdict`` block, the ``attribution.*`` findings raised, and what the report may offer."""
+    """The decision, the ``verdict`` block worded from it, and the ``attribution.*`` findings raised."""
 
+    decision: VerdictDecision
     verdict: dict[str, Any]
     findings: list[Finding]
-    accused_cluster: str | None = None
-    offer_deletions: bool = False
-    lumpiness: dict[str, Any] | None = None
+
+    @property
+    def accused_cluster(self) -> str | None:
+        return self.decision.accused_cluster
+
+    @property
+    def offer_deletions(self) -> bool:
+        return self.decision.offer_deletions
+
+    @property
+    def lumpiness(self) -> Mapping[str, Any] | None:
+        return self.decision.lumpiness
 
 
 # -- small readers ------------------------------------------------------------------------------
+
+
+def _number(x: Any) -> float:
+    return float(x) if isinstance(x, (int, float)) else float("nan")
 
 
 def _finding(f: Finding | Mapping[str, Any]) -> Finding:
@@ -110,28 +214,19 @@ def _capability_dict(capability: Any) -> dict[str, Any] | None:
 
 
 def _ids(findings: Sequence[Finding]) -> str:
-    return ", ".join(dict.fromkeys(f.id for f in findings))
+    return ", ".join(_id_tuple(findings))
 
 
-def _fmt(x: Any, digits: int = 4) -> str:
-    return f"{x:+.{digits}f}" if isinstance(x, (int, float)) else str(x)
+def _id_tuple(findings: Sequence[Finding]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(f.id for f in findings))
 
 
-def _capability_sentence(cap: Mapping[str, Any]) -> str:
-    lo, hi = (cap.get("ci") or [float("nan"), float("nan")])[:2]
-    text = (
-        f"'{cap.get('name')}' ({cap.get('metric')}) went {cap.get('base', float('nan')):.4f} -> "
-        f"{cap.get('tuned', float('nan')):.4f} (delta {_fmt(cap.get('delta'))}, 95% CI "
-        f"[{_fmt(lo)}, {_fmt(hi)}]) over {cap.get('n_items')} items"
-    )
-    if not cap.get("proxy_used") and cap.get("n_flipped") is not None:
-        text += f"; {cap.get('n_flipped')} flipped from right to wrong"
-    return text + "."
-
-
-def _ratio_text(ratio: float | None) -> str:
-    """``ratio`` None or infinite: the rest of the data is net helpful."""
-    return "with the rest net helpful" if ratio is None or math.isinf(ratio) else f"{ratio:.0f}x the rest's rate"
+def _spearman(attribution: Mapping[str, Any] | None) -> float | None:
+    """The cross-check's Spearman, None when there was none (or it could not be computed)."""
+    rho = (attribution or {}).get("engine_agreement_spearman")
+    if not isinstance(rho, (int, float)) or math.isnan(rho):
+        return None
+    return float(rho)
 
 
 # -- lumpiness ----------------------------------------------------------------------------------
@@ -185,17 +280,9 @@ def assess_lumpiness(clusters: Sequence[Mapping[str, Any]], thresholds: VerdictT
                          f"below {thresholds.data_min_rate_ratio:g}x: it wins on size, not on rate")
     else:
         out["lumpy"] = True
-        out["reason"] = (f"cluster {top['cluster']} carries {_share_text(out)} at "
-                         f"{top['mean_per_example']:.4g} per example ({_ratio_text(ratio)})")
+        out["reason"] = (f"cluster {top['cluster']} carries {share_text(out)} at "
+                         f"{top['mean_per_example']:.4g} per example ({ratio_text(ratio)})")
     return out
-
-
-def _share_text(lump: Mapping[str, Any]) -> str:
-    """Both views of the harm share, named: per-example negatives, and net cluster sums."""
-    text = f"{lump['share_of_negative']:.0%} of the negative influence"
-    if lump.get("net_harm_share") and abs(lump["net_harm_share"] - lump["share_of_negative"]) >= 0.005:
-        text += f" ({lump['net_harm_share']:.0%} of the net harm of harmful clusters)"
-    return text
 
 
 def _matching_accused(attribution: Mapping[str, Any] | None, cluster: str | None) -> Mapping[str, Any] | None:
@@ -204,20 +291,6 @@ def _matching_accused(attribution: Mapping[str, Any] | None, cluster: str | None
     if cluster is None or not accused or str(accused.get("cluster")) != str(cluster):
         return None
     return accused
-
-
-def _accused_text(accused: Mapping[str, Any]) -> str:
-    """One sentence on the accused set: how many rows, how much of the harm, what is left out."""
-    n, total = int(accused["n"]), int(accused["cluster_n"])
-    if n >= total:
-        return (f"The whole cluster is the accused set ({total} rows, an estimated "
-                f"{accused['estimated_harmful_share']:.0%} of them harmful).")
-    rest = accused.get("left_out_mean_per_example")
-    rest_text = f" (mean {rest:.4g})" if isinstance(rest, (int, float)) else ""
-    return (f"Inside it, the accused set is {n} of its {total} rows: they carry "
-            f"{accused['share_of_cluster_harm']:.0%} of the cluster's harm at {accused['mean_per_example']:.4g} "
-            f"per example, an estimated {accused['estimated_harmful_share']:.0%} of them harmful; the other "
-            f"{total - n} rows{rest_text} are left out.")
 
 
 # -- attribution findings -----------------------------------------------------------------------
@@ -276,10 +349,8 @@ def _defect_overlap(cluster: str, attribution: Mapping[str, Any], data_findings:
 
 
 def _engine_finding(attribution: Mapping[str, Any], thresholds: VerdictThresholds) -> Finding | None:
-    rho = attribution.get("engine_agreement_spearman")
-    if rho is None or not isinstance(rho, (int, float)) or math.isnan(rho):
-        return None
-    if rho >= thresholds.engine_agreement_moderate:
+    rho = _spearman(attribution)
+    if rho is None or rho >= thresholds.engine_agreement_moderate:
         return None
     low = rho < thresholds.engine_agreement_low
     engine, other = attribution.get("engine", "the engine"), attribution.get("cross_check", "the cross-check")
@@ -303,98 +374,126 @@ def _engine_finding(attribution: Mapping[str, Any], thresholds: VerdictThreshold
     )
 
 
-def _is_low_base(cap: Mapping[str, Any], thresholds: VerdictThresholds) -> bool:
-    if "low_base_score" in cap:
-        return bool(cap["low_base_score"])
-    return (not cap.get("proxy_used")) and isinstance(cap.get("base"), (int, float)) \
-        and cap["base"] < thresholds.low_base_score
+# -- the decision -------------------------------------------------------------------------------
+
+
+def _kind_of(findings: Sequence[Finding]) -> VerdictKind | None:
+    kinds = {"data" if f.category == "data" else "config" for f in findings}
+    if len(kinds) > 1:
+        return "mixed"
+    return ("data" if "data" in kinds else "config") if kinds else None
 
 
 def _hedges(cap: Mapping[str, Any] | None, attribution: Mapping[str, Any] | None,
-            thresholds: VerdictThresholds) -> list[str]:
-    out: list[str] = []
+            thresholds: VerdictThresholds) -> tuple[Hedge, ...]:
+    out: list[Hedge] = []
     if cap is not None:
         if cap.get("n_base_failing"):
-            out.append(
-                f"{cap['n_base_failing']} of {cap.get('n_items')} eval items fail on the base model too; "
-                "no training example can be blamed for those, and they are counted apart."
-            )
-        if _is_low_base(cap, thresholds):
-            out.append(
-                f"The base model scored only {cap.get('base', float('nan')):.4g} before training: the "
-                "capability was mostly absent to begin with, so a data explanation accounts for little."
-            )
+            out.append(Hedge("base_failing", {"n_base_failing": cap["n_base_failing"], "n_items": cap.get("n_items")}))
+        if cap.get("low_base_score"):
+            out.append(Hedge("low_base", {"base": cap.get("base")}))
         if cap.get("n_weakly_held"):
-            margin = cap.get("mean_base_margin")
-            margin_text = f", mean margin {margin:+.2f} nats" if isinstance(margin, (int, float)) else ""
-            out.append(
-                f"The base model barely preferred the right answer on {cap['n_weakly_held']} of the "
-                f"{cap.get('n_flipped')} flipped items{margin_text}: such items tip under almost any "
-                "fine-tune, so the data may have triggered the loss rather than caused it."
-            )
+            out.append(Hedge("weakly_held", {"n_weakly_held": cap["n_weakly_held"], "n_flipped": cap.get("n_flipped"),
+                                             "mean_base_margin": cap.get("mean_base_margin")}))
         if cap.get("proxy_used"):
-            out.append(
-                f"'{cap.get('metric')}' scores likelihood, not correctness: a fine-tune that teaches the "
-                "answer format can raise it while answers get worse, so read its direction with care."
-            )
+            out.append(Hedge("proxy_metric", {"metric": cap.get("metric")}))
     if attribution is not None:
-        rho = attribution.get("engine_agreement_spearman")
-        if isinstance(rho, (int, float)) and not math.isnan(rho):
-            if rho < thresholds.engine_agreement_moderate:
-                out.append(
-                    f"The two engines agree only at Spearman {rho:.3f}: treat the ranking as a "
-                    "hypothesis and confirm it by retraining without the accused examples."
-                )
-        else:
-            out.append("No second engine cross-checked this ranking, so nothing confirms it.")
+        rho = _spearman(attribution)
+        if rho is None:
+            out.append(Hedge("no_cross_check"))
+        elif rho < thresholds.engine_agreement_moderate:
+            out.append(Hedge("engine_disagreement", {"spearman": rho}))
         if attribution.get("gated"):
-            out.append(
-                "The capability change did not clear the significance gate: the influence scores rank "
-                "examples against noise and are not a diagnosis."
-            )
+            out.append(Hedge("gated"))
         if cap is None:
-            out.append(
-                "No capability was named (no eval set): the scores point at the first training examples "
-                "instead of a measured loss, so this is a smoke test, not a diagnosis."
-            )
-    return out
+            out.append(Hedge("no_target"))
+    return tuple(out)
 
 
-# -- the verdict --------------------------------------------------------------------------------
-
-
-def _kind_of(findings: Sequence[Finding]) -> str | None:
-    kinds = {"data" if f.category == "data" else "config" for f in findings}
-    return "mixed" if len(kinds) > 1 else (kinds.pop() if kinds else None)
-
-
-def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str, Any]],
-                       attribution: Mapping[str, Any] | None,
-                       thresholds: VerdictThresholds | None = None,
-                       assignment: Any = None) -> VerdictSynthesis:
-    """Decide the verdict (see the module docstring) and raise the ``attribution.*`` findings.
+def decide_verdict(capability: Any, findings: Sequence[Finding | Mapping[str, Any]],
+                   attribution: Mapping[str, Any] | None,
+                   thresholds: VerdictThresholds | None = None) -> VerdictDecision:
+    """The verdict by the rules of the module docstring; pure (reads its arguments, changes nothing).
 
     ``capability`` is the report's capability block (``CapabilityResult.to_full_dict()`` gives the
-    hedging flags; ``to_dict()`` works with fewer hedges) or a ``CapabilityResult``; ``findings`` the
-    audit's (and the gate's) findings; ``attribution`` the report's attribution block, or None when
-    attribution did not run. ``assignment`` (a ``ClusterAssignment`` or ``{id: cluster}``) lets the
-    defect overlap count every member of the accused cluster, not only the listed ones.
+    hedging flags; ``to_dict()`` works with fewer hedges), a ``CapabilityResult``, or None when no
+    capability was measured; ``findings`` the audit's (and the gate's) findings; ``attribution`` the
+    report's attribution block, or None when attribution did not run.
     """
     t = thresholds or VerdictThresholds()
     cap = _capability_dict(capability)
     given = [_finding(f) for f in findings]
-    given_ids = {f.id for f in given}
     audit = [f for f in given if f.category != "attribution"]
     critical = [f for f in audit if f.severity == "critical"]
     serious = [f for f in audit if f.at_least("high")]
-    config_findings = [f for f in audit if f.category in _CONFIG_CATEGORIES and f.at_least(t.config_min_severity)]
+    config_findings = sorted((f for f in audit if f.category in _CONFIG_CATEGORIES and f.at_least(t.config_min_severity)),
+                             key=lambda f: severity_rank(f.severity))
     high_config = [f for f in audit if f.category in _CONFIG_CATEGORIES and f.at_least(t.mixed_config_min_severity)]
     data_high = [f for f in audit if f.category == "data" and f.at_least("high")]
-    data_rows = [f for f in audit if f.category == "data" and f.example_ids]
+    gate = next((f for f in given if f.id == "attribution.gate_failed"), None)
 
-    raised: list[Finding] = []
     status = cap.get("status") if cap else None
     gated = bool(attribution.get("gated")) if attribution is not None else False
+    attributed = attribution is not None and not gated and cap is not None and status == "regressed"
+    lump = assess_lumpiness(attribution.get("clusters") or [], t) if attribution is not None else None
+    lumpy = bool(attributed and lump and lump["lumpy"])
+    accused = lump["cluster"] if lumpy and lump else None
+    accused_set = _matching_accused(attribution, accused)
+
+    kind: VerdictKind
+    rule: VerdictRule
+    if critical:
+        rule, kind = "critical", _kind_of(critical) or "config"
+        if lumpy and kind == "config":
+            kind = "mixed"
+    elif cap is None:
+        rule, kind = "no_target", _kind_of(serious) or "inconclusive"
+    elif status != "regressed":
+        rule, kind = "no_regression", "no_regression"
+    elif attribution is None:
+        rule, kind = "not_attributed", _kind_of(serious) or "inconclusive"
+    elif lumpy:
+        rule, kind = "lumpy", "mixed" if high_config else "data"
+    elif config_findings:
+        rule, kind = "flat_config", "config"
+    elif data_high:
+        rule, kind = "flat_data", "data"
+    else:
+        rule, kind = "unexplained", "inconclusive"
+
+    rho = _spearman(attribution)
+    return VerdictDecision(
+        kind=kind, rule=rule, accused_cluster=accused,
+        accused_set_n=int(accused_set["n"]) if accused_set is not None else None,
+        offer_deletions=lumpy, attribution_ran=attribution is not None, attributed=attributed,
+        critical_ids=_id_tuple(critical), serious_ids=_id_tuple(serious), config_ids=_id_tuple(config_findings),
+        lead_config_title=config_findings[0].title if config_findings else None,
+        high_config_ids=_id_tuple(high_config), data_high_ids=_id_tuple(data_high),
+        gate_title=gate.title if gate is not None else None,
+        capability=CapabilityFigures.of(cap) if cap is not None else None,
+        lumpiness=lump, accused_set=accused_set,
+        engine_agreement=None if rho is None or attribution is None else EngineAgreement(
+            attribution.get("engine"), attribution.get("cross_check"), rho),
+        low_base=bool(cap and cap.get("low_base_score")),
+        hedges=_hedges(cap, attribution, t),
+    )
+
+
+def verdict_block(decision: VerdictDecision) -> dict[str, Any]:
+    """The report's ``verdict`` block (``gradian.report.schema.Verdict``) worded from ``decision``."""
+    return {"kind": decision.kind, "summary": render_verdict(decision),
+            "hedges": [render_hedge(h) for h in decision.hedges],
+            "accused_cluster": decision.accused_cluster, "accused_set_n": decision.accused_set_n}
+
+
+# -- the findings the decision raises -----------------------------------------------------------
+
+
+def _attribution_findings(decision: VerdictDecision, cap: Mapping[str, Any] | None, given: Sequence[Finding],
+                          attribution: Mapping[str, Any] | None, thresholds: VerdictThresholds,
+                          assignment: Any) -> list[Finding]:
+    given_ids = {f.id for f in given}
+    raised: list[Finding] = []
     if attribution is not None:
         if cap is None and "attribution.no_capability_target" not in given_ids:
             raised.append(Finding(
@@ -406,25 +505,11 @@ def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str
                 fix="Pass --eval-dataset with items the base model answers right and the tuned model "
                     "gets wrong, and --capability to name them.",
             ))
-        if gated and "attribution.gate_failed" not in given_ids:
-            raised.append(Finding(
-                id="attribution.gate_failed", category="attribution", severity="high",
-                title="Attribution ran without a significant regression",
-                message="The capability change did not clear the significance gate, but influence scores "
-                        "were computed anyway; they are not a diagnosis.",
-                evidence={"status": status},
-                fix="Add eval items or use a metric that measures correctness, then attribute again.",
-            ))
-        engine = _engine_finding(attribution, t)
+        engine = _engine_finding(attribution, thresholds)
         if engine is not None:
             raised.append(engine)
-
-    usable = attribution is not None and not gated and cap is not None and status == "regressed"
-    lump = assess_lumpiness(attribution.get("clusters") or [], t) if attribution is not None else None
-    lumpy = bool(usable and lump and lump["lumpy"])
-    accused = lump["cluster"] if lumpy else None
-
-    if usable and cap is not None and _is_low_base(cap, t) and "attribution.low_base_score" not in given_ids:
+    if decision.attributed and cap is not None and decision.low_base \
+            and "attribution.low_base_score" not in given_ids:
         raised.append(Finding(
             id="attribution.low_base_score", category="attribution", severity="high",
             title=f"The base model scored only {cap.get('base', float('nan')):.4g} on '{cap.get('name')}'",
@@ -433,88 +518,28 @@ def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str
             evidence={"base": cap.get("base"), "metric": cap.get("metric")},
             fix="Describe the capability with items the base model already gets right.",
         ))
-    if accused is not None and data_rows:
-        overlap = _defect_overlap(accused, attribution or {}, data_rows, assignment, t)
+    data_rows = [f for f in given if f.category == "data" and f.example_ids]
+    if decision.accused_cluster is not None and data_rows:
+        overlap = _defect_overlap(decision.accused_cluster, attribution or {}, data_rows, assignment, thresholds)
         if overlap is not None:
             raised.append(overlap)
+    return raised
 
-    cap_text = _capability_sentence(cap) if cap else ""
-    cluster_text = ""
-    if lumpy and lump:
-        label = f" ({lump['label']})" if lump.get("label") else ""
-        rest = lump["rest_mean_per_example"]
-        cluster_text = (
-            f"Cluster {accused}{label} carries {_share_text(lump)}: "
-            f"{lump['n']} examples at {lump['mean_per_example']:.4g} per example against "
-            f"{rest:.4g} for the rest ({_ratio_text(lump['rate_ratio'])})."
-        )
-        accused_set = _matching_accused(attribution, accused)
-        if accused_set is not None:
-            cluster_text += " " + _accused_text(accused_set)
-    rho = attribution.get("engine_agreement_spearman") if attribution else None
-    engine_text = (f" Engine agreement (Spearman, {attribution.get('engine')} vs "
-                   f"{attribution.get('cross_check')}): {rho:.3f}." if isinstance(rho, (int, float)) else "")
-    offer = lumpy
 
-    if critical:
-        kind = _kind_of(critical) or "config"
-        if lumpy and kind == "config":
-            kind = "mixed"
-        summary = (f"{len(critical)} critical issue(s) invalidate or dominate this run and must be fixed "
-                   f"before anything else is read: {_ids(critical)}.")
-        if cap_text:
-            summary += " " + cap_text
-        if cluster_text:
-            summary += " Beyond that, " + cluster_text[0].lower() + cluster_text[1:]
-        elif usable:
-            summary += " No cluster stands out in the influence scores; nothing is offered for deletion."
-    elif cap is None:
-        kind = _kind_of(serious) or "inconclusive"
-        summary = ("No capability was measured, so nothing is attributed to the data. " if attribution is not None
-                   else "")
-        summary += (f"The audit names {len(serious)} high-severity cause(s): {_ids(serious)}." if serious
-                    else "No high or critical audit finding explains a regression.")
-    elif status != "regressed":
-        kind = "no_regression"
-        what = "improved" if status == "improved" else "did not change significantly"
-        summary = f"'{cap.get('name')}' {what}: {cap_text} There is no regression to attribute."
-        if serious:
-            summary += f" The audit still raised: {_ids(serious)}."
-    elif attribution is None:
-        kind = _kind_of(serious) or "inconclusive"
-        gate = next((f for f in given if f.id == "attribution.gate_failed"), None)
-        summary = f"{cap_text} Attribution did not run" + (f" ({gate.title}); " if gate is not None else "; ")
-        summary += (f"the audit names {_ids(serious)}." if serious
-                    else "no high or critical audit finding explains the change.")
-    elif lumpy:
-        kind = "mixed" if high_config else "data"
-        summary = f"{cap_text} {cluster_text}"
-        if high_config:
-            summary += f" The training setup is also at fault: {_ids(high_config)}."
-    elif config_findings:
-        kind = "config"
-        lead = sorted(config_findings, key=lambda f: severity_rank(f.severity))[0]
-        summary = (f"{cap_text} The harm is spread flatly over the data ({lump['reason'] if lump else ''}), "
-                   "which is how a training-setting fault looks, not bad rows; no examples are offered for "
-                   f"deletion. The audit names the cause: {lead.id} ({lead.title})"
-                   + (f", with {_ids([f for f in config_findings if f is not lead])}" if len(config_findings) > 1 else "")
-                   + ".")
-    elif data_high:
-        kind = "data"
-        summary = (f"{cap_text} No cluster stands out ({lump['reason'] if lump else ''}), but the audit "
-                   f"found data defects: {_ids(data_high)}. Fix those rows first.")
-    else:
-        kind = "inconclusive"
-        summary = (f"{cap_text} No cluster stands out ({lump['reason'] if lump else 'no clusters'}) and no "
-                   "audit finding explains the regression.")
-    summary = (summary + engine_text).strip()
+def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str, Any]],
+                       attribution: Mapping[str, Any] | None,
+                       thresholds: VerdictThresholds | None = None,
+                       assignment: Any = None) -> VerdictSynthesis:
+    """``decide_verdict``, the ``attribution.*`` findings it raises and the ``verdict`` block in words.
 
-    accused_set = _matching_accused(attribution, accused)
-    verdict = {"kind": kind, "summary": summary, "hedges": _hedges(cap, attribution, t),
-               "accused_cluster": accused,
-               "accused_set_n": int(accused_set["n"]) if accused_set is not None else None}
-    return VerdictSynthesis(verdict=verdict, findings=raised, accused_cluster=accused,
-                            offer_deletions=offer, lumpiness=lump)
+    Arguments as in ``decide_verdict``; ``assignment`` (a ``ClusterAssignment`` or ``{id: cluster}``)
+    lets the defect overlap count every member of the accused cluster, not only the listed ones.
+    """
+    t = thresholds or VerdictThresholds()
+    decision = decide_verdict(capability, findings, attribution, t)
+    given = [_finding(f) for f in findings]
+    raised = _attribution_findings(decision, _capability_dict(capability), given, attribution, t, assignment)
+    return VerdictSynthesis(decision=decision, verdict=verdict_block(decision), findings=raised)
 
 
 def assemble_report(capability: Any, findings: Sequence[Finding | Mapping[str, Any]],

@@ -1,0 +1,165 @@
+"""The verdict in words: ``render_verdict(decision)`` and ``render_hedge(hedge)``.
+
+Reads a ``gradian.report.verdict.VerdictDecision`` and decides nothing: every kind, cluster,
+figure and hedge it words is already on the decision. Changing a sentence here never changes a
+verdict, and a test of the decision never depends on a sentence.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+if TYPE_CHECKING:
+    from gradian.report.verdict import CapabilityFigures, Hedge, VerdictDecision
+
+__all__ = ["render_hedge", "render_verdict", "share_text", "ratio_text"]
+
+
+def _ids(ids: Sequence[str]) -> str:
+    return ", ".join(ids)
+
+
+def _fmt(x: Any, digits: int = 4) -> str:
+    return f"{x:+.{digits}f}" if isinstance(x, (int, float)) else str(x)
+
+
+def _capability_sentence(cap: "CapabilityFigures") -> str:
+    lo, hi = cap.ci
+    text = (
+        f"'{cap.name}' ({cap.metric}) went {cap.base:.4f} -> {cap.tuned:.4f} (delta {_fmt(cap.delta)}, "
+        f"95% CI [{_fmt(lo)}, {_fmt(hi)}]) over {cap.n_items} items"
+    )
+    if not cap.proxy_used and cap.n_flipped is not None:
+        text += f"; {cap.n_flipped} flipped from right to wrong"
+    return text + "."
+
+
+def ratio_text(ratio: float | None) -> str:
+    """``ratio`` None or infinite: the rest of the data is net helpful."""
+    return "with the rest net helpful" if ratio is None or math.isinf(ratio) else f"{ratio:.0f}x the rest's rate"
+
+
+def share_text(lump: Mapping[str, Any]) -> str:
+    """Both views of the harm share, named: per-example negatives, and net cluster sums."""
+    text = f"{lump['share_of_negative']:.0%} of the negative influence"
+    if lump.get("net_harm_share") and abs(lump["net_harm_share"] - lump["share_of_negative"]) >= 0.005:
+        text += f" ({lump['net_harm_share']:.0%} of the net harm of harmful clusters)"
+    return text
+
+
+def _accused_text(accused: Mapping[str, Any]) -> str:
+    """One sentence on the accused set: how many rows, how much of the harm, what is left out."""
+    n, total = int(accused["n"]), int(accused["cluster_n"])
+    if n >= total:
+        return (f"The whole cluster is the accused set ({total} rows, an estimated "
+                f"{accused['estimated_harmful_share']:.0%} of them harmful).")
+    rest = accused.get("left_out_mean_per_example")
+    rest_text = f" (mean {rest:.4g})" if isinstance(rest, (int, float)) else ""
+    return (f"Inside it, the accused set is {n} of its {total} rows: they carry "
+            f"{accused['share_of_cluster_harm']:.0%} of the cluster's harm at {accused['mean_per_example']:.4g} "
+            f"per example, an estimated {accused['estimated_harmful_share']:.0%} of them harmful; the other "
+            f"{total - n} rows{rest_text} are left out.")
+
+
+def _cluster_text(d: "VerdictDecision") -> str:
+    lump = d.lumpiness
+    if d.accused_cluster is None or lump is None:
+        return ""
+    label = f" ({lump['label']})" if lump.get("label") else ""
+    text = (
+        f"Cluster {d.accused_cluster}{label} carries {share_text(lump)}: "
+        f"{lump['n']} examples at {lump['mean_per_example']:.4g} per example against "
+        f"{lump['rest_mean_per_example']:.4g} for the rest ({ratio_text(lump['rate_ratio'])})."
+    )
+    if d.accused_set is not None:
+        text += " " + _accused_text(d.accused_set)
+    return text
+
+
+def _reason(d: "VerdictDecision", default: str = "") -> str:
+    return str(d.lumpiness["reason"]) if d.lumpiness else default
+
+
+def render_verdict(d: "VerdictDecision") -> str:
+    """The verdict's ``summary``: what was measured, which rule decided and on what evidence."""
+    cap_text = _capability_sentence(d.capability) if d.capability is not None else ""
+    cluster_text = _cluster_text(d)
+    if d.rule == "critical":
+        summary = (f"{len(d.critical_ids)} critical issue(s) invalidate or dominate this run and must be fixed "
+                   f"before anything else is read: {_ids(d.critical_ids)}.")
+        if cap_text:
+            summary += " " + cap_text
+        if cluster_text:
+            summary += " Beyond that, " + cluster_text[0].lower() + cluster_text[1:]
+        elif d.attributed:
+            summary += " No cluster stands out in the influence scores; nothing is offered for deletion."
+    elif d.rule == "no_target":
+        summary = "No capability was measured, so nothing is attributed to the data. " if d.attribution_ran else ""
+        summary += (f"The audit names {len(d.serious_ids)} high-severity cause(s): {_ids(d.serious_ids)}."
+                    if d.serious_ids else "No high or critical audit finding explains a regression.")
+    elif d.rule == "no_regression":
+        cap = d.capability
+        what = "improved" if cap is not None and cap.status == "improved" else "did not change significantly"
+        summary = f"'{cap.name if cap else None}' {what}: {cap_text} There is no regression to attribute."
+        if d.serious_ids:
+            summary += f" The audit still raised: {_ids(d.serious_ids)}."
+    elif d.rule == "not_attributed":
+        summary = f"{cap_text} Attribution did not run" + (f" ({d.gate_title}); " if d.gate_title else "; ")
+        summary += (f"the audit names {_ids(d.serious_ids)}." if d.serious_ids
+                    else "no high or critical audit finding explains the change.")
+    elif d.rule == "lumpy":
+        summary = f"{cap_text} {cluster_text}"
+        if d.high_config_ids:
+            summary += f" The training setup is also at fault: {_ids(d.high_config_ids)}."
+    elif d.rule == "flat_config":
+        lead, rest = d.config_ids[0], d.config_ids[1:]
+        summary = (f"{cap_text} The harm is spread flatly over the data ({_reason(d)}), which is how a "
+                   "training-setting fault looks, not bad rows; no examples are offered for deletion. The "
+                   f"audit names the cause: {lead} ({d.lead_config_title})"
+                   + (f", with {_ids(rest)}" if rest else "") + ".")
+    elif d.rule == "flat_data":
+        summary = (f"{cap_text} No cluster stands out ({_reason(d)}), but the audit found data defects: "
+                   f"{_ids(d.data_high_ids)}. Fix those rows first.")
+    else:  # unexplained
+        summary = (f"{cap_text} No cluster stands out ({_reason(d, 'no clusters')}) and no audit finding "
+                   "explains the regression.")
+    if d.engine_agreement is not None:
+        e = d.engine_agreement
+        summary += f" Engine agreement (Spearman, {e.engine} vs {e.cross_check}): {e.spearman:.3f}."
+    return summary.strip()
+
+
+def render_hedge(h: "Hedge") -> str:
+    """One qualifier in words; ``h.code`` says which, ``h.figures`` holds what it cites."""
+    f = h.figures
+    if h.code == "base_failing":
+        return (f"{f['n_base_failing']} of {f['n_items']} eval items fail on the base model too; no training "
+                "example can be blamed for those, and they are counted apart.")
+    if h.code == "low_base":
+        return (f"The base model scored only {f['base']:.4g} before training: the capability was mostly absent "
+                "to begin with, so a data explanation accounts for little.")
+    if h.code == "weakly_held":
+        margin = f.get("mean_base_margin")
+        margin_text = f", mean margin {margin:+.2f} nats" if isinstance(margin, (int, float)) else ""
+        return (f"The base model barely preferred the right answer on {f['n_weakly_held']} of the "
+                f"{f['n_flipped']} flipped items{margin_text}: such items tip under almost any fine-tune, so "
+                "the data may have triggered the loss rather than caused it.")
+    if h.code == "proxy_metric":
+        return (f"'{f['metric']}' scores likelihood, not correctness: a fine-tune that teaches the answer format "
+                "can raise it while answers get worse, so read its direction with care.")
+    if h.code == "engine_disagreement":
+        return (f"The two engines agree only at Spearman {f['spearman']:.3f}: treat the ranking as a hypothesis "
+                "and confirm it by retraining without the accused examples.")
+    if h.code == "no_cross_check":
+        return "No second engine cross-checked this ranking, so nothing confirms it."
+    if h.code == "gated":
+        return ("The capability change did not clear the significance gate: the influence scores rank examples "
+                "against noise and are not a diagnosis.")
+    if h.code == "no_target":
+        return ("No capability was named (no eval set): the scores point at the first training examples instead "
+                "of a measured loss, so this is a smoke test, not a diagnosis.")
+    if h.code == "checks_skipped":
+        return (f"{f['n_skipped']} of {f['n_checks']} checks were skipped (missing inputs or values); `skipped` "
+                "says why.")
+    raise ValueError(f"no wording for hedge code {h.code!r}; add it to render_hedge")
