@@ -25,6 +25,25 @@ def _flag(argv: list[str], name: str, value: object) -> None:
     argv += [name, str(value)]
 
 
+def torchrun_command(argv: Sequence[str], nproc: int) -> list[str]:
+    """This entry point again under ``torchrun --standalone`` with ``nproc`` processes on this
+    machine, ``--nproc`` left out (each process sees WORLD_SIZE and shards the indexing)."""
+    rest: list[str] = []
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg == "--nproc":
+            skip = True
+            continue
+        if arg.startswith("--nproc="):
+            continue
+        rest.append(arg)
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "gradian_mlflow.entry", *rest]
+
+
 def _cli(argv: list[str]) -> None:
     from gradian.cli import main as gradian_main
 
@@ -39,7 +58,7 @@ def _dispatch(args: argparse.Namespace) -> None:
         # every parameter maps to the CLI flag of the same name; empty means "not given"
         cli = [args.command, "--mlflow-run", args.run_id]
         for name, value in vars(args).items():
-            if name not in ("command", "run_id"):
+            if name not in ("command", "run_id", "nproc"):
                 _flag(cli, "--" + name.replace("_", "-"), value)
         _flag(cli, "--into-run", os.environ.get("MLFLOW_RUN_ID"))
         _cli(cli)
@@ -66,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in ("diagnose", "index", "attribute"):
         p = sub.add_parser(name)
         p.add_argument("--run-id", required=True)
+        if name != "diagnose":
+            # processes that share the indexing on this machine (one per GPU); 1: no torchrun
+            p.add_argument("--nproc", type=lambda v: int(float(v)), default=1)
         p.add_argument("--dataset", default="")
         p.add_argument("--base-model", default="")
         p.add_argument("--config", default="")
@@ -90,6 +112,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     p = sub.add_parser("demo")
     p.add_argument("--workdir", default=".demo")
     args = parser.parse_args(argv)
+    nproc = getattr(args, "nproc", 1)
+    if nproc < 1:
+        print(f"error: nproc is {nproc}; use 1 (one process) or the number of GPUs to share the indexing",
+              file=sys.stderr)
+        sys.exit(2)
+    if nproc > 1 and "WORLD_SIZE" not in os.environ:
+        import subprocess
+
+        # every rank keeps MLFLOW_RUN_ID; only rank 0 logs the diagnosis into it
+        sys.exit(subprocess.run(torchrun_command(list(sys.argv[1:] if argv is None else argv), nproc)).returncode)
     quiet_credentialed_links()  # the training run's "View run at" link would print the password
 
     try:

@@ -145,3 +145,35 @@ def test_attribute_entry_point_logs_child_runs(finetuned, tracking):
         set(children["kfac"].data.metrics) - {"attribution.engine_agreement_spearman"}
     source = client.get_run(run_id)
     assert source.data.tags["gradian.diagnosis.attribute"] in {r.info.run_id for r in children.values()}
+
+
+def test_index_entry_point_shards_over_processes_and_logs_once(finetuned, tracking):
+    """``-P nproc=2``: the entry point starts itself again under torchrun; both processes build
+    one index in the shared cache, and only the first logs the index run."""
+    from mlflow import MlflowClient
+
+    run_id, experiment_id, work = finetuned
+    config = yaml.safe_load((work / "diagnosis.yaml").read_text())
+    config["cache_dir"] = str(work / "cache-sharded")
+    (work / "diagnosis-sharded.yaml").write_text(yaml.safe_dump(config))
+    child = _mlflow_run([str(ROOT), "-e", "index", "--experiment-id", experiment_id, "-P", f"run_id={run_id}",
+                         "-P", f"config={work / 'diagnosis-sharded.yaml'}", "-P", "nproc=2"], tracking, work)
+    run = MlflowClient().get_run(child)
+    assert run.info.status == "FINISHED" and run.data.tags["mlflow.parentRunId"] == run_id
+    assert run.data.tags["gradian.kind"] == "index"
+    manifests = list((work / "cache-sharded" / "index").glob("*/manifest.json"))
+    assert len(manifests) == 1
+    manifest = json.loads(manifests[0].read_text())
+    assert manifest["status"] == "complete" and manifest["n_chunks_done"] == manifest["n_chunks"]
+    assert not list(manifests[0].parent.glob("chunks/*.record.json"))  # gathered into the manifest
+
+
+def test_the_entry_point_relaunches_itself_under_torchrun():
+    from gradian_mlflow.entry import main, torchrun_command
+
+    command = torchrun_command(["index", "--run-id", "abc", "--nproc", "4", "--config", "c.yaml"], 4)
+    assert command[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4"]
+    assert command[5:] == ["-m", "gradian_mlflow.entry", "index", "--run-id", "abc", "--config", "c.yaml"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["index", "--run-id", "abc", "--nproc", "0"])
+    assert exit_info.value.code == 2
