@@ -8,7 +8,7 @@ broken row or template never hides the other forty checks.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable
+from typing import Any, Iterable, cast
 
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Check, CheckSkipped, all_checks, get_check
@@ -108,7 +108,8 @@ def _run_one(check: Check, ctx: AuditContext, result: AuditResult) -> None:
     result.ran.append(check.id)
     if out is None:
         return
-    for finding in [out] if isinstance(out, Finding) else list(out):
+    # a check returns one Finding, an iterable of them, or None
+    for finding in [out] if isinstance(out, Finding) else list(cast("Iterable[Finding]", out)):
         result.findings.append(finding)
 
 

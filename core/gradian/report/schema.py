@@ -274,7 +274,7 @@ def _matches(value: Any, hint: Any) -> bool:
     return False
 
 
-def _by_kind(blocks: list[type], value: Mapping[str, Any], path: str) -> type:
+def _by_kind(blocks: list[type[_Block]], value: Mapping[str, Any], path: str) -> type[_Block]:
     """The union member whose ``kind`` literal is the value's ``kind`` (else the open one)."""
     kind = value.get("kind")
     fallback = None
@@ -289,7 +289,7 @@ def _by_kind(blocks: list[type], value: Mapping[str, Any], path: str) -> type:
     return fallback
 
 
-def _kinds(blocks: list[type]) -> list[str]:
+def _kinds(blocks: list[type[_Block]]) -> list[str]:
     out = []
     for block in blocks:
         hint = _hints(block).get("kind")
