@@ -1,13 +1,14 @@
-# The two commands of the README:
+# The commands of the README:
 #   make demo   set up, then run the main job end to end on the embedded MLflow store
-#   make test   set up, then run the whole test suite
+#   make test   set up, then run the whole test suite (CI runs this)
+#   make test-fast  the quick loop: the suite without the slow and integration tests
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.gradian-installed
 DEMO_DIR ?= .demo
 
-.PHONY: setup test demo clean
+.PHONY: setup test test-fast demo clean
 
 $(STAMP): pyproject.toml constraints/constraints.txt constraints/torch-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +28,9 @@ setup: $(STAMP)
 
 test: setup
 	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow and not integration"
 
 demo: setup
 	GRADIAN_DEMO_DIR=$(DEMO_DIR) bash scripts/demo.sh
