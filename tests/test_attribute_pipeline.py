@@ -54,7 +54,10 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
     assert attr["engine"] == "ekfac" and attr["cross_check"] == "datainf"  # the defaults
     assert -1.0 <= attr["engine_agreement_spearman"] <= 1.0
     assert {c["cluster"] for c in attr["clusters"]} == {"a", "b"}
-    assert report["verdict"]["kind"] in {"data", "config", "mixed", "inconclusive", "no_regression"}
+    # the eval prompts repeat training prompts ("what is the capital of paris ?"): a critical
+    # contamination finding leads, and its category decides the kind
+    assert report["findings"][0]["id"] == "data.train_eval_contamination", report["findings"][0]
+    assert report["verdict"]["kind"] == "data", report["verdict"]
     assert report["manifest"]["index"]["n_examples"] == 20 and report["manifest"]["config_hash"]
     for name in ("report.md", "report.html", "rankings.parquet"):
         assert (out / name).is_file()
