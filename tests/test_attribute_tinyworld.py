@@ -125,9 +125,9 @@ def test_poisoned_report_html_opens_in_headless_chromium(attributed):
 # -- clean data, one bad setting -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name, finding", [("too_many_epochs", "config.overtraining"),
-                                           ("lr_10x", "config.lr_too_high")])
-def test_config_fault_leads_and_nothing_is_offered_for_deletion(attributed, name, finding):
+@pytest.mark.parametrize("name, finding, status", [("too_many_epochs", "config.overtraining", "not_significant"),
+                                                   ("lr_10x", "config.lr_too_high", "regressed")])
+def test_config_fault_leads_and_nothing_is_offered_for_deletion(attributed, name, finding, status):
     run, outcome, _ = attributed(name)
     report = outcome.report
     assert finding in run.info["expected_findings"]
@@ -139,16 +139,18 @@ def test_config_fault_leads_and_nothing_is_offered_for_deletion(attributed, name
     assert verdict["accused_cluster"] is None, verdict
     assert finding in verdict["summary"], verdict["summary"]
     attr = report["attribution"]
-    if report["capability"]["status"] == "regressed":
+    # lr_10x wipes the capitals out (16 -> 0); 12 epochs at the scenario's rate keep all 16
+    # (docs/validation.md, badconfig)
+    assert report["capability"]["status"] == status, report["capability"]
+    if status == "regressed":
         # the regression is real, so attribution ran, and still no row is offered
         assert verdict["kind"] == "config", verdict
         assert attr is not None and attr["top_harmful"] == [] and attr["deletions_withheld"]
         assert all(not c["top_examples"] for c in attr["clusters"])
     else:
-        # a fine-tune that did not regress the capability has nothing to attribute; the config
-        # finding still leads the report
-        assert verdict["kind"] in ("config", "no_regression"), verdict
-        assert attr is None or attr["top_harmful"] == []
+        # nothing regressed, so nothing is attributed; the config finding still leads the report
+        assert verdict["kind"] == "no_regression", verdict
+        assert attr is None
 
 
 # -- duplicates inside the poison -------------------------------------------------------------------
