@@ -21,6 +21,7 @@ __all__ = [
     "AdapterWeightsError",
     "GradianEnvironmentError",
     "MissingDependencyError",
+    "DiskFullError",
 ]
 
 
@@ -70,3 +71,8 @@ class GradianEnvironmentError(GradianError):
 
 class MissingDependencyError(GradianEnvironmentError, ImportError):
     """An optional dependency needed for the requested feature is not installed."""
+
+
+class DiskFullError(GradianEnvironmentError, OSError):
+    """The disk has too little free space for what a command writes (checked before, or met while
+    writing); the message says what was kept and how to get past it."""

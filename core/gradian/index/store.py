@@ -36,6 +36,12 @@ found before any score is produced:
   removed. Two builds of one index id take turns on the lock: the second finds the first one's
   work and returns it as a cache hit.
 
+Disk space: before a build computes anything, the bytes of the chunks still to compute are
+compared with the free space of the cache folder, and a build that cannot fit stops there
+(``DiskFullError``, exit code 3). A disk that fills up anyway (another writer) stops the build at
+the chunk being written: its partial files are removed, the chunks already recorded are kept, and
+the next build resumes from them.
+
 Opening a store whose identity differs from the expected one is refused, naming the first
 differing field; a changed dataset, model, tokenizer or setting gets a new id, so a stale store
 is never served.
@@ -43,6 +49,7 @@ is never served.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -57,7 +64,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import numpy as np
 
 from gradian.atomic import write_bytes_atomic, write_text_atomic
-from gradian.errors import IndexCorruptError, IndexMismatchError
+from gradian.errors import DiskFullError, IndexCorruptError, IndexMismatchError
 from gradian.index.manifest import FORMAT_VERSION, first_difference, index_id, index_identity, tokenizer_fingerprint
 
 if TYPE_CHECKING:
@@ -481,6 +488,7 @@ def _start(target: _Target, manifest: dict[str, Any]) -> list[Any]:
     they are removed once it is written."""
     from gradian.data import tokenize_examples
 
+    _check_free_disk(target, [k for k, record in enumerate(manifest["chunks"]) if record is None])
     tokenized = tokenize_examples(target.dataset.examples, target.tokenizer, target.config.grads.max_seq_length)
     manifest["n_examples_without_supervision"] = sum(1 for t in tokenized if t.n_supervised == 0)
     _write_manifest(target.root / "manifest.json", manifest)
@@ -519,7 +527,82 @@ def _compute_chunks(target: _Target, todo: list[int], tokenized: list[Any],
         parts = [batch for _, batch in iter_example_gradients(
             target.gm, tokenized[first : first + target.chunk_rows(k)], grads, pad_id, projector=projector)]
         rows = {b: np.concatenate([part[b] for part in parts], axis=0) for b in names}
-        written(k, _write_chunk(target.root, k, rows, storage))
+        try:
+            written(k, _write_chunk(target.root, k, rows, storage))
+        except OSError as err:
+            if err.errno not in _DISK_FULL:
+                raise
+            raise _disk_filled_up(target, todo, k) from None
+
+
+# -- disk space ------------------------------------------------------------------------------------
+
+#: errnos of a write refused for space: the disk is full, or the user's quota is
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+#: bytes of an .npy header: a 2-d array's header is padded to 128 bytes
+_NPY_HEADER = 128
+
+
+def _chunk_bytes(target: _Target, k: int) -> int:
+    """Bytes chunk ``k`` takes on disk: its data file (rows x total width in storage_dtype) and its
+    norms file (rows x blocks float64)."""
+    rows = target.chunk_rows(k)
+    itemsize = np.dtype(_STORAGE[target.config.grads.storage_dtype]).itemsize
+    return 2 * _NPY_HEADER + rows * target.total_width * itemsize + rows * len(target.blocks) * 8
+
+
+def _cache_dir(target: _Target) -> Path:
+    return target.root.parent.parent  # <cache_dir>/index/<index_id>
+
+
+def _shrink_hint(target: _Target) -> str:
+    grads = target.config.grads
+    ways = ["set cache_dir to a folder on a bigger disk"]
+    if grads.storage_dtype != "float16":
+        ways.append("set grads.storage_dtype: float16 (half the bytes)")
+    if not grads.projection_dim:
+        ways.append("set grads.projection_dim with engine.name: datainf (a fixed width per block)")
+    ways.append("`gradian plan --disk <size>` proposes settings that fit a size")
+    return "; ".join(ways)
+
+
+def _check_free_disk(target: _Target, todo: list[int]) -> None:
+    """Refuse a build whose missing chunks need more bytes than the cache folder's disk has free
+    (chunks already stored are not counted: they stay)."""
+    from gradian.plan.planner import format_size
+
+    need = sum(_chunk_bytes(target, k) for k in todo)
+    free = shutil.disk_usage(target.root).free
+    if need <= free:
+        return
+    kept = target.n_chunks - len(todo)
+    raise DiskFullError(
+        f"not enough free disk for the gradient index under cache_dir {_cache_dir(target)}: its "
+        f"{len(todo)} chunk(s) still to compute need {format_size(need)} ({target.n} examples x "
+        f"{target.total_width} values in {target.config.grads.storage_dtype}"
+        + (f", {kept} chunk(s) already stored" if kept else "")
+        + f") and {format_size(free)} is free; nothing was computed. Free space, or {_shrink_hint(target)}"
+    )
+
+
+def _disk_filled_up(target: _Target, todo: list[int], k: int) -> DiskFullError:
+    """The error of a disk that filled up while chunk ``k`` was written. The chunk's files are
+    removed (whatever landed of them; the atomic write already removed its .tmp), so the folder
+    holds only chunks that are whole and recorded."""
+    from gradian.plan.planner import format_size
+
+    for path in (target.root / "chunks" / f"{k:05d}.npy", target.root / "chunks" / f"{k:05d}.norms.npy"):
+        path.unlink(missing_ok=True)
+    left = todo[todo.index(k):]
+    kept = target.n_chunks - len(left)
+    free = shutil.disk_usage(target.root).free
+    return DiskFullError(
+        f"the disk under cache_dir {_cache_dir(target)} filled up while chunk {k} of the gradient index "
+        f"{target.root} was written: the partial chunk was removed and the {kept} of {target.n_chunks} chunks "
+        f"already written are kept; free {format_size(sum(_chunk_bytes(target, j) for j in left))} for the "
+        f"{len(left)} chunk(s) left ({format_size(free)} is free now) and run the same command again to resume "
+        f"from them, or {_shrink_hint(target)}"
+    )
 
 
 def _write_chunk(root: Path, k: int, rows: dict[str, np.ndarray], storage: Any) -> dict[str, Any]:
