@@ -276,16 +276,16 @@ def run_attribution(
         rankings["accused"] = rankings["example_id"].isin(set(accused_ids(report)))
     files: list[Path] = []
     if out_dir is not None:
-        files = write_report(report_obj, out_dir, rankings=rankings, logs=run.logs if run is not None else None)
+        tables: dict[str, bytes] = {}
         if rankings is not None:
-            from gradian.atomic import write_bytes_atomic
-
-            target = Path(out_dir) / "rankings.parquet"
-            write_bytes_atomic(target, _parquet_bytes(rankings))
-            files.append(target)
+            tables["rankings.parquet"] = _parquet_bytes(rankings)
             if bool(rankings["accused"].any()):
-                accused_file = Path(out_dir) / "accused.parquet"
-                write_bytes_atomic(accused_file, _parquet_bytes(rankings[rankings["accused"]].sort_values("score")))
+                tables["accused.parquet"] = _parquet_bytes(rankings[rankings["accused"]].sort_values("score"))
+        # one all-or-nothing write: a full disk leaves no report without its tables
+        files = write_report(report_obj, out_dir, rankings=rankings, logs=run.logs if run is not None else None,
+                             extra_files=tables)
+        # accused.parquet stays out of the returned list, as before (the sink writes its own)
+        files = [f for f in files if f.name != "accused.parquet"]
     return AttributionOutcome(report=report, rankings=rankings, capability=cap, files=files, run=run,
                               report_obj=report_obj)
 

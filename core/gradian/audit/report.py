@@ -11,7 +11,6 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from gradian.atomic import write_text_atomic
 from gradian.audit.runner import AuditResult
 from gradian.report.schema import Report
 
@@ -54,14 +53,16 @@ def render_diagnosis_markdown(report: Mapping[str, Any]) -> str:
 
 
 def write_diagnosis(report: Report | Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path, Path]:
-    """Write ``diagnose.json``, ``diagnose.md`` and ``diagnose.html`` into ``out_dir``."""
+    """Write ``diagnose.json``, ``diagnose.md`` and ``diagnose.html`` into ``out_dir``, all three or none."""
     from gradian.report import render_html
+
+    from gradian.report.write import write_report_files
 
     if isinstance(report, Report):
         report = report.to_json()
-    out = Path(out_dir)
-    json_path, md_path, html_path = out / "diagnose.json", out / "diagnose.md", out / "diagnose.html"
-    write_text_atomic(json_path, json.dumps(report, indent=2, sort_keys=False, default=str) + "\n")
-    write_text_atomic(md_path, render_diagnosis_markdown(report))
-    write_text_atomic(html_path, render_html(report))
+    json_path, md_path, html_path = write_report_files(out_dir, {
+        "diagnose.json": (json.dumps(report, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8"),
+        "diagnose.md": render_diagnosis_markdown(report).encode("utf-8"),
+        "diagnose.html": render_html(report).encode("utf-8"),
+    })
     return json_path, md_path, html_path

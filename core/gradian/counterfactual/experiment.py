@@ -222,13 +222,10 @@ def run_counterfactual(
     report = report_obj.to_json()
     files: list[Path] = []
     if write:
-        from gradian.atomic import write_text_atomic
         from gradian.report import write_report
 
-        files = write_report(report_obj, out)
-        removed = out / "removed_ids.txt"
-        write_text_atomic(removed, "".join(i + "\n" for i in plan.drop_ids))
-        files.append(removed)
+        files = write_report(report_obj, out,
+                             extra_files={"removed_ids.txt": "".join(i + "\n" for i in plan.drop_ids).encode("utf-8")})
     return CounterfactualOutcome(report=report, plan=plan, capability=after, run=record, files=files,
                                  report_obj=report_obj)
 

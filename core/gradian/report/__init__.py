@@ -13,8 +13,9 @@ Interface:
   it raises; ``build_report(...)`` builds the typed ``Report``
   (``gradian.report.schema``: the report.json contract, ``SCHEMA_VERSION``, its JSON Schema) and
   ``assemble_report(...)`` the same dict from plain dicts.
-- ``write_report(report, out_dir, rankings, logs) -> list[Path]`` (a ``Report`` or its dict): report.json, report.md,
-  report.html and plots/*.png; ``render_markdown`` and ``render_html`` alone, ``draw_plots``.
+- ``write_report(report, out_dir, rankings, logs, extra_files) -> list[Path]`` (a ``Report`` or its dict):
+  report.json, report.md, report.html, plots/*.png and the extra files, all or none;
+  ``render_markdown`` and ``render_html`` alone, ``draw_plots``.
 """
 
 from gradian.report.html import render_html
