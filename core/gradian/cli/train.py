@@ -21,12 +21,15 @@ def train_command(
 ) -> None:
     """Fine-tune a LoRA adapter; writes adapter/, trainer_state.json, training_args.json and gradian_run.json."""
     from gradian.config import load_config
+    from gradian.paths import ensure_writable_dir
     from gradian.train import require_backend, train_lora
 
     if backend is not None:
         require_backend(backend)  # fail before reading anything else
     cfg = load_config(config)
     require_backend(backend or cfg.train.backend)
+    # before the model loads: a run folder that cannot be written would fail after the training
+    ensure_writable_dir(out if out is not None else cfg.train.output_dir, "--out" if out is not None else "train.output_dir")
     record = train_lora(cfg, out, dataset, backend=backend, overwrite=overwrite, progress=True)
     losses = record.logs.series("loss")
     run_dir = record.source

@@ -104,11 +104,14 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
     from gradian.grads import load_model_for_gradients
     from gradian.index import GradientIndex
     from gradian.model_loading import load_tokenizer
+    from gradian.paths import ensure_writable_dir
     from gradian.query import QueryItem, build_query_gradient
 
     report, rankings = load_report(report_dir)
     manifest = report.get("manifest") or {}
     cfg = load_config(config, overrides=_report_overrides(manifest)) if config is None else load_config(config)
+    # the index may be (re)built into cache_dir: refuse a folder that cannot take it before any loading
+    ensure_writable_dir(cfg.cache_dir, "cache_dir")
     dataset = load_dataset(cfg.dataset)
     examples = dataset.by_id()
     if example_id not in examples:
