@@ -119,10 +119,11 @@ def test_summary_block_has_the_report_shape():
     result = _result([1] * 15 + [0], [0] * 8 + [1] * 7 + [0])
     block = result.to_dict()
     assert list(block) == ["name", "metric", "base", "tuned", "delta", "ci", "n_items", "n_flipped",
-                           "n_base_failing", "status", "proxy_used"]
+                           "n_base_failing", "status", "too_few_items", "proxy_used"]
     assert block["base"] == 0.9375 and block["tuned"] == 0.4375 and block["delta"] == -0.5
     assert block["n_flipped"] == 8 and block["n_base_failing"] == 1 and block["n_items"] == 16
     assert block["status"] == "regressed" and block["ci"][1] < 0 and block["proxy_used"] is False
+    assert block["too_few_items"] is False  # no minimum given
     full = json.loads(json.dumps(result.to_full_dict()))
     assert len(full["items"]) == 16 and full["hedges"]
     assert "tuned_generation" in full["items"][0]

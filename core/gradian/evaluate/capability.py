@@ -195,8 +195,12 @@ def summarize_capability(
     seed: int = 1234,
     weak_margin_nats: float = WEAK_MARGIN_NATS,
     low_base_threshold: float = LOW_BASE_SCORE,
+    min_items: int | None = None,
 ) -> CapabilityResult:
-    """Means, the paired bootstrap, counts and flags over already-scored items."""
+    """Means, the paired bootstrap, counts and flags over already-scored items.
+
+    ``min_items`` (``evaluation.min_items``) marks a result over fewer items ``too_few_items``.
+    """
     items = list(items)
     base_scores = [i.base_score for i in items]
     tuned_scores = [i.tuned_score for i in items]
@@ -223,6 +227,7 @@ def summarize_capability(
         weak_margin_nats=weak_margin_nats,
         low_base_threshold=low_base_threshold,
         low_base_score=(not proxy) and base < low_base_threshold,
+        min_items=min_items,
     )
 
 
@@ -272,4 +277,5 @@ def evaluate_capability(
     return summarize_capability(
         items, name=capability, metric=ev.metric, n_bootstrap=ev.n_bootstrap, ci_level=ev.ci_level,
         seed=config.seed, weak_margin_nats=weak_margin_nats, low_base_threshold=low_base_threshold,
+        min_items=ev.min_items,
     )

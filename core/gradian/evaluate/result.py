@@ -76,6 +76,14 @@ class CapabilityResult:
     #: a base score below this (pass/fail metrics only) is flagged as low
     low_base_threshold: float = 0.5
     low_base_score: bool = False
+    #: ``evaluation.min_items``: fewer items than this cannot show a significant change
+    min_items: int | None = None
+
+    @property
+    def too_few_items(self) -> bool:
+        """Fewer items than ``min_items``: ``status`` is the bootstrap's reading of too few items
+        to call any change significant (one item resamples to itself: an interval of no width)."""
+        return self.min_items is not None and self.n_items < self.min_items
 
     # -- views the report and the attribution lane read --------------------------------------
 
@@ -153,6 +161,7 @@ class CapabilityResult:
             "n_flipped": self.n_flipped,
             "n_base_failing": self.n_base_failing,
             "status": self.status,
+            "too_few_items": self.too_few_items,
             "proxy_used": self.proxy_used,
         }
 
@@ -166,6 +175,7 @@ class CapabilityResult:
             weak_margin_nats=self.weak_margin_nats,
             low_base_threshold=self.low_base_threshold,
             low_base_score=self.low_base_score,
+            min_items=self.min_items,
             n_weakly_held=len(self.weakly_held_items),
             mean_base_margin=self.mean_base_margin,
             hedges=self.hedges(),

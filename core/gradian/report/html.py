@@ -73,7 +73,9 @@ def _capability(cap: Mapping[str, Any], plot: bytes | None) -> str:
         (f"<b>{_num(cap.get('delta'), '+.4f')}</b>", True),
         (f"[{_num(lo, '+.4f')}, {_num(hi, '+.4f')}]", True), (_e(cap.get("n_items")), True),
         (_e(cap.get("n_flipped")), True), (_e(cap.get("n_base_failing")), True),
-        (f"<b>{_e(cap.get('status'))}</b>", False)))
+        (f"<b>{_e(cap.get('status'))}</b>" + (
+            f" (too few items: {_e(cap.get('n_items'))}, fewer than evaluation.min_items={_e(cap.get('min_items'))})"
+            if cap.get("too_few_items") else ""), False)))
     out = ['<section id="capability"><h2>Capability: base vs tuned</h2><table><tr>'
            "<th>capability</th><th>metric</th><th>base</th><th>tuned</th><th>delta</th><th>95% CI</th>"
            "<th>items</th><th>flipped</th><th>base failing</th><th>status</th></tr>",

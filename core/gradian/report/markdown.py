@@ -28,6 +28,13 @@ def _num(x: Any, spec: str = ".4g") -> str:
     return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "n/a"
 
 
+def _too_few(cap: Mapping[str, Any]) -> str:
+    """The status cell's qualifier when too few items were measured to call a change significant."""
+    if not cap.get("too_few_items"):
+        return ""
+    return f" (too few items: {cap.get('n_items')}, fewer than evaluation.min_items={cap.get('min_items')})"
+
+
 def _capability(cap: Mapping[str, Any]) -> list[str]:
     lo, hi = (cap.get("ci") or [None, None])[:2]
     lines = ["## Capability", "",
@@ -36,7 +43,7 @@ def _capability(cap: Mapping[str, Any]) -> list[str]:
              f"| {_cell(cap.get('name'))} | `{_cell(cap.get('metric'))}` | {_num(cap.get('base'), '.4f')} | "
              f"{_num(cap.get('tuned'), '.4f')} | **{_num(cap.get('delta'), '+.4f')}** | "
              f"[{_num(lo, '+.4f')}, {_num(hi, '+.4f')}] | {cap.get('n_items')} | {cap.get('n_flipped')} | "
-             f"{cap.get('n_base_failing')} | **{cap.get('status')}** |", ""]
+             f"{cap.get('n_base_failing')} | **{_cell(cap.get('status'))}**{_too_few(cap)} |", ""]
     if cap.get("proxy_used"):
         lines += [f"`{_cell(cap.get('metric'))}` is a likelihood proxy, not a correctness score.", ""]
     return lines

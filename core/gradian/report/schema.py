@@ -364,6 +364,10 @@ class Capability(_Block):
     n_base_failing: int
     status: Literal["regressed", "improved", "not_significant"]
     proxy_used: bool = field(metadata=_help("the metric measures likelihood (loglik), not correctness"))
+    too_few_items: bool = field(default=False, metadata=_help(
+        "fewer items than min_items: status is the bootstrap's reading of too few items to call any change "
+        "significant, and the gate refuses attribution"))
+    min_items: int | None = field(default=None, metadata=_optional("evaluation.min_items when it was measured"))
     ci_level: float = 0.95
     n_bootstrap: int = 2000
     seed: int = 1234
