@@ -406,6 +406,7 @@ def test_a_one_item_eval_set_gets_no_attribution_end_to_end(tmp_path, inputs):
     assert proc.returncode == 0, proc.stderr
     report = json.loads((out / "report.json").read_text())
     assert report["attribution"] is None and report["verdict"]["kind"] == "inconclusive"
+    assert report["capability"]["too_few_items"] is True and report["capability"]["min_items"] == 5
     gate = next(f for f in report["findings"] if f["id"] == "attribution.gate_failed")
     assert gate["title"].startswith("Only 1 eval item(s) for 'capability', fewer than evaluation.min_items=5")
     assert "fewer than evaluation.min_items=5" in report["verdict"]["summary"]
