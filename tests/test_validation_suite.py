@@ -269,7 +269,10 @@ def test_quick_suite_end_to_end(tmp_path, tinyworld_base):
     suite = json.loads((tmp_path / "w" / "suite.json").read_text())
     statuses = {k: e["status"] for k, e in suite["experiments"].items()}
     assert statuses["poison"] == "PASS" and statuses["badconfig"] == "PASS" and statuses["counterfactual"] == "PASS", suite
-    assert statuses["fidelity"] in ("PASS", "FAIL", "INCONCLUSIVE")
+    # --quick retrains only 8 subsets: a bootstrap interval over 8 points can contain zero even when
+    # the best engine orders them right (INCONCLUSIVE), so both are honest; FAIL (the best interval
+    # at or below zero) would be a real failure, and the exit code 0 above already rules it out
+    assert statuses["fidelity"] in ("PASS", "INCONCLUSIVE"), suite["experiments"]["fidelity"]
     fidelity = json.loads((tmp_path / "w" / "fidelity" / "verdict.json").read_text())
     assert set(fidelity["figures"]["lds"]) >= {"datainf", "graddot", "tracin"}
 
