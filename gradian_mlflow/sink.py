@@ -107,7 +107,8 @@ def report_metrics(report: Mapping[str, Any]) -> dict[str, float]:
     if len(ci) == 2 and all(_num(v) is not None for v in ci):
         metrics["capability.ci_low"], metrics["capability.ci_high"] = float(ci[0]), float(ci[1])
     if cap:
-        metrics["capability.regressed"] = float(cap.get("status") == "regressed")
+        # a regression read from fewer items than evaluation.min_items is not one
+        metrics["capability.regressed"] = float(cap.get("status") == "regressed" and not cap.get("too_few_items"))
 
     attribution = report.get("attribution") or {}
     if attribution:

@@ -348,3 +348,12 @@ def test_report_metrics_cover_counterfactual_reports():
     assert metrics["counterfactual.removal_precision"] == 1.0 and metrics["counterfactual.n_removed"] == 48
     assert metrics["counterfactual.predicted.sign_changed"] == 1.0 and "counterfactual.note" not in metrics
     assert _tags(report, "a" * 32, "counterfactual")["gradian.counterfactual_outcome"] == "recovered"
+
+
+def test_a_regression_read_from_too_few_items_is_not_logged_as_one():
+    from gradian_mlflow.sink import report_metrics
+
+    capability = {"name": "c", "status": "regressed", "delta": -1.0, "n_items": 1, "min_items": 5}
+    assert report_metrics({"findings": [], "capability": capability})["capability.regressed"] == 1.0
+    few = report_metrics({"findings": [], "capability": capability | {"too_few_items": True}})
+    assert few["capability.regressed"] == 0.0 and few["capability.delta"] == -1.0

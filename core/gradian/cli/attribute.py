@@ -106,6 +106,8 @@ def print_summary(console: Any, report: dict) -> None:
             f"(delta {cap.get('delta', 0):+.3f}, CI {ci}) over {cap.get('n_items')} items; "
             f"{cap.get('n_flipped')} flipped, {cap.get('n_base_failing')} already failing on the base; "
             f"status {cap.get('status')}"
+            + (f" (too few items: fewer than evaluation.min_items={cap.get('min_items')}, so not significant)"
+               if cap.get("too_few_items") else "")
         )
     clusters = attr.get("clusters") or []
     if clusters:
