@@ -287,3 +287,65 @@ def test_factors_collected_during_the_index_pass_equal_the_fits_own_pass():
     assert not missing.complete(len(tokenized))
     again = get_engine("ekfac").fit(train, EngineConfig(name="ekfac"), FitContext(**{**vars(context), "collected": partial}))
     assert again.meta["factors_from"] == "own pass"
+
+
+def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path, tiny_lora_dirs, chat_tokenizer):
+    """``engine.checkpoints: all``: each saved checkpoint gets its own index, curvature fit and query;
+    the scores are the learning-rate-weighted sum of what each checkpoint alone gives."""
+    import dataclasses
+    import shutil
+
+    from gradian.config import load_config
+    from gradian.data import dataset_from_rows, tokenize_examples
+    from gradian.engines import FitContext, get_engine
+    from gradian.engines.state import fit_engine
+    from gradian.engines.tracin import checkpoint_learning_rates
+    from gradian.grads import capture_per_example_grads, collate, load_model_for_gradients
+    from gradian.index import GradientIndex
+    from gradian.runs.record import RunRecord
+    from tests.plugins.tiny_lora import save_tiny_lora
+
+    base, final = tiny_lora_dirs
+    _, second = save_tiny_lora(tmp_path / "other", seed=5)
+    ckpt = tmp_path / "run" / "checkpoint-10"
+    shutil.copytree(second, ckpt)
+    cfg = load_config(overrides={"dtype": "float64", "device": "cpu", "attn_implementation": "sdpa",
+                                 "cache_dir": str(tmp_path / "cache"), "base_model": str(base),
+                                 "engine.checkpoints": "all"})
+    rows = [{"prompt": "say hello", "completion": c} for c in ("hello world", "no", "one two three", "hi there")]
+    dataset = dataset_from_rows(rows)
+    tokenized = tokenize_examples(dataset.examples, chat_tokenizer, cfg.grads.max_seq_length)
+    gm = load_model_for_gradients(str(base), str(final), cfg)
+    index = GradientIndex.build(gm, chat_tokenizer, dataset, cfg)
+    record = RunRecord.from_dict({})
+    record.checkpoints = [str(ckpt), str(final)]
+    context = FitContext(gm=gm, tokenizer=chat_tokenizer, dataset=dataset, grads=cfg.grads, run=record, config=cfg,
+                         pad_id=chat_tokenizer.pad_token_id, tokenized=tokenized)
+    state = fit_engine("ekfac", index, cfg.engine, context, cache_dir=cfg.cache_dir)
+    assert [c["label"] for c in state.meta["checkpoints"]] == ["checkpoint-10", final.name]
+    assert state.state_id is None  # per-checkpoint indexes and adapters live in memory: not stored
+    query_rows = tokenize_examples(dataset_from_rows([{"prompt": "say hello", "completion": "hello"}]).examples,
+                                   chat_tokenizer, 64)
+
+    def query_for(view):
+        view.model.set_adapter(view.adapter_name)
+        grads = capture_per_example_grads(view, collate(query_rows, chat_tokenizer.pad_token_id))
+        return {k: v[0].detach().numpy() for k, v in grads.items()}
+
+    engine = get_engine("ekfac")
+    result = engine.score(state, query_for(gm), cfg.engine, query_for=query_for)
+    assert "summed over 2 checkpoints" in result.notes[0]
+    final_only = dataclasses.replace(cfg.engine, checkpoints="final")
+    expected = np.zeros(len(rows))
+    for path, weight in zip((ckpt, final), checkpoint_learning_rates([str(ckpt), str(final)], record)):
+        alone = load_model_for_gradients(str(base), str(path), cfg)
+        alone_index = GradientIndex.build(alone, chat_tokenizer, dataset, cfg)
+        alone_state = engine.fit(alone_index, final_only, dataclasses.replace(context, gm=alone, run=None))
+        expected += weight * engine.score(alone_state, query_for(alone), final_only).scores
+    np.testing.assert_allclose(result.scores, expected, rtol=1e-6)
+    gm.model.set_adapter(gm.adapter_name)  # the query under each checkpoint left the last one active
+    assert not np.allclose(result.scores, engine.score(engine.fit(index, final_only, context), query_for(gm),
+                                                       final_only).scores)
+    # a run without checkpoints: the final adapter alone, and the report says so
+    bare = engine.fit(index, cfg.engine, dataclasses.replace(context, run=RunRecord.from_dict({})))
+    assert any("saved no checkpoint" in n for n in engine.score(bare, query_for(gm), cfg.engine).notes)

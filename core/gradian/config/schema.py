@@ -56,6 +56,7 @@ class EngineConfig:
     fisher: str = _f("empirical", "Curvature of ekfac/kfac: empirical (training labels, deterministic) or true (labels sampled from the model)")
     fisher_samples: int = _f(1, "Label draws averaged by the true Fisher")
     fisher_seed: int = _f(0, "Seed of the true Fisher's label draws; part of the fitted state's id")
+    checkpoints: str = _f("final", "Adapters ekfac/kfac are fitted and scored under: final (the trained adapter) or all (every saved checkpoint-N, summed with the learning rate at each, as TracIn does; falls back to final when the run saved none)")
 
 
 @dataclass
@@ -146,6 +147,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grads.storage_dtype": ("float32", "float16"),
     "engine.name": tuple(available_engines()),
     "engine.fisher": ("empirical", "true"),
+    "engine.checkpoints": ("final", "all"),
     "evaluation.metric": ("exact_match", "contains", "not_contains", "loglik"),
     "evaluation.query_signal": ("auto", "contrastive", "target"),
     "clustering.method": ("auto", "hdbscan", "kmeans", "declared", "none"),

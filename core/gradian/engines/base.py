@@ -199,6 +199,10 @@ class Engine(ABC):
         """The settings the fitted state depends on (with the index id, they make its id)."""
         return {}
 
+    def persists(self, settings: dict[str, Any]) -> bool:
+        """Whether a state fitted with ``settings`` is stored beside the index (``persist_state``)."""
+        return self.persist_state
+
     def fit(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
         """Compute what scoring needs once per index; the default keeps only the gradients."""
         return EngineState(self.name, train)

@@ -24,6 +24,7 @@ labels of the supervised positions from the model's own predictions, seeded by
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -37,6 +38,8 @@ from gradian.errors import ConfigError
 __all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS", "KroneckerCollector"]
 
 FISHER_KINDS = ("empirical", "true")
+#: ``engine.checkpoints``: fit under the final adapter, or under every saved checkpoint
+CHECKPOINT_MODES = ("final", "all")
 
 
 def _layers(gm: Any) -> list[dict[str, Any]]:
@@ -193,11 +196,63 @@ class _KroneckerEngine(Engine):
             if int(config.fisher_samples) < 1:
                 raise ConfigError(f"engine.fisher_samples must be at least 1, got {config.fisher_samples}")
             out.update(fisher_samples=int(config.fisher_samples), fisher_seed=int(config.fisher_seed))
+        mode = getattr(config, "checkpoints", "final")
+        if mode not in CHECKPOINT_MODES:
+            raise ConfigError(f"engine.checkpoints '{mode}' is not one of {', '.join(CHECKPOINT_MODES)}")
+        if mode != "final":
+            out["checkpoints"] = mode  # absent for the final adapter, so those state ids stay as they were
         return out
+
+    def persists(self, settings: dict[str, Any]) -> bool:
+        # over checkpoints the state holds an index and an adapter per checkpoint, in memory only
+        return self.persist_state and settings.get("checkpoints", "final") == "final"
 
     # -- fit --------------------------------------------------------------------------------------
 
     def fit(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
+        if getattr(config, "checkpoints", "final") == "all" and context is not None and context.gm is not None:
+            paths = list(getattr(context.run, "checkpoints", None) or [])
+            if paths:
+                return self._fit_checkpoints(train, config, context, paths)
+            state = self._fit_adapter(train, config, context)
+            state.meta["checkpoints_note"] = ("engine.checkpoints is all, but the run saved no checkpoint-N; "
+                                              "fitted on the final adapter alone")
+            return state
+        return self._fit_adapter(train, config, context)
+
+    def _fit_checkpoints(self, train: TrainGradients, config: Any, context: FitContext,
+                         paths: list[str]) -> EngineState:
+        """One fit per saved checkpoint, each on the training set's gradients under that checkpoint
+        (indexed here, through the content-addressed index cache); scores are summed with the
+        learning rate at each checkpoint as weight."""
+        import dataclasses
+
+        from gradian.engines.tracin import activate, checkpoint_learning_rates, checkpoint_model
+        from gradian.index import GradientIndex
+
+        weights = checkpoint_learning_rates(paths, context.run)
+        full = context.config
+        fits = []
+        try:
+            for path, weight in zip(paths, weights):
+                label = Path(path).name
+                view = checkpoint_model(context.gm, path, label, full)
+                if context.log:
+                    context.log(f"{self.name}: indexing and fitting under {label}")
+                index = GradientIndex.build(view, context.tokenizer, context.dataset, full)
+                part = self._fit_adapter(index, config, dataclasses.replace(context, gm=view, collected=None))
+                fits.append({"label": label, "weight": weight, "state": part, "gm": view})
+        finally:
+            activate(context.gm, None, full)
+        meta = {"layers": fits[0]["state"].meta["layers"],
+                "checkpoints": [{"label": f["label"], "weight": f["weight"],
+                                 "index_id": getattr(f["state"].train, "index_id", None),
+                                 "eigenvalues_from": f["state"].meta.get("eigenvalues_from")} for f in fits],
+                "eigenvalues_from": fits[0]["state"].meta.get("eigenvalues_from")}
+        return EngineState(self.name, train, meta=meta, extra={"checkpoints": fits})
+
+    def _fit_adapter(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
+        """The curvature of the adapter ``context.gm`` has active, on its gradients ``train``."""
         if context is None or context.gm is None or context.tokenized is None:
             raise ConfigError(f"engine '{self.name}' fits its curvature on the model: it needs the model and the "
                               "tokenized training set (run it through `gradian attribute`)")
@@ -339,7 +394,34 @@ class _KroneckerEngine(Engine):
 
     # -- score ------------------------------------------------------------------------------------
 
-    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
+    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, query_for: Any = None,
+              **context: Any) -> EngineResult:
+        fits = state.extra.get("checkpoints")
+        if not fits:
+            result = self._score_adapter(state, query, config)
+            if state.meta.get("checkpoints_note"):
+                result.notes.append(f"{self.name}: {state.meta['checkpoints_note']}")
+            return result
+        if query_for is None:
+            raise ConfigError(f"{self.name} over checkpoints measures the query under each checkpoint: "
+                              "pass query_for= (run it through `gradian attribute`)")
+        total: np.ndarray | None = None
+        damping: dict[str, float] = {}
+        notes: list[str] = []
+        for fit in fits:
+            if fit["state"].train.n != state.train.n:
+                raise ConfigError(f"{self.name} checkpoint {fit['label']} has {fit['state'].train.n} examples, "
+                                  f"the final adapter {state.train.n}; index every checkpoint on the same dataset")
+            part = self._score_adapter(fit["state"], query_for(fit["gm"]), config)
+            scores = fit["weight"] * np.asarray(part.scores, dtype=np.float64)
+            total = scores if total is None else total + scores
+            damping.update({f"{fit['label']}/{k}": v for k, v in part.damping.items()})
+            notes = part.notes
+        assert total is not None
+        notes = [n + f"; summed over {len(fits)} checkpoints weighted by their learning rates" for n in notes]
+        return EngineResult(self.name, total, notes=notes, damping=damping)
+
+    def _score_adapter(self, state: EngineState, query: Mapping[str, Any], config: Any) -> EngineResult:
         train = state.train
         q, single = as_query_matrix(query, train.block_names)
         check_widths(train, q)

@@ -44,7 +44,7 @@ def fit_engine(name: str, train: TrainGradients, config: Any, context: FitContex
     index_id = getattr(train, "index_id", None)
     settings = engine.settings(config)
     root = None
-    if engine.persist_state and index_id and cache_dir is not None:
+    if engine.persists(settings) and index_id and cache_dir is not None:
         sid = state_id(index_id, name, settings)
         root = Path(cache_dir) / "engines" / sid
         loaded = _load(root, name, train, sid)
