@@ -240,6 +240,8 @@ def _params(report: Mapping[str, Any]) -> dict[str, str]:
         "damping_kind": ("absolute" if _engine_setting(manifest, "lambda_override") is not None
                          else "scale" if attribution.get("engine") else None),
         "fisher": ((manifest.get("engine_state") or {}).get("settings") or {}).get("fisher"),
+        # only when not the final adapter alone, so runs of the default keep their parameter set
+        "checkpoints": ((manifest.get("engine_state") or {}).get("settings") or {}).get("checkpoints"),
         "metric": cap.get("metric"),
     }
     return {k: str(v)[:500] for k, v in raw.items() if v is not None}
