@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 from gradian.errors import GradianEnvironmentError, GradianError
 from gradian.redact import redact
 
-__all__ = ["TrackingError", "TrackingUnreachableError", "get_client", "tracking_uri", "parse_run_ref", "call",
-           "quiet_credentialed_links"]
+__all__ = ["TrackingError", "TrackingUnreachableError", "get_client", "check_tracking_uri", "tracking_uri",
+           "parse_run_ref", "call", "quiet_credentialed_links"]
 
 T = TypeVar("T")
 
@@ -60,7 +61,46 @@ def quiet_credentialed_links() -> None:
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
 
 
-def get_client() -> Any:
+#: tracking URI schemes MLflow can store runs under (``databricks-uc``/``uc`` hold models only)
+_SCHEMES = ("file", "http", "https", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+
+
+def check_tracking_uri(existing_store: bool = False) -> None:
+    """Refuse a tracking URI MLflow cannot use, before any request: a misspelled scheme (exit 2),
+    and with ``existing_store`` a SQLite file that is not there (MLflow would quietly create an
+    empty store at a mistyped path) or is not a database."""
+    import mlflow
+
+    uri = mlflow.get_tracking_uri()
+    scheme = uri.split(":", 1)[0].lower() if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", uri) else "file"
+    base = scheme.split("+", 1)[0]
+    if base not in _SCHEMES and not re.match(r"^[A-Za-z]$", scheme):  # C:\... is a Windows path
+        raise TrackingError(
+            f"MLFLOW_TRACKING_URI {redact(uri)!r}: '{scheme}' is not a tracking store scheme; use one of "
+            f"{', '.join(_SCHEMES)} (e.g. http://host:5000 or sqlite:///mlflow.db)"
+        )
+    if base == "sqlite" and existing_store:
+        path = uri.split("://", 1)[1] if "://" in uri else ""
+        path = path[1:] if path.startswith("/") else path  # sqlite:///rel.db -> rel.db, sqlite:////abs -> /abs
+        if path and path != ":memory:":
+            db = Path(path)
+            if not db.is_file():
+                raise TrackingError(
+                    f"MLFLOW_TRACKING_URI {redact(uri)!r}: no SQLite store at {db}; check the path (MLflow "
+                    "would create a new, empty store there), or point it at the store your runs are in"
+                )
+            with db.open("rb") as handle:
+                if handle.read(16) != b"SQLite format 3\x00":
+                    raise TrackingError(
+                        f"MLFLOW_TRACKING_URI {redact(uri)!r}: {db} is not an SQLite database (damaged, or "
+                        "another file); restore it from a backup or point MLFLOW_TRACKING_URI at the right store"
+                    )
+
+
+def get_client(existing_store: bool = False) -> Any:
+    """An ``MlflowClient`` with bounded retries; ``existing_store``: the runs to read must already be
+    in the store, so a store that is not there is refused (``check_tracking_uri``)."""
+    check_tracking_uri(existing_store)
     _bound_retries()
     quiet_credentialed_links()
     from mlflow import MlflowClient

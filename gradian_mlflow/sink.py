@@ -427,7 +427,7 @@ def log_diagnosis(
     already open for this work (the ``mlflow run`` project run) that becomes the child instead of a
     new one, when it lives in the source's experiment.
     """
-    client = client or get_client()
+    client = client or get_client(existing_store=True)
     source_id = parse_run_ref(source_run)
     source = call(f"reading source run {source_id}", lambda: client.get_run(source_id))
     tags = _tags(report, source_id, kind)

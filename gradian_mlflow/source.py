@@ -354,7 +354,7 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
     is such an input is read without one instead of refused.
     """
     run_id = parse_run_ref(ref)
-    client = client or get_client()
+    client = client or get_client(existing_store=True)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     run = call(f"reading run {run_id}", lambda: client.get_run(run_id))
 

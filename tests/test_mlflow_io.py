@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -357,3 +360,21 @@ def test_a_regression_read_from_too_few_items_is_not_logged_as_one():
     assert report_metrics({"findings": [], "capability": capability})["capability.regressed"] == 1.0
     few = report_metrics({"findings": [], "capability": capability | {"too_few_items": True}})
     assert few["capability.regressed"] == 0.0 and few["capability.delta"] == -1.0
+
+
+@pytest.mark.parametrize("case", ["misspelled scheme", "not a database", "no store at the path"])
+def test_a_tracking_uri_that_cannot_hold_the_run_is_one_line_naming_it(tmp_path, case):
+    garbage = tmp_path / "garbage.db"
+    garbage.write_text("not a database\n")
+    uri, expected = {
+        "misspelled scheme": ("htp://127.0.0.1:5000", "'htp' is not a tracking store scheme"),
+        "not a database": (f"sqlite:///{garbage}", "is not an SQLite database"),
+        "no store at the path": (f"sqlite:///{tmp_path / 'typo' / 'mlflow.db'}", "no SQLite store at"),
+    }[case]
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri}
+    proc = subprocess.run([sys.executable, "-m", "gradian", "diagnose", "--mlflow-run", "0" * 32],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert expected in lines[0] and "MLFLOW_TRACKING_URI" in lines[0]
+    assert not (tmp_path / "typo").exists()  # no empty store was created at the mistyped path
