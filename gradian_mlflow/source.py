@@ -171,8 +171,12 @@ def _cached_download(artifact_uri: str, cache_dir: Path, only: re.Pattern | None
     target = cache_dir / key
     marker = target / _MARKER
     if marker.is_file():
-        recorded = json.loads(marker.read_text())
-        if recorded.get("uri") == artifact_uri and recorded.get("files") == _hash_tree(target):
+        try:
+            recorded = json.loads(marker.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            recorded = None  # a damaged marker: the folder cannot be trusted
+        if (isinstance(recorded, dict) and recorded.get("uri") == artifact_uri
+                and recorded.get("files") == _hash_tree(target)):
             return target
         shutil.rmtree(target)  # damaged or stale: fetch again
     cache_dir.mkdir(parents=True, exist_ok=True)

@@ -378,3 +378,19 @@ def test_a_tracking_uri_that_cannot_hold_the_run_is_one_line_naming_it(tmp_path,
     assert proc.returncode == 2 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert expected in lines[0] and "MLFLOW_TRACKING_URI" in lines[0]
     assert not (tmp_path / "typo").exists()  # no empty store was created at the mistyped path
+
+
+@pytest.mark.parametrize("marker", [b"{not json", b"\xff\xfe\x00binary", b"[1, 2]"])
+def test_a_damaged_download_marker_means_download_again(tmp_path, marker):
+    from gradian_mlflow.source import _MARKER, _cached_download
+
+    source = tmp_path / "artifacts" / "adapter"
+    source.mkdir(parents=True)
+    (source / "adapter_config.json").write_text('{"r": 8}')
+    cache = tmp_path / "cache"
+    first = _cached_download(str(source), cache)
+    assert (first / "adapter_config.json").read_text() == '{"r": 8}'
+    (first / _MARKER).write_bytes(marker)
+    (first / "adapter_config.json").write_text('{"r": 999}')  # what a damaged cache would hand out
+    again = _cached_download(str(source), cache)
+    assert again == first and (again / "adapter_config.json").read_text() == '{"r": 8}'
