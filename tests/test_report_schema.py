@@ -4,6 +4,7 @@ report validates against the published JSON Schema, old reports load, and the sc
 from __future__ import annotations
 
 import json
+import time
 import subprocess
 import sys
 from pathlib import Path
@@ -147,8 +148,10 @@ def test_the_index_report(attribute_inputs, attribute_outcome):
     _, config = attribute_inputs
     built = index_from_config(config())
     assert built.cache_hit  # the attribute run above built it
-    written = _index_report(built.index, "reused")
+    started = time.time() - 2.5
+    written = _index_report(built.index, "reused", started)
     report = Report.from_json(written)
+    assert report.manifest.started_at == started and report.manifest.seconds >= 2.5  # the child run's duration
     assert isinstance(report.manifest, IndexManifest) and report.manifest.index.index_id == built.index.index_id
     assert report.capability is None and report.attribution is None and report.verdict.kind == "inconclusive"
     assert_contract(report, written)
@@ -159,10 +162,16 @@ def test_the_diagnose_report(attribute_inputs, tmp_path):
     from gradian.audit.session import diagnose
 
     _, config = attribute_inputs
+    before = time.time()
     diagnosis = diagnose(config())
+    started = diagnosis.report["manifest"]["started_at"]
+    assert before <= started <= time.time() and diagnosis.report["manifest"]["seconds"] >= 0
     report = build_diagnosis_report(diagnosis.result, diagnosis.inputs.manifest(),
-                                    diagnosis.report["manifest"]["audit_config"])
-    assert diagnosis.report == report.to_json()
+                                    diagnosis.report["manifest"]["audit_config"], started)
+    rebuilt = report.to_json()
+    assert rebuilt["manifest"].pop("seconds") >= diagnosis.report["manifest"]["seconds"]
+    assert {**diagnosis.report, "manifest": {k: v for k, v in diagnosis.report["manifest"].items()
+                                             if k != "seconds"}} == rebuilt
     json_path, _, _ = write_diagnosis(report, tmp_path)
     written = json.loads(json_path.read_text())
     assert isinstance(report.manifest, DiagnoseManifest) and report.manifest.inputs.dataset.n_examples == 20

@@ -18,8 +18,12 @@ __all__ = ["build_diagnosis_report", "diagnosis_report", "render_diagnosis_markd
 
 
 def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None = None,
-                           audit_config: Mapping[str, Any] | None = None) -> Report:
-    """The typed report: ``inputs`` (paths, base model, max_seq_length) go to the manifest."""
+                           audit_config: Mapping[str, Any] | None = None,
+                           started_at: float | None = None) -> Report:
+    """The typed report: ``inputs`` (paths, base model, max_seq_length) go to the manifest;
+    ``started_at`` (seconds since the epoch) dates the work and gives its duration."""
+    import time
+
     from gradian import __version__
     from gradian.report.schema import AnalysisInputs, DiagnoseManifest, ReportFinding, SkippedCheckRow, Verdict
 
@@ -35,14 +39,16 @@ def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None
             checks_run=list(result.ran),
             counts=result.counts(),
             audit_config=dict(audit_config or {}),
+            started_at=started_at,
+            seconds=round(time.time() - started_at, 3) if started_at is not None else None,
         ),
     )
 
 
 def diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None = None,
-                     audit_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                     audit_config: Mapping[str, Any] | None = None, started_at: float | None = None) -> dict[str, Any]:
     """``build_diagnosis_report(...).to_json()``: the dict diagnose.json holds."""
-    return build_diagnosis_report(result, inputs, audit_config).to_json()
+    return build_diagnosis_report(result, inputs, audit_config, started_at).to_json()
 
 
 def render_diagnosis_markdown(report: Mapping[str, Any]) -> str:

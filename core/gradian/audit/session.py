@@ -90,8 +90,11 @@ def load_audit_inputs(cfg: Any, max_seq_length: int | None = None, run: Any = No
 
 def diagnose(cfg: Any, max_seq_length: int | None = None, run: Any = None) -> Diagnosis:
     """Run every check the inputs allow; the report dict has the report.json shape."""
+    import time
+
     from gradian.config import config_to_dict
 
+    started = time.time()
     inputs = load_audit_inputs(cfg, max_seq_length, run)
     if all(x is None for x in (inputs.dataset, inputs.run, inputs.tokenizer, inputs.eval_dataset)):
         raise ConfigError("nothing to diagnose: pass --dataset, --run or --base-model (or set them in the config)")
@@ -104,5 +107,6 @@ def diagnose(cfg: Any, max_seq_length: int | None = None, run: Any = None) -> Di
         base_model=inputs.base_model,
         config=cfg.audit,
     )
-    report = diagnosis_report(result, inputs=inputs.manifest(), audit_config=config_to_dict(cfg).get("audit"))
+    report = diagnosis_report(result, inputs=inputs.manifest(), audit_config=config_to_dict(cfg).get("audit"),
+                              started_at=started)
     return Diagnosis(inputs=inputs, result=result, report=report)

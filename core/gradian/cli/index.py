@@ -40,6 +40,9 @@ def index_command(
     from gradian.distributed import join_shard_group
     from gradian.paths import ensure_writable_dir
 
+    import time
+
+    started = time.time()
     run = run_reference(run, mlflow_run)
     cfg = load_config(config, {"dataset": dataset, "base_model": base_model, "adapter_path": adapter, "run_dir": run})
     ensure_writable_dir(cfg.cache_dir, "cache_dir")  # before the model loads, not after the gradients
@@ -52,7 +55,7 @@ def index_command(
     typer.echo(f"{verb} index {index.index_id}: {index.n} examples x {index.manifest['total_width']} values "
                f"({len(index.block_names)} blocks, {index.manifest['storage_dtype']}), {_size(index.disk_bytes())}")
     typer.echo(str(index.root))
-    publish_to_source(record, _index_report(index, verb), "index", [index.root / "manifest.json"],
+    publish_to_source(record, _index_report(index, verb, started), "index", [index.root / "manifest.json"],
                       no_log=no_log, console=Console(), into_run=into_run)
 
 
@@ -81,8 +84,10 @@ def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "Sh
         return index_from_config(cfg, force=force, progress=progress, shard=shard), record
 
 
-def _index_report(index: Any, verb: str) -> dict[str, Any]:
+def _index_report(index: Any, verb: str, started_at: float | None = None) -> dict[str, Any]:
     """The report.json of an index build: only the manifest and a one-line summary."""
+    import time
+
     from gradian.report.schema import IndexManifest, IndexSummary, Report, Verdict
 
     size = index.disk_bytes()
@@ -93,6 +98,8 @@ def _index_report(index: Any, verb: str) -> dict[str, Any]:
             index=IndexSummary(index_id=index.index_id, n_examples=index.n, bytes=size,
                                bytes_per_example=round(size / max(index.n, 1), 1)),
             index_manifest=index.manifest,
+            started_at=started_at,
+            seconds=round(time.time() - started_at, 3) if started_at is not None else None,
         ),
     ).to_json()
 

@@ -681,6 +681,8 @@ class DiagnoseManifest(_Block):
     checks_run: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict, metadata=_help("findings per severity"))
     audit_config: dict[str, Any] = field(default_factory=dict, metadata=_help("the audit thresholds used"))
+    started_at: float | None = field(default=None, metadata=_optional("when the work started, seconds since the epoch"))
+    seconds: float | None = field(default=None, metadata=_optional("how long the work took"))
     extra: dict[str, Any] = _extra()
 
 
@@ -691,6 +693,8 @@ class IndexManifest(_Block):
     kind: Literal["index"] = "index"
     index: IndexSummary | None = None
     index_manifest: dict[str, Any] = field(default_factory=dict, metadata=_help("the index's manifest.json"))
+    started_at: float | None = field(default=None, metadata=_optional("when the work started, seconds since the epoch"))
+    seconds: float | None = field(default=None, metadata=_optional("how long the work took"))
     extra: dict[str, Any] = _extra()
 
 
