@@ -280,6 +280,7 @@ def test_quick_suite_end_to_end(tmp_path, tinyworld_base):
 
     client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])  # not the process-wide URI
     experiment = client.get_experiment_by_name("gradian-validation")
+    assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development"  # the UI's training view
     runs = client.search_runs([experiment.experiment_id])
     by_name = {r.info.run_name: r for r in runs}
     # the retrain dropped the report's accused cluster: its child run is named for that
@@ -288,3 +289,26 @@ def test_quick_suite_end_to_end(tmp_path, tinyworld_base):
     assert {"validation-suite-quick", "validation-poison", "validation-fidelity", counterfactual} <= set(by_name)
     assert by_name["validation-poison"].data.metrics["validation.pass"] == 1.0
     assert by_name[counterfactual].data.tags["gradian.kind"] == "counterfactual"
+
+
+def test_the_suite_creates_its_experiment_for_the_training_view(suite_modules, tmp_path, monkeypatch):
+    import mlflow
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    for name in ("MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        with suite_modules["tracking"].suite_run(True) as run:
+            experiment_id = run.info.experiment_id
+    finally:
+        mlflow.set_tracking_uri(previous)
+        from tests.plugins.mlflow_server import forget_active_experiment
+
+        forget_active_experiment()
+    experiment = MlflowClient(tracking_uri=uri).get_experiment(experiment_id)
+    assert experiment.name == suite_modules["tracking"].EXPERIMENT_NAME
+    assert experiment.tags.get("mlflow.experimentKind") == "custom_model_development"

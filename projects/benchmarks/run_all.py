@@ -133,7 +133,9 @@ def log_to_mlflow(results: dict[str, Any], out_dir: Path, quick: bool) -> str:
 
     if not os.environ.get("MLFLOW_RUN_ID") and not (
             os.environ.get("MLFLOW_EXPERIMENT_NAME") or os.environ.get("MLFLOW_EXPERIMENT_ID")):
-        mlflow.set_experiment(EXPERIMENT_NAME)
+        from gradian_mlflow.experiment import use_training_experiment
+
+        use_training_experiment(EXPERIMENT_NAME)  # created as a model-training experiment for the UI
     with mlflow.start_run(run_name="benchmarks" + ("-quick" if quick else "")) as run:
         mlflow.set_tags({"gradian.kind": "benchmarks"})
         # prefixed: under `mlflow run` the entry point's own `quick` parameter is logged already

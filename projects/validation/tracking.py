@@ -62,7 +62,9 @@ def _start(run_name: str, nested: bool) -> Any:
 
     if not nested and not os.environ.get("MLFLOW_RUN_ID") and not (
             os.environ.get("MLFLOW_EXPERIMENT_NAME") or os.environ.get("MLFLOW_EXPERIMENT_ID")):
-        mlflow.set_experiment(EXPERIMENT_NAME)
+        from gradian_mlflow.experiment import use_training_experiment
+
+        use_training_experiment(EXPERIMENT_NAME)  # created as a model-training experiment for the UI
     return mlflow.start_run(run_name=run_name, nested=nested)
 
 
