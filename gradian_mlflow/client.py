@@ -19,7 +19,7 @@ from typing import Any, Callable, TypeVar
 from gradian.errors import GradianEnvironmentError, GradianError
 from gradian.redact import redact
 
-__all__ = ["TrackingError", "TrackingUnreachableError", "get_client", "check_tracking_uri", "tracking_uri",
+__all__ = ["TrackingError", "TrackingUnreachableError", "TrackingStoreError", "get_client", "check_tracking_uri", "tracking_uri",
            "parse_run_ref", "call", "quiet_credentialed_links"]
 
 T = TypeVar("T")
@@ -33,6 +33,10 @@ class TrackingError(GradianError, ConnectionError):
 
 class TrackingUnreachableError(TrackingError, GradianEnvironmentError):
     """The tracking server did not answer, even after the bounded retries."""
+
+
+class TrackingStoreError(TrackingError, GradianEnvironmentError):
+    """The tracking store's database answered with an error of its own (damaged, locked, wrong schema)."""
 
 
 def _bound_retries() -> None:
@@ -105,7 +109,7 @@ def get_client(existing_store: bool = False) -> Any:
     quiet_credentialed_links()
     from mlflow import MlflowClient
 
-    return MlflowClient()
+    return call("opening the tracking store", MlflowClient)  # a database store is opened here
 
 
 def parse_run_ref(ref: str) -> str:
@@ -144,4 +148,13 @@ def call(what: str, fn: Callable[[], T]) -> T:
         raise TrackingUnreachableError(
             f"{what}: cannot reach the tracking server at {tracking_uri()} ({type(err).__name__}); "
             "start it or set MLFLOW_TRACKING_URI to a running server"
+        ) from None
+    except Exception as err:
+        if not type(err).__module__.startswith("sqlalchemy"):
+            raise
+        # a database-backed store (SQLite, PostgreSQL, ...) failed below MLflow: damaged, locked, foreign
+        text = redact(str(getattr(err, "orig", None) or err).splitlines()[0][:200])
+        raise TrackingStoreError(
+            f"{what}: the tracking store at {tracking_uri()} cannot be read ({text}); restore it from a backup "
+            "or point MLFLOW_TRACKING_URI at a working store"
         ) from None

@@ -394,3 +394,22 @@ def test_a_damaged_download_marker_means_download_again(tmp_path, marker):
     (first / "adapter_config.json").write_text('{"r": 999}')  # what a damaged cache would hand out
     again = _cached_download(str(source), cache)
     assert again == first and (again / "adapter_config.json").read_text() == '{"r": 8}'
+
+
+def test_a_damaged_sqlite_store_is_one_line_exit_3(tmp_path):
+    good = tmp_path / "good.db"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{good}"}
+    made = subprocess.run([sys.executable, "-c", "import mlflow\nmlflow.set_experiment('x')\n"
+                           "with mlflow.start_run() as r: print(r.info.run_id)"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    run_id = made.stdout.strip().splitlines()[-1]
+    data = bytearray(good.read_bytes())
+    for i in range(200, len(data), 7):  # the header stays valid, the pages do not
+        data[i] = 0xAB
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(bytes(data))
+    proc = subprocess.run([sys.executable, "-m", "gradian", "diagnose", "--mlflow-run", run_id], capture_output=True,
+                          text=True, env={**env, "MLFLOW_TRACKING_URI": f"sqlite:///{bad}"}, cwd=tmp_path, timeout=300)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 3 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "the tracking store at" in lines[0] and "cannot be read" in lines[0]
