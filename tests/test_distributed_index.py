@@ -253,3 +253,16 @@ def test_attribute_under_torchrun_indexes_on_both_ranks_and_reports_once(tmp_pat
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     on_disk = json.loads((stored[0] / "manifest.json").read_text())
     assert report["manifest"]["index_manifest"] == on_disk and on_disk["status"] == "complete"
+
+
+def test_a_rank_s_full_disk_ends_every_rank_with_exit_code_3():
+    from gradian.errors import ConfigError, DiskFullError
+    from gradian.index.sharded import ShardedBuildError, _exit_code, _raise_first_failure
+
+    assert _exit_code(DiskFullError("full")) == 3 and _exit_code(ConfigError("bad")) == 2
+    assert _exit_code(RuntimeError("bug")) == 70
+    outcomes = [{"records": {}, "error": None},
+                {"records": {}, "error": "no space left on /cache", "exit_code": _exit_code(DiskFullError("x"))}]
+    with pytest.raises(ShardedBuildError, match="rank 1 of the sharded index build failed") as caught:
+        _raise_first_failure(outcomes)
+    assert caught.value.exit_code == 3

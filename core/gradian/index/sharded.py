@@ -54,7 +54,16 @@ __all__ = ["build_sharded", "ShardedBuildError", "shard_of"]
 
 
 class ShardedBuildError(GradianError, RuntimeError):
-    """Another rank of a sharded index build failed; this rank stops with its message."""
+    """Another rank of a sharded index build failed; this rank stops with its message and the exit
+    code that rank's error carries (3 for a full disk, 2 for bad input)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _exit_code(err: BaseException) -> int:
+    return int(getattr(err, "exit_code", 2)) if isinstance(err, GradianError) else 70
 
 
 def shard_of(todo: list[int], rank: int, world_size: int) -> list[int]:
@@ -80,7 +89,7 @@ def _lead(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup", forc
         plan = _prepare(target)
         tokenized = _start(target, plan.manifest) if plan.cached is None else None
     except BaseException as err:
-        shard.broadcast({"kind": "failed", "error": _describe(err, shard.rank)})
+        shard.broadcast({"kind": "failed", "error": _describe(err, shard.rank), "exit_code": _exit_code(err)})
         raise
     if plan.cached is not None:
         shard.broadcast({"kind": "cached", "index_id": target.index_id, "identity": target.identity,
@@ -120,7 +129,7 @@ def _lead(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup", forc
         _finish(target, manifest, time.perf_counter() - started)
         _remove_chunk_records(target.root)
     except BaseException as err:
-        shard.broadcast({"kind": "failed", "error": _describe(err, shard.rank)})
+        shard.broadcast({"kind": "failed", "error": _describe(err, shard.rank), "exit_code": _exit_code(err)})
         raise
     shard.broadcast({"kind": "complete", "manifest": manifest})
     if progress:
@@ -135,7 +144,7 @@ def _follow(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup") ->
     tokenized = tokenize_examples(target.dataset.examples, target.tokenizer, target.config.grads.max_seq_length)
     plan = shard.broadcast()
     if plan["kind"] == "failed":
-        raise ShardedBuildError(plan["error"])
+        raise ShardedBuildError(plan["error"], plan.get("exit_code", 2))
     mismatch = _mismatch(plan, target, shard.rank)
     if plan["kind"] == "cached":
         if mismatch:
@@ -153,7 +162,7 @@ def _follow(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup") ->
     if own_error is not None:
         raise own_error
     if result["kind"] == "failed":
-        raise ShardedBuildError(result["error"])
+        raise ShardedBuildError(result["error"], result.get("exit_code", 2))
     return cls._built(target.root, result["manifest"], set(), [], cache_hit=False)
 
 
@@ -172,7 +181,7 @@ def _compute(target: _Target, mine: list[int], tokenized: list[Any] | None,
     try:
         _compute_chunks(target, mine, tokenized or [], keep)
     except Exception as err:
-        return {"records": records, "error": _describe(err, rank)}, err
+        return {"records": records, "error": _describe(err, rank), "exit_code": _exit_code(err)}, err
     return {"records": records, "error": None}, None
 
 
@@ -185,10 +194,10 @@ def _mismatch(plan: dict[str, Any], target: _Target, rank: int) -> str | None:
 
 
 def _raise_first_failure(outcomes: list[dict[str, Any]]) -> None:
-    failed = [(r, o["error"]) for r, o in enumerate(outcomes) if o.get("error")]
+    failed = [(r, o["error"], o.get("exit_code", 2)) for r, o in enumerate(outcomes) if o.get("error")]
     if failed:
-        r, message = failed[0]
-        raise ShardedBuildError(f"rank {r} of the sharded index build failed: {message}")
+        r, message, code = failed[0]
+        raise ShardedBuildError(f"rank {r} of the sharded index build failed: {message}", code)
 
 
 def _describe(err: BaseException, rank: int) -> str:
