@@ -8,6 +8,8 @@
   checkpoint as a model named ``checkpoint-N``; the transformers flavor keeps a PEFT adapter under
   ``peft/``);
 - the LoRA config from the adapter's ``adapter_config.json`` (the HF callback never logs it);
+- a learning rate, schedule or warmup the run did not log as a param: fitted to the logged rates
+  (``gradian.runs.fill_config_from_logs``) and listed in ``RunRecord.inferred``;
 - the dataset from the run's dataset inputs: a source inside the run's own artifacts is always
   read; one outside them (a local path, another run's or a model's artifacts) only when the caller
   trusts it (``trust_run_dataset``, the CLI's ``--trust-run-dataset``), since a run can name any
@@ -35,6 +37,7 @@ from typing import Any
 from gradian.errors import RunRecordError
 from gradian.runs import (
     DatasetRef,
+    fill_config_from_logs,
     LoraSettings,
     RunRecord,
     TrainingLogs,
@@ -383,6 +386,8 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
             state = adapter_dir / "trainer_state.json"
             if state.is_file():
                 record.logs = TrainingLogs.from_log_history(json.loads(state.read_text()).get("log_history") or [])
+    # a run logged without its arguments (or without these): the logged rates say what they were
+    fill_config_from_logs(record)
     if not record.lora.base_model and run.data.tags.get(BASE_MODEL_TAG):
         record.lora.base_model = run.data.tags[BASE_MODEL_TAG]
     found = _dataset_from_inputs(run, run_cache, trust=trust_run_dataset)

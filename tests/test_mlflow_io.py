@@ -413,3 +413,31 @@ def test_a_damaged_sqlite_store_is_one_line_exit_3(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 3 and len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "the tracking store at" in lines[0] and "cannot be read" in lines[0]
+
+
+def test_a_run_logged_without_its_learning_rate_gets_it_from_the_logged_rates(tmp_path, monkeypatch):
+    """Per-step metrics only, no trainer arguments: the peak rate is taken from the logged rates and
+    labelled as inferred, as for a run folder without training_args."""
+    import mlflow
+
+    from gradian_mlflow.source import read_mlflow_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(uri)
+    try:
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        experiment = client.create_experiment("no-args")
+        run_id = client.create_run(experiment).info.run_id
+        total, warmup, peak = 100, 10, 3e-4
+        for step in range(1, total + 1):
+            rate = peak * step / warmup if step <= warmup else peak * (total - step) / (total - warmup)
+            client.log_metric(run_id, "learning_rate", rate, step=step)
+            client.log_metric(run_id, "loss", 2.0 - step / total, step=step)
+        client.set_terminated(run_id)
+        record = read_mlflow_run(run_id, cache_dir=tmp_path / "cache", client=client)
+    finally:
+        mlflow.set_tracking_uri(previous)
+    assert record.config.learning_rate == pytest.approx(peak, rel=0.02)
+    assert "logged learning rates" in record.inferred["learning_rate"]
