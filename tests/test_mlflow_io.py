@@ -416,8 +416,8 @@ def test_a_damaged_sqlite_store_is_one_line_exit_3(tmp_path):
 
 
 def test_a_run_logged_without_its_learning_rate_gets_it_from_the_logged_rates(tmp_path, monkeypatch):
-    """Per-step metrics only, no trainer arguments: the peak rate is taken from the logged rates and
-    labelled as inferred, as for a run folder without training_args."""
+    """Per-step metrics and the run's length, no learning rate: the peak rate, the schedule and the
+    warmup are fitted to the logged rates and labelled as inferred, as for a run folder."""
     import mlflow
 
     from gradian_mlflow.source import read_mlflow_run
@@ -431,8 +431,10 @@ def test_a_run_logged_without_its_learning_rate_gets_it_from_the_logged_rates(tm
         experiment = client.create_experiment("no-args")
         run_id = client.create_run(experiment).info.run_id
         total, warmup, peak = 100, 10, 3e-4
+        client.log_param(run_id, "max_steps", total)  # the length is known, the rate is not
         for step in range(1, total + 1):
-            rate = peak * step / warmup if step <= warmup else peak * (total - step) / (total - warmup)
+            done = step - 1  # as the Trainer logs it: the rate set after step - 1 scheduler steps
+            rate = peak * done / warmup if done < warmup else peak * (total - done) / (total - warmup)
             client.log_metric(run_id, "learning_rate", rate, step=step)
             client.log_metric(run_id, "loss", 2.0 - step / total, step=step)
         client.set_terminated(run_id)
@@ -440,4 +442,5 @@ def test_a_run_logged_without_its_learning_rate_gets_it_from_the_logged_rates(tm
     finally:
         mlflow.set_tracking_uri(previous)
     assert record.config.learning_rate == pytest.approx(peak, rel=0.02)
-    assert "logged learning rates" in record.inferred["learning_rate"]
+    assert record.config.lr_scheduler_type == "linear" and record.config.warmup_steps == warmup
+    assert "fitted to 100 logged learning rates" in record.inferred["learning_rate"]
