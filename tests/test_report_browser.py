@@ -57,3 +57,17 @@ def test_report_html_opens_in_headless_chromium(tmp_path):
         assert element in page, element
     # the escaped payload stayed text: no element was injected
     assert "<img src=\"x\"" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+
+
+def test_the_accused_set_and_its_marked_span_render_in_chromium(tmp_path):
+    """The accused section, its table of spans and the marked harmful words survive a real browser's
+    parse (the escaped span text included), not only string assembly."""
+    from tests.test_report import _report_with_accused
+
+    report = _report_with_accused(evil="<b>x</b>")
+    write_report(report, tmp_path, logs=_logs())
+    page = render_page(tmp_path / "report.html")
+    assert 'id="accused"' in page and 'id="accused-spans"' in page
+    assert '<mark class="harmful"' in page and "Accused set: the rows to act on" in page
+    assert report["attribution"]["accused"]["example_ids"][0] in page
+    assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page  # the span text stayed text
