@@ -30,7 +30,7 @@ def torchrun_command(argv: Sequence[str], nproc: int) -> list[str]:
     machine, ``--nproc`` left out (each process sees WORLD_SIZE and shards the indexing)."""
     rest: list[str] = []
     skip = False
-    for i, arg in enumerate(argv):
+    for arg in argv:
         if skip:
             skip = False
             continue

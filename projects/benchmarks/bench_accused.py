@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 SCENARIO = "poison_capitals_ontopic"
 ENGINES = ("datainf", "ekfac", "kfac", "graddot")
@@ -115,12 +114,9 @@ def main() -> None:
                         help="a config override applied to every engine (repeatable)")
     parser.add_argument("--out", default=None, help="write the JSON here as well as printing it")
     args = parser.parse_args()
-    overrides = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key] = yaml.safe_load(value)
+    from bench_attribution_quality import parse_overrides  # the script folder is on sys.path
+
+    overrides = parse_overrides(args.set, parser)
     root, planted, capability = prepare_run(Path(args.work), args.scenario)
     results = [measure(root, planted, capability, engine, overrides) for engine in args.engines.split(",") if engine]
     for r in results:

@@ -177,6 +177,17 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def parse_overrides(items: list[str], parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """``--set KEY=VALUE`` flags as config overrides, each value read as YAML (``0.01``, ``true``)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--set {item!r}: use KEY=VALUE")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default=str(Path.home() / ".cache" / "gradian" / "bench" / "attribution_quality"),
@@ -197,12 +208,7 @@ def main() -> None:
     print(f"{args.scenario}: {info['n_train']} rows, {info['planted']['n']} planted; "
           f"checkpoints {', '.join(checkpoints) or 'none'}"
           + (f"; trained in {train_seconds:.0f} s" if train_seconds else " (reused)"), flush=True)
-    extra = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set {item!r}: use KEY=VALUE")
-        extra[key] = yaml.safe_load(value)
+    extra = parse_overrides(args.set, parser)
     summary = measure(config_path, info, args.save_steps, engines, args.scenario, extra)
     summary["overrides"] = extra
     summary["checkpoints"] = checkpoints

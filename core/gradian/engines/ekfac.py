@@ -24,7 +24,6 @@ labels of the supervised positions from the model's own predictions, seeded by
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
@@ -234,23 +233,16 @@ class _KroneckerEngine(Engine):
         learning rate at each checkpoint as weight."""
         import dataclasses
 
-        from gradian.engines.tracin import activate, checkpoint_learning_rates, checkpoint_model
-        from gradian.index import GradientIndex
+        from gradian.engines.tracin import index_checkpoints
 
-        weights = checkpoint_learning_rates(paths, context.run)
-        full = context.config
-        fits = []
-        try:
-            for path, weight in zip(paths, weights):
-                label = Path(path).name
-                view = checkpoint_model(context.gm, path, label, full)
-                if context.log:
-                    context.log(f"{self.name}: indexing and fitting under {label}")
-                index = GradientIndex.build(view, context.tokenizer, context.dataset, full)
-                part = self._fit_adapter(index, config, dataclasses.replace(context, gm=view, collected=None))
-                fits.append({"label": label, "weight": weight, "state": part, "gm": view})
-        finally:
-            activate(context.gm, None, full)
+        fits: list[dict[str, Any]] = []
+
+        def fit_under(checkpoint: Any) -> None:  # runs while the checkpoint's adapter is active
+            part = self._fit_adapter(checkpoint.train, config,
+                                     dataclasses.replace(context, gm=checkpoint.gm, collected=None))
+            fits.append({"label": checkpoint.label, "weight": checkpoint.weight, "state": part, "gm": checkpoint.gm})
+
+        index_checkpoints(context, paths, f"{self.name}: indexing and fitting", each=fit_under)
         meta = {"layers": fits[0]["state"].meta["layers"],
                 "checkpoints": [{"label": f["label"], "weight": f["weight"],
                                  "index_id": getattr(f["state"].train, "index_id", None),

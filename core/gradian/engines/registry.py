@@ -46,7 +46,7 @@ def resolve_cross_check(engine: str, cross_check: str | None) -> str | None:
     if cross_check is None or cross_check == "none":
         return None
     if cross_check == "auto":
-        return _ENGINES[engine].default_cross_check if engine in _ENGINES else get_engine(engine).name
+        return get_engine(engine).default_cross_check
     if cross_check not in _ENGINES:
         raise ConfigError(f"cross-check '{cross_check}' is not a known engine; choose auto, none or one of "
                           f"{', '.join(available_engines())}")

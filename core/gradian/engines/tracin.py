@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ from gradian.engines.graddot import gradient_dot
 from gradian.engines.registry import register_engine
 from gradian.errors import ConfigError
 
-__all__ = ["TracInEngine", "TracInCheckpoint", "checkpoint_learning_rates"]
+__all__ = ["TracInEngine", "TracInCheckpoint", "checkpoint_learning_rates", "index_checkpoints"]
 
 
 @dataclass
@@ -60,6 +60,34 @@ def checkpoint_learning_rates(checkpoints: Sequence[str], record: Any) -> list[f
             if earlier:
                 rate = earlier[-1]
         out.append(float(rate))
+    return out
+
+
+def index_checkpoints(context: FitContext, paths: Sequence[str], verb: str,
+                      each: Callable[[TracInCheckpoint], None] | None = None) -> list[TracInCheckpoint]:
+    """Every checkpoint in ``paths`` loaded as an extra adapter on ``context.gm`` and its training
+    gradients indexed (through the content-addressed index cache), weighted by the learning rate
+    at that checkpoint. ``each(checkpoint)`` runs while that checkpoint's adapter is active;
+    ``context.gm``'s own adapter is active again afterwards. ``verb`` says, in the log, what is
+    done under each checkpoint (``"tracin: indexing"``)."""
+    from gradian.index import GradientIndex
+
+    weights = checkpoint_learning_rates(paths, context.run)
+    full = context.config
+    out = []
+    try:
+        for path, weight in zip(paths, weights):
+            label = Path(path).name
+            view = checkpoint_model(context.gm, path, label, full)
+            if context.log:
+                context.log(f"{verb} under {label}")
+            index = GradientIndex.build(view, context.tokenizer, context.dataset, full)
+            checkpoint = TracInCheckpoint(weight=weight, train=index, label=label, gm=view)
+            if each is not None:
+                each(checkpoint)
+            out.append(checkpoint)
+    finally:
+        activate(context.gm, None, full)
     return out
 
 
@@ -108,21 +136,7 @@ class TracInEngine(Engine):
         paths = list(getattr(run, "checkpoints", None) or [])
         if not paths or context is None or context.gm is None:
             return EngineState(self.name, train, meta={"checkpoints": [], "equivalent_to": "graddot"})
-        from gradian.index import GradientIndex
-
-        weights = checkpoint_learning_rates(paths, run)
-        full = context.config
-        checkpoints = []
-        try:
-            for path, weight in zip(paths, weights):
-                label = Path(path).name
-                view = checkpoint_model(context.gm, path, label, full)
-                if context.log:
-                    context.log(f"tracin: indexing under {label}")
-                index = GradientIndex.build(view, context.tokenizer, context.dataset, full)
-                checkpoints.append(TracInCheckpoint(weight=weight, train=index, label=label, gm=view))
-        finally:
-            activate(context.gm, None, full)
+        checkpoints = index_checkpoints(context, paths, "tracin: indexing")
         meta: dict[str, Any] = {"checkpoints": [{"label": c.label, "weight": c.weight,
                                                  "index_id": getattr(c.train, "index_id", None)} for c in checkpoints]}
         final_id = getattr(train, "index_id", None)

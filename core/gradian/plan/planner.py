@@ -86,8 +86,10 @@ class PlanSettings:
 
     @property
     def needs_full_gradients(self) -> bool:
-        """The engine reads whole per-example gradients (Kronecker curvature), so no projection."""
-        return self.engine in FULL_GRADIENT_ENGINES
+        """The engine fits Kronecker curvature on whole per-example gradients, so no projection."""
+        from gradian.engines import get_engine
+
+        return get_engine(self.engine).curvature == "kronecker"
 
 
 @dataclass(frozen=True)
@@ -207,10 +209,6 @@ def make_plan(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, s
     if propose and (budgets.memory is not None or budgets.disk is not None):
         plan.proposal = propose_settings(model, adapter, dataset, settings, budgets)
     return plan
-
-
-#: engines whose curvature is fitted on the unprojected gradients
-FULL_GRADIENT_ENGINES = ("ekfac", "kfac")
 
 
 def _layer_filter(first: int, last: int) -> str:
