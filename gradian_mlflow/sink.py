@@ -230,6 +230,7 @@ def _params(report: Mapping[str, Any]) -> dict[str, str]:
     manifest = report.get("manifest") or {}
     attribution = report.get("attribution") or {}
     cap = report.get("capability") or {}
+    fitted = (manifest.get("engine_state") or {}).get("settings") or {}
     raw = {
         "gradian.version": manifest.get("gradian_version"),
         "gradian.config_hash": manifest.get("config_hash"),
@@ -239,9 +240,9 @@ def _params(report: Mapping[str, Any]) -> dict[str, str]:
         "damping": _engine_setting(manifest, "lambda_override") or _engine_setting(manifest, "lambda_scale"),
         "damping_kind": ("absolute" if _engine_setting(manifest, "lambda_override") is not None
                          else "scale" if attribution.get("engine") else None),
-        "fisher": ((manifest.get("engine_state") or {}).get("settings") or {}).get("fisher"),
+        "fisher": fitted.get("fisher"),
         # only when not the final adapter alone, so runs of the default keep their parameter set
-        "checkpoints": ((manifest.get("engine_state") or {}).get("settings") or {}).get("checkpoints"),
+        "checkpoints": fitted.get("checkpoints"),
         "metric": cap.get("metric"),
     }
     return {k: str(v)[:500] for k, v in raw.items() if v is not None}
