@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from gradian_mlflow.client import call, get_client
 
-__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "training_view_url", "use_training_experiment"]
+__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "run_url", "training_view_url", "use_training_experiment"]
 
 #: the experiment tag MLflow 3's UI reads for the experiment's kind
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -53,3 +53,18 @@ def training_view_url(ui_url: str, experiment_id: str, run_id: str | None = None
     """The UI link that opens ``experiment_id`` (or one of its runs) in the model-training face."""
     path = f"experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
     return f"{ui_url.rstrip('/')}/#/{path}?workflowType=machine_learning"
+
+
+def run_url(run_id: str, client: object = None) -> str | None:
+    """The training-view link to ``run_id`` when the tracking URI is a server's http(s) address
+    (credentials removed), else None: a file or database store has no UI address of its own."""
+    import mlflow
+
+    from gradian_mlflow.client import redact
+
+    uri = mlflow.get_tracking_uri()
+    if not uri.startswith(("http://", "https://")):
+        return None
+    client = client or get_client(existing_store=True)
+    run = call(f"reading run {run_id}", lambda: client.get_run(run_id))  # type: ignore[attr-defined]
+    return training_view_url(redact(uri), run.info.experiment_id, run_id)

@@ -495,6 +495,14 @@ def _log_into(client: Any, run_id: str, source_id: str, report: Mapping[str, Any
         call("closing the diagnosis run", lambda: client.set_terminated(run_id, "FINISHED"))
 
 
+def run_url(run_id: str) -> str | None:
+    """The ``gradian.report_sinks`` link hook: where to see ``run_id`` (a child run ``publish``
+    returned) in the MLflow UI's training view, or None when the store has no UI address."""
+    from gradian_mlflow.experiment import run_url as training_run_url
+
+    return training_run_url(run_id)
+
+
 def publish(source: str, report: Mapping[str, Any], *, kind: str, files: Sequence[str | Path] = (),
             rankings: Any = None, into_run: str | None = None, started_at: float | None = None) -> str:
     """The ``gradian.report_sinks`` entry point: ``source`` is ``mlflow:<run_id>``."""

@@ -358,3 +358,35 @@ def test_an_unreachable_credentialed_server_is_exit_3_without_the_password(tmp_p
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: reading run " + "a" * 32)
     assert "http://user:***@127.0.0.1:" in lines[0] and SECRET not in proc.stdout + proc.stderr
+
+
+@_MLFLOW
+def test_a_logged_diagnosis_prints_the_training_view_link_to_its_child_run(tracking, source, tmp_path):
+    """On a tracking server the "logged" line is followed by the UI link that opens the child run
+    in the training view; the link names the child run and its experiment, and no password."""
+    from mlflow import MlflowClient
+
+    source_id, data = source
+    proc = subprocess.run(_diagnose(source_id, data, tmp_path), cwd=tmp_path, env=_env(tracking),
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    logged = [line for line in proc.stdout.splitlines() if line.startswith("logged the diagnose report")]
+    (child_id,) = [run.info.run_id for run in _children(tracking, source_id)
+                   if run.info.run_id in logged[0]]
+    experiment_id = MlflowClient(tracking_uri=tracking).get_run(child_id).info.experiment_id
+    link = f"see it at {tracking.rstrip('/')}/#/experiments/{experiment_id}/runs/{child_id}?workflowType=machine_learning"
+    assert link in proc.stdout.splitlines(), proc.stdout[-2000:]
+
+
+def test_a_sqlite_store_has_no_ui_address_so_no_link_is_printed(tmp_path, monkeypatch):
+    import mlflow
+
+    from gradian_mlflow.sink import run_url
+
+    before = mlflow.get_tracking_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        assert run_url("0" * 32) is None
+    finally:
+        mlflow.set_tracking_uri(before)

@@ -62,7 +62,7 @@ def publish_to_source(record: "RunRecord | None", report: Any, kind: str, files:
                       into_run: str | None = None) -> str | None:
     """Log ``report`` back to where ``record`` came from, through the report sink of its scheme
     (nothing for a local run, or a source without a sink). ``into_run``: ``--into-run``."""
-    from gradian.runs import RunRef, publish_report
+    from gradian.runs import RunRef, publish_report, report_link
 
     source = record.source if record is not None else None
     if no_log or not source:
@@ -71,6 +71,9 @@ def publish_to_source(record: "RunRecord | None", report: Any, kind: str, files:
     if child is not None and console is not None:
         ref = RunRef.parse(source)
         console.print(f"logged the {kind} report as {ref.scheme} run {child} (child of {ref.id})", highlight=False)
+        link = report_link(source, child)
+        if link:
+            console.print(f"see it at {link}", highlight=False, soft_wrap=True)
     return child
 
 

@@ -21,6 +21,7 @@ from gradian.runs.sources import (
     installed_schemes,
     is_remote_run_ref,
     publish_report,
+    report_link,
     resolve_run,
     resolve_run_ref,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "normalize_trainer_config",
     "parse_param_value",
     "publish_report",
+    "report_link",
     "read_run_dir",
     "read_training_args",
     "resolve_run",

@@ -12,7 +12,9 @@ scheme**, and only the entry point chosen is loaded.
   function ``(ref: str, cache_dir, **options)`` also works: it gets the reference as written.
 - ``gradian.report_sinks``: ``<scheme> = "pkg.module:publish"``, called as
   ``publish(source, report, kind=, files=, rankings=[, into_run=])`` for a record whose ``source``
-  has that scheme. A source without a sink is fine: its reports are written locally only.
+  has that scheme. A source without a sink is fine: its reports are written locally only. The
+  sink's module may also have ``run_url(run_id) -> str | None``: where a user sees the run it
+  logged (printed after the "logged" line).
 
 Local run directories (a path, ``file:<path>``) are read by core itself. Two installed
 distributions registering one scheme is an error naming both; nothing is picked silently. The MLflow
@@ -40,6 +42,7 @@ __all__ = [
     "installed_schemes",
     "has_report_sink",
     "publish_report",
+    "report_link",
 ]
 
 RUN_SOURCES_GROUP = "gradian.run_sources"
@@ -187,3 +190,22 @@ def publish_report(
     publish = getattr(sink, "publish", sink)
     extra = {"into_run": into_run} if into_run else {}
     return publish(str(ref), report, kind=kind, files=list(files), rankings=rankings, **extra)
+
+
+def report_link(source: str | None, run_id: str) -> str | None:
+    """Where to see ``run_id`` (logged by the sink of ``source``'s scheme), when that sink's module
+    has ``run_url``; None otherwise, or when the link cannot be made (it is only a convenience)."""
+    import importlib
+
+    found = _sink_for(source)
+    if found is None:
+        return None
+    module = importlib.import_module(found[1].entry_point.module)
+    make = getattr(module, "run_url", None)
+    if not callable(make):
+        return None
+    try:
+        url = make(run_id)
+    except Exception:  # noqa: BLE001 -- the report is already logged; a missing link is not an error
+        return None
+    return url if isinstance(url, str) and url else None
