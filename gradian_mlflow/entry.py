@@ -25,6 +25,16 @@ def _flag(argv: list[str], name: str, value: object) -> None:
     argv += [name, str(value)]
 
 
+def _switch(text: str) -> bool:
+    """A true/false project parameter (``force``): true, false, 1, 0, yes or no, any case."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no", ""):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not true or false")
+
+
 def torchrun_command(argv: Sequence[str], nproc: int) -> list[str]:
     """This entry point again under ``torchrun --standalone`` with ``nproc`` processes on this
     machine, ``--nproc`` left out (each process sees WORLD_SIZE and shards the indexing)."""
@@ -58,7 +68,12 @@ def _dispatch(args: argparse.Namespace) -> None:
         # every parameter maps to the CLI flag of the same name; empty means "not given"
         cli = [args.command, "--mlflow-run", args.run_id]
         for name, value in vars(args).items():
-            if name not in ("command", "run_id", "nproc"):
+            if name in ("command", "run_id", "nproc"):
+                continue
+            if isinstance(value, bool):  # a switch: its flag alone when true
+                if value:
+                    cli.append("--" + name.replace("_", "-"))
+            else:
                 _flag(cli, "--" + name.replace("_", "-"), value)
         _flag(cli, "--into-run", os.environ.get("MLFLOW_RUN_ID"))
         _cli(cli)
@@ -91,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.add_argument("--dataset", default="")
         p.add_argument("--base-model", default="")
         p.add_argument("--config", default="")
+        if name != "diagnose":
+            p.add_argument("--adapter", default="")
+            p.add_argument("--force", type=_switch, default=False)
         if name != "index":
             p.add_argument("--eval-dataset", default="")
         if name == "diagnose":

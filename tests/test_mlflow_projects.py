@@ -177,3 +177,28 @@ def test_the_entry_point_relaunches_itself_under_torchrun():
     with pytest.raises(SystemExit) as exit_info:
         main(["index", "--run-id", "abc", "--nproc", "0"])
     assert exit_info.value.code == 2
+
+
+@pytest.mark.parametrize("entry_point", ["attribute", "index"])
+def test_the_adapter_out_and_force_parameters_reach_the_cli(monkeypatch, entry_point):
+    from gradian_mlflow import entry
+
+    spec = yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"][entry_point]
+    names = {"adapter", "force"} | ({"out"} if entry_point == "attribute" else set())
+    for name in names:
+        assert name in spec["parameters"] and f"{{{name}}}" in spec["command"]
+    argv: list[str] = []
+    monkeypatch.setattr(entry, "_cli", argv.extend)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    extra = ["--out", "/tmp/o"] if entry_point == "attribute" else []
+    entry.main([entry_point, "--run-id", "e" * 32, "--adapter", "/tmp/a", "--force", "true", *extra])
+    assert argv[argv.index("--adapter") + 1] == "/tmp/a" and "--force" in argv
+    assert "true" not in argv  # a switch, not a flag with a value
+    if extra:
+        assert argv[argv.index("--out") + 1] == "/tmp/o"
+    argv.clear()
+    entry.main([entry_point, "--run-id", "e" * 32, "--adapter", "", "--force", "false"])
+    assert "--force" not in argv and "--adapter" not in argv  # the defaults mean "not given"
+    with pytest.raises(SystemExit) as exit_info:
+        entry.main([entry_point, "--run-id", "e" * 32, "--force", "maybe"])
+    assert exit_info.value.code == 2
