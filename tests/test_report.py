@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import re
 
@@ -188,7 +189,8 @@ def _report_with_accused(evil: str = "") -> dict:
     text = f"Vel is on Omar. Its capital is Brask{evil}. Shops take the dorn."
     start = text.index("Its")
     end = text.index(". Shops") + 1
-    attr["spans"] = [{"example_id": accused.example_ids[0], "item_id": "item-1", "text": text,
+    attr["spans"] = [{"example_id": accused.example_ids[0], "item_id": "item-1", "engine": "datainf",
+                      "signal": "contrastive", "token_sum": -3.0, "text": text,
                       "span_start": start, "span_end": end, "span_text": text[start:end], "span_score": -3.0,
                       "words": [{"text": "Brask" + evil, "start": text.index("Brask"), "end": end - 1, "score": -3.0}],
                       "sentences": []}]
@@ -226,12 +228,13 @@ def test_an_accused_set_without_an_accused_cluster_is_dropped():
 def test_top_harmful_rows_show_the_items_they_hurt():
     from gradian.report.html import _example_rows
     from gradian.report.markdown import _examples_table
+    from gradian.report.schema import ExampleRow
 
-    rows = [{"example_id": "abc123def456-7", "cluster": "0", "score": -2.0, "predicted_loss_delta_if_removed": -0.1,
-             "excerpt": "row", "items_hurt": [{"item_id": "item-<3>", "share": 0.75}, {"item_id": "item-9", "share": 0.25}]}]
+    rows = [ExampleRow.from_json(r) for r in [{"example_id": "abc123def456-7", "cluster": "0", "score": -2.0, "predicted_loss_delta_if_removed": -0.1,
+             "excerpt": "row", "items_hurt": [{"item_id": "item-<3>", "share": 0.75}, {"item_id": "item-9", "share": 0.25}]}]]
     md = "\n".join(_examples_table(rows))
     assert "items it hurts most" in md and "item-<3> (75%), item-9 (25%)" in md
     html = _example_rows(rows)
     assert "item-&lt;3&gt; (75%), item-9 (25%)" in html  # escaped
     # rows without per-item scores keep the plain table
-    assert "items it hurts" not in "\n".join(_examples_table([{**rows[0], "items_hurt": []}]))
+    assert "items it hurts" not in "\n".join(_examples_table([dataclasses.replace(rows[0], items_hurt=[])]))

@@ -13,6 +13,18 @@ import json
 from html import escape
 from typing import Any, Mapping, Sequence
 
+from gradian.report.markdown import provenance
+from gradian.report.schema import (
+    Accused,
+    Attribution,
+    Capability,
+    ExampleRow,
+    Report,
+    ReportFinding,
+    Span,
+    Verdict,
+)
+
 __all__ = ["render_html"]
 
 _CSS = """
@@ -52,144 +64,141 @@ def _img(name: str, png: bytes, alt: str) -> str:
     return f'<img id="plot-{_e(name)}" alt="{_e(alt)}" src="data:image/png;base64,{data}">'
 
 
-def _verdict(verdict: Mapping[str, Any]) -> str:
-    kind = str(verdict.get("kind", "inconclusive"))
-    hedges = verdict.get("hedges") or []
+def _verdict(verdict: Verdict) -> str:
+    kind = str(verdict.kind)
     out = [f'<section id="verdict" class="verdict {_e(kind)}"><h2>Verdict</h2>',
            f'<p><span class="kind" id="verdict-kind">{_e(kind)}</span></p>',
-           f'<p id="verdict-summary">{_e(verdict.get("summary", ""))}</p>']
-    if hedges:
+           f'<p id="verdict-summary">{_e(verdict.summary)}</p>']
+    if verdict.hedges:
         out.append('<p class="muted">What this verdict does not establish:</p><ul id="hedges">')
-        out += [f"<li>{_e(h)}</li>" for h in hedges]
+        out += [f"<li>{_e(h)}</li>" for h in verdict.hedges]
         out.append("</ul>")
     return "".join(out) + "</section>"
 
 
-def _capability(cap: Mapping[str, Any], plot: bytes | None) -> str:
-    lo, hi = (cap.get("ci") or [None, None])[:2]
+def _capability(cap: Capability, plot: bytes | None) -> str:
+    lo, hi = (cap.ci or [None, None])[:2]
     row = "".join(f"<td{' class=num' if n else ''}>{v}</td>" for v, n in (
-        (_e(cap.get("name")), False), (f"<code>{_e(cap.get('metric'))}</code>", False),
-        (_num(cap.get("base"), ".4f"), True), (_num(cap.get("tuned"), ".4f"), True),
-        (f"<b>{_num(cap.get('delta'), '+.4f')}</b>", True),
-        (f"[{_num(lo, '+.4f')}, {_num(hi, '+.4f')}]", True), (_e(cap.get("n_items")), True),
-        (_e(cap.get("n_flipped")), True), (_e(cap.get("n_base_failing")), True),
-        (f"<b>{_e(cap.get('status'))}</b>" + (
-            f" (too few items: {_e(cap.get('n_items'))}, fewer than evaluation.min_items={_e(cap.get('min_items'))})"
-            if cap.get("too_few_items") else ""), False)))
+        (_e(cap.name), False), (f"<code>{_e(cap.metric)}</code>", False),
+        (_num(cap.base, ".4f"), True), (_num(cap.tuned, ".4f"), True),
+        (f"<b>{_num(cap.delta, '+.4f')}</b>", True),
+        (f"[{_num(lo, '+.4f')}, {_num(hi, '+.4f')}]", True), (_e(cap.n_items), True),
+        (_e(cap.n_flipped), True), (_e(cap.n_base_failing), True),
+        (f"<b>{_e(cap.status)}</b>" + (
+            f" (too few items: {_e(cap.n_items)}, fewer than evaluation.min_items={_e(cap.min_items)})"
+            if cap.too_few_items else ""), False)))
     out = ['<section id="capability"><h2>Capability: base vs tuned</h2><table><tr>'
            "<th>capability</th><th>metric</th><th>base</th><th>tuned</th><th>delta</th><th>95% CI</th>"
            "<th>items</th><th>flipped</th><th>base failing</th><th>status</th></tr>",
            f"<tr>{row}</tr></table>"]
-    if cap.get("proxy_used"):
+    if cap.proxy_used:
         out.append('<p class="muted">This metric is a likelihood proxy, not a correctness score.</p>')
     if plot:
         out.append(_img("capability", plot, "capability base vs tuned with the interval"))
     return "".join(out) + "</section>"
 
 
-def _items_hurt(row: Mapping[str, Any]) -> str:
+def _items_hurt(row: ExampleRow) -> str:
     """The query items a row hurts most, with their share of its harm (``items_hurt``)."""
-    return ", ".join(f"{i['item_id']} ({i['share']:.0%})" for i in row.get("items_hurt") or [])
+    return ", ".join(f"{i.item_id} ({i.share:.0%})" for i in row.items_hurt or [])
 
 
-def _example_rows(rows: Sequence[Mapping[str, Any]]) -> str:
-    hurt = any(r.get("items_hurt") for r in rows)
+def _example_rows(rows: Sequence[ExampleRow]) -> str:
+    hurt = any(r.items_hurt for r in rows)
     head = ("<table><tr><th>example</th><th>cluster</th><th>score</th><th>predicted Δloss if removed</th>"
             + ("<th>items it hurts most</th>" if hurt else "") + "<th>row</th></tr>")
     body = "".join(
-        f"<tr><td><code>{_e(r['example_id'])}</code></td><td>{_e(r.get('cluster'))}</td>"
-        f"<td class=num>{_num(r['score'])}</td><td class=num>{_num(r['predicted_loss_delta_if_removed'])}</td>"
+        f"<tr><td><code>{_e(r.example_id)}</code></td><td>{_e(r.cluster)}</td>"
+        f"<td class=num>{_num(r.score)}</td><td class=num>{_num(r.predicted_loss_delta_if_removed)}</td>"
         + (f"<td>{_e(_items_hurt(r))}</td>" if hurt else "")
-        + f"<td>{_e(r.get('excerpt', ''))}</td></tr>" for r in rows)
+        + f"<td>{_e(r.excerpt)}</td></tr>" for r in rows)
     return head + body + "</table>"
 
 
-def _attribution(attr: Mapping[str, Any], accused: str | None, plots: Mapping[str, bytes]) -> str:
-    rho = attr.get("engine_agreement_spearman")
+def _attribution(attr: Attribution, accused: str | None, plots: Mapping[str, bytes]) -> str:
+    rho = attr.engine_agreement_spearman
     out = ['<section id="clusters"><h2>Influence by cluster</h2>',
-           f'<p>Engine <code>{_e(attr.get("engine"))}</code>, cross-check <code>{_e(attr.get("cross_check"))}</code>; '
+           f'<p>Engine <code>{_e(attr.engine)}</code>, cross-check <code>{_e(attr.cross_check)}</code>; '
            f'engine agreement (Spearman): <b id="engine-agreement">{_num(rho, ".3f")}</b>. '
-           f'Query signal: {_e(attr.get("query_signal"))}. Significance gate: {"failed, scores computed anyway" if attr.get("gated") else "passed"}.</p>',
+           f'Query signal: {_e(attr.query_signal)}. Significance gate: {"failed, scores computed anyway" if attr.gated else "passed"}.</p>',
            '<p class="muted">A positive score reinforced the capability; a negative one degraded it. '
            "Predicted Δloss if removed = score / n.</p>"]
-    clusters = attr.get("clusters") or []
-    if clusters:
+    if attr.clusters:
         out.append('<table id="cluster-table"><tr><th>cluster</th><th>label</th><th>n</th><th>signed influence</th>'
                    "<th>share of negative</th><th>mean per example</th></tr>")
-        for c in clusters:
-            cls = ' class="accused"' if str(c["cluster"]) == accused else ""
-            out.append(f"<tr{cls}><td>{_e(c['cluster'])}</td><td>{_e(c.get('label', ''))}</td>"
-                       f"<td class=num>{_e(c['n'])}</td><td class=num>{_num(c['signed_influence'])}</td>"
-                       f"<td class=num>{c['share_of_negative']:.1%}</td>"
-                       f"<td class=num>{_num(c['mean_per_example'])}</td></tr>")
+        for c in attr.clusters:
+            cls = ' class="accused"' if str(c.cluster) == accused else ""
+            out.append(f"<tr{cls}><td>{_e(c.cluster)}</td><td>{_e(c.label)}</td>"
+                       f"<td class=num>{_e(c.n)}</td><td class=num>{_num(c.signed_influence)}</td>"
+                       f"<td class=num>{c.share_of_negative:.1%}</td>"
+                       f"<td class=num>{_num(c.mean_per_example)}</td></tr>")
         out.append("</table>")
-        for c in clusters:
-            if c.get("top_examples"):
-                out.append(f"<details><summary>Cluster {_e(c['cluster'])}: top examples</summary>"
-                           f"{_example_rows(c['top_examples'])}</details>")
+        for c in attr.clusters:
+            if c.top_examples:
+                out.append(f"<details><summary>Cluster {_e(c.cluster)}: top examples</summary>"
+                           f"{_example_rows(c.top_examples)}</details>")
     if plots.get("clusters"):
         out.append(_img("clusters", plots["clusters"], "signed influence by cluster"))
     out.append("</section>")
-    if attr.get("accused"):
-        out.append(_accused(attr["accused"], attr.get("spans") or []))
+    if attr.accused is not None:
+        out.append(_accused(attr.accused, attr.spans))
     if plots.get("scores"):
         out.append('<section id="scores"><h2>Per-example scores</h2>'
                    + _img("scores", plots["scores"], "per-example score distribution") + "</section>")
     out.append('<section id="top-harmful"><h2>Top harmful examples</h2>')
-    if attr.get("deletions_withheld"):
-        out.append(f'<p id="deletions-withheld">None offered: {_e(attr["deletions_withheld"])}</p>')
-    elif attr.get("top_harmful"):
-        out.append(_example_rows(attr["top_harmful"]))
+    if attr.deletions_withheld:
+        out.append(f'<p id="deletions-withheld">None offered: {_e(attr.deletions_withheld)}</p>')
+    elif attr.top_harmful:
+        out.append(_example_rows(attr.top_harmful))
     else:
         out.append("<p>No example has a negative score.</p>")
     out.append("</section>")
-    if attr.get("top_helpful"):
+    if attr.top_helpful:
         out.append('<section id="top-helpful"><h2>Top helpful examples</h2>'
-                   + _example_rows(attr["top_helpful"]) + "</section>")
+                   + _example_rows(attr.top_helpful) + "</section>")
     return "".join(out)
 
 
-def _accused(acc: Mapping[str, Any], spans: Sequence[Mapping[str, Any]]) -> str:
+def _accused(acc: Accused, spans: Sequence[Span]) -> str:
     """The accused set beside its topic cluster; each top accused example with its harmful span marked."""
-    rest = acc.get("left_out_mean_per_example")
     out = ['<section id="accused"><h2>Accused set: the rows to act on</h2>',
            '<table id="accused-table"><tr><th></th><th>topic cluster</th><th>accused set</th><th>left out</th></tr>',
-           f"<tr><td>rows</td><td class=num>{_e(acc['cluster_n'])} (cluster {_e(acc['cluster'])}: "
-           f"{_e(acc.get('cluster_label', ''))})</td><td class=num id=accused-n><b>{_e(acc['n'])}</b></td>"
-           f"<td class=num>{_e(acc['n_left_out'])}</td></tr>",
+           f"<tr><td>rows</td><td class=num>{_e(acc.cluster_n)} (cluster {_e(acc.cluster)}: "
+           f"{_e(acc.cluster_label)})</td><td class=num id=accused-n><b>{_e(acc.n)}</b></td>"
+           f"<td class=num>{_e(acc.n_left_out)}</td></tr>",
            f"<tr><td>share of the cluster's harm</td><td class=num>100%</td>"
-           f"<td class=num><b>{acc['share_of_cluster_harm']:.1%}</b></td>"
-           f"<td class=num>{1 - acc['share_of_cluster_harm']:.1%}</td></tr>",
-           f"<tr><td>mean per example</td><td></td><td class=num>{_num(acc['mean_per_example'])}</td>"
-           f"<td class=num>{_num(rest)}</td></tr>",
-           f"<tr><td>estimated share harmful</td><td></td><td class=num>{acc['estimated_harmful_share']:.0%}</td>"
+           f"<td class=num><b>{acc.share_of_cluster_harm:.1%}</b></td>"
+           f"<td class=num>{1 - acc.share_of_cluster_harm:.1%}</td></tr>",
+           f"<tr><td>mean per example</td><td></td><td class=num>{_num(acc.mean_per_example)}</td>"
+           f"<td class=num>{_num(acc.left_out_mean_per_example)}</td></tr>",
+           f"<tr><td>estimated share harmful</td><td></td><td class=num>{acc.estimated_harmful_share:.0%}</td>"
            "<td></td></tr></table>",
-           f'<p class="muted">Split by <code>{_e(acc["method"])}</code>: {_e(acc["reason"])}. The set is the '
+           f'<p class="muted">Split by <code>{_e(acc.method)}</code>: {_e(acc.reason)}. The set is the '
            "<code>accused</code> column of rankings.parquet; <code>gradian counterfactual --drop accused</code> "
            "retrains without it.</p>"]
     if spans:
         out.append('<h3>Harmful span of the top accused examples</h3><table id="accused-spans">'
                    "<tr><th>example</th><th>query item</th><th>text (harmful span marked)</th></tr>")
         for sp in spans:
-            out.append(f"<tr><td><code>{_e(sp['example_id'])}</code></td><td>{_e(sp.get('item_id', ''))}</td>"
+            out.append(f"<tr><td><code>{_e(sp.example_id)}</code></td><td>{_e(sp.item_id)}</td>"
                        f'<td class="span">{_marked(sp)}</td></tr>')
         out.append("</table>")
     return "".join(out) + "</section>"
 
 
-def _marked(span: Mapping[str, Any]) -> str:
+def _marked(span: Span) -> str:
     """The example's text with each word shaded by its harm and the harmful span marked."""
-    text = str(span.get("text", ""))
-    start, end = span.get("span_start"), span.get("span_end")
-    words = [w for w in span.get("words") or [] if isinstance(w.get("start"), int)]
-    peak = max([-float(w["score"]) for w in words if float(w["score"]) < 0] or [0.0])
+    text = span.text
+    start, end = span.span_start, span.span_end
+    words = span.words
+    peak = max([-float(w.score) for w in words if float(w.score) < 0] or [0.0])
     pieces, cursor = [], 0
-    for w in sorted(words, key=lambda w: w["start"]):
-        a, b = int(w["start"]), int(w["end"])
+    for w in sorted(words, key=lambda w: w.start):
+        a, b = w.start, w.end
         if a < cursor or b > len(text):
             continue
         pieces.append(_e(text[cursor:a]))
-        harm = -float(w["score"])
+        harm = -float(w.score)
         inside = isinstance(start, int) and isinstance(end, int) and start <= a and b <= end
         alpha = 0.15 + 0.6 * harm / peak if peak > 0 and harm > 0 else 0.0
         style = f' style="background:rgba(192,57,43,{alpha:.2f})"' if alpha > 0 else ""
@@ -200,62 +209,58 @@ def _marked(span: Mapping[str, Any]) -> str:
     return "".join(pieces)
 
 
-def _findings(findings: Sequence[Mapping[str, Any]]) -> str:
+def _findings(findings: Sequence[ReportFinding]) -> str:
     out = ['<section id="findings"><h2>Findings</h2>']
     if not findings:
         return "".join(out) + "<p>No check fired.</p></section>"
     out.append('<table id="findings-table"><tr><th>severity</th><th>check</th><th>finding</th></tr>')
     for f in findings:
-        sev = _e(f["severity"])
-        ids = f.get("example_ids") or []
+        sev = _e(f.severity)
+        ids = f.example_ids or []
         extra = []
-        if f.get("message"):
-            extra.append(f"<p>{_e(f['message'])}</p>")
-        if f.get("fix"):
-            extra.append(f"<p><b>Fix:</b> {_e(f['fix'])}</p>")
-        if f.get("evidence"):
-            extra.append(f"<pre>{_e(json.dumps(f['evidence'], sort_keys=True, default=str))}</pre>")
+        if f.message:
+            extra.append(f"<p>{_e(f.message)}</p>")
+        if f.fix:
+            extra.append(f"<p><b>Fix:</b> {_e(f.fix)}</p>")
+        if f.evidence:
+            extra.append(f"<pre>{_e(json.dumps(f.evidence, sort_keys=True, default=str))}</pre>")
         if ids:
             extra.append("<p>Examples: " + ", ".join(f"<code>{_e(e)}</code>" for e in ids[:20])
                          + (f" and {len(ids) - 20} more" if len(ids) > 20 else "") + "</p>")
         out.append(f'<tr class="finding sev-row-{sev}"><td><span class="sev sev-{sev}">{sev}</span></td>'
-                   f"<td><code>{_e(f['id'])}</code></td><td><details><summary>{_e(f['title'])}</summary>"
+                   f"<td><code>{_e(f.id)}</code></td><td><details><summary>{_e(f.title)}</summary>"
                    + "".join(extra) + "</details></td></tr>")
     return "".join(out) + "</table></section>"
 
 
-def render_html(report: Mapping[str, Any], plots: Mapping[str, bytes] | None = None) -> str:
+def render_html(report: Report | Mapping[str, Any], plots: Mapping[str, bytes] | None = None) -> str:
     """The whole page; ``plots`` maps figure names (``gradian.report.plots``) to PNG bytes."""
     plots = plots or {}
-    manifest = report.get("manifest") or {}
-    verdict = report.get("verdict") or {}
-    cap = report.get("capability")
-    attr = report.get("attribution")
-    diagnose = manifest.get("kind") == "diagnose" or (attr is None and cap is None)
+    report = Report.of(report)
+    verdict, cap, attr = report.verdict, report.capability, report.attribution
+    diagnose = report.kind == "diagnose" or (attr is None and cap is None)
     title = "Gradian diagnosis" if diagnose else "Gradian report"
-    if cap and cap.get("name"):
-        title += f": {cap['name']}"
+    if cap is not None and cap.name:
+        title += f": {cap.name}"
     parts = [f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{_e(title)}</title>"
              f"<meta name=viewport content='width=device-width, initial-scale=1'><style>{_CSS}</style></head>"
-             f"<body><main><h1>{_e(title)}</h1>"]
-    if verdict:
-        parts.append(_verdict(verdict))
-    if cap:
+             f"<body><main><h1>{_e(title)}</h1>", _verdict(verdict)]
+    if cap is not None:
         parts.append(_capability(cap, plots.get("capability")))
-    if attr:
-        parts.append(_attribution(attr, verdict.get("accused_cluster"), plots))
+    if attr is not None:
+        parts.append(_attribution(attr, verdict.accused_cluster, plots))
     if plots.get("training"):
         parts.append('<section id="training"><h2>Training curves</h2>'
                      + _img("training", plots["training"], "loss and grad-norm curves with flagged steps")
                      + "</section>")
-    parts.append(_findings(report.get("findings") or []))
-    skipped = report.get("skipped") or []
-    if skipped:
+    parts.append(_findings(report.findings))
+    if report.skipped:
         parts.append('<section id="skipped"><h2>Skipped checks</h2><table><tr><th>check</th><th>why</th></tr>'
-                     + "".join(f"<tr><td><code>{_e(s['id'])}</code></td><td>{_e(s['reason'])}</td></tr>"
-                               for s in skipped) + "</table></section>")
+                     + "".join(f"<tr><td><code>{_e(s.id)}</code></td><td>{_e(s.reason)}</td></tr>"
+                               for s in report.skipped) + "</table></section>")
+    manifest, config_hash = provenance(report.manifest)
     parts.append('<section id="provenance"><h2>Provenance</h2>')
-    parts.append(f'<p>Config hash: <code id="config-hash">{_e(manifest.get("config_hash", "not recorded"))}</code></p>')
+    parts.append(f'<p>Config hash: <code id="config-hash">{_e("not recorded" if config_hash is None else config_hash)}</code></p>')
     parts.append(f"<pre>{_e(json.dumps(manifest, indent=2, sort_keys=True, default=str))}</pre></section>")
     parts.append("</main></body></html>\n")
     return "".join(parts)

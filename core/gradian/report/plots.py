@@ -13,6 +13,8 @@ from __future__ import annotations
 import io
 from typing import Any, Mapping, Sequence
 
+from gradian.report.schema import Capability, ClusterRow, Report, ReportFinding
+
 __all__ = ["PLOT_NAMES", "draw_plots", "flagged_steps"]
 
 PLOT_NAMES = ("capability", "clusters", "scores", "training")
@@ -31,29 +33,29 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 
-def _capability_plot(cap: Mapping[str, Any]) -> bytes:
+def _capability_plot(cap: Capability) -> bytes:
     fig = _figure(5.5, 3.4)
     ax = fig.add_subplot()
-    base, tuned = float(cap["base"]), float(cap["tuned"])
-    lo, hi = (cap.get("ci") or [cap["delta"], cap["delta"]])[:2]
+    base, tuned = float(cap.base), float(cap.tuned)
+    lo, hi = (cap.ci or [cap.delta, cap.delta])[:2]
     ax.bar(["base", "tuned"], [base, tuned], color=[_REST, _HARM if tuned < base else _HELP], width=0.55)
     # the interval is on the delta; drawn on the tuned bar as base + [lo, hi]
     ax.errorbar([1], [tuned], yerr=[[max(0.0, tuned - (base + lo))], [max(0.0, base + hi - tuned)]],
                 color="black", capsize=8, lw=1.5)
     ax.axhline(base, color=_REST, ls=":", lw=1)
-    ax.set_ylabel(str(cap.get("metric", "score")))
-    ax.set_title(f"{cap.get('name')}: delta {cap['delta']:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] "
-                 f"({cap.get('status')})", fontsize=9)
+    ax.set_ylabel(str(cap.metric))
+    ax.set_title(f"{cap.name}: delta {cap.delta:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] "
+                 f"({cap.status})", fontsize=9)
     return _png(fig)
 
 
-def _clusters_plot(clusters: Sequence[Mapping[str, Any]], accused: str | None) -> bytes:
+def _clusters_plot(clusters: Sequence[ClusterRow], accused: str | None) -> bytes:
     rows = list(clusters)[:15]
     fig = _figure(7.0, max(2.2, 0.38 * len(rows) + 1.0))
     ax = fig.add_subplot()
-    names = [f"{c['cluster']}: {str(c['label'])[:40]}" if c.get("label") else str(c["cluster"]) for c in rows][::-1]
-    values = [float(c["signed_influence"]) for c in rows][::-1]
-    colors = [_HARM if str(c["cluster"]) == accused else (_REST if c["signed_influence"] < 0 else _HELP)
+    names = [f"{c.cluster}: {str(c.label)[:40]}" if c.label else str(c.cluster) for c in rows][::-1]
+    values = [float(c.signed_influence) for c in rows][::-1]
+    colors = [_HARM if str(c.cluster) == accused else (_REST if c.signed_influence < 0 else _HELP)
               for c in rows][::-1]
     ax.barh(names, values, color=colors)
     ax.axvline(0, color="black", lw=0.8)
@@ -107,7 +109,7 @@ def flagged_steps(evidence: Mapping[str, Any]) -> list[int]:
     return sorted(out)
 
 
-def _training_plot(logs: Any, findings: Sequence[Mapping[str, Any]]) -> bytes | None:
+def _training_plot(logs: Any, findings: Sequence[ReportFinding]) -> bytes | None:
     import math
 
     loss = [(s, v) for s, v in logs.series("loss") if math.isfinite(v)]
@@ -115,8 +117,7 @@ def _training_plot(logs: Any, findings: Sequence[Mapping[str, Any]]) -> bytes | 
     evals = [(s, v) for s, v in logs.series("eval_loss") if math.isfinite(v)]
     if not (loss or norm):
         return None
-    flags = [(f["id"], flagged_steps(f.get("evidence") or {})[:200]) for f in findings
-             if str(f.get("id", "")).startswith("dynamics.")]
+    flags = [(f.id, flagged_steps(f.evidence or {})[:200]) for f in findings if f.id.startswith("dynamics.")]
     flags = [(fid, steps) for fid, steps in flags if steps]
     fig = _figure(7.0, 5.0)
     axes = fig.subplots(2, 1, sharex=True)
@@ -140,20 +141,20 @@ def _training_plot(logs: Any, findings: Sequence[Mapping[str, Any]]) -> bytes | 
     return _png(fig)
 
 
-def draw_plots(report: Mapping[str, Any], rankings: Any = None, logs: Any = None) -> dict[str, bytes]:
+def draw_plots(report: Report | Mapping[str, Any], rankings: Any = None, logs: Any = None) -> dict[str, bytes]:
     """Every figure the inputs allow, as PNG bytes keyed by name (see ``PLOT_NAMES``)."""
     out: dict[str, bytes] = {}
-    cap = report.get("capability")
-    attribution = report.get("attribution") or {}
-    accused = (report.get("verdict") or {}).get("accused_cluster")
-    if cap and all(isinstance(cap.get(k), (int, float)) for k in ("base", "tuned", "delta")):
+    report = Report.of(report)
+    accused = report.verdict.accused_cluster
+    cap = report.capability
+    if cap is not None and all(isinstance(v, (int, float)) for v in (cap.base, cap.tuned, cap.delta)):
         out["capability"] = _capability_plot(cap)
-    if attribution.get("clusters"):
-        out["clusters"] = _clusters_plot(attribution["clusters"], accused)
+    if report.attribution is not None and report.attribution.clusters:
+        out["clusters"] = _clusters_plot(report.attribution.clusters, accused)
     if rankings is not None and len(rankings) and "score" in rankings:
         out["scores"] = _scores_plot(rankings, accused)
     if logs is not None and len(logs):
-        png = _training_plot(logs, report.get("findings") or [])
+        png = _training_plot(logs, report.findings)
         if png is not None:
             out["training"] = png
     return out

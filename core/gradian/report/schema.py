@@ -855,6 +855,11 @@ class Report(_Block):
         return self.manifest.kind
 
     @classmethod
+    def of(cls, report: "Report | Mapping[str, Any]") -> "Report":
+        """``report`` itself, or the ``Report`` its report.json dict holds."""
+        return report if isinstance(report, Report) else cls.from_json(report)
+
+    @classmethod
     def from_json(cls, data: Mapping[str, Any], path: str = "") -> "Report":
         if not isinstance(data, Mapping):
             raise _fail("(top level)", "an object", data)

@@ -51,13 +51,13 @@ def write_report(report: Report | Mapping[str, Any], out_dir: str | Path, rankin
     ``extra_files`` (``{name: bytes}``, e.g. rankings.parquet) are written with the report, in the
     same all-or-nothing write, and returned after it.
     """
-    if isinstance(report, Report):
-        report = report.to_json()
-    plots = draw_plots(report, rankings, logs)
+    typed = Report.of(report)
+    document = report.to_json() if isinstance(report, Report) else report
+    plots = draw_plots(typed, rankings, logs)
     files = {
-        REPORT_FILES["json"]: (json.dumps(_jsonable(report), indent=2, default=str, allow_nan=False) + "\n").encode("utf-8"),
-        REPORT_FILES["markdown"]: render_markdown(report, plots=list(plots)).encode("utf-8"),
-        REPORT_FILES["html"]: render_html(report, plots).encode("utf-8"),
+        REPORT_FILES["json"]: (json.dumps(_jsonable(document), indent=2, default=str, allow_nan=False) + "\n").encode("utf-8"),
+        REPORT_FILES["markdown"]: render_markdown(typed, plots=list(plots)).encode("utf-8"),
+        REPORT_FILES["html"]: render_html(typed, plots).encode("utf-8"),
     }
     files.update({f"{REPORT_FILES['plots']}/{name}.png": png for name, png in plots.items()})
     files.update(extra_files or {})
