@@ -178,3 +178,27 @@ def test_ekfac_through_the_pipeline_caches_its_state_and_picks_an_independent_cr
     # ekfac cross-checked against itself is no cross-check: graddot (no curvature) is used instead
     assert again.report["attribution"]["cross_check"] == "graddot"
     assert any("not independent" in n for n in again.report["attribution"]["notes"])
+
+
+def test_a_lora_module_left_out_of_the_gradients_is_a_finding_of_the_report(tmp_path, tiny_lora_dirs, data_files):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+
+    base_dir, _ = tiny_lora_dirs
+    torch.manual_seed(0)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "embed_tokens"], init_lora_weights=False,
+                      task_type="CAUSAL_LM")
+    adapter = tmp_path / "adapter"
+    get_peft_model(AutoModelForCausalLM.from_pretrained(str(base_dir)), lora).save_pretrained(str(adapter))
+    train, _ = data_files
+    cfg = load_config(overrides={"base_model": str(base_dir), "adapter_path": str(adapter), "dataset": str(train),
+                                 "cache_dir": str(tmp_path / "cache"), "clustering.method": "declared",
+                                 "engine.name": "datainf", "grads.chunk_size": 8})
+    report = run_attribution(cfg, cross_check="none", out_dir=tmp_path / "out").report
+    (left_out,) = [f for f in report["findings"] if f["id"] == "attribution.lora_modules_skipped"]
+    assert left_out["evidence"]["skipped_modules"] == ["model.embed_tokens"]
+    assert "attribution.lora_modules_skipped" in (tmp_path / "out" / "report.md").read_text()

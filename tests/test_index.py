@@ -167,3 +167,37 @@ def test_float16_and_projection_shrink_the_store(tmp_path, chat_tokenizer, kind)
     assert data_bytes(small) < 0.3 * data_bytes(full)
     for name in full.block_names:
         np.testing.assert_allclose(half.block(name), full.block(name), rtol=2e-3, atol=1e-5)
+
+
+def test_lora_modules_the_capture_cannot_hook_are_listed_and_raised(tmp_path, chat_tokenizer):
+    """LoRA on the embedding gets no block: the index manifest lists it and the attribution raises
+    a finding that names it; an adapter on Linear layers alone raises none."""
+    from peft import LoraConfig, get_peft_model
+
+    from gradian.grads import skipped_modules_finding
+    from tests.plugins.tiny_lora import build_tiny_base
+
+    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "embed_tokens"],
+                        init_lora_weights=False, task_type="CAUSAL_LM")
+    gm = wrap_peft_model(get_peft_model(build_tiny_base("llama"), config).eval())
+    assert gm.skipped == ["model.embed_tokens"]
+    assert gm.block_names == ["model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj"]
+    index = GradientIndex.build(gm, chat_tokenizer, dataset_from_rows(_rows(4)), _config(tmp_path))
+    assert index.manifest["skipped_modules"] == ["model.embed_tokens"]
+    finding = skipped_modules_finding(gm.skipped, len(gm.blocks))
+    assert finding is not None and finding.id == "attribution.lora_modules_skipped"
+    assert finding.severity == "medium" and finding.evidence == {"skipped_modules": ["model.embed_tokens"],
+                                                                 "n_blocks": 2}
+    assert "model.embed_tokens" in finding.message
+    assert skipped_modules_finding([], len(gm.blocks)) is None
+
+
+def test_an_adapter_of_dora_modules_only_is_refused_naming_them():
+    from peft import LoraConfig, get_peft_model
+
+    from gradian.errors import ModelLoadError
+    from tests.plugins.tiny_lora import build_tiny_base
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], use_dora=True, task_type="CAUSAL_LM")
+    with pytest.raises(ModelLoadError, match=r"no LoRA blocks found.*model\.layers\.0\.self_attn\.q_proj"):
+        wrap_peft_model(get_peft_model(build_tiny_base("llama"), config).eval())

@@ -284,8 +284,9 @@ def _check_every_adapter_weight_loaded(peft_model: Any, adapter_dir: Path, base:
     foreign = []
     for key, shape in saved.items():
         stem, _, last = key.rpartition(".")
-        candidate = f"{stem}.{adapter_name}.{last}"
-        if params.get(candidate) != shape and params.get(key) != shape:
+        # a module's weight (lora_A.<adapter>.weight), a ParameterDict entry (lora_embedding_A.<adapter>)
+        candidates = (f"{stem}.{adapter_name}.{last}", f"{key}.{adapter_name}", key)
+        if all(params.get(candidate) != shape for candidate in candidates):
             foreign.append(key)
     if foreign:
         raise ModelLoadError(

@@ -117,7 +117,7 @@ def run_attribution(
     from gradian.engines import equivalent_engines, rank_correlation
     from gradian.engines.registry import resolve_cross_check
     from gradian.evaluate import evaluate_capability, gate_attribution
-    from gradian.grads import load_model_for_gradients
+    from gradian.grads import load_model_for_gradients, skipped_modules_finding
     from gradian.index import GradientIndex
     from gradian.model_loading import check_attention_kernel, load_tokenizer
     from gradian.query import build_query_gradient, select_query_items
@@ -143,6 +143,10 @@ def run_attribution(
 
     log(f"loading {cfg.base_model} with the adapter {cfg.adapter_path}")
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
+    left_out = skipped_modules_finding(gm.skipped, len(gm.blocks))
+    if left_out is not None:
+        findings.append(left_out)
+        log(f"note: {left_out.title}: {', '.join(gm.skipped[:5])}")
     # the audit loaded the same tokenizer already (config tokenizer, else the base model's)
     tokenizer = diagnosis.inputs.tokenizer or load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
 

@@ -55,6 +55,10 @@ def index_command(
     typer.echo(f"{verb} index {index.index_id}: {index.n} examples x {index.manifest['total_width']} values "
                f"({len(index.block_names)} blocks, {index.manifest['storage_dtype']}), {_size(index.disk_bytes())}")
     typer.echo(str(index.root))
+    skipped = index.manifest.get("skipped_modules") or []
+    if skipped:
+        typer.echo(f"note: {len(skipped)} LoRA module(s) have no gradient block and are not indexed "
+                   f"(not Linear, or a variant such as DoRA): {', '.join(skipped[:5])}", err=True)
     publish_to_source(record, _index_report(index, verb, started), "index", [index.root / "manifest.json"],
                       no_log=no_log, console=Console(), into_run=into_run)
 

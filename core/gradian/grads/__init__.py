@@ -16,6 +16,7 @@ from gradian.grads.model import (
     GradientModel,
     fingerprint_path,
     load_model_for_gradients,
+    skipped_modules_finding,
     wrap_peft_model,
 )
 from gradian.grads.projection import PROJECTION_KINDS, BlockProjector
@@ -37,5 +38,6 @@ __all__ = [
     "load_model_for_gradients",
     "make_projector",
     "per_example_loss",
+    "skipped_modules_finding",
     "wrap_peft_model",
 ]

@@ -17,14 +17,18 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from gradian.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from gradian.findings import Finding
 
 __all__ = [
     "GradientBlock",
     "GradientModel",
     "load_model_for_gradients",
+    "skipped_modules_finding",
     "wrap_peft_model",
     "fingerprint_path",
 ]
@@ -215,3 +219,28 @@ def fingerprint_model(base: str, model: Any) -> str:
         return fingerprint_path(base)
     commit = getattr(getattr(model, "config", None), "_commit_hash", None)
     return f"{base}@{commit or 'unknown-revision'}"
+
+
+def skipped_modules_finding(skipped: list[str], n_blocks: int) -> "Finding | None":
+    """The finding that says which LoRA modules the gradients leave out (embedding or convolution
+    LoRA, DoRA and other variants), or None when every LoRA module has a block."""
+    from gradian.findings import Finding
+
+    if not skipped:
+        return None
+    shown = ", ".join(skipped[:5]) + (f" and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+    return Finding(
+        id="attribution.lora_modules_skipped",
+        category="attribution",
+        severity="medium",
+        title=f"{len(skipped)} LoRA module{'s' if len(skipped) != 1 else ''} left out of the attribution",
+        message=(
+            f"The adapter has LoRA modules that are not pairs of Linear layers with the plain LoRA forward "
+            f"({shown}). Their gradients are not captured, so the scores measure influence through the "
+            f"other {n_blocks} block{'s' if n_blocks != 1 else ''} only: a row whose effect runs through "
+            "the left-out modules is under-scored."
+        ),
+        evidence={"skipped_modules": list(skipped), "n_blocks": n_blocks},
+        fix="Read the ranking as partial; for a complete one, train the LoRA on Linear layers only "
+            "(target_modules without embed_tokens or convolutions, use_dora false).",
+    )

@@ -444,6 +444,8 @@ def _prepare(target: _Target) -> _Plan:
         "status": "building",
         "identity": target.identity,
         "blocks": target.blocks,
+        # LoRA modules of the adapter with no block (embedding, convolution, DoRA): not in the index
+        "skipped_modules": list(getattr(target.gm, "skipped", [])),
         "n_examples": target.n,
         "chunk_size": target.chunk_size,
         "n_chunks": n_chunks,
