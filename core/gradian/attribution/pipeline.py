@@ -119,6 +119,7 @@ def run_attribution(
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients, skipped_modules_finding
     from gradian.index import GradientIndex
+    from gradian.index.sizing import auto_projection
     from gradian.model_loading import check_attention_kernel, load_tokenizer
     from gradian.query import build_query_gradient, select_query_items
     from gradian.report import build_report, top_examples, write_report
@@ -175,11 +176,16 @@ def run_attribution(
     rankings = None
     assignment = None
     if allowed:
+        cfg, auto = auto_projection(cfg, gm, len(dataset), [cfg.engine.name, cross_check])
+        if auto is not None:
+            log(f"note: {auto.message()}")
+            manifest.config, manifest.config_hash = config_to_dict(cfg), config_hash(cfg)
         log("indexing per-example gradients")
         t0 = time.time()
         collector = _curvature_collector(gm, cfg.engine.name, cross_check)
         with collector or contextlib.nullcontext():
-            index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=force, progress=progress)
+            index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=force, progress=progress,
+                                        extra_manifest={"projection_auto": auto.manifest()} if auto else None)
         index_seconds = time.time() - t0
         items, scope, notes, finding_ids = select_query_items(eval_items, dataset.examples)
         qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,

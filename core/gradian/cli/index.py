@@ -85,7 +85,8 @@ def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "Sh
         cfg = fill_from_run(cfg, record)
     bar = index_progress(Console(stderr=True)) if main else contextlib.nullcontext(None)
     with bar as progress:
-        return index_from_config(cfg, force=force, progress=progress, shard=shard), record
+        note = (lambda message: Console(stderr=True).print(f"note: {message}", highlight=False)) if main else None
+        return index_from_config(cfg, force=force, progress=progress, shard=shard, log=note), record
 
 
 def _index_report(index: Any, verb: str, started_at: float | None = None) -> dict[str, Any]:

@@ -366,6 +366,8 @@ def validate_config(config: GradianConfig, where: str = "config",
         raise bad("engine.lambda_override", config.engine.lambda_override, "greater than zero, or null")
     if config.grads.projection_dim is not None and config.grads.projection_dim < 1:
         raise bad("grads.projection_dim", config.grads.projection_dim, "at least 1, or null")
+    if config.grads.max_index_gb is not None and not config.grads.max_index_gb > 0:
+        raise bad("grads.max_index_gb", config.grads.max_index_gb, "greater than zero, or null")
     if not 0 < config.evaluation.ci_level < 1:
         raise bad("evaluation.ci_level", config.evaluation.ci_level, "strictly between 0 and 1 (e.g. 0.95)")
     if not 0 <= config.train.warmup_ratio < 1:

@@ -45,6 +45,7 @@ class GradsConfig:
     projection_seed: int = _f(0, "Seed of the projection; part of the index id")
     storage_dtype: str = _f("float32", "float32 or float16 (halves the index on disk)")
     chunk_size: int = _f(256, "Examples per chunk of the memory-mapped store")
+    max_index_gb: Optional[float] = _f(100.0, "Largest full-width index in GiB: above it a random projection is turned on (announced, recorded in the manifest), or, under ekfac/kfac, the run stops naming the ways out; null never projects on its own")
 
 
 @dataclass

@@ -1,8 +1,10 @@
 """Build (or reuse) the index a config describes: the one call the CLI and the attribute lane share.
 
-Interface: ``index_from_config(config, force=False, progress=None, shard=None) -> IndexBuild``
-loads the dataset, the tokenizer and the model for gradients, seeds torch, and returns the stored
-index with the model and tokenizer (the query must be built with the same ones). With ``shard`` (a
+Interface: ``index_from_config(config, force=False, progress=None, shard=None, log=None) -> IndexBuild``
+loads the dataset, the tokenizer and the model for gradients, seeds torch, turns a projection on
+when the full index would pass ``grads.max_index_gb`` (said through ``log``; see
+``gradian.index.sizing``), and returns the stored index with the model, the tokenizer and the
+config it was built under (the query must be built with the same ones). With ``shard`` (a
 ``gradian.distributed.ShardGroup``) every rank calls it, computes on its own device
 (``cuda:LOCAL_RANK`` under ``device: auto``) and writes its share of the chunks.
 """
@@ -14,10 +16,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from gradian.errors import ConfigError
+from gradian.index.sizing import auto_projection
 from gradian.index.store import GradientIndex
 
 if TYPE_CHECKING:
     from gradian.distributed import ShardGroup
+    from gradian.index.sizing import AutoProjection
 
 __all__ = ["IndexBuild", "index_from_config"]
 
@@ -30,10 +34,14 @@ class IndexBuild:
     dataset: Any
     #: True when the index came from the cache unchanged
     cache_hit: bool
+    #: the config the index was built under (with an automatic projection, when one was turned on)
+    config: Any = None
+    #: why a projection was turned on, if it was
+    projection_auto: "AutoProjection | None" = None
 
 
 def index_from_config(config: Any, *, force: bool = False, progress: Callable[[int, int], None] | None = None,
-                      shard: "ShardGroup | None" = None) -> IndexBuild:
+                      shard: "ShardGroup | None" = None, log: Callable[[str], None] | None = None) -> IndexBuild:
     import torch
 
     from gradian.data import load_dataset
@@ -53,5 +61,10 @@ def index_from_config(config: Any, *, force: bool = False, progress: Callable[[i
     base = config.base_model
     name = config.tokenizer or base or read_adapter_config(config.adapter_path).get("base_model_name_or_path", "")
     tokenizer = load_tokenizer(name, config.trust_remote_code)
-    index = GradientIndex.build(model, tokenizer, dataset, config, force=force, progress=progress, shard=shard)
-    return IndexBuild(index, model, tokenizer, dataset, cache_hit=index.cache_hit)
+    config, auto = auto_projection(config, model, len(dataset), [config.engine.name])
+    if auto is not None and log is not None:
+        log(auto.message())
+    index = GradientIndex.build(model, tokenizer, dataset, config, force=force, progress=progress, shard=shard,
+                                extra_manifest={"projection_auto": auto.manifest()} if auto else None)
+    return IndexBuild(index, model, tokenizer, dataset, cache_hit=index.cache_hit, config=config,
+                      projection_auto=auto)

@@ -58,6 +58,7 @@ import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from dataclasses import field as _field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -287,7 +288,7 @@ class GradientIndex:
     @classmethod
     def build(cls, gm: Any, tokenizer: Any, dataset: Any, config: Any, *, cache_dir: str | Path | None = None,
               force: bool = False, progress: Callable[[int, int], None] | None = None,
-              shard: "ShardGroup | None" = None) -> "GradientIndex":
+              shard: "ShardGroup | None" = None, extra_manifest: dict[str, Any] | None = None) -> "GradientIndex":
         """Index ``dataset`` under ``gm`` (a ``GradientModel``) with ``config`` (a ``GradianConfig``).
 
         Returns the stored index: straight from the cache when these inputs were indexed before
@@ -299,8 +300,12 @@ class GradientIndex:
         ``shard``, a ``gradian.distributed.ShardGroup`` of several processes, splits the work:
         every rank calls ``build`` with the same inputs, computes its contiguous share of the
         chunks to do, and rank 0 commits the manifest (``gradian.index.sharded``).
+
+        ``extra_manifest``: more keys for the manifest of a fresh build (e.g. ``projection_auto``,
+        the decision of ``gradian.index.sizing.auto_projection``); not part of the identity.
         """
         target = _target(gm, tokenizer, dataset, config, cache_dir)
+        target.extra_manifest = dict(extra_manifest or {})
         if shard is not None and shard.world_size > 1:
             from gradian.index.sharded import build_sharded
 
@@ -360,6 +365,8 @@ class _Target:
     tokenizer: Any
     dataset: Any
     config: Any
+    #: keys the manifest of a fresh build gets besides the computed ones
+    extra_manifest: dict[str, Any] = _field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -457,6 +464,7 @@ def _prepare(target: _Target) -> _Plan:
         "sources": {"dataset": str(getattr(dataset, "path", "")), "base_model": target.config.base_model,
                     "adapter_path": target.config.adapter_path},
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **target.extra_manifest,
     }
     if _ids_problem(root / "example_ids.json", manifest):
         if stored is not None and (root / "example_ids.json").exists():

@@ -1,0 +1,101 @@
+"""How big a full-width index would be, and the projection that keeps it under ``grads.max_index_gb``.
+
+Interface: ``index_bytes(gm, grads, n)`` is what ``n`` rows take on disk under these ``grads``
+settings; ``auto_projection(config, gm, n, engines) -> (config, AutoProjection | None)`` turns a
+random projection on when ``grads.projection_dim`` is unset and the full-width index would pass
+``grads.max_index_gb``. The width picked is the largest power of two, at least
+``AUTO_PROJECTION_FLOOR``, whose index fits. Engines that fit Kronecker curvature (EK-FAC, K-FAC)
+need whole gradients, so with one of them the limit is an error naming the ways out, never a
+silent projection. Both the index build and the attribute lane call it before any gradient is
+computed; the index manifest records the decision under ``projection_auto``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from gradian.errors import ConfigError
+
+__all__ = ["AUTO_PROJECTION_FLOOR", "AutoProjection", "auto_projection", "index_bytes"]
+
+#: the narrowest projection chosen automatically; below it the ranking is too coarse to act on
+AUTO_PROJECTION_FLOOR = 256
+_GIB = 2**30
+
+
+@dataclass(frozen=True)
+class AutoProjection:
+    """A projection turned on because the full-width index would not fit."""
+
+    full_bytes: int
+    limit_bytes: int
+    projection_dim: int
+    stored_bytes: int
+
+    def manifest(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def message(self) -> str:
+        return (f"the full-width index would take {_human(self.full_bytes)}, over grads.max_index_gb "
+                f"({_human(self.limit_bytes)}): projecting each block to {self.projection_dim} values "
+                f"({_human(self.stored_bytes)}); set grads.projection_dim to choose the width, or raise "
+                "grads.max_index_gb to keep full gradients")
+
+
+def _human(n_bytes: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", _GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if n_bytes >= size:
+            return f"{n_bytes / size:.1f} {unit}"
+    return f"{n_bytes:.0f} B"
+
+
+def _itemsize(storage_dtype: str) -> int:
+    return 2 if storage_dtype == "float16" else 4
+
+
+def index_bytes(gm: Any, grads: Any, n: int) -> int:
+    """Bytes of the gradient chunks for ``n`` rows of ``gm``'s blocks under ``grads``."""
+    from gradian.grads import gradient_widths
+
+    return n * sum(gradient_widths(gm, grads).values()) * _itemsize(grads.storage_dtype)
+
+
+def _needs_whole_gradients(engines: Sequence[str | None]) -> list[str]:
+    from gradian.engines import available_engines, get_engine
+
+    names = [e for e in engines if e and e in available_engines()]
+    return [e for e in dict.fromkeys(names) if get_engine(e).curvature == "kronecker"]
+
+
+def auto_projection(config: Any, gm: Any, n: int, engines: Sequence[str | None]) -> tuple[Any, AutoProjection | None]:
+    """``config`` with a projection when the full index would pass ``grads.max_index_gb``, and
+    the decision (None when nothing changed). ``engines``: the engines that will read the index."""
+    grads = config.grads
+    limit_gb = grads.max_index_gb
+    if grads.projection_dim is not None or limit_gb is None:
+        return config, None
+    limit = int(limit_gb * _GIB)
+    full = index_bytes(gm, grads, n)
+    if full <= limit:
+        return config, None
+    whole = _needs_whole_gradients(engines)
+    size = f"the full-width index of {n} rows would take {_human(full)}, over grads.max_index_gb ({_human(limit)})"
+    if whole:
+        raise ConfigError(
+            f"{size}, and {' and '.join(whole)} fit curvature on whole gradients, so it cannot be projected: "
+            "narrow grads.module_filter (e.g. the last layers), use grads.storage_dtype: float16, raise "
+            "grads.max_index_gb if the disk holds it, or use engine.name: datainf (with --cross-check graddot "
+            "or none), which is then projected automatically")
+    widest = max(b.dim for b in gm.blocks)
+    dim = 1 << (widest.bit_length() - 1)
+    while dim >= AUTO_PROJECTION_FLOOR:
+        candidate = dataclasses.replace(grads, projection_dim=dim)
+        stored = index_bytes(gm, candidate, n)
+        if stored <= limit:
+            return (dataclasses.replace(config, grads=candidate),
+                    AutoProjection(full_bytes=full, limit_bytes=limit, projection_dim=dim, stored_bytes=stored))
+        dim //= 2
+    raise ConfigError(f"{size}, and even a projection to {AUTO_PROJECTION_FLOOR} values per block would not fit: "
+                      "narrow grads.module_filter, index fewer rows, or raise grads.max_index_gb")
