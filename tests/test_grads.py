@@ -263,3 +263,22 @@ def test_bfloat16_base_with_a_float32_adapter(batch):
     r_all = torch.cat([ref[k] for k in ref], dim=1)
     assert ((g_all - r_all).norm(dim=1) / r_all.norm(dim=1)).max() < 16 * 2.0**-8
     assert all(p.requires_grad and p.grad is None for b in gm.blocks for p in b.parameters)
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_a_model_set_up_for_gradient_checkpointing_gives_the_same_gradients(batch, reentrant):
+    """Gradient checkpointing (as a Trainer sets it up, with inputs made differentiable so the
+    checkpointed layers have something to recompute) leaves the captured gradients as they are:
+    the capture runs in eval mode, and starts its backward from the inputs already differentiable."""
+    reference = capture_per_example_grads(wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64)), batch)
+    model = build_tiny_lora("llama", dtype=torch.float64)
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    model.enable_input_require_grads()
+    model.train()
+    gm = wrap_peft_model(model)
+    assert model.base_model.model.is_gradient_checkpointing and not model.training
+    got = capture_per_example_grads(gm, batch)
+    assert set(got) == set(reference)
+    for name in reference:
+        assert float(reference[name].abs().max()) > 0
+        assert torch.equal(got[name], reference[name]), name

@@ -143,8 +143,12 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
     # input, one copy per module). The gradient instead starts at ``anchor``, a zero added to the
     # input of each LoRA matrix that nothing upstream makes differentiable (the first layers'), so
     # every output the hooks see requires grad as usual; its own gradient is one scalar.
+    # When something upstream already makes them differentiable (PEFT's and the Trainer's
+    # ``enable_input_require_grads``, set for gradient checkpointing or k-bit training), no anchor
+    # is added and the backward starts from the first such input instead.
     anchor = torch.zeros((), dtype=out_dtype, device=device, requires_grad=True)
     used_anchor = []
+    differentiable_inputs: list[Any] = []
 
     def per_example(key: int, x: Any) -> Any:
         def take(g: Any) -> None:
@@ -159,6 +163,8 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
 
     def start_gradient(module: Any, inputs: tuple) -> Any:
         if inputs[0].requires_grad:
+            if not differentiable_inputs:
+                differentiable_inputs.append(inputs[0])
             return None
         used_anchor.append(True)
         return (inputs[0] + anchor.to(inputs[0].dtype), *inputs[1:])
@@ -189,8 +195,10 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
             parent_input.clear()
             total = per_example_loss(logits, batch.labels, reduction).sum()
             del logits
-            if used_anchor and total.requires_grad:
-                torch.autograd.grad(total, [anchor])
+            roots = ([anchor] if used_anchor else []) + differentiable_inputs
+            if roots and total.requires_grad:
+                torch.autograd.grad(total, roots, allow_unused=True)
+            differentiable_inputs.clear()
     finally:
         for handle in handles:
             handle.remove()
