@@ -86,9 +86,11 @@ def dataset(tmp_path):
 
 
 def _report(dataset, accused="bad"):
-    return {"verdict": {"kind": "data", "accused_cluster": accused},
-            "capability": {"name": "caps", "base": 1.0, "tuned": 0.5},
-            "manifest": {"inputs": {"dataset": {"path": dataset.path, "sha256": dataset.sha256}}}}
+    from gradian.report.schema import AnalysisInputs, AttributeManifest, DatasetRef, Report, Verdict
+
+    inputs = AnalysisInputs(dataset=DatasetRef(path=str(dataset.path), sha256=dataset.sha256))
+    return Report(verdict=Verdict(kind="data", summary="", accused_cluster=accused),
+                  manifest=AttributeManifest(inputs=inputs)).to_json()
 
 
 def _rankings(dataset):
@@ -311,8 +313,10 @@ def test_drop_accused_removes_exactly_the_accused_set(dataset):
 
     report = _report(dataset)
     chosen = [dataset.ids[1], dataset.ids[6]]  # two of the cluster's three rows
-    report["attribution"] = {"accused": {"cluster": "bad", "cluster_n": 3, "n": 2, "example_ids": chosen,
-                                        "method": "score_mixture"}}
+    report["attribution"] = {"engine": "datainf", "accused": {
+        "cluster": "bad", "cluster_label": "", "cluster_n": 3, "example_ids": chosen, "left_out_ids": [dataset.ids[4]],
+        "share_of_cluster_harm": 0.9, "share_of_negative": 0.6, "estimated_harmful_share": 0.9,
+        "mean_per_example": -5.0, "left_out_mean_per_example": -1.0, "method": "score_mixture", "reason": "r"}}
     rankings = _rankings(dataset)
     rankings["accused"] = rankings["example_id"].isin(chosen)
     for given in (rankings, None):  # the rankings' column, else the report's list

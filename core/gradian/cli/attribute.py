@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import typer
 
@@ -11,6 +11,9 @@ from gradian.cli.index import DISTRIBUTED_HELP
 from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
 from gradian.engines.registry import available_engines
 from gradian.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gradian.report.schema import Report
 
 __all__ = ["register", "print_summary"]
 
@@ -83,56 +86,56 @@ def attribute_command(
             out_dir=out_dir,
             progress=progress, log=lambda message: console.print(f"[dim]{message}[/]", highlight=False),
         )
-    print_summary(Console(), outcome.report)
+    print_summary(Console(), outcome.report_obj if outcome.report_obj is not None else outcome.report)
     if out is not None:
         Console().print(f"wrote {out / 'report.html'} (and report.json, report.md, rankings.parquet)", highlight=False)
     publish_to_source(outcome.run, outcome.report, "attribute", outcome.files, rankings=outcome.rankings,
                       no_log=no_log, console=Console(), into_run=into_run)
 
 
-def print_summary(console: Any, report: dict) -> None:
+def print_summary(console: Any, report: "Report | Mapping[str, Any]") -> None:
     """One screen: the verdict, the capability change, the accused cluster and set, the agreement, hedges."""
     from rich.panel import Panel
 
-    verdict = report.get("verdict") or {}
-    cap = report.get("capability") or {}
-    attr = report.get("attribution") or {}
-    lines = [f"[bold]Verdict: {verdict.get('kind', '?')}[/]  {verdict.get('summary', '')}"]
-    if cap:
-        lo, hi = (cap.get("ci") or [None, None])[:2]
+    from gradian.report.schema import Report
+
+    report = Report.of(report)
+    verdict, cap, attr = report.verdict, report.capability, report.attribution
+    lines = [f"[bold]Verdict: {verdict.kind}[/]  {verdict.summary}"]
+    if cap is not None:
+        lo, hi = (cap.ci or [None, None])[:2]
         ci = f"[{lo:+.3f}, {hi:+.3f}]" if lo is not None and hi is not None else "[?]"
         lines.append(
-            f"'{cap.get('name')}' ({cap.get('metric')}): {cap.get('base', 0):.3f} -> {cap.get('tuned', 0):.3f} "
-            f"(delta {cap.get('delta', 0):+.3f}, CI {ci}) over {cap.get('n_items')} items; "
-            f"{cap.get('n_flipped')} flipped, {cap.get('n_base_failing')} already failing on the base; "
-            f"status {cap.get('status')}"
-            + (f" (too few items: fewer than evaluation.min_items={cap.get('min_items')}, so not significant)"
-               if cap.get("too_few_items") else "")
+            f"'{cap.name}' ({cap.metric}): {cap.base:.3f} -> {cap.tuned:.3f} "
+            f"(delta {cap.delta:+.3f}, CI {ci}) over {cap.n_items} items; "
+            f"{cap.n_flipped} flipped, {cap.n_base_failing} already failing on the base; "
+            f"status {cap.status}"
+            + (f" (too few items: fewer than evaluation.min_items={cap.min_items}, so not significant)"
+               if cap.too_few_items else "")
         )
-    clusters = attr.get("clusters") or []
-    if clusters:
-        top = clusters[0]
+    if attr is not None and attr.clusters:
+        top = attr.clusters[0]
         lines.append(
-            f"Most harmful cluster: {top.get('cluster')} ({top.get('label')}), {top.get('n')} examples, "
-            f"{100 * (top.get('share_of_negative') or 0):.0f}% of the negative influence"
+            f"Most harmful cluster: {top.cluster} ({top.label}), {top.n} examples, "
+            f"{100 * (top.share_of_negative or 0):.0f}% of the negative influence"
         )
-    accused = attr.get("accused")
-    if accused:
+    accused = attr.accused if attr is not None else None
+    if accused is not None:
         lines.append(
-            f"[bold]Accused set: {accused['n']} of cluster {accused['cluster']}'s {accused['cluster_n']} rows[/], "
-            f"{100 * accused['share_of_cluster_harm']:.0f}% of its harm, an estimated "
-            f"{100 * accused['estimated_harmful_share']:.0f}% harmful; {accused['n_left_out']} left out "
+            f"[bold]Accused set: {accused.n} of cluster {accused.cluster}'s {accused.cluster_n} rows[/], "
+            f"{100 * accused.share_of_cluster_harm:.0f}% of its harm, an estimated "
+            f"{100 * accused.estimated_harmful_share:.0f}% harmful; {accused.n_left_out} left out "
             "(rankings.parquet column 'accused'; retrain without them: gradian counterfactual --drop accused)"
         )
-        for span in (attr.get("spans") or [])[:3]:
-            lines.append(f"  {span['example_id']}: harmful span \"{span.get('span_text', '')}\"")
-    if attr.get("engine_agreement_spearman") is not None:
-        lines.append(f"Engines {attr.get('engine')} vs {attr.get('cross_check')}: Spearman "
-                     f"{attr['engine_agreement_spearman']:.3f}; query {attr.get('query_signal')}")
-    critical = [f for f in report.get("findings") or [] if f.get("severity") == "critical"]
+        for span in attr.spans[:3]:
+            lines.append(f"  {span.example_id}: harmful span \"{span.span_text}\"")
+    if attr is not None and attr.engine_agreement_spearman is not None:
+        lines.append(f"Engines {attr.engine} vs {attr.cross_check}: Spearman "
+                     f"{attr.engine_agreement_spearman:.3f}; query {attr.query_signal}")
+    critical = [f for f in report.findings if f.severity == "critical"]
     if critical:
-        lines.append(f"[red]{len(critical)} critical audit finding(s): " + ", ".join(f["id"] for f in critical) + "[/]")
-    for hedge in (verdict.get("hedges") or [])[:4]:
+        lines.append(f"[red]{len(critical)} critical audit finding(s): " + ", ".join(f.id for f in critical) + "[/]")
+    for hedge in verdict.hedges[:4]:
         lines.append(f"[yellow]- {hedge}[/]")
     console.print(Panel("\n".join(lines), title="Gradian", expand=False), highlight=False)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gradian.errors import ConfigError, DatasetError
+from gradian.report.schema import Report
 
 __all__ = ["DROP_CHOICES", "RemovalPlan", "load_planted", "load_report", "plan_removal", "parse_id_list"]
 
@@ -120,15 +121,15 @@ def _cluster_labels(dataset: Any, rankings: Any, clustering: Any, seed: int) -> 
     return {k: str(v) for k, v in assignment.labels.items()}, f"clustering.method={assignment.method}"
 
 
-def _report_dataset_sha(report: Mapping[str, Any]) -> str | None:
-    inputs = (report.get("manifest") or {}).get("inputs") or {}
-    return ((inputs.get("dataset") or {}) or {}).get("sha256")
+def _report_dataset_sha(report: Report) -> str | None:
+    inputs = report.inputs
+    return inputs.dataset.sha256 if inputs is not None and inputs.dataset is not None else None
 
 
 def plan_removal(
     dataset: Any,
     *,
-    report: Mapping[str, Any] | None = None,
+    report: Report | Mapping[str, Any] | None = None,
     rankings: Any = None,
     drop_cluster: str | None = None,
     drop_ids: Sequence[str] | None = None,
@@ -143,6 +144,7 @@ def plan_removal(
     ``rankings`` (from ``load_report``) also supply the per-example scores; a report made from a
     different dataset file is refused.
     """
+    report = Report.of(report) if report is not None else None
     if report is not None:
         sha = _report_dataset_sha(report)
         if sha and sha != dataset.sha256:
@@ -172,18 +174,17 @@ def plan_removal(
     elif drop_cluster is None and report is not None and drop == "accused":
         ids = _report_accused(report, rankings)
         if not ids:
-            kind = (report.get("verdict") or {}).get("kind", "?")
             raise ConfigError(
-                f"--drop accused: the report has no accused set (verdict '{kind}'); pass --drop cluster, "
+                f"--drop accused: the report has no accused set (verdict '{report.verdict.kind}'); pass --drop cluster, "
                 "--drop-cluster or --drop-ids"
             )
         unknown = [i for i in ids if i not in index_of]
         if unknown:
             raise DatasetError(f"the report's accused set names {len(unknown)} id(s) not in {dataset.path}, "
                                f"e.g. '{unknown[0]}'; pass the training data the report attributed")
-        accused = (report.get("attribution") or {}).get("accused") or {}
-        reason = (f"the report's accused set: {len(ids)} of cluster {accused.get('cluster', '?')}'s "
-                  f"{accused.get('cluster_n', '?')} rows ({accused.get('method', '?')})")
+        accused = report.attribution.accused if report.attribution is not None else None
+        reason = (f"the report's accused set: {len(ids)} of cluster {accused.cluster if accused else '?'}'s "
+                  f"{accused.cluster_n if accused else '?'} rows ({accused.method if accused else '?'})")
     else:
         if drop not in (None, *DROP_CHOICES):
             raise ConfigError(f"--drop {drop!r}: use {' or '.join(DROP_CHOICES)}")
@@ -191,14 +192,13 @@ def plan_removal(
             cluster = str(drop_cluster)
             origin = "--drop-cluster"
         elif report is not None:
-            accused = (report.get("verdict") or {}).get("accused_cluster")
-            if accused is None:
-                kind = (report.get("verdict") or {}).get("kind", "?")
+            accused_cluster = report.verdict.accused_cluster
+            if accused_cluster is None:
                 raise ConfigError(
-                    f"the report accuses no cluster (verdict '{kind}'), so there is nothing to drop; "
+                    f"the report accuses no cluster (verdict '{report.verdict.kind}'), so there is nothing to drop; "
                     "pass --drop-cluster or --drop-ids to test a hypothesis of your own"
                 )
-            cluster = str(accused)
+            cluster = str(accused_cluster)
             origin = "the report's accused cluster"
         else:
             raise ConfigError("nothing to drop: pass --report (its accused cluster), --drop-cluster or --drop-ids")
@@ -225,12 +225,12 @@ def plan_removal(
     )
 
 
-def _report_accused(report: Mapping[str, Any], rankings: Any) -> list[str]:
+def _report_accused(report: Report, rankings: Any) -> list[str]:
     """The accused set's ids: the rankings' ``accused`` column, else the report's list."""
     if rankings is not None and {"example_id", "accused"} <= set(rankings.columns):
         return [str(i) for i in rankings.loc[rankings["accused"].astype(bool), "example_id"]]
-    accused = (report.get("attribution") or {}).get("accused") or {}
-    return [str(i) for i in accused.get("example_ids") or []]
+    accused = report.attribution.accused if report.attribution is not None else None
+    return [str(i) for i in accused.example_ids] if accused is not None else []
 
 
 def load_planted(path: str | Path, dataset: Any) -> list[int]:

@@ -26,6 +26,7 @@ import numpy as np
 from gradian.errors import ConfigError
 from gradian.explain.direction import query_direction
 from gradian.explain.spans import SpanExplanation, score_example_spans
+from gradian.report.schema import AnalysisInputs, AttributeManifest, CapabilityItem, CounterfactualManifest, Report
 
 __all__ = ["SPAN_ENGINE", "explain_example", "explain_from_report", "explain_top_accused", "item_signal"]
 
@@ -107,9 +108,9 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
     from gradian.paths import ensure_writable_dir
     from gradian.query import QueryItem, build_query_gradient
 
-    report, rankings = load_report(report_dir)
-    manifest = report.get("manifest") or {}
-    cfg = load_config(config, overrides=_report_overrides(manifest)) if config is None else load_config(config)
+    recorded, rankings = load_report(report_dir)
+    report = Report.of(recorded)
+    cfg = load_config(config, overrides=_report_overrides(report)) if config is None else load_config(config)
     # the index may be (re)built into cache_dir: refuse a folder that cannot take it before any loading
     ensure_writable_dir(cfg.cache_dir, "cache_dir")
     dataset = load_dataset(cfg.dataset)
@@ -117,15 +118,15 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
     if example_id not in examples:
         raise ConfigError(f"--example-id {example_id!r} is not a row of {cfg.dataset}; ids look like "
                           f"'{dataset.ids[0]}' (see the example_id column of rankings.parquet)")
-    items = ((report.get("capability") or {}).get("items") or [])
+    items = report.capability.items if report.capability is not None else []
     if not items:
         raise ConfigError(f"{report_dir}: the report has no evaluated items to build a query from; "
                           "attribute with an eval set (--eval-dataset) first")
     chosen = _choose_item(items, example_id, item_id, rankings)
     eval_set = load_dataset(cfg.eval_dataset)
-    prompt = eval_set.by_id()[chosen["example_id"]].prompt_messages
-    query_item = QueryItem(prompt_messages=prompt, wanted=chosen["wanted"],
-                           generated=chosen.get("tuned_generation"), regressed=True, item_id=chosen["example_id"])
+    prompt = eval_set.by_id()[chosen.example_id].prompt_messages
+    query_item = QueryItem(prompt_messages=prompt, wanted=chosen.wanted,
+                           generated=chosen.tuned_generation, regressed=True, item_id=chosen.example_id)
     log(f"loading {cfg.base_model} with the adapter {cfg.adapter_path}")
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
@@ -138,9 +139,10 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
                            item_id=query_item.item_id, signal=qg.signal, row=dataset.ids.index(example_id), engine=engine)
 
 
-def _report_overrides(manifest: Mapping[str, Any]) -> dict[str, Any]:
+def _report_overrides(report: Report) -> dict[str, Any]:
     """Dotted config keys from the report's recorded config (what the attribution ran with)."""
-    recorded = manifest.get("config") or {}
+    manifest = report.manifest
+    recorded = manifest.config if isinstance(manifest, (AttributeManifest, CounterfactualManifest)) else {}
     out: dict[str, Any] = {}
     for key in ("base_model", "tokenizer", "adapter_path", "dataset", "eval_dataset", "cache_dir", "seed",
                 "device", "dtype", "trust_remote_code", "attn_implementation"):
@@ -151,13 +153,13 @@ def _report_overrides(manifest: Mapping[str, Any]) -> dict[str, Any]:
             if value is not None:
                 out[f"{section}.{key}"] = value
     if not out.get("adapter_path"):
-        out["adapter_path"] = (manifest.get("inputs") or {}).get("adapter")
+        out["adapter_path"] = report.inputs.adapter if isinstance(report.inputs, AnalysisInputs) else None
     return out
 
 
-def _choose_item(items: Sequence[Mapping[str, Any]], example_id: str, item_id: str | None,
-                 rankings: Any) -> Mapping[str, Any]:
-    by_id = {str(i.get("example_id")): i for i in items}
+def _choose_item(items: Sequence[CapabilityItem], example_id: str, item_id: str | None,
+                 rankings: Any) -> CapabilityItem:
+    by_id = {str(i.example_id): i for i in items}
     if item_id is not None:
         if item_id not in by_id:
             raise ConfigError(f"--item {item_id!r} is not an eval item of the report; items are "
@@ -167,5 +169,5 @@ def _choose_item(items: Sequence[Mapping[str, Any]], example_id: str, item_id: s
         row = rankings.loc[rankings["example_id"] == example_id]
         if len(row) and str(row["worst_item"].iloc[0]) in by_id:
             return by_id[str(row["worst_item"].iloc[0])]
-    flipped = [i for i in items if i.get("flipped")] or [i for i in items if i.get("regressed")] or list(items)
+    flipped = [i for i in items if i.flipped] or list(items)
     return flipped[0]

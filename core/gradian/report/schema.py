@@ -854,6 +854,13 @@ class Report(_Block):
         """Which command wrote the report: attribute, diagnose, index or counterfactual."""
         return self.manifest.kind
 
+    @property
+    def inputs(self) -> AnalysisInputs | CounterfactualInputs | None:
+        """What the command read (``manifest.inputs``), None for a kind that records none."""
+        if isinstance(self.manifest, (AttributeManifest, DiagnoseManifest, CounterfactualManifest)):
+            return self.manifest.inputs
+        return None
+
     @classmethod
     def of(cls, report: "Report | Mapping[str, Any]") -> "Report":
         """``report`` itself, or the ``Report`` its report.json dict holds."""
