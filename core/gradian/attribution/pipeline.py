@@ -66,18 +66,14 @@ class AttributionOutcome:
 
 
 def fill_from_run(cfg: Any, run: Any) -> Any:
-    """Fill adapter, base model and dataset from the run record where the config leaves them empty.
+    """Fill adapter, base model and dataset from the run record where the config leaves them empty
+    (``gradian.inputs.resolve_inputs``, the rule every lane shares).
 
     Raises when no adapter or no dataset can be found, naming where the adapter was looked for.
     """
-    updates: dict[str, Any] = {}
-    if not cfg.adapter_path and run is not None and run.adapter_dir:
-        updates["adapter_path"] = run.adapter_dir
-    if not cfg.base_model and run is not None and run.lora.base_model:
-        updates["base_model"] = run.lora.base_model
-    if not cfg.dataset and run is not None and run.dataset.path and Path(run.dataset.path).exists():
-        updates["dataset"] = run.dataset.path
-    cfg = dataclasses.replace(cfg, **updates) if updates else cfg
+    from gradian.inputs import resolve_inputs
+
+    cfg = resolve_inputs(cfg, run).config
     if not cfg.adapter_path:
         where = f" (run {run.source} has no adapter: looked in its artifacts for adapter/, peft/, the root and checkpoint-N/, then in its logged models)" if run is not None else ""
         raise ModelLoadError(
@@ -129,7 +125,7 @@ def run_attribution(
     cross_check = resolve_cross_check(cfg.engine.name, cross_check)
     if run is None and cfg.run_dir:
         run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
-    cfg = fill_from_run(cfg, run)
+    cfg = fill_from_run(cfg, run)  # read once above, so every stage below sees this record
     check_attention_kernel(cfg.attn_implementation)  # before the audit, not after it
     torch.manual_seed(cfg.seed)
 

@@ -51,30 +51,22 @@ class Diagnosis:
 def load_audit_inputs(cfg: Any, max_seq_length: int | None = None, run: Any = None) -> AuditInputs:
     """Dataset, eval set, run record and tokenizer named by ``cfg`` (``run`` may be given ready).
 
-    ``cfg.run_dir`` may be a local directory or a tracking-server reference (``runs:/<id>``).
-    The dataset defaults to the one the run recorded, and the tokenizer to the config's
-    tokenizer, the base model, or the adapter's base model when that is a local directory.
+    Where each comes from is ``gradian.inputs.resolve_inputs``'s rule, shared by every lane; a
+    tokenizer the user did not name is loaded only from a local directory.
     """
     from gradian.data import load_dataset
+    from gradian.inputs import resolve_inputs
     from gradian.model_loading import load_tokenizer
-    from gradian.runs import resolve_run
 
-    if run is None and cfg.run_dir:
-        run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
-    dataset_path = cfg.dataset
-    if dataset_path is None and run is not None and run.dataset.path and Path(run.dataset.path).exists():
-        dataset_path = run.dataset.path  # the run recorded its training data and it is reachable
-    dataset = load_dataset(dataset_path) if dataset_path else None
-    eval_dataset = load_dataset(cfg.eval_dataset) if cfg.eval_dataset else None
-
-    tokenizer_name, flag = None, "--base-model"
-    if cfg.tokenizer:
-        tokenizer_name, flag = cfg.tokenizer, "tokenizer (config)"
-    elif cfg.base_model:
-        tokenizer_name = cfg.base_model
-    elif run is not None and run.lora.base_model and Path(run.lora.base_model).is_dir():
-        tokenizer_name, flag = run.lora.base_model, "adapter_config.json base_model_name_or_path"
-    tokenizer = load_tokenizer(tokenizer_name, cfg.trust_remote_code, flag) if tokenizer_name else None
+    resolved = resolve_inputs(cfg, run)
+    run, filled = resolved.run, resolved.config
+    dataset = load_dataset(filled.dataset) if filled.dataset else None
+    eval_dataset = load_dataset(filled.eval_dataset) if filled.eval_dataset else None
+    # the audit loads no weights: a tokenizer found through the run is read only from a local folder
+    usable = resolved.tokenizer_given or resolved.tokenizer_is_local
+    tokenizer_name = resolved.tokenizer_name if usable else None
+    tokenizer = (load_tokenizer(tokenizer_name, cfg.trust_remote_code, resolved.tokenizer_origin)
+                 if tokenizer_name else None)
     if max_seq_length is None and run is not None:
         max_seq_length = run.config.max_seq_length
     return AuditInputs(

@@ -11,30 +11,17 @@ logged as a child run of kind ``counterfactual`` beside the diagnosis.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import typer
 
 from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
 from gradian.errors import ConfigError
 
+if TYPE_CHECKING:
+    from gradian.report.schema import Report
+
 __all__ = ["register", "print_counterfactual"]
-
-
-def _inputs_of(report: Mapping[str, Any] | None, record: Any) -> dict[str, Any]:
-    """Inputs named by the accusing report, then by the original run (first one wins)."""
-    found: dict[str, Any] = {}
-    if report is not None:
-        inputs = (report.get("manifest") or {}).get("inputs") or {}
-        found = {"dataset": (inputs.get("dataset") or {}).get("path"),
-                 "eval_dataset": (inputs.get("eval_dataset") or {}).get("path"),
-                 "adapter_path": inputs.get("adapter"), "base_model": inputs.get("base_model")}
-    if record is not None:
-        data = record.dataset.path if record.dataset.path and Path(record.dataset.path).exists() else None
-        for key, value in (("adapter_path", record.adapter_dir), ("base_model", record.lora.base_model),
-                           ("dataset", data)):
-            found[key] = found.get(key) or value
-    return {k: v for k, v in found.items() if v}
 
 
 def counterfactual_command(
@@ -63,8 +50,10 @@ def counterfactual_command(
 
     from gradian.config import load_config
     from gradian.counterfactual import DROP_CHOICES, load_planted, load_report, parse_id_list, plan_removal, run_counterfactual
-    from gradian.data import load_dataset
     from gradian.cli.run_flags import publish_to_source, read_run, run_reference
+    from gradian.data import load_dataset
+    from gradian.inputs import resolve_inputs
+    from gradian.report.schema import AnalysisInputs, Report
 
     run = run_reference(run, mlflow_run)
     if drop_ids is not None and drop_cluster is not None:
@@ -81,14 +70,14 @@ def counterfactual_command(
         ensure_writable_dir(out, "--out")
 
     accusing, rankings = load_report(report) if report is not None else (None, None)
+    accusing_report = Report.of(accusing) if accusing is not None else None
     flags: dict[str, Any] = {"dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
                              "adapter_path": adapter, "run_dir": run}
     cfg = load_config(config, overrides=flags)
     record = read_run(cfg, trust_run_dataset)
     # what neither the flags nor the config say comes from the report's inputs, then the run's
-    updates = {k: v for k, v in _inputs_of(accusing, record).items() if not getattr(cfg, k)}
-    if updates:
-        cfg = load_config(config, overrides={**flags, **updates})
+    inputs = getattr(accusing_report.manifest, "inputs", None) if accusing_report else None
+    cfg = resolve_inputs(cfg, record, inputs if isinstance(inputs, AnalysisInputs) else None).config
     if not cfg.dataset:
         raise ConfigError("no training data: pass --dataset (the file the original fine-tune trained on)")
 
@@ -97,12 +86,13 @@ def counterfactual_command(
                         drop_ids=parse_id_list(drop_ids) if drop_ids is not None else None,
                         clustering=cfg.clustering, seed=cfg.seed, drop=drop)
     planted = load_planted(truth, data) if truth is not None else None
-    name = capability or ((accusing or {}).get("capability") or {}).get("name") or "capability"
+    accused_capability = accusing_report.capability if accusing_report is not None else None
+    name = capability or (accused_capability.name if accused_capability else None) or "capability"
     console = Console(stderr=True)
     out_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="gradian-counterfactual-"))
     outcome = run_counterfactual(
         cfg, plan, out_dir=out_dir, capability=name,
-        before=(accusing or {}).get("capability"), planted=planted, run=record,
+        before=accused_capability.to_json() if accused_capability else None, planted=planted, run=record,
         log=lambda message: console.print(f"[dim]{message}[/]", highlight=False),
     )
     print_counterfactual(Console(), outcome.report)
@@ -111,14 +101,16 @@ def counterfactual_command(
     publish_to_source(record, outcome.report, "counterfactual", outcome.files, no_log=no_log, console=Console(), into_run=into_run)
 
 
-def print_counterfactual(console: Any, report: Mapping[str, Any]) -> None:
-    """One screen: the outcome, the three scores, precision and the predicted sums."""
+def print_counterfactual(console: Any, report: "Report | Mapping[str, Any]") -> None:
+    """One screen: the outcome, the verdict's summary and its hedges."""
     from rich.panel import Panel
 
-    block = report.get("counterfactual") or {}
-    verdict = report.get("verdict") or {}
-    lines = [f"[bold]Counterfactual: {str(block.get('outcome', '?')).replace('_', ' ')}[/]", verdict.get("summary", "")]
-    for hedge in verdict.get("hedges") or []:
+    from gradian.report.schema import Report
+
+    typed = Report.of(report)
+    outcome = typed.counterfactual.outcome if typed.counterfactual else "?"
+    lines = [f"[bold]Counterfactual: {outcome.replace('_', ' ')}[/]", typed.verdict.summary]
+    for hedge in typed.verdict.hedges:
         lines.append(f"[yellow]- {hedge}[/]")
     console.print(Panel("\n".join(lines), title="Gradian", expand=False), highlight=False)
 

@@ -47,7 +47,8 @@ def index_from_config(config: Any, *, force: bool = False, progress: Callable[[i
     from gradian.data import load_dataset
     from gradian.distributed import shard_device
     from gradian.grads import load_model_for_gradients
-    from gradian.model_loading import load_tokenizer, read_adapter_config
+    from gradian.inputs import resolve_inputs
+    from gradian.model_loading import load_tokenizer
 
     if not config.dataset:
         raise ConfigError("no training dataset; pass --dataset/-d or set `dataset:` in the config")
@@ -58,9 +59,8 @@ def index_from_config(config: Any, *, force: bool = False, progress: Callable[[i
         config = dataclasses.replace(config, device=shard_device(config.device, shard))
     torch.manual_seed(config.seed)
     model = load_model_for_gradients(config.base_model, config.adapter_path, config)
-    base = config.base_model
-    name = config.tokenizer or base or read_adapter_config(config.adapter_path).get("base_model_name_or_path", "")
-    tokenizer = load_tokenizer(name, config.trust_remote_code)
+    resolved = resolve_inputs(config)
+    tokenizer = load_tokenizer(resolved.tokenizer_name or "", config.trust_remote_code, resolved.tokenizer_origin)
     config, auto = auto_projection(config, model, len(dataset), [config.engine.name])
     if auto is not None and log is not None:
         log(auto.message())

@@ -1,0 +1,106 @@
+"""What a lane works on, resolved once: the config filled from the run record, and the tokenizer.
+
+Interface: ``resolve_inputs(cfg, run=None, report_inputs=None) -> ResolvedInputs``. Every lane
+(``diagnose``, ``index``, ``attribute``, ``counterfactual``) calls it, so one rule decides where
+each input comes from:
+
+- the run: ``run`` when the caller read it already, else the one ``cfg.run_dir`` names;
+- ``adapter_path``, ``base_model``, ``dataset``, ``eval_dataset``: the config (its file and the
+  flags) first, then ``report_inputs`` (the inputs recorded by the report a counterfactual starts
+  from), then the run record (its adapter, the base its adapter was trained from, its training
+  data when that file is reachable);
+- the tokenizer: ``cfg.tokenizer``, else the base model, else the base named by the adapter's
+  ``adapter_config.json``. ``tokenizer_given`` says whether the user named it (the config, or the
+  base model as a flag or key); one found only through the run or the adapter is worth loading
+  where no model weights are loaded (the audit) only when it is a local directory.
+
+Nothing here loads a model or a dataset; what a lane cannot work without it checks itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gradian.report.schema import AnalysisInputs
+
+__all__ = ["ResolvedInputs", "resolve_inputs"]
+
+#: the config fields filled from a report's inputs or a run record, in this order of keys
+FILLED = ("adapter_path", "base_model", "dataset", "eval_dataset")
+
+
+@dataclass(frozen=True)
+class ResolvedInputs:
+    """The config with its inputs filled, the run it was filled from, and the tokenizer to load."""
+
+    config: Any
+    run: Any
+    #: where each filled field came from: "config", "report" or "run"
+    origins: dict[str, str]
+    tokenizer_name: str | None
+    #: the config key or flag that named the tokenizer, for messages
+    tokenizer_origin: str
+    #: the user named the tokenizer (config ``tokenizer`` or ``base_model``), not the run or adapter
+    tokenizer_given: bool
+
+    @property
+    def tokenizer_is_local(self) -> bool:
+        return bool(self.tokenizer_name) and Path(str(self.tokenizer_name)).is_dir()
+
+
+def _from_run(run: Any) -> dict[str, Any]:
+    if run is None:
+        return {}
+    data = run.dataset.path if run.dataset.path and Path(run.dataset.path).exists() else None
+    return {"adapter_path": run.adapter_dir, "base_model": run.lora.base_model, "dataset": data}
+
+
+def _from_report(inputs: "AnalysisInputs | None") -> dict[str, Any]:
+    if inputs is None:
+        return {}
+    return {"adapter_path": inputs.adapter, "base_model": inputs.base_model,
+            "dataset": inputs.dataset.path if inputs.dataset else None,
+            "eval_dataset": inputs.eval_dataset.path if inputs.eval_dataset else None}
+
+
+def resolve_inputs(cfg: Any, run: Any = None, report_inputs: "AnalysisInputs | None" = None) -> ResolvedInputs:
+    """Fill ``cfg``'s inputs from ``report_inputs`` and the run record, and name the tokenizer.
+
+    ``report_inputs``: ``Report.manifest.inputs`` of the report a lane starts from.
+    """
+    if run is None and cfg.run_dir:
+        from gradian.runs import resolve_run
+
+        run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
+    origins: dict[str, str] = {}
+    updates: dict[str, Any] = {}
+    sources = (("report", _from_report(report_inputs)), ("run", _from_run(run)))
+    for key in FILLED:
+        if getattr(cfg, key):
+            origins[key] = "config"
+            continue
+        for origin, values in sources:
+            if values.get(key):
+                updates[key], origins[key] = values[key], origin
+                break
+    given_base = bool(cfg.base_model)
+    cfg = dataclasses.replace(cfg, **updates) if updates else cfg
+
+    if cfg.tokenizer:
+        name, origin, given = cfg.tokenizer, "tokenizer (config)", True
+    elif cfg.base_model:
+        name, given = cfg.base_model, given_base
+        origin = "--base-model" if given_base else "the run's adapter_config.json base_model_name_or_path"
+    elif cfg.adapter_path and (Path(cfg.adapter_path) / "adapter_config.json").is_file():
+        from gradian.model_loading import read_adapter_config
+
+        name = read_adapter_config(cfg.adapter_path).get("base_model_name_or_path") or None
+        origin, given = "adapter_config.json base_model_name_or_path", False
+    else:
+        name, origin, given = None, "--base-model", False
+    return ResolvedInputs(config=cfg, run=run, origins=origins, tokenizer_name=name, tokenizer_origin=origin,
+                          tokenizer_given=given)
