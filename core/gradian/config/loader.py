@@ -122,9 +122,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
+        at_line = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"{path}{line}: not valid YAML ({problem})") from None
+        raise ConfigError(f"{path}{at_line}: not valid YAML ({problem})") from None
     except _DuplicateKey as dup:
         dotted = next((k for k, n in _line_numbers.items()
                        if n == dup.again and k.rsplit(".", 1)[-1] == str(dup.key)), str(dup.key))
@@ -222,7 +222,7 @@ def _reject_unknown_keys(data: Mapping[str, Any], cls: type, path: Path, prefix:
 
 def _dataclass_type(annotation: Any) -> type | None:
     resolved = _SECTION_TYPES.get(annotation) if isinstance(annotation, str) else annotation
-    return resolved if dataclasses.is_dataclass(resolved) else None
+    return resolved if isinstance(resolved, type) and dataclasses.is_dataclass(resolved) else None
 
 
 def _suggest(key: str, known: Mapping[str, Any], prefix: str) -> str:

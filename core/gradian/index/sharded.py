@@ -112,7 +112,7 @@ def _lead(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup", forc
             # a second at most: a million rows are four thousand chunks)
             recorded = {int(p.name[:5]) for p in (target.root / "chunks").glob("?????.record.json")}
             seen["at"], seen["rows"] = now, sum(target.chunk_rows(j) for j in todo if j in recorded)
-            progress(rows_before + seen["rows"], target.n)
+            progress(rows_before + int(seen["rows"]), target.n)
 
     started = time.perf_counter()
     mine = shard_of(todo, shard.rank, shard.world_size)

@@ -45,7 +45,12 @@ def _load_json(path: Path) -> Any:
 def list_checkpoints(run_dir: Path) -> list[Path]:
     """``checkpoint-N`` directories, oldest (smallest N) first."""
     found = [p for p in run_dir.iterdir() if p.is_dir() and _CHECKPOINT.search(p.name)]
-    return sorted(found, key=lambda p: int(_CHECKPOINT.search(p.name).group(1)))
+    return sorted(found, key=_checkpoint_step)
+
+
+def _checkpoint_step(path: Path) -> int:
+    match = _CHECKPOINT.search(path.name)
+    return int(match.group(1)) if match else -1
 
 
 def find_adapter_dir(run_dir: Path) -> Path | None:

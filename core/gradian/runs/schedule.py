@@ -94,7 +94,7 @@ def fit_lr_schedule(rates: Sequence[tuple[int, float]], total_steps: int | None 
     peak_at = int(steps[int(y.argmax())])
     gap = int(steps[1] - steps[0])
     upper = min(total - 1, peak_at + gap)
-    candidates = range(0, upper + 1)
+    candidates: Sequence[int] = range(0, upper + 1)
     if len(candidates) > _MAX_WARMUP_CANDIDATES:
         candidates = sorted(set(np.linspace(0, upper, _MAX_WARMUP_CANDIDATES).round().astype(int).tolist()))
     norm = float(np.linalg.norm(y))

@@ -136,7 +136,8 @@ def _pickle_globals(data: bytes) -> list[str]:
     strings: list[str] = []
     memo: dict[int, Any] = {}
     top: Any = None
-    for op, arg, _ in pickletools.genops(data):
+    for op, raw, _ in pickletools.genops(data):
+        arg: Any = raw
         if op.name in _STRING_OPS:
             top = arg
             strings.append(arg)
