@@ -295,7 +295,7 @@ def test_explain_refuses_a_cache_dir_that_is_a_file_before_loading_anything(tmp_
     report = tmp_path / "report"
     report.mkdir()
     # a report whose dataset and model do not exist: the folder check must come first
-    (report / "report.json").write_text(json.dumps({"verdict": {"kind": "data", "summary": ""}, "manifest": {
+    (report / "report.json").write_text(json.dumps({"verdict": {"kind": "data", "summary": ""}, "manifest": {"kind": "attribute",
         "config": {"cache_dir": str(blocker), "base_model": "no/such-model", "dataset": str(tmp_path / "none.jsonl")}}}))
     line = only_line(gradian("explain", "--report", str(report), "--example-id", "x"))
     assert f"cache_dir {blocker} is an existing file, not a folder" in line, line
