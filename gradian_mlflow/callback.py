@@ -282,7 +282,7 @@ class GradianCallback(TrainerCallback):
                 record = read_mlflow_run(self.run_id, cache_dir=Path(tmp) / "mlflow",
                                          dataset_given=local_data is not None)
                 cfg = load_config(None, overrides={
-                    "run_dir": f"runs:/{self.run_id}", "cache_dir": tmp, "dataset": local_data,
+                    "run": f"runs:/{self.run_id}", "cache_dir": tmp, "dataset": local_data,
                     "eval_dataset": str(self._eval_path) if self._eval_path else None})
                 diagnosis = diagnose(cfg, run=record)
                 files = write_diagnosis(diagnosis.report, Path(tmp) / "report")

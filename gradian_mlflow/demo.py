@@ -90,7 +90,7 @@ def _diagnosis_config(scenario_config: Path, out: Path) -> Path:
     import yaml
 
     data = yaml.safe_load(scenario_config.read_text())
-    for key in ("adapter_path", "run_dir", "dataset"):
+    for key in ("adapter_path", "run", "dataset"):
         data.pop(key, None)
     data["cache_dir"] = str(out.parent / ".gradian")
     out.write_text("# The demo's diagnosis settings: the run itself comes from MLflow.\n" + yaml.safe_dump(data, sort_keys=False))

@@ -142,3 +142,11 @@ def test_starter_config_writes_the_canonical_name():
     text = render_starter_config()
     assert "\nadapter_path: " in text
     assert "\nadapter: " not in text
+
+
+def test_run_names_the_training_run_and_run_dir_is_still_read(tmp_path):
+    assert load_config(write(tmp_path, "run: runs:/0123\n")).run == "runs:/0123"
+    assert load_config(write(tmp_path, "run_dir: out/run\n")).run == "out/run"  # the earlier name
+    assert load_config(overrides={"run": "out/run"}).run == "out/run"
+    with pytest.raises(ConfigError, match="both 'run_dir' and 'run' are set"):
+        load_config(write(tmp_path, "run_dir: a\nrun: b\n"))

@@ -57,7 +57,7 @@ def finetuned(tracking, tinyworld_base, tmp_path_factory):
                          tracking, work)
     # the diagnosis settings: the scenario's metric and clustering, but the run itself from MLflow
     config = yaml.safe_load((work / "scenario" / "gradian.yaml").read_text())
-    for key in ("adapter_path", "run_dir", "dataset"):
+    for key in ("adapter_path", "run", "dataset"):
         config.pop(key)
     config["cache_dir"] = str(work / "cache")
     (work / "diagnosis.yaml").write_text(yaml.safe_dump(config))

@@ -60,7 +60,7 @@ def scenario_config(tinyworld_base, tmp_path_factory):
     items = (root / "eval.jsonl").read_text().splitlines()[:8]
     (root / "items.jsonl").write_text("".join(line + "\n" for line in items))
     config = yaml.safe_load((root / "gradian.yaml").read_text())
-    for key in ("run_dir", "adapter_path"):
+    for key in ("run", "adapter_path"):
         config.pop(key, None)
     config.update({"dataset": str(root / "small.jsonl"), "eval_dataset": str(root / "items.jsonl"),
                    "cache_dir": str(root / ".gradian"), "device": "cpu"})

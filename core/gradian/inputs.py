@@ -4,7 +4,7 @@ Interface: ``resolve_inputs(cfg, run=None, report_inputs=None) -> ResolvedInputs
 (``diagnose``, ``index``, ``attribute``, ``counterfactual``) calls it, so one rule decides where
 each input comes from:
 
-- the run: ``run`` when the caller read it already, else the one ``cfg.run_dir`` names;
+- the run: ``run`` when the caller read it already, else the one ``cfg.run`` names;
 - ``adapter_path``, ``base_model``, ``dataset``, ``eval_dataset``: the config (its file and the
   flags) first, then ``report_inputs`` (the inputs recorded by the report a counterfactual starts
   from), then the run record (its adapter, the base its adapter was trained from, its training
@@ -72,10 +72,10 @@ def resolve_inputs(cfg: Any, run: Any = None, report_inputs: "AnalysisInputs | N
 
     ``report_inputs``: ``Report.manifest.inputs`` of the report a lane starts from.
     """
-    if run is None and cfg.run_dir:
+    if run is None and cfg.run:
         from gradian.runs import resolve_run
 
-        run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
+        run = resolve_run(cfg.run, cache_dir=cfg.cache_dir)
     origins: dict[str, str] = {}
     updates: dict[str, Any] = {}
     sources = (("report", _from_report(report_inputs)), ("run", _from_run(run)))

@@ -241,7 +241,7 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     steps = math.ceil(n / (base_cfg.train.per_device_train_batch_size * base_cfg.train.gradient_accumulation_steps))
     total_steps = steps * int(base_cfg.train.num_train_epochs)
     ref_dir = scenario.root / "fidelity" / "run"
-    overrides = {"cache_dir": str(ws.cache_dir), "dataset": str(data_path), "run_dir": str(ref_dir),
+    overrides = {"cache_dir": str(ws.cache_dir), "dataset": str(data_path), "run": str(ref_dir),
                  "adapter_path": str(ref_dir / "adapter"), "train.output_dir": str(ref_dir),
                  "clustering.method": "declared"}
     reference = {**overrides, "train.save_checkpoints": True,

@@ -119,7 +119,7 @@ class Workspace:
 
         config = config or run.config(self.cache_dir)
         out = run.root / folder
-        run_marker = Path(config.run_dir or run.root / "run") / _FINGERPRINT
+        run_marker = Path(config.run or run.root / "run") / _FINGERPRINT
         fingerprint = _sha(run_marker.read_text() if run_marker.is_file() else "", config_hash(config),
                            capability, cross_check)
         marker = out / _FINGERPRINT

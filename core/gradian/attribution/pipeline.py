@@ -98,7 +98,7 @@ def run_attribution(
 ) -> AttributionOutcome:
     """Run every lane the inputs allow and return (and, with ``out_dir``, write) the report.
 
-    ``run`` is a ``RunRecord`` (or ``cfg.run_dir`` names one): its audit findings are merged, and
+    ``run`` is a ``RunRecord`` (or ``cfg.run`` names one): its audit findings are merged, and
     its adapter, base model and dataset fill what the config leaves empty. ``cross_check``: an
     engine name, ``none``, or ``auto`` (the engine's own default cross-check, see
     ``gradian.engines.registry.resolve_cross_check``).
@@ -123,8 +123,8 @@ def run_attribution(
 
     started = time.time()
     cross_check = resolve_cross_check(cfg.engine.name, cross_check)
-    if run is None and cfg.run_dir:
-        run = resolve_run(cfg.run_dir, cache_dir=cfg.cache_dir)
+    if run is None and cfg.run:
+        run = resolve_run(cfg.run, cache_dir=cfg.cache_dir)
     cfg = fill_from_run(cfg, run)  # read once above, so every stage below sees this record
     check_attention_kernel(cfg.attn_implementation)  # before the audit, not after it
     torch.manual_seed(cfg.seed)

@@ -54,9 +54,9 @@ def attribute_command(
         raise ConfigError(f"--cross-check {cross_check!r}: use auto, none or one of {', '.join(available_engines())}")
     cfg = load_config(config, overrides={
         "dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
-        "adapter_path": adapter, "run_dir": run, "engine.name": engine,
+        "adapter_path": adapter, "run": run, "engine.name": engine,
     })
-    if not cfg.adapter_path and not cfg.run_dir:
+    if not cfg.adapter_path and not cfg.run:
         raise ConfigError(
             "attribute needs --adapter (the LoRA adapter you trained): attribution differentiates with "
             "respect to its parameters"

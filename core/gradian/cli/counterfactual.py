@@ -72,7 +72,7 @@ def counterfactual_command(
     accusing, rankings = load_report(report) if report is not None else (None, None)
     accusing_report = Report.of(accusing) if accusing is not None else None
     flags: dict[str, Any] = {"dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
-                             "adapter_path": adapter, "run_dir": run}
+                             "adapter_path": adapter, "run": run}
     cfg = load_config(config, overrides=flags)
     record = read_run(cfg, trust_run_dataset)
     # what neither the flags nor the config say comes from the report's inputs, then the run's

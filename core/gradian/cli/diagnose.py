@@ -57,7 +57,7 @@ def diagnose_command(
     run = run_reference(run, mlflow_run)
     cfg = load_config(
         config,
-        overrides={"dataset": dataset, "eval_dataset": eval_dataset, "run_dir": run, "base_model": base_model},
+        overrides={"dataset": dataset, "eval_dataset": eval_dataset, "run": run, "base_model": base_model},
     )
     diagnosis = diagnose(cfg, max_seq_length, run=read_run(cfg, trust_run_dataset))
     result, report = diagnosis.result, diagnosis.report

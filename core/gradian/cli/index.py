@@ -44,7 +44,7 @@ def index_command(
 
     started = time.time()
     run = run_reference(run, mlflow_run)
-    cfg = load_config(config, {"dataset": dataset, "base_model": base_model, "adapter_path": adapter, "run_dir": run})
+    cfg = load_config(config, {"dataset": dataset, "base_model": base_model, "adapter_path": adapter, "run": run})
     ensure_writable_dir(cfg.cache_dir, "cache_dir")  # before the model loads, not after the gradients
     with join_shard_group(distributed) as shard:
         built, record = build_index_stage(cfg, trust_run_dataset, force, shard)

@@ -42,19 +42,19 @@ def run_reference(run: str | None, mlflow_run: str | None) -> str | None:
 
 
 def read_run(cfg: Any, trust_run_dataset: bool = False) -> "RunRecord | None":
-    """The RunRecord ``cfg.run_dir`` names, or None.
+    """The RunRecord ``cfg.run`` names, or None.
 
     A tracking-server run's dataset input outside its own artifacts is read only with
     ``--trust-run-dataset``; with ``--dataset`` given, such a run is read without it.
     """
     from gradian.runs import resolve_run, resolve_run_ref
 
-    if not cfg.run_dir:
+    if not cfg.run:
         return None
     options = {"trust_run_dataset": True} if trust_run_dataset else {}
     if cfg.dataset:
         options["dataset_given"] = True
-    return resolve_run(resolve_run_ref(cfg.run_dir), cache_dir=cfg.cache_dir, **options)
+    return resolve_run(resolve_run_ref(cfg.run), cache_dir=cfg.cache_dir, **options)
 
 
 def publish_to_source(record: "RunRecord | None", report: Any, kind: str, files: Sequence[Path] = (), *,

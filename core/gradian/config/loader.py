@@ -147,7 +147,8 @@ _line_numbers: dict[str, int] = {}
 
 #: other spellings a config file may use -> the canonical key (top level). The documentation's
 #: worked examples write ``adapter:``; ``init-config`` and the dataclasses keep ``adapter_path``.
-_KEY_ALIASES: dict[str, str] = {"adapter": "adapter_path"}
+#: ``run_dir`` is the earlier name of ``run``.
+_KEY_ALIASES: dict[str, str] = {"adapter": "adapter_path", "run_dir": "run"}
 
 
 def _apply_key_aliases(data: dict[str, Any], path: Path) -> dict[str, Any]:

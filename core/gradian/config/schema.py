@@ -58,6 +58,7 @@ class EngineConfig:
     fisher_samples: int = _f(1, "Label draws averaged by the true Fisher")
     fisher_seed: int = _f(0, "Seed of the true Fisher's label draws; part of the fitted state's id")
     checkpoints: str = _f("final", "Adapters ekfac/kfac are fitted and scored under: final (the trained adapter) or all (every saved checkpoint-N, summed with the learning rate at each, as TracIn does; falls back to final when the run saved none)")
+    normalize_train: str = _f("none", "Per-row normalization of ekfac/kfac scores: none (influence, in loss units) or relatif (each row's influence divided by the square root of its self-influence, which keeps rows with large gradients from dominating the ranking; scores then rank but are no longer loss changes)")
 
 
 @dataclass
@@ -123,7 +124,7 @@ class GradianConfig:
     adapter_path: Optional[str] = _f(None, "PEFT LoRA adapter directory; required for attribution")
     dataset: Optional[str] = _f(None, "Training data: .jsonl, .json or a save_to_disk directory")
     eval_dataset: Optional[str] = _f(None, "Items describing the capability, with the answers you wanted")
-    run_dir: Optional[str] = _f(None, "Run directory with trainer config and logs, read by the audit")
+    run: Optional[str] = _f(None, "The training run: a run directory (the trainer's output_dir) or a tracking reference such as runs:/<id>; its config, logs, adapter and data fill what is not given")
     cache_dir: str = _f(".gradian", "Where the content-addressed index cache lives")
     trust_remote_code: bool = _f(False, "Passed to transformers; leave off unless the model needs it")
     attn_implementation: str = _f("eager", "Attention kernel; eager keeps it hookable and deterministic")
@@ -149,6 +150,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine.name": tuple(available_engines()),
     "engine.fisher": ("empirical", "true"),
     "engine.checkpoints": ("final", "all"),
+    "engine.normalize_train": ("none", "relatif"),
     "evaluation.metric": ("exact_match", "contains", "not_contains", "loglik"),
     "evaluation.query_signal": ("auto", "contrastive", "target"),
     "clustering.method": ("auto", "hdbscan", "kmeans", "declared", "none"),
