@@ -296,10 +296,11 @@ def run_attribution(
                               report_obj=report_obj)
 
 
-def accused_ids(report: dict[str, Any]) -> list[str]:
+def accused_ids(report: "Report | dict[str, Any]") -> list[str]:
     """The accused set's example ids in a report (empty when the verdict accuses nothing)."""
-    accused = (report.get("attribution") or {}).get("accused") or {}
-    return list(accused.get("example_ids") or [])
+    attribution = Report.of(report).attribution
+    accused = attribution.accused if attribution is not None else None
+    return list(accused.example_ids) if accused is not None else []
 
 
 def _lumpiness_rank(lump: dict[str, Any]) -> tuple[bool, float]:

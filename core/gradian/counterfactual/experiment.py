@@ -214,8 +214,9 @@ def run_counterfactual(
         findings=[],
         attribution=None,
         verdict=Verdict(kind=kind,  # type: ignore[arg-type]
-                        summary=_summary(plan, recovery, outcome, truth, predicted, capability),
-                        hedges=_hedges(recovery, outcome, truth), accused_cluster=plan.cluster),
+                        summary=_summary(plan, block.capability, outcome, block.ground_truth, block.predicted,
+                                         capability),
+                        hedges=_hedges(block.capability, outcome, block.ground_truth), accused_cluster=plan.cluster),
         manifest=manifest,
         counterfactual=block,
     )
@@ -234,36 +235,36 @@ def _pct(x: float | None) -> str:
     return "?" if x is None else f"{100 * x:.0f}%"
 
 
-def _summary(plan: RemovalPlan, rec: Mapping[str, Any], outcome: str, truth: Mapping[str, Any] | None,
-             predicted: Mapping[str, Any] | None, capability: str) -> str:
-    before = "?" if rec["before"] is None else f"{rec['before']:.4f}"
+def _summary(plan: RemovalPlan, rec: Recovery, outcome: str, truth: GroundTruth | None,
+             predicted: PredictedSums | None, capability: str) -> str:
+    before = "?" if rec.before is None else f"{rec.before:.4f}"
     text = (f"Retrained without {plan.n_drop} of {plan.n_examples} examples ({plan.reason}), same base, "
-            f"recipe and seed: '{capability}' ({rec['metric']}) went {rec['base']:.4f} on the base, {before} "
-            f"after the original fine-tune, {rec['after']:.4f} after the retrain")
-    if rec["recovered_fraction"] is not None:
-        text += f"; {_pct(rec['recovered_fraction'])} of the loss recovered"
-    if rec["items_below_base_after"] is not None:
-        text += f"; {rec['items_below_base_after']:g} item(s) below the base (status {rec['status_after']})"
+            f"recipe and seed: '{capability}' ({rec.metric}) went {rec.base:.4f} on the base, {before} "
+            f"after the original fine-tune, {rec.after:.4f} after the retrain")
+    if rec.recovered_fraction is not None:
+        text += f"; {_pct(rec.recovered_fraction)} of the loss recovered"
+    if rec.items_below_base_after is not None:
+        text += f"; {rec.items_below_base_after:g} item(s) below the base (status {rec.status_after})"
     text += f". Outcome: {outcome.replace('_', ' ')}."
     if truth is not None:
-        text += (f" Removal precision {_pct(truth['precision'])} ({truth['n_planted_removed']} of "
-                 f"{truth['n_removed']} removed rows were planted), recall {_pct(truth['recall'])}.")
+        text += (f" Removal precision {_pct(truth.precision)} ({truth.n_planted_removed} of "
+                 f"{truth.n_removed} removed rows were planted), recall {_pct(truth.recall)}.")
     if predicted is not None:
-        text += (f" The accusing scores summed {predicted['sum_all']:+.4g} over the whole set and "
-                 f"{predicted['sum_kept']:+.4g} over the kept rows"
-                 + (" (the sign changed)." if predicted["sign_changed"] else " (same sign)."))
+        text += (f" The accusing scores summed {predicted.sum_all:+.4g} over the whole set and "
+                 f"{predicted.sum_kept:+.4g} over the kept rows"
+                 + (" (the sign changed)." if predicted.sign_changed else " (same sign)."))
     return text
 
 
-def _hedges(rec: Mapping[str, Any], outcome: str, truth: Mapping[str, Any] | None) -> list[str]:
+def _hedges(rec: Recovery, outcome: str, truth: GroundTruth | None) -> list[str]:
     hedges = []
     if outcome == "recovered":
         hedges.append("Recovery shows the removed rows were enough to cause the loss together; it does not "
                       "show that every removed row was harmful.")
-    if truth is not None and truth["precision"] is not None and truth["precision"] < 0.5:
-        hedges.append(f"Only {_pct(truth['precision'])} of the removed rows were planted: the removal took a lot "
+    if truth is not None and truth.precision is not None and truth.precision < 0.5:
+        hedges.append(f"Only {_pct(truth.precision)} of the removed rows were planted: the removal took a lot "
                       "of innocent data with it.")
-    if rec["before"] is None:
+    if rec.before is None:
         hedges.append("The original fine-tune's score is unknown (no report, no original adapter), so recovery "
                       "is judged against the base model only.")
     if outcome in ("partial", "not_recovered"):
