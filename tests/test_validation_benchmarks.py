@@ -49,3 +49,28 @@ def test_figures_from_json(run_all):
                    "datainf.n_2000.ms_per_example_per_query_1": 0.01, "ok": 1.0}
     assert run_all._last_json('noise\n{"a": 1}\n') == {"a": 1}
     assert run_all._last_json("no json here") is None
+
+
+def test_the_attribution_quality_figures_read_the_typed_cluster_rows():
+    """bench_attribution_quality's figures from a ranking where the planted rows are the most
+    harmful and their cluster carries most of the negative influence."""
+    import importlib
+
+    import pandas as pd
+
+    from gradian.report.schema import ClusterRow
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        bench = importlib.import_module("bench_attribution_quality")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    rankings = pd.DataFrame({"row_index": range(6), "score": [-5.0, -4.0, 0.5, -0.5, 1.0, 2.0]})
+    clusters = [ClusterRow(cluster="clean", label="clean", n=4, signed_influence=3.0, share_of_negative=0.05,
+                           mean_per_example=0.75),
+                ClusterRow(cluster="poison", label="poison", n=2, signed_influence=-9.0, share_of_negative=0.95,
+                           mean_per_example=-4.5)]
+    figures = bench.quality(rankings, clusters, planted={0, 1}, planted_cluster="poison")
+    assert figures["auc"] == 1.0 and figures["top_k_precision"] == 1.0
+    assert figures["planted_share_of_negative"] == 0.95
+    assert figures["planted_cluster_rank"] == 1 and figures["planted_mean_rank"] == 1 and figures["n_clusters"] == 2

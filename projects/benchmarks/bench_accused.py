@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from gradian.report.schema import Accused, Report
+
 SCENARIO = "poison_capitals_ontopic"
 ENGINES = ("datainf", "ekfac", "kfac", "graddot")
 
@@ -55,11 +57,11 @@ def precision_recall(chosen: set[int], planted: set[int]) -> tuple[float, float]
     return (hit / len(chosen) if chosen else 0.0), (hit / len(planted) if planted else 0.0)
 
 
-def candidate_rows(rankings: Any, accused: dict[str, Any], seed: int) -> dict[str, set[int]]:
+def candidate_rows(rankings: Any, accused: "Accused", seed: int) -> dict[str, set[int]]:
     """Row indices of every candidate split, recomputed from the rankings the report wrote."""
     from gradian.cluster.accused import _gap_split, _harmful_probability, harm_transform
 
-    members = rankings[rankings["cluster"].astype(str) == str(accused["cluster"])]
+    members = rankings[rankings["cluster"].astype(str) == str(accused.cluster)]
     scores = members["score"].to_numpy(dtype=np.float64)
     rows = members["row_index"].to_numpy()
     scale = float(np.median(np.abs(rankings["score"].to_numpy(dtype=np.float64)))) or 1.0
@@ -83,20 +85,20 @@ def measure(root: Path, planted: set[int], capability: str, engine: str, overrid
                                               "evaluation.query_signal": "contrastive",
                                               "engine.name": engine, **overrides})
     outcome = run_attribution(cfg, capability=capability, cross_check="none", out_dir=root / f"report-{engine}")
-    report, rankings = outcome.report, outcome.rankings
-    accused = report["attribution"].get("accused")
+    report, rankings = Report.of(outcome.report_obj or outcome.report), outcome.rankings
+    accused = report.attribution.accused if report.attribution is not None else None
     from sklearn.metrics import roc_auc_score
 
     is_planted = rankings["row_index"].isin(planted).to_numpy()
     auc = float(roc_auc_score(is_planted, -rankings["score"].to_numpy(dtype=np.float64)))
-    result: dict[str, Any] = {"engine": engine, "verdict": report["verdict"]["kind"], "auc": round(auc, 3)}
+    result: dict[str, Any] = {"engine": engine, "verdict": report.verdict.kind, "auc": round(auc, 3)}
     if not accused:
         return result
-    cluster_rows = set(rankings.loc[rankings["cluster"].astype(str) == str(accused["cluster"]), "row_index"])
+    cluster_rows = set(rankings.loc[rankings["cluster"].astype(str) == str(accused.cluster), "row_index"])
     chosen = set(int(r) for r in rankings.loc[rankings["accused"], "row_index"])
     precision, recall = precision_recall(chosen, planted)
     result.update(cluster_n=len(cluster_rows), planted_in_cluster=len(cluster_rows & planted),
-                  method=accused["method"], accused_n=len(chosen), precision=round(precision, 3),
+                  method=accused.method, accused_n=len(chosen), precision=round(precision, 3),
                   recall=round(recall, 3), candidates={})
     for method, rows in candidate_rows(rankings, accused, cfg.seed).items():
         p, r = precision_recall(rows, planted)

@@ -38,6 +38,8 @@ from typing import Any
 import numpy as np
 import yaml
 
+from gradian.report.schema import ClusterRow, Report
+
 ENGINES = ("ekfac", "kfac", "datainf", "graddot", "tracin")
 SIGNALS = ("target", "contrastive")
 SCENARIO = "poison_capitals"
@@ -66,7 +68,7 @@ def _overrides(root: Path, save_steps: int) -> dict[str, Any]:
             "cache_dir": str(root / ".gradian"), "device": "cpu"}
 
 
-def quality(rankings: Any, clusters: list[dict[str, Any]], planted: set[int], planted_cluster: str) -> dict[str, Any]:
+def quality(rankings: Any, clusters: "list[ClusterRow]", planted: set[int], planted_cluster: str) -> dict[str, Any]:
     """The figures of the module docstring for one ranking."""
     from sklearn.metrics import roc_auc_score
 
@@ -77,18 +79,18 @@ def quality(rankings: Any, clusters: list[dict[str, Any]], planted: set[int], pl
     # harm percentile: share of rows at most as harmful as this one (100 = the most harmful)
     ranks = np.argsort(np.argsort(harm, kind="stable"), kind="stable")
     percentile = 100.0 * (ranks + 1) / len(harm)
-    by_share = sorted(clusters, key=lambda c: -c["share_of_negative"])
-    by_mean = sorted(clusters, key=lambda c: c["mean_per_example"])
-    row = next((c for c in clusters if str(c["cluster"]) == planted_cluster), None)
+    by_share = sorted(clusters, key=lambda c: -c.share_of_negative)
+    by_mean = sorted(clusters, key=lambda c: c.mean_per_example)
+    row = next((c for c in clusters if str(c.cluster) == planted_cluster), None)
     return {
         "n": len(harm),
         "n_planted": k,
         "auc": float(roc_auc_score(is_planted, harm)),
         "top_k_precision": float(is_planted[order[:k]].mean()),
         "median_planted_percentile": float(np.median(percentile[is_planted])),
-        "planted_share_of_negative": float(row["share_of_negative"]) if row else None,
-        "planted_cluster_rank": 1 + [str(c["cluster"]) for c in by_share].index(planted_cluster) if row else None,
-        "planted_mean_rank": 1 + [str(c["cluster"]) for c in by_mean].index(planted_cluster) if row else None,
+        "planted_share_of_negative": float(row.share_of_negative) if row else None,
+        "planted_cluster_rank": 1 + [str(c.cluster) for c in by_share].index(planted_cluster) if row else None,
+        "planted_mean_rank": 1 + [str(c.cluster) for c in by_mean].index(planted_cluster) if row else None,
         "n_clusters": len(clusters),
     }
 
@@ -131,13 +133,14 @@ def measure(config_path: Path, info: dict[str, Any], save_steps: int, engines: t
             started = time.perf_counter()
             outcome = run_attribution(cfg, capability=(info.get("capability") or {}).get("name", "capitals"), cross_check=None)
             seconds = time.perf_counter() - started
-            attribution = outcome.report["attribution"]
+            report = Report.of(outcome.report_obj or outcome.report)
+            attribution = report.attribution
             if attribution is None:
-                raise SystemExit(f"attribution did not run for {engine}/{signal}: {outcome.report['verdict']}")
-            figures = quality(outcome.rankings, attribution["clusters"], planted, planted_cluster)
-            figures.update(engine=engine, query_signal=attribution["query_signal"],
-                           verdict=outcome.report["verdict"]["kind"], seconds=round(seconds, 1),
-                           notes=[n for n in attribution["notes"] if n.startswith(engine)])
+                raise SystemExit(f"attribution did not run for {engine}/{signal}: {report.verdict.summary}")
+            figures = quality(outcome.rankings, attribution.clusters, planted, planted_cluster)
+            figures.update(engine=engine, query_signal=attribution.query_signal,
+                           verdict=report.verdict.kind, seconds=round(seconds, 1),
+                           notes=[n for n in attribution.notes if n.startswith(engine)])
             results.append(figures)
             scores[(engine, signal)] = outcome.rankings["score"].to_numpy(dtype=np.float64)
             print(f"  {engine:8s} {signal:12s} AUC {figures['auc']:.3f}  ({seconds:.0f} s)", flush=True)
