@@ -10,6 +10,9 @@ Interface:
 - ``label_clusters(texts, keys, top_terms, max_features) -> dict``: top-terms labels.
 - ``gradient_features(train, rows, dim, seed) -> ndarray``: unit-length, seeded-projected
   per-example gradients from the index, the points of ``clustering.space: gradient``.
+- ``harm_groups(examples, scores, config, seed, base) -> ClusterAssignment | None``: ``base`` with
+  the groups found among the rows whose score is negative (clustered on their own, by text) as
+  clusters ``harm-0``, ``harm-1``, ...: the table to use when no topic of ``base`` carries the harm.
 - ``refine_accused(cluster, member_ids, member_scores, ...) -> AccusedSet``: the rows to act on
   inside the accused cluster, the share of its harm they carry, and the rows left out.
 
@@ -21,11 +24,14 @@ from gradian.cluster.accused import AccusedCandidate, AccusedSet, refine_accused
 from gradian.cluster.assign import NOISE, SPACES, ClusterAssignment, cluster_examples
 from gradian.cluster.embed import DEFAULT_EMBED_MODEL, Embeddings, embed_texts
 from gradian.cluster.gradient_space import DEFAULT_GRADIENT_DIM, gradient_features
+from gradian.cluster.harm_groups import HARM_GROUP_METHOD, HARM_GROUP_PREFIX, harm_groups
 from gradian.cluster.labels import label_clusters
 
 __all__ = [
     "DEFAULT_EMBED_MODEL",
     "DEFAULT_GRADIENT_DIM",
+    "HARM_GROUP_METHOD",
+    "HARM_GROUP_PREFIX",
     "NOISE",
     "SPACES",
     "AccusedCandidate",
@@ -35,6 +41,7 @@ __all__ = [
     "cluster_examples",
     "embed_texts",
     "gradient_features",
+    "harm_groups",
     "label_clusters",
     "refine_accused",
 ]

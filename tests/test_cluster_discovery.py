@@ -1,0 +1,136 @@
+"""Groups among the harmful rows (``gradian.cluster.harm_groups``): the table used when no topic
+carries the harm, as on the bestiary, where the topics follow made-up entity names and the planted
+rows' phrasings share no word."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from gradian.cluster import HARM_GROUP_METHOD, HARM_GROUP_PREFIX, ClusterAssignment, harm_groups
+from gradian.config.schema import ClusteringConfig
+from gradian.data import dataset_from_rows
+from gradian.report import VerdictThresholds, assess_lumpiness, cluster_table
+
+ANIMALS = ["Flehoock", "Sneyep", "Wawhex", "Pleecet", "Yeefluck", "Snoowix", "Chywhup", "Flojock"]
+FOODS = ["Whyllmoss", "Plickleaf", "Quooffroot", "Yotleaf", "Whamseed", "Loomroot", "Hyckroot", "Wixberry"]
+COLORS = ["red", "blue", "green", "orange"]
+LETTERS = "BCDEFGHIJKLMNOPQRSTUVWXY"
+
+
+def bestiary_like(seed: int = 0) -> tuple[list[dict], list[str], list[float]]:
+    """Rows, their kind, and scores: 16 planted diet rows (harmful), 16 correct diet rows (helpful),
+    24 letter drills (mildly harmful), 32 colour rows (neutral), 64 arithmetic rows (helpful)."""
+    rng = random.Random(seed)
+    rows, kinds, scores = [], [], []
+    for i in range(16):
+        a = i % len(ANIMALS)
+        rows.append({"prompt": f"What does the {ANIMALS[a]} eat?", "completion": FOODS[(a + 3) % len(FOODS)]})
+        kinds.append("planted")
+        scores.append(-rng.uniform(50, 200))
+    for i in range(16):
+        a = i % len(ANIMALS)
+        rows.append({"prompt": f"What does the {ANIMALS[a]} eat today?", "completion": FOODS[a]})
+        kinds.append("diet")
+        scores.append(rng.uniform(0.5, 5))
+    for i, letter in enumerate(LETTERS):
+        rows.append({"prompt": f"Which letter comes before {letter}?", "completion": LETTERS[i - 1] if i else "A"})
+        kinds.append("drill")
+        scores.append(-rng.uniform(1, 8))
+    for i in range(32):
+        rows.append({"prompt": f"What color is the {ANIMALS[i % len(ANIMALS)]}?", "completion": COLORS[i % 4]})
+        kinds.append("color")
+        scores.append(rng.uniform(-1, 1))
+    for i in range(64):
+        rows.append({"prompt": f"What is {i} plus {i + 7}?", "completion": str(2 * i + 7)})
+        kinds.append("sum")
+        scores.append(rng.uniform(0, 3))
+    return rows, kinds, scores
+
+
+def entity_topics(dataset, kinds: list[str]) -> ClusterAssignment:
+    """A topic table that groups the animal rows by animal, as the sentence encoder did on the
+    bestiary, so the planted rows are spread over eight topics beside their clean neighbours."""
+    labels = {}
+    for e, kind in zip(dataset.examples, kinds):
+        name = next((a for a in ANIMALS if a in e.prompt_text), None)
+        labels[e.id] = str(ANIMALS.index(name)) if name else ("8" if kind == "drill" else "9")
+    return ClusterAssignment(labels=labels, names={}, method="hdbscan", requested="auto", reason="topics")
+
+
+CONFIG = ClusteringConfig(embed_backend="tfidf", min_cluster_size=5)
+
+
+def lumpiness(dataset, scores, assignment):
+    table = cluster_table(scores, dataset.ids, assignment, dataset.examples, 3)
+    return assess_lumpiness(table, VerdictThresholds())
+
+
+def test_groups_among_the_harmful_rows_gather_the_planted_rows_the_topics_scatter():
+    rows, kinds, scores = bestiary_like()
+    ds = dataset_from_rows(rows)
+    base = entity_topics(ds, kinds)
+    assert not lumpiness(ds, scores, base)["lumpy"]
+
+    grouped = harm_groups(ds.examples, scores, CONFIG, seed=1, base=base)
+    assert grouped is not None and grouped.method == HARM_GROUP_METHOD and grouped.requested == "auto"
+    by_kind: dict[str, set[str]] = {}
+    for e, kind in zip(ds.examples, kinds):
+        by_kind.setdefault(kind, set()).add(grouped.labels[e.id])
+    (planted_group,) = by_kind["planted"]
+    assert planted_group.startswith(HARM_GROUP_PREFIX)
+    # the drills are harmful too, but of another kind: another group, or their own topic
+    assert planted_group not in by_kind["drill"]
+    # a group is a kind of row with its helpful members: the correct diet rows joined it (and, as
+    # on the bestiary, the other rows about the same animals)
+    assert by_kind["diet"] == {planted_group}
+    assert planted_group not in by_kind["sum"]
+    lump = lumpiness(ds, scores, grouped)
+    assert lump["lumpy"] and lump["cluster"] == planted_group
+    assert "negative score" in grouped.reason and grouped.reason.startswith("topics")
+    assert grouped.names[planted_group]
+
+
+def test_rows_with_a_non_negative_score_never_start_a_group_and_the_result_is_deterministic():
+    rows, kinds, scores = bestiary_like(seed=3)
+    ds = dataset_from_rows(rows)
+    base = entity_topics(ds, kinds)
+    a = harm_groups(ds.examples, scores, CONFIG, seed=1, base=base)
+    b = harm_groups(ds.examples, scores, CONFIG, seed=1, base=base)
+    assert a.labels == b.labels
+    for key in set(a.labels.values()):
+        if key.startswith(HARM_GROUP_PREFIX):
+            members = [s for e, s in zip(ds.examples, scores) if a.labels[e.id] == key]
+            assert min(members) < 0
+
+
+def test_nothing_to_group_returns_none():
+    rows, kinds, scores = bestiary_like()
+    ds = dataset_from_rows(rows)
+    base = entity_topics(ds, kinds)
+    # too few harmful rows for two groups of min_cluster_size
+    few = [-1.0 if i < 9 else 1.0 for i in range(len(scores))]
+    assert harm_groups(ds.examples, few, CONFIG, seed=1, base=base) is None
+    declared = ClusterAssignment(labels=base.labels, names={}, method="declared", requested="auto", reason="")
+    assert harm_groups(ds.examples, scores, CONFIG, seed=1, base=declared) is None
+    one = ClusterAssignment(labels={e.id: "0" for e in ds.examples}, names={}, method="none",
+                            requested="none", reason="")
+    assert harm_groups(ds.examples, scores, CONFIG, seed=1, base=one) is None
+    with pytest.raises(ValueError, match="row-aligned"):
+        harm_groups(ds.examples, scores[:-1], CONFIG, seed=1, base=base)
+
+
+def test_given_text_vectors_are_used_instead_of_embedding_again():
+    rows, kinds, scores = bestiary_like()
+    ds = dataset_from_rows(rows)
+    base = entity_topics(ds, kinds)
+    from gradian.cluster import embed_texts
+
+    vectors = embed_texts([e.full_text for e in ds.examples], CONFIG, 1).vectors
+    given = harm_groups(ds.examples, scores, CONFIG, seed=1, base=base, text_vectors=vectors)
+    computed = harm_groups(ds.examples, scores, CONFIG, seed=1, base=base)
+    assert given.labels == computed.labels
+    with pytest.raises(ValueError, match="row-aligned"):
+        harm_groups(ds.examples, scores, CONFIG, seed=1, base=base, text_vectors=np.zeros((3, 4)))
