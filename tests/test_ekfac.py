@@ -324,6 +324,18 @@ def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path,
     state = fit_engine("ekfac", index, cfg.engine, context, cache_dir=cfg.cache_dir)
     assert [c["label"] for c in state.meta["checkpoints"]] == ["checkpoint-10", final.name]
     assert state.state_id is None  # per-checkpoint indexes and adapters live in memory: not stored
+    first, last = state.meta["checkpoints"]
+    # the checkpoint with the final adapter's weights reuses the final index; the other's factors
+    # came from its own index build, and each fit is stored beside its index like a final-adapter fit
+    assert last["final_adapter"] and last["index_id"] == index.index_id
+    assert not first["final_adapter"] and first["index_id"] != index.index_id
+    assert state.extra["checkpoints"][0]["state"].meta["factors_from"] == "index build"
+    assert first["state_id"] and last["state_id"] and not first["cached"]
+    again = fit_engine("ekfac", index, cfg.engine, context, cache_dir=cfg.cache_dir)
+    assert all(c["cached"] for c in again.meta["checkpoints"])
+    assert [c["state_id"] for c in again.meta["checkpoints"]] == [first["state_id"], last["state_id"]]
+    tracin = get_engine("tracin").fit(index, cfg.engine, context)
+    assert [c["index_id"] for c in tracin.meta["checkpoints"]] == [first["index_id"], index.index_id]
     query_rows = tokenize_examples(dataset_from_rows([{"prompt": "say hello", "completion": "hello"}]).examples,
                                    chat_tokenizer, 64)
 
@@ -343,9 +355,45 @@ def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path,
         alone_state = engine.fit(alone_index, final_only, dataclasses.replace(context, gm=alone, run=None))
         expected += weight * engine.score(alone_state, query_for(alone), final_only).scores
     np.testing.assert_allclose(result.scores, expected, rtol=1e-6)
+    np.testing.assert_allclose(engine.score(again, query_for(gm), cfg.engine, query_for=query_for).scores,
+                               result.scores, rtol=1e-12)
     gm.model.set_adapter(gm.adapter_name)  # the query under each checkpoint left the last one active
     assert not np.allclose(result.scores, engine.score(engine.fit(index, final_only, context), query_for(gm),
                                                        final_only).scores)
     # a run without checkpoints: the final adapter alone, and the report says so
     bare = engine.fit(index, cfg.engine, dataclasses.replace(context, run=RunRecord.from_dict({})))
     assert any("saved no checkpoint" in n for n in engine.score(bare, query_for(gm), cfg.engine).notes)
+
+
+def test_relatif_divides_each_score_by_the_root_of_the_rows_explicit_self_influence():
+    """``engine.normalize_train: relatif``: score_j / sqrt(g_j^T (F + lambda)^-1 g_j), with F the
+    EK-FAC curvature formed explicitly per LoRA matrix; scaling a row's gradient leaves its score."""
+    from gradian.engines.kronecker import KroneckerEigen
+
+    gm, tok, tokenized, grads, context = _setup()
+    engine = get_engine("ekfac")
+    plain = EngineConfig(name="ekfac")
+    relatif = EngineConfig(name="ekfac", normalize_train="relatif")
+    state = engine.fit(InMemoryGradients(grads), plain, context)
+    query = {b: g[0] + 0.5 * g[3] for b, g in grads.items()}
+    raw = engine.score(state, query, plain)
+    got = engine.score(state, query, relatif)
+    assert "RelatIF" in got.notes[0]
+    own = np.zeros(len(tokenized))
+    for layer in state.meta["layers"]:
+        key, b, o, i, off = layer["key"], layer["block"], layer["out"], layer["in"], layer["offset"]
+        eigen = KroneckerEigen(state.arrays[f"{key}.q_a"], state.arrays[f"{key}.q_s"], state.arrays[f"{key}.eigenvalues"])
+        basis = _kron_basis(eigen)
+        curvature = basis @ np.diag(eigen.eigenvalues.ravel()) @ basis.T + raw.damping[key] * np.eye(o * i)
+        g = grads[b][:, off: off + o * i]
+        own += np.einsum("bi,bi->b", g, np.linalg.solve(curvature, g.T).T)
+    np.testing.assert_allclose(got.scores, raw.scores / np.sqrt(own), rtol=1e-8)
+    # the normalization removes the row's gradient scale (same curvature, one row scaled by 7)
+    scaled = {b: g.copy() for b, g in grads.items()}
+    for g in scaled.values():
+        g[2] *= 7.0
+    moved = engine.score(EngineState("ekfac", InMemoryGradients(scaled), arrays=state.arrays, meta=state.meta),
+                         query, relatif)
+    np.testing.assert_allclose(moved.scores, got.scores, rtol=1e-9)
+    with pytest.raises(ConfigError, match="normalize_train"):
+        engine.score(state, query, EngineConfig(name="ekfac", normalize_train="l1"))

@@ -34,11 +34,13 @@ from gradian.engines.kronecker import KroneckerEigen, KroneckerFactors, correcte
 from gradian.engines.registry import register_engine
 from gradian.errors import ConfigError
 
-__all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS", "KroneckerCollector"]
+__all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS", "TRAIN_NORMALIZATIONS", "KroneckerCollector", "self_influence"]
 
 FISHER_KINDS = ("empirical", "true")
 #: ``engine.checkpoints``: fit under the final adapter, or under every saved checkpoint
 CHECKPOINT_MODES = ("final", "all")
+#: ``engine.normalize_train``: raw influence, or each row's divided by the root of its self-influence
+TRAIN_NORMALIZATIONS = ("none", "relatif")
 
 
 def _layers(gm: Any) -> list[dict[str, Any]]:
@@ -180,6 +182,18 @@ class KroneckerCollector:
         return hook
 
 
+def _with_checkpoints(config: Any, mode: str) -> Any:
+    """``config`` with ``checkpoints`` set to ``mode`` (an ``EngineConfig`` or any plain object)."""
+    import copy
+    import dataclasses
+
+    if dataclasses.is_dataclass(config):
+        return dataclasses.replace(config, checkpoints=mode)
+    out = copy.copy(config)
+    out.checkpoints = mode
+    return out
+
+
 class _KroneckerEngine(Engine):
     curvature = "kronecker"
     needs_model = True
@@ -230,22 +244,36 @@ class _KroneckerEngine(Engine):
                          paths: list[str]) -> EngineState:
         """One fit per saved checkpoint, each on the training set's gradients under that checkpoint
         (indexed here, through the content-addressed index cache); scores are summed with the
-        learning rate at each checkpoint as weight."""
+        learning rate at each checkpoint as weight.
+
+        Each checkpoint's fit is the fit ``engine.checkpoints: final`` would make with that
+        checkpoint as the adapter, and it is stored beside that checkpoint's index the same way, so
+        a second run loads it. The Kronecker factors come from the checkpoint's index build when it
+        was computed (no pass of its own); the checkpoint holding the final adapter's weights reuses
+        the final index and its fit."""
         import dataclasses
 
+        from gradian.engines.state import fit_engine
         from gradian.engines.tracin import index_checkpoints
 
         fits: list[dict[str, Any]] = []
+        single = _with_checkpoints(config, "final")
+        cache_dir = getattr(context.config, "cache_dir", None)
 
         def fit_under(checkpoint: Any) -> None:  # runs while the checkpoint's adapter is active
-            part = self._fit_adapter(checkpoint.train, config,
-                                     dataclasses.replace(context, gm=checkpoint.gm, collected=None))
-            fits.append({"label": checkpoint.label, "weight": checkpoint.weight, "state": part, "gm": checkpoint.gm})
+            part = fit_engine(self.name, checkpoint.train, single,
+                              dataclasses.replace(context, gm=checkpoint.gm, collected=checkpoint.collected, run=None),
+                              cache_dir=cache_dir)
+            fits.append({"label": checkpoint.label, "weight": checkpoint.weight, "state": part, "gm": checkpoint.gm,
+                         "is_final": checkpoint.is_final})
 
-        index_checkpoints(context, paths, f"{self.name}: indexing and fitting", each=fit_under)
+        index_checkpoints(context, paths, f"{self.name}: indexing and fitting", each=fit_under, final=train,
+                          collect=True)
         meta = {"layers": fits[0]["state"].meta["layers"],
                 "checkpoints": [{"label": f["label"], "weight": f["weight"],
                                  "index_id": getattr(f["state"].train, "index_id", None),
+                                 "state_id": f["state"].state_id, "cached": f["state"].cache_hit,
+                                 "final_adapter": f["is_final"],
                                  "eigenvalues_from": f["state"].meta.get("eigenvalues_from")} for f in fits],
                 "eigenvalues_from": fits[0]["state"].meta.get("eigenvalues_from")}
         return EngineState(self.name, train, meta=meta, extra={"checkpoints": fits})
@@ -450,7 +478,38 @@ class _KroneckerEngine(Engine):
         notes = [f"{self.name}: Kronecker-factored {fisher} Fisher over {len(layers)} LoRA matrices, "
                  f"eigenvalues from {state.meta.get('eigenvalues_from', '?')}, damping "
                  + (f"{override:g} (absolute)" if override is not None else f"{scale:g} x each matrix's mean eigenvalue")]
+        normalize = getattr(config, "normalize_train", "none")
+        if normalize not in TRAIN_NORMALIZATIONS:
+            raise ConfigError(f"engine.normalize_train '{normalize}' is not one of {', '.join(TRAIN_NORMALIZATIONS)}")
+        if normalize == "relatif":
+            own = self_influence(state, damping)
+            scores = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]
+            notes[0] += ("; each row's score divided by the square root of its self-influence (RelatIF), so scores "
+                         "rank rows but are no longer loss changes")
         return EngineResult(self.name, scores[:, 0] if single else scores, notes=notes, damping=damping)
+
+
+def self_influence(state: EngineState, damping: Mapping[str, float]) -> np.ndarray:
+    """``g_j^T (F + lambda)^-1 g_j`` of every training row under a fitted Kronecker state, ``[n]``.
+
+    Each row's matrix gradient is rotated into the layer's eigenbasis, ``R = Q_S^T G Q_A``, and
+    ``sum R^2 / (Lambda + lambda_l)`` is summed over the LoRA matrices: the same inverse as scoring
+    applies to the query, applied to the row itself. One read of the index.
+    """
+    train = state.train
+    layers = state.meta["layers"]
+    out = np.zeros(train.n, dtype=np.float64)
+    eigen = {layer["key"]: KroneckerEigen(state.arrays[f"{layer['key']}.q_a"], state.arrays[f"{layer['key']}.q_s"],
+                                          state.arrays[f"{layer['key']}.eigenvalues"]) for layer in layers}
+    for start, chunk in train.iter_chunks():
+        rows = next(iter(chunk.values())).shape[0]
+        for layer in layers:
+            key, o, i, off = layer["key"], layer["out"], layer["in"], layer["offset"]
+            g = np.asarray(chunk[layer["block"]][:, off: off + o * i], dtype=np.float64).reshape(rows, o, i)
+            rotated = eigen[key].rotate(g)
+            out[start: start + rows] += np.einsum("boi,oi->b", rotated * rotated,
+                                                  1.0 / (eigen[key].eigenvalues + damping[key]))
+    return out
 
 
 def _train_widths(train: TrainGradients) -> dict[str, int]:

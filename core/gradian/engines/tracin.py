@@ -26,7 +26,7 @@ from gradian.engines.graddot import gradient_dot
 from gradian.engines.registry import register_engine
 from gradian.errors import ConfigError
 
-__all__ = ["TracInEngine", "TracInCheckpoint", "checkpoint_learning_rates", "index_checkpoints"]
+__all__ = ["TracInEngine", "TracInCheckpoint", "checkpoint_learning_rates", "index_checkpoints", "same_adapter_weights"]
 
 
 @dataclass
@@ -39,6 +39,10 @@ class TracInCheckpoint:
     label: str = ""
     #: the ``GradientModel`` of this checkpoint (its query is measured under it)
     gm: Any = None
+    #: Kronecker factors gathered while this checkpoint's index was built (``collect=True``), if any
+    collected: Any = None
+    #: the checkpoint holds the final adapter's weights, so it reuses the final index and model
+    is_final: bool = False
 
 
 def checkpoint_learning_rates(checkpoints: Sequence[str], record: Any) -> list[float]:
@@ -64,12 +68,20 @@ def checkpoint_learning_rates(checkpoints: Sequence[str], record: Any) -> list[f
 
 
 def index_checkpoints(context: FitContext, paths: Sequence[str], verb: str,
-                      each: Callable[[TracInCheckpoint], None] | None = None) -> list[TracInCheckpoint]:
+                      each: Callable[[TracInCheckpoint], None] | None = None, final: TrainGradients | None = None,
+                      collect: bool = False) -> list[TracInCheckpoint]:
     """Every checkpoint in ``paths`` loaded as an extra adapter on ``context.gm`` and its training
     gradients indexed (through the content-addressed index cache), weighted by the learning rate
     at that checkpoint. ``each(checkpoint)`` runs while that checkpoint's adapter is active;
     ``context.gm``'s own adapter is active again afterwards. ``verb`` says, in the log, what is
-    done under each checkpoint (``"tracin: indexing"``)."""
+    done under each checkpoint (``"tracin: indexing"``).
+
+    A checkpoint whose LoRA weights equal the final adapter's (the last one a run saves) is not
+    indexed again when ``final`` (the final adapter's training gradients) is given: it gets
+    ``final``, ``context.gm`` and ``context.collected``. ``collect=True`` gathers the Kronecker
+    factors during each checkpoint's index build (``checkpoint.collected``), so an EK-FAC fit
+    under it needs no pass of its own when the index was computed rather than read from the cache.
+    """
     from gradian.index import GradientIndex
 
     weights = checkpoint_learning_rates(paths, context.run)
@@ -79,16 +91,57 @@ def index_checkpoints(context: FitContext, paths: Sequence[str], verb: str,
         for path, weight in zip(paths, weights):
             label = Path(path).name
             view = checkpoint_model(context.gm, path, label, full)
-            if context.log:
-                context.log(f"{verb} under {label}")
-            index = GradientIndex.build(view, context.tokenizer, context.dataset, full)
-            checkpoint = TracInCheckpoint(weight=weight, train=index, label=label, gm=view)
+            if final is not None and same_adapter_weights(context.gm.model, label, context.gm.adapter_name):
+                if context.log:
+                    context.log(f"{verb} under {label}: the final adapter's weights, its index reused")
+                view = activate(context.gm, None, full)
+                checkpoint = TracInCheckpoint(weight=weight, train=final, label=label, gm=view,
+                                              collected=context.collected, is_final=True)
+            else:
+                if context.log:
+                    context.log(f"{verb} under {label}")
+                collector = None
+                if collect:
+                    from gradian.engines.ekfac import KroneckerCollector
+
+                    with KroneckerCollector(view) as collector:
+                        index = GradientIndex.build(view, context.tokenizer, context.dataset, full)
+                else:
+                    index = GradientIndex.build(view, context.tokenizer, context.dataset, full)
+                checkpoint = TracInCheckpoint(weight=weight, train=index, label=label, gm=view, collected=collector)
             if each is not None:
                 each(checkpoint)
             out.append(checkpoint)
     finally:
         activate(context.gm, None, full)
     return out
+
+
+def same_adapter_weights(model: Any, first: str, second: str) -> bool:
+    """Adapters ``first`` and ``second`` of a PEFT ``model`` have the same LoRA settings and weights."""
+    import torch
+
+    if first == second:
+        return True
+    configs = getattr(model, "peft_config", {})
+    if first not in configs or second not in configs:
+        return False
+    keys = ("r", "lora_alpha", "use_rslora", "use_dora", "target_modules", "fan_in_fan_out")
+    a, b = configs[first], configs[second]
+    if any(getattr(a, k, None) != getattr(b, k, None) for k in keys):
+        return False
+    mine, theirs = f".{first}.", f".{second}."
+    left: dict[str, Any] = {}
+    right: dict[str, Any] = {}
+    for name, param in model.named_parameters():
+        if mine in name:
+            left[name.replace(mine, ".<adapter>.")] = param
+        elif theirs in name:
+            right[name.replace(theirs, ".<adapter>.")] = param
+    if not left or left.keys() != right.keys():
+        return False
+    with torch.no_grad():
+        return all(left[k].shape == right[k].shape and torch.equal(left[k], right[k]) for k in left)
 
 
 def checkpoint_model(gm: Any, path: str | Path, label: str, config: Any = None) -> Any:
@@ -136,7 +189,7 @@ class TracInEngine(Engine):
         paths = list(getattr(run, "checkpoints", None) or [])
         if not paths or context is None or context.gm is None:
             return EngineState(self.name, train, meta={"checkpoints": [], "equivalent_to": "graddot"})
-        checkpoints = index_checkpoints(context, paths, "tracin: indexing")
+        checkpoints = index_checkpoints(context, paths, "tracin: indexing", final=train)
         meta: dict[str, Any] = {"checkpoints": [{"label": c.label, "weight": c.weight,
                                                  "index_id": getattr(c.train, "index_id", None)} for c in checkpoints]}
         final_id = getattr(train, "index_id", None)
