@@ -38,11 +38,19 @@ import socket
 import sys
 import tempfile
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from gradian.redact import redact
+from gradian.report.schema import (
+    AttributeManifest,
+    CounterfactualManifest,
+    DiagnoseManifest,
+    IndexManifest,
+    IndexSummary,
+    Manifest,
+    Report,
+)
 from gradian.termination import sigterm_raises
 from gradian_mlflow.client import TrackingError, call, get_client, parse_run_ref
 
@@ -96,72 +104,87 @@ def flatten_numbers(data: Any, prefix: str = "", *, key: Callable[[str], str] = 
     return out
 
 
-def report_metrics(report: Mapping[str, Any]) -> dict[str, float]:
+def report_metrics(report: "Report | Mapping[str, Any]") -> dict[str, float]:
     """Flat metric dict of a report (finite numbers only)."""
+    report = Report.of(report)
     metrics: dict[str, float] = {}
-    cap = report.get("capability") or {}
-    for key in ("base", "tuned", "delta", "n_items", "n_flipped", "n_base_failing"):
-        if _num(cap.get(key)) is not None:
-            metrics[f"capability.{key}"] = _num(cap[key])
-    ci = cap.get("ci") or []
-    if len(ci) == 2 and all(_num(v) is not None for v in ci):
-        metrics["capability.ci_low"], metrics["capability.ci_high"] = float(ci[0]), float(ci[1])
-    if cap:
+    cap = report.capability
+    if cap is not None:
+        for key, value in (("base", cap.base), ("tuned", cap.tuned), ("delta", cap.delta), ("n_items", cap.n_items),
+                           ("n_flipped", cap.n_flipped), ("n_base_failing", cap.n_base_failing)):
+            _put(metrics, f"capability.{key}", value)
+        ci = cap.ci or []
+        if len(ci) == 2 and all(_num(v) is not None for v in ci):
+            metrics["capability.ci_low"], metrics["capability.ci_high"] = float(ci[0]), float(ci[1])
         # a regression read from fewer items than evaluation.min_items is not one
-        metrics["capability.regressed"] = float(cap.get("status") == "regressed" and not cap.get("too_few_items"))
+        metrics["capability.regressed"] = float(cap.status == "regressed" and not cap.too_few_items)
 
-    attribution = report.get("attribution") or {}
-    if attribution:
-        if _num(attribution.get("engine_agreement_spearman")) is not None:
-            metrics["attribution.engine_agreement_spearman"] = _num(attribution["engine_agreement_spearman"])
+    attribution = report.attribution
+    if attribution is not None:
+        _put(metrics, "attribution.engine_agreement_spearman", attribution.engine_agreement_spearman)
         # the report's ``gated`` means the gate failed and scores were computed anyway (gate off)
-        metrics["attribution.gate_passed"] = float(not attribution.get("gated"))
-        clusters = attribution.get("clusters") or []
+        metrics["attribution.gate_passed"] = float(not attribution.gated)
+        clusters = attribution.clusters
         metrics["attribution.n_clusters"] = float(len(clusters))
         if clusters:
-            top = max(clusters, key=lambda c: c.get("share_of_negative") or 0.0)
-            if _num(top.get("share_of_negative")) is not None:
-                metrics["attribution.top_cluster_share_of_negative"] = _num(top["share_of_negative"])
-        accused = attribution.get("accused") or {}
-        if accused:
-            metrics["attribution.accused_n"] = float(accused.get("n") or 0)
-            for key in ("share_of_negative", "share_of_cluster_harm", "estimated_harmful_share"):
-                if _num(accused.get(key)) is not None:
-                    metrics[f"attribution.accused_{key}"] = _num(accused[key])
-        for key, value in (attribution.get("metrics") or {}).items():
-            if _num(value) is not None:
-                metrics[f"attribution.{key}"] = _num(value)
+            top = max(clusters, key=lambda c: c.share_of_negative or 0.0)
+            _put(metrics, "attribution.top_cluster_share_of_negative", top.share_of_negative)
+        accused = attribution.accused
+        if accused is not None:
+            metrics["attribution.accused_n"] = float(accused.n)
+            for key, value in (("share_of_negative", accused.share_of_negative),
+                               ("share_of_cluster_harm", accused.share_of_cluster_harm),
+                               ("estimated_harmful_share", accused.estimated_harmful_share)):
+                _put(metrics, f"attribution.accused_{key}", value)
+        if attribution.metrics is not None:
+            for key, value in attribution.metrics.to_json().items():
+                _put(metrics, f"attribution.{key}", value)
 
-    findings = report.get("findings") or []
-    metrics["audit.n_findings"] = float(len(findings))
+    metrics["audit.n_findings"] = float(len(report.findings))
     for severity in ("critical", "high", "medium", "low", "info"):
-        metrics[f"audit.n_{severity}"] = float(sum(f.get("severity") == severity for f in findings))
+        metrics[f"audit.n_{severity}"] = float(sum(f.severity == severity for f in report.findings))
 
-    counterfactual = report.get("counterfactual") or {}
-    for section, prefix in (("capability", "counterfactual."), ("predicted", "counterfactual.predicted.")):
-        for key, value in (counterfactual.get(section) or {}).items():
-            if _num(value) is not None:
-                metrics[f"{prefix}{key}"] = _num(value)
-    for key in ("precision", "recall"):
-        value = (counterfactual.get("ground_truth") or {}).get(key)
-        if _num(value) is not None:
-            metrics[f"counterfactual.removal_{key}"] = _num(value)
-    removal = counterfactual.get("removal") or {}
-    if _num(removal.get("n_removed")) is not None:
-        metrics["counterfactual.n_removed"] = _num(removal["n_removed"])
-    stage_seconds = counterfactual.get("seconds")
-    if isinstance(stage_seconds, Mapping):
-        for stage in ("train", "evaluate"):
-            if _num(stage_seconds.get(stage)) is not None:
-                metrics[f"counterfactual.{stage}_seconds"] = _num(stage_seconds[stage])
-    if _num((report.get("manifest") or {}).get("seconds")) is not None:
-        metrics["gradian.total_seconds"] = _num(report["manifest"]["seconds"])
+    counterfactual = report.counterfactual
+    if counterfactual is not None:
+        for key, value in counterfactual.capability.to_json().items():
+            _put(metrics, f"counterfactual.{key}", value)
+        for key, value in (counterfactual.predicted.to_json() if counterfactual.predicted else {}).items():
+            _put(metrics, f"counterfactual.predicted.{key}", value)
+        truth = counterfactual.ground_truth
+        if truth is not None:
+            _put(metrics, "counterfactual.removal_precision", truth.precision)
+            _put(metrics, "counterfactual.removal_recall", truth.recall)
+        _put(metrics, "counterfactual.n_removed", counterfactual.removal.n_removed)
+        if counterfactual.seconds is not None:
+            _put(metrics, "counterfactual.train_seconds", counterfactual.seconds.train)
+            _put(metrics, "counterfactual.evaluate_seconds", counterfactual.seconds.evaluate)
+    _put(metrics, "gradian.total_seconds", _seconds(report.manifest))
 
-    index = (report.get("manifest") or {}).get("index") or {}
-    for key, value in index.items():
-        if _num(value) is not None:
-            metrics[f"index.{key}"] = _num(value)
+    index = _index(report.manifest)
+    for key, value in (index.to_json() if index is not None else {}).items():
+        _put(metrics, f"index.{key}", value)
     return metrics
+
+
+def _put(metrics: dict[str, float], name: str, value: Any) -> None:
+    """Set ``metrics[name]`` when ``value`` is a finite number (a boolean as 0/1)."""
+    number = _num(value)
+    if number is not None:
+        metrics[name] = number
+
+
+def _seconds(manifest: Manifest) -> float | None:
+    """How long the work took, when the manifest records it."""
+    if isinstance(manifest, (AttributeManifest, DiagnoseManifest, IndexManifest, CounterfactualManifest)):
+        return manifest.seconds
+    return None
+
+
+def _index(manifest: Manifest) -> IndexSummary | None:
+    """The gradient index the work used or built, when the manifest names one."""
+    if isinstance(manifest, (AttributeManifest, IndexManifest)):
+        return manifest.index
+    return None
 
 
 _NAME_PART = re.compile(r"[^A-Za-z0-9_.]+")
@@ -173,77 +196,79 @@ def _name_part(value: Any, limit: int = 40) -> str:
     return _NAME_PART.sub("_", str(value)).strip("_")[:limit] or "none"
 
 
-def child_run_name(report: Mapping[str, Any], kind: str) -> str:
+def child_run_name(report: "Report | Mapping[str, Any]", kind: str) -> str:
     """The name of the child run that holds ``report``: short, deterministic, saying what it is.
 
     ``diagnose``; ``attribute-<engine>-<capability>`` (``attribute-<capability>`` when nothing was
     attributed); ``counterfactual-<dropped>-<capability>`` with ``accused``, ``cluster<name>`` or
     ``<n>ids`` for what was dropped; ``index-<first 12 of the index id>``; else ``<kind>``.
     """
-    manifest = report.get("manifest") or {}
-    capability = (report.get("capability") or {}).get("name") or (manifest.get("inputs") or {}).get("capability")
+    report = Report.of(report)
+    inputs = report.inputs
+    capability = (report.capability.name if report.capability is not None else None) \
+        or (inputs.capability if inputs is not None else None)
     cap = [_name_part(capability)] if capability else []
     if kind == "attribute":
-        engine = (report.get("attribution") or {}).get("engine")
+        engine = report.attribution.engine if report.attribution is not None else None
         return "-".join(["attribute", *([_name_part(engine)] if engine else []), *cap])
     if kind == "counterfactual":
-        removal = (report.get("counterfactual") or {}).get("removal") or {}
-        if removal.get("cluster") is not None:
-            dropped = f"cluster{_name_part(removal['cluster'], 24)}"
-        elif str(removal.get("reason", "")).startswith("the report's accused set"):
+        removal = report.counterfactual.removal if report.counterfactual is not None else None
+        if removal is not None and removal.cluster is not None:
+            dropped = f"cluster{_name_part(removal.cluster, 24)}"
+        elif removal is not None and removal.reason.startswith("the report's accused set"):
             dropped = "accused"
         else:
-            dropped = f"{int(removal.get('n_removed') or 0)}ids"
+            dropped = f"{removal.n_removed if removal is not None else 0}ids"
         return "-".join(["counterfactual", dropped, *cap])
     if kind == "index":
-        index_id = (manifest.get("index") or {}).get("index_id") or manifest.get("index_id")
-        return f"index-{_name_part(index_id, 12)}" if index_id else "index"
+        index = _index(report.manifest)
+        return f"index-{_name_part(index.index_id, 12)}" if index is not None and index.index_id else "index"
     return _name_part(kind)
 
 
-def work_started_ms(report: Mapping[str, Any], now_ms: int, started_at: float | None = None) -> int:
+def work_started_ms(report: "Report | Mapping[str, Any]", now_ms: int, started_at: float | None = None) -> int:
     """When the work behind ``report`` started, in ms since the epoch (the child run's start time).
 
     ``started_at`` (seconds since the epoch) when the caller knows it, else the manifest's
-    ``started_at`` (epoch seconds or ISO 8601), else ``now_ms`` minus the manifest's ``seconds``,
-    else ``now_ms``. A time in the future or before 2000 is ignored.
+    ``started_at``, else ``now_ms`` minus the manifest's ``seconds``, else ``now_ms``. A time in the
+    future or before 2000 is ignored.
     """
-    manifest = report.get("manifest") or {}
-    candidates: list[float] = []
-    for value in (started_at, manifest.get("started_at")):
-        if isinstance(value, str):
-            try:
-                value = datetime.fromisoformat(value).timestamp()
-            except ValueError:
-                value = None
-        if _num(value) is not None and not isinstance(value, bool):
-            candidates.append(float(value) * 1000)
-    if _num(manifest.get("seconds")) is not None and not isinstance(manifest.get("seconds"), bool):
-        candidates.append(now_ms - float(manifest["seconds"]) * 1000)
+    manifest = Report.of(report).manifest
+    recorded = manifest.started_at if isinstance(manifest, (DiagnoseManifest, IndexManifest)) else None
+    candidates = [number * 1000 for number in (_num(v) for v in (started_at, recorded) if not isinstance(v, bool))
+                  if number is not None]
+    seconds = _num(_seconds(manifest))
+    if seconds is not None:
+        candidates.append(now_ms - seconds * 1000)
     for ms in candidates:
         if _EPOCH_2000_MS <= ms <= now_ms:
             return int(ms)
     return now_ms
 
 
-def _params(report: Mapping[str, Any]) -> dict[str, str]:
-    manifest = report.get("manifest") or {}
-    attribution = report.get("attribution") or {}
-    cap = report.get("capability") or {}
-    fitted = (manifest.get("engine_state") or {}).get("settings") or {}
+def _params(report: Report) -> dict[str, str]:
+    manifest = report.manifest
+    attribution = report.attribution
+    config = manifest.config if isinstance(manifest, (AttributeManifest, CounterfactualManifest)) else {}
+    engine_config = config.get("engine") or {}
+    state = manifest.engine_state if isinstance(manifest, AttributeManifest) else None
+    fitted = (state.settings if state is not None else None) or {}
+    engine = attribution.engine if attribution is not None else None
     raw = {
-        "gradian.version": manifest.get("gradian_version"),
-        "gradian.config_hash": manifest.get("config_hash"),
-        "engine": attribution.get("engine"),
-        "cross_check": attribution.get("cross_check"),
-        "query_signal": attribution.get("query_signal"),
-        "damping": _engine_setting(manifest, "lambda_override") or _engine_setting(manifest, "lambda_scale"),
-        "damping_kind": ("absolute" if _engine_setting(manifest, "lambda_override") is not None
-                         else "scale" if attribution.get("engine") else None),
+        "gradian.version": manifest.gradian_version if isinstance(
+            manifest, (AttributeManifest, DiagnoseManifest, CounterfactualManifest)) else None,
+        "gradian.config_hash": manifest.config_hash if isinstance(
+            manifest, (AttributeManifest, CounterfactualManifest)) else None,
+        "engine": engine,
+        "cross_check": attribution.cross_check if attribution is not None else None,
+        "query_signal": attribution.query_signal if attribution is not None else None,
+        "damping": engine_config.get("lambda_override") or engine_config.get("lambda_scale"),
+        "damping_kind": ("absolute" if engine_config.get("lambda_override") is not None
+                         else "scale" if engine else None),
         "fisher": fitted.get("fisher"),
         # only when not the final adapter alone, so runs of the default keep their parameter set
         "checkpoints": fitted.get("checkpoints"),
-        "metric": cap.get("metric"),
+        "metric": report.capability.metric if report.capability is not None else None,
     }
     return {k: str(v)[:500] for k, v in raw.items() if v is not None}
 
@@ -265,47 +290,47 @@ def _resolved_params(client: Any, run_id: str, params: dict[str, str]) -> dict[s
     return out
 
 
-def _engine_setting(manifest: Mapping[str, Any], key: str) -> Any:
-    return ((manifest.get("config") or {}).get("engine") or {}).get(key)
-
-
-def _tags(report: Mapping[str, Any], source_run_id: str, kind: str) -> dict[str, str]:
-    manifest = report.get("manifest") or {}
-    verdict = report.get("verdict") or {}
+def _tags(report: Report, source_run_id: str, kind: str) -> dict[str, str]:
     tags = {
         "gradian.source_run_id": source_run_id,
         "gradian.kind": kind,
-        "gradian.verdict": str(verdict.get("kind", "unknown")),
-        "mlflow.note.content": str(verdict.get("summary", "")),
+        "gradian.verdict": report.verdict.kind,
+        "mlflow.note.content": report.verdict.summary,
     }
-    index_id = (manifest.get("index") or {}).get("index_id") or manifest.get("index_id")
-    if index_id:
-        tags["gradian.index_id"] = str(index_id)
-    if (report.get("capability") or {}).get("name"):
-        tags["gradian.capability"] = str(report["capability"]["name"])
-    if (report.get("counterfactual") or {}).get("outcome"):
-        tags["gradian.counterfactual_outcome"] = str(report["counterfactual"]["outcome"])
+    index = _index(report.manifest)
+    if index is not None and index.index_id:
+        tags["gradian.index_id"] = index.index_id
+    if report.capability is not None and report.capability.name:
+        tags["gradian.capability"] = report.capability.name
+    if report.counterfactual is not None and report.counterfactual.outcome:
+        tags["gradian.counterfactual_outcome"] = report.counterfactual.outcome
     return tags
 
 
-def _findings_table(report: Mapping[str, Any]) -> dict[str, list[Any]]:
-    findings = report.get("findings") or []
+def _findings_table(report: Report) -> dict[str, list[Any]]:
+    findings = report.findings
     return {
-        "id": [f["id"] for f in findings],
-        "severity": [f["severity"] for f in findings],
-        "title": [f["title"] for f in findings],
-        "n_examples": [len(f.get("example_ids") or []) for f in findings],
-        "evidence": [json.dumps(f.get("evidence") or {}, sort_keys=True, default=str) for f in findings],
-        "fix": [f.get("fix", "") for f in findings],
+        "id": [f.id for f in findings],
+        "severity": [f.severity for f in findings],
+        "title": [f.title for f in findings],
+        "n_examples": [len(f.example_ids) for f in findings],
+        "evidence": [json.dumps(f.evidence, sort_keys=True, default=str) for f in findings],
+        "fix": [f.fix for f in findings],
     }
 
 
-def _clusters_table(report: Mapping[str, Any]) -> dict[str, list[Any]] | None:
-    clusters = (report.get("attribution") or {}).get("clusters") or []
+def _clusters_table(report: Report) -> dict[str, list[Any]] | None:
+    clusters = report.attribution.clusters if report.attribution is not None else []
     if not clusters:
         return None
-    keys = ("cluster", "label", "n", "signed_influence", "share_of_negative", "mean_per_example")
-    return {k: [c.get(k) for c in clusters] for k in keys}
+    return {
+        "cluster": [c.cluster for c in clusters],
+        "label": [c.label for c in clusters],
+        "n": [c.n for c in clusters],
+        "signed_influence": [c.signed_influence for c in clusters],
+        "share_of_negative": [c.share_of_negative for c in clusters],
+        "mean_per_example": [c.mean_per_example for c in clusters],
+    }
 
 
 def _warn(text: str) -> None:
@@ -410,7 +435,7 @@ def _open_child(client: Any, source: Any, tags: dict[str, str], into_run: str | 
 
 
 def log_diagnosis(
-    report: Mapping[str, Any],
+    report: "Report | Mapping[str, Any]",
     source_run: str,
     *,
     kind: str,
@@ -420,7 +445,7 @@ def log_diagnosis(
     started_at: float | None = None,
     into_run: str | None = None,
 ) -> str:
-    """Log ``report`` (the report.json dict) and ``files`` as a child run; returns its run id.
+    """Log ``report`` (a ``Report`` or its report.json dict) and ``files`` as a child run; returns its run id.
 
     ``rankings`` is a pandas DataFrame with one row per training example, written as
     ``rankings.parquet``. PNG files among ``files`` go under ``plots/``. ``started_at`` (seconds
@@ -428,6 +453,7 @@ def log_diagnosis(
     already open for this work (the ``mlflow run`` project run) that becomes the child instead of a
     new one, when it lives in the source's experiment.
     """
+    report = Report.of(report)
     client = client or get_client(existing_store=True)
     source_id = parse_run_ref(source_run)
     source = call(f"reading source run {source_id}", lambda: client.get_run(source_id))
@@ -462,7 +488,7 @@ def _close_failed(client: Any, run_id: str, *, attempts: int) -> str:
             "gradian run logged under the same source run marks it FAILED")
 
 
-def _log_into(client: Any, run_id: str, source_id: str, report: Mapping[str, Any], *, kind: str,
+def _log_into(client: Any, run_id: str, source_id: str, report: Report, *, kind: str,
               tags: dict[str, str], files: Sequence[str | Path], rankings: Any, close: bool) -> None:
     """Everything the child run holds, then (``close``) FINISHED."""
     from mlflow.entities import Metric, Param, RunTag
@@ -472,7 +498,7 @@ def _log_into(client: Any, run_id: str, source_id: str, report: Mapping[str, Any
     params = [Param(k, v) for k, v in sorted(_resolved_params(client, run_id, _params(report)).items())]
     tag_list = [RunTag(k, v) for k, v in tags.items()] + [RunTag("mlflow.parentRunId", source_id)]
     call("logging metrics", lambda: client.log_batch(run_id, metrics=metrics, params=params, tags=tag_list))
-    call("logging the manifest", lambda: client.log_dict(run_id, dict(report.get("manifest") or {}), ArtifactKeys.MANIFEST))
+    call("logging the manifest", lambda: client.log_dict(run_id, report.manifest.to_json(), ArtifactKeys.MANIFEST))
     call("logging the findings table", lambda: client.log_table(run_id, data=_findings_table(report), artifact_file=ArtifactKeys.FINDINGS_TABLE))
     clusters = _clusters_table(report)
     if clusters:
@@ -503,7 +529,7 @@ def run_url(run_id: str) -> str | None:
     return training_run_url(run_id)
 
 
-def publish(source: str, report: Mapping[str, Any], *, kind: str, files: Sequence[str | Path] = (),
+def publish(source: str, report: "Report | Mapping[str, Any]", *, kind: str, files: Sequence[str | Path] = (),
             rankings: Any = None, into_run: str | None = None, started_at: float | None = None) -> str:
     """The ``gradian.report_sinks`` entry point: ``source`` is ``mlflow:<run_id>``."""
     return log_diagnosis(report, source, kind=kind, files=files, rankings=rankings, into_run=into_run,

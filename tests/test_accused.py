@@ -191,11 +191,14 @@ def test_ontopic_poison_accused_set_reaches_precision_and_recall(tmp_path_factor
 
 
 def test_the_mlflow_child_run_gets_the_accused_metrics():
+    from gradian.report.schema import Accused, Attribution, Report
     from gradian_mlflow.sink import ArtifactKeys, report_metrics
 
-    report = {"attribution": {"clusters": [], "accused": {"n": 44, "share_of_negative": 0.69,
-                                                           "share_of_cluster_harm": 0.99,
-                                                           "estimated_harmful_share": 0.98}}}
+    accused = Accused(cluster="3", cluster_label="capitals", cluster_n=48, example_ids=[f"r{i}" for i in range(44)],
+                      left_out_ids=["r44", "r45", "r46", "r47"], share_of_cluster_harm=0.99, share_of_negative=0.69,
+                      estimated_harmful_share=0.98, mean_per_example=-1.5, left_out_mean_per_example=0.1,
+                      method="gmm", reason="two components")
+    report = Report(attribution=Attribution(engine="datainf", accused=accused)).to_json()
     metrics = report_metrics(report)
     assert metrics["attribution.accused_n"] == 44.0
     assert metrics["attribution.accused_share_of_negative"] == 0.69

@@ -12,6 +12,26 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from gradian.report.schema import (
+    AttributeManifest,
+    Attribution,
+    Capability,
+    ClusterRow,
+    Counterfactual,
+    CounterfactualManifest,
+    DatasetRef,
+    DiagnoseManifest,
+    GroundTruth,
+    IndexManifest,
+    IndexSummary,
+    PredictedSums,
+    Recovery,
+    Removal,
+    Report,
+    ReportFinding,
+    Verdict,
+)
+
 pytestmark = pytest.mark.integration
 
 
@@ -122,21 +142,37 @@ def test_run_without_adapter_and_unknown_run(tracking, tmp_path):
         read_mlflow_run("0" * 32, cache_dir=tmp_path)
 
 
-REPORT = {
-    "capability": {"name": "capitals", "metric": "contains", "base": 1.0, "tuned": 0.5, "delta": -0.5,
-                   "ci": [-0.75, -0.25], "n_items": 16, "n_flipped": 8, "n_base_failing": 0,
-                   "status": "regressed", "proxy_used": False},
-    "findings": [{"id": "config.lr_too_high", "category": "config", "severity": "high", "title": "LR high",
-                  "message": "m", "evidence": {"lr": 0.002}, "example_ids": [], "fix": "lower it"}],
-    "attribution": {"engine": "datainf", "cross_check": "graddot", "engine_agreement_spearman": 0.8,
-                    "query_signal": "contrastive", "gated": True,
-                    "clusters": [{"cluster": "poison", "label": "capital wrong", "n": 48, "signed_influence": -3.0,
-                                  "share_of_negative": 0.7, "mean_per_example": -0.06}],
-                    "top_harmful": []},
-    "verdict": {"kind": "data", "summary": "Cluster poison carries 70% of the harm.", "hedges": []},
-    "manifest": {"gradian_version": "0.1.0", "config_hash": "abc", "index": {"index_id": "idx123", "n_examples": 800},
-                 "seconds": 30.0},
-}
+def _capability(**changes) -> Capability:
+    values = dict(name="capitals", metric="contains", base=1.0, tuned=0.5, delta=-0.5, ci=[-0.75, -0.25],
+                  n_items=16, n_flipped=8, n_base_failing=0, status="regressed", proxy_used=False)
+    return Capability(**{**values, **changes})
+
+
+REPORT = Report(
+    capability=_capability(),
+    findings=[ReportFinding(id="config.lr_too_high", category="config", severity="high", title="LR high",
+                            message="m", evidence={"lr": 0.002}, example_ids=[], fix="lower it")],
+    attribution=Attribution(engine="datainf", cross_check="graddot", engine_agreement_spearman=0.8,
+                            query_signal="contrastive", gated=True,
+                            clusters=[ClusterRow(cluster="poison", label="capital wrong", n=48, signed_influence=-3.0,
+                                                 share_of_negative=0.7, mean_per_example=-0.06)]),
+    verdict=Verdict(kind="data", summary="Cluster poison carries 70% of the harm."),
+    manifest=AttributeManifest(gradian_version="0.1.0", config_hash="abc", seconds=30.0,
+                               index=IndexSummary(index_id="idx123", n_examples=800, bytes=8000,
+                                                  bytes_per_example=10.0)),
+).to_json()
+
+
+def _removal(reason: str, cluster: str | None, n_removed: int) -> Removal:
+    return Removal(reason=reason, cluster=cluster, n_examples=800, n_removed=n_removed, n_kept=800 - n_removed,
+                   removed_ids=[], dataset=DatasetRef(path="kept.jsonl", sha256=None))
+
+
+def _counterfactual(removal: Removal, **changes) -> Counterfactual:
+    recovery = Recovery(metric="contains", n_items=16, base=1.0, before=0.25, after=0.9375, delta_before=-0.75,
+                        delta_after=-0.0625, status_after="not_significant", recovered_fraction=0.92,
+                        items_below_base_before=12, items_below_base_after=1, within_one_item=True)
+    return Counterfactual(**{"outcome": "recovered", "removal": removal, "capability": recovery, **changes})
 
 
 def test_log_diagnosis_as_child_run(tracking, adapter_dir, data_file, tmp_path):
@@ -180,32 +216,38 @@ def test_log_diagnosis_as_child_run(tracking, adapter_dir, data_file, tmp_path):
 def test_child_runs_are_named_for_what_they_hold():
     from gradian_mlflow.sink import child_run_name
 
-    cap = {"name": "capitals"}
+    cap = _capability()
+    index = IndexSummary(index_id="0123456789abcdef", n_examples=800, bytes=8000, bytes_per_example=10.0)
     assert child_run_name(REPORT, "attribute") == "attribute-datainf-capitals"
-    assert child_run_name({"capability": cap, "attribution": None}, "attribute") == "attribute-capitals"  # gated
-    assert child_run_name({"manifest": {"kind": "diagnose"}}, "diagnose") == "diagnose"
-    assert child_run_name({"manifest": {"index": {"index_id": "0123456789abcdef"}}}, "index") == "index-0123456789ab"
-    removal = {"cluster": None, "reason": "the report's accused set: 40 of cluster 0's 48 rows (gmm)", "n_removed": 40}
-    assert child_run_name({"capability": cap, "counterfactual": {"removal": removal}}, "counterfactual") \
+    assert child_run_name(Report(capability=cap, attribution=None), "attribute") == "attribute-capitals"  # gated
+    assert child_run_name(Report(manifest=DiagnoseManifest()).to_json(), "diagnose") == "diagnose"
+    assert child_run_name(Report(manifest=IndexManifest(index=index)).to_json(), "index") == "index-0123456789ab"
+    removal = _removal("the report's accused set: 40 of cluster 0's 48 rows (gmm)", None, 40)
+    assert child_run_name(Report(capability=cap, counterfactual=_counterfactual(removal)), "counterfactual") \
         == "counterfactual-accused-capitals"
-    removal = {**removal, "cluster": "poison/2", "reason": "cluster poison/2: --drop-cluster"}
-    assert child_run_name({"capability": cap, "counterfactual": {"removal": removal}}, "counterfactual") \
+    removal = _removal("cluster poison/2: --drop-cluster", "poison/2", 40)
+    assert child_run_name(Report(capability=cap, counterfactual=_counterfactual(removal)), "counterfactual") \
         == "counterfactual-clusterpoison_2-capitals"
-    removal = {"cluster": None, "reason": "3 example id(s) given with --drop-ids", "n_removed": 3}
-    assert child_run_name({"capability": cap, "counterfactual": {"removal": removal}}, "counterfactual") \
-        == "counterfactual-3ids-capitals"
+    removal = _removal("3 example id(s) given with --drop-ids", None, 3)
+    assert child_run_name(Report(capability=cap, counterfactual=_counterfactual(removal)).to_json(),
+                          "counterfactual") == "counterfactual-3ids-capitals"
 
 
 def test_the_work_starts_when_the_report_says():
     from gradian_mlflow.sink import work_started_ms
 
+    def report(manifest) -> dict:
+        return Report(manifest=manifest).to_json()
+
     now_ms = 1_800_000_000_000
-    assert work_started_ms({"manifest": {"seconds": 42.5}}, now_ms) == now_ms - 42_500
-    assert work_started_ms({"manifest": {"seconds": 42.5, "started_at": 1_799_999_000.0}}, now_ms) == 1_799_999_000_000
-    assert work_started_ms({"manifest": {"started_at": "2027-01-15T07:46:40+00:00"}}, now_ms) == 1_799_999_200_000
-    assert work_started_ms({"manifest": {"seconds": 42.5}}, now_ms, started_at=1_799_999_990.0) == now_ms - 10_000
-    assert work_started_ms({"manifest": {"kind": "index"}}, now_ms) == now_ms  # nothing recorded: now
-    assert work_started_ms({"manifest": {"started_at": 2e9}}, now_ms) == now_ms  # the future is ignored
+    assert work_started_ms(report(AttributeManifest(seconds=42.5)), now_ms) == now_ms - 42_500
+    assert work_started_ms(report(DiagnoseManifest(seconds=42.5, started_at=1_799_999_000.0)), now_ms) \
+        == 1_799_999_000_000
+    assert work_started_ms(report(IndexManifest(started_at=1_799_999_200)), now_ms) == 1_799_999_200_000
+    assert work_started_ms(report(AttributeManifest(seconds=42.5)), now_ms, started_at=1_799_999_990.0) \
+        == now_ms - 10_000
+    assert work_started_ms(report(IndexManifest()), now_ms) == now_ms  # nothing recorded: now
+    assert work_started_ms(report(DiagnoseManifest(started_at=2e9)), now_ms) == now_ms  # the future is ignored
 
 
 def test_experiments_gradian_creates_are_training_experiments_and_others_keep_their_tags(tracking):
@@ -340,25 +382,29 @@ def test_attribute_on_a_run_without_adapter_exits_2_naming_the_search(tracking, 
 def test_report_metrics_cover_counterfactual_reports():
     from gradian_mlflow.sink import _tags, report_metrics
 
-    report = {"findings": [], "counterfactual": {
-        "outcome": "recovered",
-        "capability": {"base": 1.0, "before": 0.25, "after": 0.9375, "recovered_fraction": 0.92, "note": "x"},
-        "ground_truth": {"precision": 1.0, "recall": 1.0, "n_removed": 48},
-        "predicted": {"sum_all": -268.3, "sum_kept": 625.4, "sign_changed": True},
-        "removal": {"n_removed": 48}}}
+    counterfactual = _counterfactual(
+        _removal("cluster poison: --drop-cluster", "poison", 48),
+        ground_truth=GroundTruth(n_removed=48, n_planted=48, n_planted_removed=48, precision=1.0, recall=1.0),
+        predicted=PredictedSums(n=800, sum_all=-268.3, sum_removed=-893.7, sum_kept=625.4,
+                                predicted_loss_delta_if_removed=-0.34, sign_all=-1, sign_kept=1, sign_changed=True))
+    counterfactual.capability.before_source = "the accusing report"
+    report = Report(manifest=CounterfactualManifest(), counterfactual=counterfactual).to_json()
+    report["counterfactual"]["capability"]["note"] = "x"
     metrics = report_metrics(report)
     assert metrics["counterfactual.after"] == 0.9375 and metrics["counterfactual.recovered_fraction"] == 0.92
     assert metrics["counterfactual.removal_precision"] == 1.0 and metrics["counterfactual.n_removed"] == 48
     assert metrics["counterfactual.predicted.sign_changed"] == 1.0 and "counterfactual.note" not in metrics
-    assert _tags(report, "a" * 32, "counterfactual")["gradian.counterfactual_outcome"] == "recovered"
+    assert "counterfactual.before_source" not in metrics
+    assert _tags(Report.of(report), "a" * 32, "counterfactual")["gradian.counterfactual_outcome"] == "recovered"
 
 
 def test_a_regression_read_from_too_few_items_is_not_logged_as_one():
     from gradian_mlflow.sink import report_metrics
 
-    capability = {"name": "c", "status": "regressed", "delta": -1.0, "n_items": 1, "min_items": 5}
-    assert report_metrics({"findings": [], "capability": capability})["capability.regressed"] == 1.0
-    few = report_metrics({"findings": [], "capability": capability | {"too_few_items": True}})
+    capability = _capability(name="c", delta=-1.0, n_items=1, min_items=5)
+    assert report_metrics(Report(capability=capability).to_json())["capability.regressed"] == 1.0
+    capability.too_few_items = True
+    few = report_metrics(Report(capability=capability).to_json())
     assert few["capability.regressed"] == 0.0 and few["capability.delta"] == -1.0
 
 
