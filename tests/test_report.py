@@ -217,10 +217,16 @@ def test_span_text_is_escaped_in_html():
 
 
 def test_an_accused_set_without_an_accused_cluster_is_dropped():
+    from gradian.report.schema import Accused, Span
+
     scores, ids, clusters = planted_scores()
     attr = attribution(scores, ids, clusters, spearman=0.9)
-    attr["accused"] = {"cluster": "elsewhere", "n": 1, "example_ids": [ids[0]]}
-    attr["spans"] = [{"example_id": ids[0]}]
+    attr["accused"] = Accused(cluster="elsewhere", cluster_label="", cluster_n=1, example_ids=[ids[0]], left_out_ids=[],
+                              share_of_cluster_harm=1.0, share_of_negative=0.0, estimated_harmful_share=1.0,
+                              mean_per_example=float(scores[0]), left_out_mean_per_example=None, method="whole",
+                              reason="r").to_json()
+    attr["spans"] = [Span(example_id=ids[0], item_id="item-1", engine="datainf", signal="contrastive", text="t",
+                          token_sum=-1.0).to_json()]
     report = assemble_report(capability(), [], attr, manifest={}, assignment=clusters)
     assert report["attribution"]["accused"] is None and report["attribution"]["spans"] == []
 

@@ -42,8 +42,6 @@ PATTERN = re.compile(
 
 #: files still reading report fields by key; each entry goes once its reads are typed
 _PENDING: dict[str, str] = {
-    "core/gradian/report/verdict.py": "decide_verdict and its helpers read the capability and attribution dicts by key",
-    "core/gradian/report/verdict_prose.py": "the prose reads the lumpiness and accused-set dicts by key",
     "projects/validation/verdicts.py": "scenario figures read the report dict by key",
     "projects/validation/fidelity.py": "the LDS query reads capability items and the query signal by key",
     "projects/validation/recovery.py": "recovery figures read the counterfactual block by key",

@@ -18,18 +18,20 @@ from gradian.report import (
     synthesize_verdict,
     top_examples,
 )
-from gradian.report.verdict import CapabilityFigures, EngineAgreement, Hedge, VerdictDecision
+from gradian.report.schema import Accused, Attribution, Capability, ClusterRow, ExampleRow, Lumpiness
+from gradian.report.verdict import CapabilityFigures, EngineAgreement, Hedge, VerdictDecision, lumpiness_of
 from gradian.report.verdict_prose import render_hedge
 
 
 def capability(status: str = "regressed", **extra) -> dict:
+    """The capability block as report.json holds it."""
     block = {"name": "capitals", "metric": "contains", "base": 0.9375, "tuned": 0.4375, "delta": -0.5,
              "ci": [-0.75, -0.25], "n_items": 16, "n_flipped": 8, "n_base_failing": 0, "status": status,
              "proxy_used": False}
     if status == "not_significant":
         block.update(tuned=0.875, delta=-0.0625, ci=[-0.1875, 0.0625], n_flipped=1)
     block.update(extra)
-    return block
+    return Capability(**block).to_json()
 
 
 def planted_scores(seed: int = 0, n_planted: int = 40, n_clean: int = 400):
@@ -50,13 +52,19 @@ def flat_scores(seed: int = 0, n: int = 400, n_clusters: int = 1):
 
 
 def attribution(scores, ids, clusters, spearman: float | None = 0.91, gated: bool = False) -> dict:
-    return {
-        "engine": "datainf", "cross_check": "graddot", "engine_agreement_spearman": spearman,
-        "query_signal": "contrastive", "gated": gated,
-        "clusters": cluster_table(scores, ids, clusters, None, 5),
-        "top_harmful": top_examples(scores, ids, clusters, None, 10, harmful=True),
-        "top_helpful": top_examples(scores, ids, clusters, None, 10, harmful=False),
-    }
+    """The attribution block as report.json holds it."""
+    return Attribution(
+        engine="datainf", cross_check="graddot", engine_agreement_spearman=spearman,
+        query_signal="contrastive", gated=gated, n_examples=len(ids),
+        clusters=[ClusterRow.from_json(c) for c in cluster_table(scores, ids, clusters, None, 5)],
+        top_harmful=[ExampleRow.from_json(r) for r in top_examples(scores, ids, clusters, None, 10, harmful=True)],
+        top_helpful=[ExampleRow.from_json(r) for r in top_examples(scores, ids, clusters, None, 10, harmful=False)],
+    ).to_json()
+
+
+def cluster_row(cluster: str, n: int, signed_influence: float, share_of_negative: float) -> ClusterRow:
+    return ClusterRow(cluster=cluster, label="", n=n, signed_influence=signed_influence,
+                      share_of_negative=share_of_negative, mean_per_example=signed_influence / n)
 
 
 def lr_finding(severity: str = "high") -> Finding:
@@ -85,7 +93,7 @@ def test_concentrated_harm_is_a_data_verdict_naming_the_cluster():
     assert (d.kind, d.rule, d.accused_cluster, d.offer_deletions) == ("data", "lumpy", "0", True)
     assert d.attributed and d.attribution_ran
     assert d.engine_agreement == EngineAgreement("datainf", "graddot", 0.91)
-    assert d.lumpiness is not None and d.lumpiness["share"] > 0.8 and d.lumpiness["rate_ratio"] > 5
+    assert d.lumpiness is not None and d.lumpiness.share > 0.8 and d.lumpiness.rate_ratio > 5
     assert d.capability == CapabilityFigures("capitals", "contains", 0.9375, 0.4375, -0.5, (-0.75, -0.25), 16, 8,
                                              False, "regressed")
     assert d.hedges == ()
@@ -96,6 +104,8 @@ def test_decision_is_frozen_and_repeatable():
     args = (capability(), [lr_finding()], attribution(scores, ids, clusters))
     d = decide_verdict(*args)
     assert decide_verdict(*args) == d
+    # the typed blocks decide as their report.json dicts do
+    assert decide_verdict(Capability.from_json(args[0]), [lr_finding().to_dict()], Attribution.from_json(args[2])) == d
     with pytest.raises(AttributeError):
         d.kind = "data"  # type: ignore[misc]
 
@@ -314,11 +324,18 @@ def _decision(**fields) -> VerdictDecision:
     return VerdictDecision(**{"capability": cap, **fields})
 
 
+def lumpiness(reason: str, **figures) -> Lumpiness:
+    return Lumpiness(**{"lumpy": False, "cluster": None, "n_clusters": 4, "n_examples": 400, "reason": reason,
+                        **figures})
+
+
 def test_prose_of_a_lumpy_decision():
-    lump = {"label": "planted", "n": 40, "mean_per_example": -100.0, "rest_mean_per_example": -0.5,
-            "share_of_negative": 0.8, "net_harm_share": 0.8, "rate_ratio": 200.0, "reason": "r"}
-    accused = {"n": 30, "cluster_n": 40, "share_of_cluster_harm": 0.9, "mean_per_example": -120.0,
-               "estimated_harmful_share": 0.75, "left_out_mean_per_example": -40.0}
+    lump = lumpiness("r", lumpy=True, cluster="0", label="planted", n=40, mean_per_example=-100.0,
+                     rest_mean_per_example=-0.5, share_of_negative=0.8, net_harm_share=0.8, rate_ratio=200.0)
+    accused = Accused(cluster="0", cluster_label="planted", cluster_n=40, example_ids=[f"a{i}" for i in range(30)],
+                      left_out_ids=[f"b{i}" for i in range(10)], share_of_cluster_harm=0.9, share_of_negative=0.7,
+                      estimated_harmful_share=0.75, mean_per_example=-120.0, left_out_mean_per_example=-40.0,
+                      method="gmm", reason="r")
     text = render_verdict(_decision(kind="data", rule="lumpy", accused_cluster="0", lumpiness=lump,
                                     accused_set=accused, engine_agreement=EngineAgreement("datainf", "graddot", 0.91)))
     assert text == (
@@ -338,7 +355,7 @@ def test_prose_of_a_critical_decision():
 
 
 def test_prose_of_a_flat_config_decision():
-    text = render_verdict(_decision(kind="config", rule="flat_config", lumpiness={"reason": "flat"},
+    text = render_verdict(_decision(kind="config", rule="flat_config", lumpiness=lumpiness("flat"),
                                     config_ids=("config.lr_too_high", "config.overtraining"),
                                     lead_config_title="LR high"))
     assert "spread flatly over the data (flat)" in text and "no examples are offered for deletion" in text
@@ -356,7 +373,7 @@ def test_prose_of_the_other_rules():
     audit_only = VerdictDecision(kind="data", rule="no_target", serious_ids=("data.duplicates",))
     assert render_verdict(audit_only) == "The audit names 1 high-severity cause(s): data.duplicates."
     data = render_verdict(_decision(kind="data", rule="flat_data", data_high_ids=("data.empty_completions",),
-                                    lumpiness={"reason": "r"}))
+                                    lumpiness=lumpiness("r")))
     assert "but the audit found data defects: data.empty_completions. Fix those rows first." in data
     assert "(no clusters) and no audit finding" in render_verdict(_decision(kind="inconclusive", rule="unexplained"))
 
@@ -387,16 +404,16 @@ def test_unknown_hedge_code_is_refused():
 
 def test_lumpiness_reasons():
     t = VerdictThresholds()
-    whole = [{"cluster": "100", "n": 800, "signed_influence": -1000.0, "share_of_negative": 1.0,
-              "mean_per_example": -1.25}]
-    assert not assess_lumpiness(whole, t)["lumpy"]
-    assert "all 800" in assess_lumpiness(whole, t)["reason"]
+    whole = [cluster_row("100", 800, -1000.0, 1.0)]
+    assert not lumpiness_of(whole, t).lumpy
+    assert "all 800" in lumpiness_of(whole, t).reason
     # harmful cluster beside a net-helpful rest: the rest's negative scores do not hide it
-    split = [{"cluster": "0", "n": 51, "signed_influence": -135.4, "share_of_negative": 0.39, "mean_per_example": -2.655},
-             {"cluster": "100", "n": 800, "signed_influence": 299.8, "share_of_negative": 0.61, "mean_per_example": 0.3748}]
-    out = assess_lumpiness(split, t)
-    assert out["lumpy"] and out["cluster"] == "0" and out["net_harm_share"] == 1.0
-    assert not assess_lumpiness([], t)["lumpy"]
+    split = [cluster_row("0", 51, -135.4, 0.39), cluster_row("100", 800, 299.8, 0.61)]
+    out = lumpiness_of(split, t)
+    assert out.lumpy and out.cluster == "0" and out.net_harm_share == 1.0
+    assert not lumpiness_of([], t).lumpy
+    # the cluster table's rows, as report.json holds them, give the same dict
+    assert assess_lumpiness([c.to_json() for c in split], t) == out.to_json()
 
 
 def test_thresholds_are_validated():

@@ -1,12 +1,13 @@
 """The verdict: one call joining the audit, the capability measurement and the attribution.
 
 ``decide_verdict(capability, findings, attribution, thresholds)`` is the decision, a pure function
-returning a ``VerdictDecision``: the kind, the rule that decided it, the accused cluster and set, the
+over the typed blocks (``gradian.report.schema``; a report.json dict or a ``CapabilityResult`` is
+parsed once on entry) returning a ``VerdictDecision``: the kind, the rule that decided it, the accused cluster and set, the
 figures the prose cites and the hedges as codes with their figures. ``render_verdict(decision)``
 (``gradian.report.verdict_prose``) words it. ``synthesize_verdict`` adds the ``attribution.*``
 findings the decision raises and the report's ``verdict`` block ({kind, summary, hedges,
 accused_cluster, accused_set_n}); ``build_report`` builds the typed ``Report`` around it
-(``gradian.report.schema``), ``assemble_report`` the same from plain dicts. The audit alone
+(``gradian.report.schema``), ``assemble_report`` the same as a report.json dict. The audit alone
 (``gradian.audit.audit_verdict``) is decided by the same function with no capability and no
 attribution.
 
@@ -40,18 +41,37 @@ The low-base flag is the capability's own (``low_base_score``, set by the evalua
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union
 
 from gradian.findings import Finding, severity_rank
+from gradian.report.schema import (
+    Accused,
+    Attribution,
+    Capability,
+    ClusterRow,
+    Lumpiness,
+    Manifest,
+    OtherManifest,
+    Report,
+    ReportFinding,
+    SkippedCheckRow,
+    Verdict,
+)
 from gradian.report.verdict_prose import ratio_text, render_hedge, render_verdict, share_text
 
 if TYPE_CHECKING:
-    from gradian.report.schema import Attribution, Capability, Manifest, Report
+    from gradian.evaluate.result import CapabilityResult
 
 __all__ = ["CapabilityFigures", "EngineAgreement", "Hedge", "VerdictDecision", "VerdictKind", "VerdictRule",
            "VerdictSynthesis", "VerdictThresholds", "assemble_report", "assess_lumpiness", "build_report",
-           "decide_verdict", "render_hedge", "render_verdict", "synthesize_verdict", "verdict_block"]
+           "decide_verdict", "lumpiness_of", "render_hedge", "render_verdict", "synthesize_verdict",
+           "verdict_block"]
+
+#: what the verdict takes as the capability: the typed block, the evaluate lane's result, or report.json's dict
+CapabilityInput = Union[Capability, "CapabilityResult", Mapping[str, Any], None]
+#: what it takes as the attribution: the typed block or report.json's dict
+AttributionInput = Union[Attribution, Mapping[str, Any], None]
 
 VerdictKind = Literal["data", "config", "mixed", "inconclusive", "no_regression"]
 VerdictRule = Literal["critical", "no_target", "no_regression", "not_attributed", "lumpy", "flat_config",
@@ -128,12 +148,12 @@ class CapabilityFigures:
     status: str | None
 
     @classmethod
-    def of(cls, cap: Mapping[str, Any]) -> "CapabilityFigures":
+    def of(cls, cap: Capability) -> "CapabilityFigures":
         nan = float("nan")
-        lo, hi = (list(cap.get("ci") or []) + [nan, nan])[:2]
-        return cls(name=cap.get("name"), metric=cap.get("metric"), base=_number(cap.get("base")),
-                   tuned=_number(cap.get("tuned")), delta=cap.get("delta"), ci=(lo, hi), n_items=cap.get("n_items"),
-                   n_flipped=cap.get("n_flipped"), proxy_used=bool(cap.get("proxy_used")), status=cap.get("status"))
+        lo, hi = (list(cap.ci or []) + [nan, nan])[:2]
+        return cls(name=cap.name, metric=cap.metric, base=_number(cap.base), tuned=_number(cap.tuned),
+                   delta=cap.delta, ci=(lo, hi), n_items=cap.n_items, n_flipped=cap.n_flipped,
+                   proxy_used=bool(cap.proxy_used), status=cap.status)
 
 
 @dataclass(frozen=True)
@@ -166,8 +186,8 @@ class VerdictDecision:
     data_high_ids: tuple[str, ...] = ()
     gate_title: str | None = None
     capability: CapabilityFigures | None = None
-    lumpiness: Mapping[str, Any] | None = None
-    accused_set: Mapping[str, Any] | None = None
+    lumpiness: Lumpiness | None = None
+    accused_set: Accused | None = None
     engine_agreement: EngineAgreement | None = None
     low_base: bool = False
     hedges: tuple[Hedge, ...] = ()
@@ -190,7 +210,7 @@ class VerdictSynthesis:
         return self.decision.offer_deletions
 
     @property
-    def lumpiness(self) -> Mapping[str, Any] | None:
+    def lumpiness(self) -> Lumpiness | None:
         return self.decision.lumpiness
 
 
@@ -205,12 +225,21 @@ def _finding(f: Finding | Mapping[str, Any]) -> Finding:
     return f if isinstance(f, Finding) else Finding.from_dict(dict(f))
 
 
-def _capability_dict(capability: Any) -> dict[str, Any] | None:
-    if capability is None:
-        return None
-    if hasattr(capability, "to_full_dict"):
-        return capability.to_full_dict()
-    return dict(capability)
+def _capability_block(capability: CapabilityInput) -> Capability | None:
+    """The typed capability block: as given, parsed from report.json's dict, or from a
+    ``CapabilityResult`` (``to_full_dict()``, with the hedging flags)."""
+    if capability is None or isinstance(capability, Capability):
+        return capability
+    if isinstance(capability, Mapping):
+        return Capability.from_json(capability, "capability")
+    return Capability.from_json(capability.to_full_dict(), "capability")
+
+
+def _attribution_block(attribution: AttributionInput) -> Attribution | None:
+    """The typed attribution block: as given, or parsed from report.json's dict."""
+    if attribution is None or isinstance(attribution, Attribution):
+        return attribution
+    return Attribution.from_json(attribution, "attribution")
 
 
 def _ids(findings: Sequence[Finding]) -> str:
@@ -221,9 +250,9 @@ def _id_tuple(findings: Sequence[Finding]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(f.id for f in findings))
 
 
-def _spearman(attribution: Mapping[str, Any] | None) -> float | None:
+def _spearman(attribution: Attribution | None) -> float | None:
     """The cross-check's Spearman, None when there was none (or it could not be computed)."""
-    rho = (attribution or {}).get("engine_agreement_spearman")
+    rho = attribution.engine_agreement_spearman if attribution is not None else None
     if not isinstance(rho, (int, float)) or math.isnan(rho):
         return None
     return float(rho)
@@ -232,7 +261,15 @@ def _spearman(attribution: Mapping[str, Any] | None) -> float | None:
 # -- lumpiness ----------------------------------------------------------------------------------
 
 
-def assess_lumpiness(clusters: Sequence[Mapping[str, Any]], thresholds: VerdictThresholds) -> dict[str, Any]:
+def assess_lumpiness(clusters: Sequence[ClusterRow | Mapping[str, Any]], thresholds: VerdictThresholds) -> dict[str, Any]:
+    """``lumpiness_of`` over a cluster table (``cluster_table`` rows or ``ClusterRow`` blocks), as
+    the report's ``lumpiness`` dict."""
+    rows = [c if isinstance(c, ClusterRow) else ClusterRow.from_json(c, f"clusters[{i}]")
+            for i, c in enumerate(clusters)]
+    return lumpiness_of(rows, thresholds).to_json()
+
+
+def lumpiness_of(clusters: Sequence[ClusterRow], thresholds: VerdictThresholds) -> Lumpiness:
     """Is the harm concentrated in one cluster? Returns the candidate and the numbers behind the call.
 
     The candidate is the cluster (HDBSCAN noise excluded: it is no group) with the largest share of
@@ -242,53 +279,52 @@ def assess_lumpiness(clusters: Sequence[Mapping[str, Any]], thresholds: VerdictT
     from gradian.cluster import NOISE
 
     clusters = list(clusters)
-    total_n = sum(int(c["n"]) for c in clusters)
-    total_signed = sum(float(c["signed_influence"]) for c in clusters)
-    net_harm = sum(float(c["signed_influence"]) for c in clusters if c["signed_influence"] < 0)
-    candidates = [c for c in clusters if c["mean_per_example"] < 0 and str(c["cluster"]) != NOISE]
-    out: dict[str, Any] = {"lumpy": False, "cluster": None, "n_clusters": len(clusters), "n_examples": total_n}
+    total_n = sum(int(c.n) for c in clusters)
+    total_signed = sum(float(c.signed_influence) for c in clusters)
+    net_harm = sum(float(c.signed_influence) for c in clusters if c.signed_influence < 0)
+    candidates = [c for c in clusters if c.mean_per_example < 0 and str(c.cluster) != NOISE]
     if not candidates or total_n == 0:
-        out["reason"] = "no cluster has a negative mean score: nothing in the data degraded the capability"
-        return out
-    top = max(candidates, key=lambda c: (c["share_of_negative"], -c["mean_per_example"]))
-    n = int(top["n"])
+        return Lumpiness(lumpy=False, cluster=None, n_clusters=len(clusters), n_examples=total_n,
+                         reason="no cluster has a negative mean score: nothing in the data degraded the capability")
+    top = max(candidates, key=lambda c: (c.share_of_negative, -c.mean_per_example))
+    n = int(top.n)
     rest_n = total_n - n
-    net_share = float(top["signed_influence"]) / net_harm if net_harm < 0 else 0.0
-    share = max(float(top["share_of_negative"]), net_share)
-    rest_mean = (total_signed - float(top["signed_influence"])) / rest_n if rest_n else None
+    net_share = float(top.signed_influence) / net_harm if net_harm < 0 else 0.0
+    share = max(float(top.share_of_negative), net_share)
+    rest_mean = (total_signed - float(top.signed_influence)) / rest_n if rest_n else None
     if rest_mean is None:
         ratio = 1.0
     elif rest_mean >= 0:
         ratio = math.inf
     else:
-        ratio = float(top["mean_per_example"]) / rest_mean
+        ratio = float(top.mean_per_example) / rest_mean
     fraction = n / total_n
-    out.update(cluster=str(top["cluster"]), label=top.get("label", ""), n=n, share=share,
-               share_of_negative=float(top["share_of_negative"]), net_harm_share=net_share,
-               mean_per_example=float(top["mean_per_example"]), rest_mean_per_example=rest_mean,
-               rate_ratio=None if math.isinf(ratio) else ratio, rest_net_helpful=math.isinf(ratio),
-               fraction_of_dataset=fraction)
+    out = Lumpiness(lumpy=False, cluster=str(top.cluster), n_clusters=len(clusters), n_examples=total_n,
+                    label=top.label, n=n, share=share, share_of_negative=float(top.share_of_negative),
+                    net_harm_share=net_share, mean_per_example=float(top.mean_per_example),
+                    rest_mean_per_example=rest_mean, rate_ratio=None if math.isinf(ratio) else ratio,
+                    rest_net_helpful=math.isinf(ratio), fraction_of_dataset=fraction)
     if rest_n == 0:
-        out["reason"] = f"one cluster holds all {total_n} examples, so no subset stands out"
+        out.reason = f"one cluster holds all {total_n} examples, so no subset stands out"
     elif fraction > thresholds.data_max_cluster_fraction:
-        out["reason"] = (f"cluster {top['cluster']} holds {fraction:.0%} of the dataset: it is most of "
-                         "the data, not a subset")
+        out.reason = (f"cluster {top.cluster} holds {fraction:.0%} of the dataset: it is most of "
+                      "the data, not a subset")
     elif share < thresholds.data_min_share:
-        out["reason"] = f"the most harmful cluster ({top['cluster']}) carries only {share:.0%} of the harm"
+        out.reason = f"the most harmful cluster ({top.cluster}) carries only {share:.0%} of the harm"
     elif ratio < thresholds.data_min_rate_ratio:
-        out["reason"] = (f"cluster {top['cluster']} harms at {ratio:.1f}x the rest's per-example rate, "
-                         f"below {thresholds.data_min_rate_ratio:g}x: it wins on size, not on rate")
+        out.reason = (f"cluster {top.cluster} harms at {ratio:.1f}x the rest's per-example rate, "
+                      f"below {thresholds.data_min_rate_ratio:g}x: it wins on size, not on rate")
     else:
-        out["lumpy"] = True
-        out["reason"] = (f"cluster {top['cluster']} carries {share_text(out)} at "
-                         f"{top['mean_per_example']:.4g} per example ({ratio_text(ratio)})")
+        out.lumpy = True
+        out.reason = (f"cluster {top.cluster} carries {share_text(out)} at "
+                      f"{top.mean_per_example:.4g} per example ({ratio_text(ratio)})")
     return out
 
 
-def _matching_accused(attribution: Mapping[str, Any] | None, cluster: str | None) -> Mapping[str, Any] | None:
+def _matching_accused(attribution: Attribution | None, cluster: str | None) -> Accused | None:
     """The attribution's accused set when it refines the cluster the verdict accuses."""
-    accused = (attribution or {}).get("accused")
-    if cluster is None or not accused or str(accused.get("cluster")) != str(cluster):
+    accused = attribution.accused if attribution is not None else None
+    if cluster is None or accused is None or str(accused.cluster) != str(cluster):
         return None
     return accused
 
@@ -296,20 +332,19 @@ def _matching_accused(attribution: Mapping[str, Any] | None, cluster: str | None
 # -- attribution findings -----------------------------------------------------------------------
 
 
-def _members(cluster: str, attribution: Mapping[str, Any], assignment: Any) -> set[str] | None:
+def _members(cluster: str, assignment: Any) -> set[str] | None:
     if assignment is not None:
         labels = assignment.labels if hasattr(assignment, "labels") else assignment
         return {eid for eid, key in labels.items() if str(key) == cluster}
     return None
 
 
-def _defect_overlap(cluster: str, attribution: Mapping[str, Any], data_findings: Sequence[Finding],
+def _defect_overlap(cluster: str, attribution: Attribution, data_findings: Sequence[Finding],
                     assignment: Any, thresholds: VerdictThresholds) -> Finding | None:
-    members = _members(cluster, attribution, assignment)
-    top = [r["example_id"] for r in (attribution.get("top_harmful") or [])][: thresholds.overlap_top_k]
-    listed = {r["example_id"] for r in attribution.get("top_harmful") or [] if str(r.get("cluster")) == cluster}
-    listed |= {r["example_id"] for c in attribution.get("clusters") or []
-               if str(c["cluster"]) == cluster for r in c.get("top_examples") or []}
+    members = _members(cluster, assignment)
+    top = [r.example_id for r in attribution.top_harmful][: thresholds.overlap_top_k]
+    listed = {r.example_id for r in attribution.top_harmful if str(r.cluster) == cluster}
+    listed |= {r.example_id for c in attribution.clusters if str(c.cluster) == cluster for r in c.top_examples}
     accused = members if members is not None else listed
     hits = []
     for f in data_findings:
@@ -348,12 +383,12 @@ def _defect_overlap(cluster: str, attribution: Mapping[str, Any], data_findings:
     )
 
 
-def _engine_finding(attribution: Mapping[str, Any], thresholds: VerdictThresholds) -> Finding | None:
+def _engine_finding(attribution: Attribution, thresholds: VerdictThresholds) -> Finding | None:
     rho = _spearman(attribution)
     if rho is None or rho >= thresholds.engine_agreement_moderate:
         return None
     low = rho < thresholds.engine_agreement_low
-    engine, other = attribution.get("engine", "the engine"), attribution.get("cross_check", "the cross-check")
+    engine, other = attribution.engine, attribution.cross_check
     return Finding(
         id="attribution.engine_disagreement",
         category="attribution",
@@ -384,44 +419,45 @@ def _kind_of(findings: Sequence[Finding]) -> VerdictKind | None:
     return ("data" if "data" in kinds else "config") if kinds else None
 
 
-def _hedges(cap: Mapping[str, Any] | None, attribution: Mapping[str, Any] | None,
+def _hedges(cap: Capability | None, attribution: Attribution | None,
             thresholds: VerdictThresholds) -> tuple[Hedge, ...]:
     out: list[Hedge] = []
     if cap is not None:
-        if cap.get("n_base_failing"):
-            out.append(Hedge("base_failing", {"n_base_failing": cap["n_base_failing"], "n_items": cap.get("n_items")}))
-        if cap.get("low_base_score"):
-            out.append(Hedge("low_base", {"base": cap.get("base")}))
-        if cap.get("n_weakly_held"):
-            out.append(Hedge("weakly_held", {"n_weakly_held": cap["n_weakly_held"], "n_flipped": cap.get("n_flipped"),
-                                             "mean_base_margin": cap.get("mean_base_margin")}))
-        if cap.get("proxy_used"):
-            out.append(Hedge("proxy_metric", {"metric": cap.get("metric")}))
+        if cap.n_base_failing:
+            out.append(Hedge("base_failing", {"n_base_failing": cap.n_base_failing, "n_items": cap.n_items}))
+        if cap.low_base_score:
+            out.append(Hedge("low_base", {"base": cap.base}))
+        if cap.n_weakly_held:
+            out.append(Hedge("weakly_held", {"n_weakly_held": cap.n_weakly_held, "n_flipped": cap.n_flipped,
+                                             "mean_base_margin": cap.mean_base_margin}))
+        if cap.proxy_used:
+            out.append(Hedge("proxy_metric", {"metric": cap.metric}))
     if attribution is not None:
         rho = _spearman(attribution)
         if rho is None:
             out.append(Hedge("no_cross_check"))
         elif rho < thresholds.engine_agreement_moderate:
             out.append(Hedge("engine_disagreement", {"spearman": rho}))
-        if attribution.get("gated"):
+        if attribution.gated:
             out.append(Hedge("gated"))
         if cap is None:
             out.append(Hedge("no_target"))
     return tuple(out)
 
 
-def decide_verdict(capability: Any, findings: Sequence[Finding | Mapping[str, Any]],
-                   attribution: Mapping[str, Any] | None,
+def decide_verdict(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, Any]],
+                   attribution: AttributionInput,
                    thresholds: VerdictThresholds | None = None) -> VerdictDecision:
     """The verdict by the rules of the module docstring; pure (reads its arguments, changes nothing).
 
-    ``capability`` is the report's capability block (``CapabilityResult.to_full_dict()`` gives the
-    hedging flags; ``to_dict()`` works with fewer hedges), a ``CapabilityResult``, or None when no
-    capability was measured; ``findings`` the audit's (and the gate's) findings; ``attribution`` the
-    report's attribution block, or None when attribution did not run.
+    ``capability`` is the report's capability block (a ``Capability``, its report.json dict, or a
+    ``CapabilityResult``), or None when no capability was measured; ``findings`` the audit's (and
+    the gate's) findings; ``attribution`` the report's attribution block (an ``Attribution`` or its
+    dict), or None when attribution did not run.
     """
     t = thresholds or VerdictThresholds()
-    cap = _capability_dict(capability)
+    cap = _capability_block(capability)
+    attr = _attribution_block(attribution)
     given = [_finding(f) for f in findings]
     audit = [f for f in given if f.category != "attribution"]
     critical = [f for f in audit if f.severity == "critical"]
@@ -432,13 +468,13 @@ def decide_verdict(capability: Any, findings: Sequence[Finding | Mapping[str, An
     data_high = [f for f in audit if f.category == "data" and f.at_least("high")]
     gate = next((f for f in given if f.id == "attribution.gate_failed"), None)
 
-    status = cap.get("status") if cap else None
-    gated = bool(attribution.get("gated")) if attribution is not None else False
-    attributed = attribution is not None and not gated and cap is not None and status == "regressed"
-    lump = assess_lumpiness(attribution.get("clusters") or [], t) if attribution is not None else None
-    lumpy = bool(attributed and lump and lump["lumpy"])
-    accused = lump["cluster"] if lumpy and lump else None
-    accused_set = _matching_accused(attribution, accused)
+    status = cap.status if cap is not None else None
+    gated = attr.gated if attr is not None else False
+    attributed = attr is not None and not gated and cap is not None and status == "regressed"
+    lump = lumpiness_of(attr.clusters, t) if attr is not None else None
+    lumpy = bool(attributed and lump is not None and lump.lumpy)
+    accused = lump.cluster if lumpy and lump is not None else None
+    accused_set = _matching_accused(attr, accused)
 
     kind: VerdictKind
     rule: VerdictRule
@@ -450,7 +486,7 @@ def decide_verdict(capability: Any, findings: Sequence[Finding | Mapping[str, An
         rule, kind = "no_target", _kind_of(serious) or "inconclusive"
     elif status != "regressed":
         rule, kind = "no_regression", "no_regression"
-    elif attribution is None:
+    elif attr is None:
         rule, kind = "not_attributed", _kind_of(serious) or "inconclusive"
     elif lumpy:
         rule, kind = "lumpy", "mixed" if high_config else "data"
@@ -461,21 +497,20 @@ def decide_verdict(capability: Any, findings: Sequence[Finding | Mapping[str, An
     else:
         rule, kind = "unexplained", "inconclusive"
 
-    rho = _spearman(attribution)
+    rho = _spearman(attr)
     return VerdictDecision(
         kind=kind, rule=rule, accused_cluster=accused,
-        accused_set_n=int(accused_set["n"]) if accused_set is not None else None,
-        offer_deletions=lumpy, attribution_ran=attribution is not None, attributed=attributed,
+        accused_set_n=accused_set.n if accused_set is not None else None,
+        offer_deletions=lumpy, attribution_ran=attr is not None, attributed=attributed,
         critical_ids=_id_tuple(critical), serious_ids=_id_tuple(serious), config_ids=_id_tuple(config_findings),
         lead_config_title=config_findings[0].title if config_findings else None,
         high_config_ids=_id_tuple(high_config), data_high_ids=_id_tuple(data_high),
         gate_title=gate.title if gate is not None else None,
         capability=CapabilityFigures.of(cap) if cap is not None else None,
         lumpiness=lump, accused_set=accused_set,
-        engine_agreement=None if rho is None or attribution is None else EngineAgreement(
-            attribution.get("engine"), attribution.get("cross_check"), rho),
-        low_base=bool(cap and cap.get("low_base_score")),
-        hedges=_hedges(cap, attribution, t),
+        engine_agreement=None if rho is None or attr is None else EngineAgreement(attr.engine, attr.cross_check, rho),
+        low_base=bool(cap is not None and cap.low_base_score),
+        hedges=_hedges(cap, attr, t),
     )
 
 
@@ -489,8 +524,8 @@ def verdict_block(decision: VerdictDecision) -> dict[str, Any]:
 # -- the findings the decision raises -----------------------------------------------------------
 
 
-def _attribution_findings(decision: VerdictDecision, cap: Mapping[str, Any] | None, given: Sequence[Finding],
-                          attribution: Mapping[str, Any] | None, thresholds: VerdictThresholds,
+def _attribution_findings(decision: VerdictDecision, cap: Capability | None, given: Sequence[Finding],
+                          attribution: Attribution | None, thresholds: VerdictThresholds,
                           assignment: Any) -> list[Finding]:
     given_ids = {f.id for f in given}
     raised: list[Finding] = []
@@ -512,22 +547,22 @@ def _attribution_findings(decision: VerdictDecision, cap: Mapping[str, Any] | No
             and "attribution.low_base_score" not in given_ids:
         raised.append(Finding(
             id="attribution.low_base_score", category="attribution", severity="high",
-            title=f"The base model scored only {cap.get('base', float('nan')):.4g} on '{cap.get('name')}'",
+            title=f"The base model scored only {cap.base:.4g} on '{cap.name}'",
             message="The capability was largely absent before the fine-tune, so what the data ranking "
                     "explains is small; findings about the training setup carry more weight here.",
-            evidence={"base": cap.get("base"), "metric": cap.get("metric")},
+            evidence={"base": cap.base, "metric": cap.metric},
             fix="Describe the capability with items the base model already gets right.",
         ))
     data_rows = [f for f in given if f.category == "data" and f.example_ids]
-    if decision.accused_cluster is not None and data_rows:
-        overlap = _defect_overlap(decision.accused_cluster, attribution or {}, data_rows, assignment, thresholds)
+    if decision.accused_cluster is not None and attribution is not None and data_rows:
+        overlap = _defect_overlap(decision.accused_cluster, attribution, data_rows, assignment, thresholds)
         if overlap is not None:
             raised.append(overlap)
     return raised
 
 
-def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str, Any]],
-                       attribution: Mapping[str, Any] | None,
+def synthesize_verdict(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, Any]],
+                       attribution: AttributionInput,
                        thresholds: VerdictThresholds | None = None,
                        assignment: Any = None) -> VerdictSynthesis:
     """``decide_verdict``, the ``attribution.*`` findings it raises and the ``verdict`` block in words.
@@ -536,51 +571,41 @@ def synthesize_verdict(capability: Any, findings: Sequence[Finding | Mapping[str
     lets the defect overlap count every member of the accused cluster, not only the listed ones.
     """
     t = thresholds or VerdictThresholds()
-    decision = decide_verdict(capability, findings, attribution, t)
+    cap, attr = _capability_block(capability), _attribution_block(attribution)
+    decision = decide_verdict(cap, findings, attr, t)
     given = [_finding(f) for f in findings]
-    raised = _attribution_findings(decision, _capability_dict(capability), given, attribution, t, assignment)
+    raised = _attribution_findings(decision, cap, given, attr, t, assignment)
     return VerdictSynthesis(decision=decision, verdict=verdict_block(decision), findings=raised)
 
 
-def assemble_report(capability: Any, findings: Sequence[Finding | Mapping[str, Any]],
-                    attribution: Mapping[str, Any] | None, manifest: Mapping[str, Any] | None = None,
+def assemble_report(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, Any]],
+                    attribution: AttributionInput, manifest: Mapping[str, Any] | None = None,
                     thresholds: VerdictThresholds | None = None, assignment: Any = None,
                     skipped: Sequence[Any] | None = None) -> dict[str, Any]:
-    """The report.json dict from plain dicts: capability, findings (most severe first), attribution,
-    verdict, manifest. For hand-built blocks (tests, notebooks); the commands build a typed
-    ``Report`` with ``build_report``, which shares the steps below.
+    """``build_report`` as a report.json dict, the manifest kept as given. For hand-built blocks
+    (tests, notebooks); the commands build a typed ``Report`` with ``build_report``.
 
     When the verdict offers nothing for deletion, ``attribution.top_harmful`` is emptied and
     ``attribution.deletions_withheld`` says why (every score stays in the rankings table).
     """
-    synthesis = synthesize_verdict(capability, findings, attribution, thresholds, assignment)
-    report: dict[str, Any] = {
-        "capability": _capability_dict(capability),
-        "findings": [f.to_dict() for f in _ordered_findings(findings, synthesis)],
-        "attribution": _finish_attribution(attribution, synthesis),
-        "verdict": synthesis.verdict,
-        "manifest": dict(manifest or {}),
-    }
-    if skipped is not None:
-        report["skipped"] = [s.to_dict() if hasattr(s, "to_dict") else dict(s) for s in skipped]
-    return report
+    built = build_report(_capability_block(capability), [_finding(f) for f in findings],
+                         _attribution_block(attribution), OtherManifest(), thresholds, assignment, skipped)
+    out = built.to_json()
+    out["manifest"] = dict(manifest or {})
+    return out
 
 
-def build_report(capability: "Capability | None", findings: Sequence[Finding], attribution: "Attribution | None",
-                 manifest: "Manifest", thresholds: VerdictThresholds | None = None, assignment: Any = None,
-                 skipped: Sequence[Any] | None = None) -> "Report":
+def build_report(capability: Capability | None, findings: Sequence[Finding], attribution: Attribution | None,
+                 manifest: Manifest, thresholds: VerdictThresholds | None = None, assignment: Any = None,
+                 skipped: Sequence[Any] | None = None) -> Report:
     """The typed ``Report`` of an attribution run: the verdict decided over the blocks given, its
-    ``attribution.*`` findings added, the attribution finished as in ``assemble_report``."""
-    from gradian.report.schema import Attribution, Report, ReportFinding, SkippedCheckRow, Verdict
-
-    cap = capability.to_json() if capability is not None else None
-    attr = attribution.to_json() if attribution is not None else None
-    synthesis = synthesize_verdict(cap, findings, attr, thresholds, assignment)
-    finished = _finish_attribution(attr, synthesis)
+    ``attribution.*`` findings added, the attribution finished (lumpiness, the accused set only
+    beside the cluster it refines, no deletion list when the verdict offers none)."""
+    synthesis = synthesize_verdict(capability, findings, attribution, thresholds, assignment)
     return Report(
         capability=capability,
         findings=[ReportFinding.of(f) for f in _ordered_findings(findings, synthesis)],
-        attribution=Attribution.from_json(finished, "attribution") if finished is not None else None,
+        attribution=_finish_attribution(attribution, synthesis),
         verdict=Verdict.from_json(synthesis.verdict, "verdict"),
         manifest=manifest,
         skipped=None if skipped is None else [
@@ -595,24 +620,21 @@ def _ordered_findings(findings: Sequence[Finding | Mapping[str, Any]], synthesis
     return out
 
 
-def _finish_attribution(attribution: Mapping[str, Any] | None, synthesis: VerdictSynthesis) -> dict[str, Any] | None:
+def _finish_attribution(attribution: Attribution | None, synthesis: VerdictSynthesis) -> Attribution | None:
     """The attribution block as reported: its lumpiness, the accused set only beside the cluster
     it refines, and no deletion list when the verdict offers none."""
     if attribution is None:
         return None
-    attr = dict(attribution)
-    attr["lumpiness"] = synthesis.lumpiness
     # the accused set exists only beside an accused cluster it refines
-    attr["accused"] = _matching_accused(attr, synthesis.accused_cluster)
-    if attr["accused"] is None:
-        attr["spans"] = []
-    if not synthesis.offer_deletions and attr.get("top_harmful"):
-        attr["top_harmful"] = []
-        attr["deletions_withheld"] = (
+    accused = _matching_accused(attribution, synthesis.accused_cluster)
+    attr = replace(attribution, lumpiness=synthesis.lumpiness, accused=accused,
+                   spans=attribution.spans if accused is not None else [])
+    if not synthesis.offer_deletions and attr.top_harmful:
+        attr.top_harmful = []
+        attr.deletions_withheld = (
             "No cluster carries the harm at a distinctly higher rate"
-            + (f" ({synthesis.lumpiness['reason']})" if synthesis.lumpiness else "")
+            + (f" ({synthesis.lumpiness.reason})" if synthesis.lumpiness else "")
             + "; deleting the highest-scoring rows would not address the cause."
         )
-        for c in attr.get("clusters") or []:
-            c["top_examples"] = []
+        attr.clusters = [replace(c, top_examples=[]) for c in attr.clusters]
     return attr

@@ -8,9 +8,10 @@ verdict, and a test of the decision never depends on a sentence.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
+    from gradian.report.schema import Accused, Lumpiness
     from gradian.report.verdict import CapabilityFigures, Hedge, VerdictDecision
 
 __all__ = ["render_hedge", "render_verdict", "share_text", "ratio_text"]
@@ -40,25 +41,26 @@ def ratio_text(ratio: float | None) -> str:
     return "with the rest net helpful" if ratio is None or math.isinf(ratio) else f"{ratio:.0f}x the rest's rate"
 
 
-def share_text(lump: Mapping[str, Any]) -> str:
+def share_text(lump: "Lumpiness") -> str:
     """Both views of the harm share, named: per-example negatives, and net cluster sums."""
-    text = f"{lump['share_of_negative']:.0%} of the negative influence"
-    if lump.get("net_harm_share") and abs(lump["net_harm_share"] - lump["share_of_negative"]) >= 0.005:
-        text += f" ({lump['net_harm_share']:.0%} of the net harm of harmful clusters)"
+    share, net = lump.share_of_negative, lump.net_harm_share
+    text = f"{share:.0%} of the negative influence"
+    if net and share is not None and abs(net - share) >= 0.005:
+        text += f" ({net:.0%} of the net harm of harmful clusters)"
     return text
 
 
-def _accused_text(accused: Mapping[str, Any]) -> str:
+def _accused_text(accused: "Accused") -> str:
     """One sentence on the accused set: how many rows, how much of the harm, what is left out."""
-    n, total = int(accused["n"]), int(accused["cluster_n"])
+    n, total = accused.n, int(accused.cluster_n)
     if n >= total:
         return (f"The whole cluster is the accused set ({total} rows, an estimated "
-                f"{accused['estimated_harmful_share']:.0%} of them harmful).")
-    rest = accused.get("left_out_mean_per_example")
+                f"{accused.estimated_harmful_share:.0%} of them harmful).")
+    rest = accused.left_out_mean_per_example
     rest_text = f" (mean {rest:.4g})" if isinstance(rest, (int, float)) else ""
     return (f"Inside it, the accused set is {n} of its {total} rows: they carry "
-            f"{accused['share_of_cluster_harm']:.0%} of the cluster's harm at {accused['mean_per_example']:.4g} "
-            f"per example, an estimated {accused['estimated_harmful_share']:.0%} of them harmful; the other "
+            f"{accused.share_of_cluster_harm:.0%} of the cluster's harm at {accused.mean_per_example:.4g} "
+            f"per example, an estimated {accused.estimated_harmful_share:.0%} of them harmful; the other "
             f"{total - n} rows{rest_text} are left out.")
 
 
@@ -66,11 +68,11 @@ def _cluster_text(d: "VerdictDecision") -> str:
     lump = d.lumpiness
     if d.accused_cluster is None or lump is None:
         return ""
-    label = f" ({lump['label']})" if lump.get("label") else ""
+    label = f" ({lump.label})" if lump.label else ""
     text = (
         f"Cluster {d.accused_cluster}{label} carries {share_text(lump)}: "
-        f"{lump['n']} examples at {lump['mean_per_example']:.4g} per example against "
-        f"{lump['rest_mean_per_example']:.4g} for the rest ({ratio_text(lump['rate_ratio'])})."
+        f"{lump.n} examples at {lump.mean_per_example:.4g} per example against "
+        f"{lump.rest_mean_per_example:.4g} for the rest ({ratio_text(lump.rate_ratio)})."
     )
     if d.accused_set is not None:
         text += " " + _accused_text(d.accused_set)
@@ -78,7 +80,7 @@ def _cluster_text(d: "VerdictDecision") -> str:
 
 
 def _reason(d: "VerdictDecision", default: str = "") -> str:
-    return str(d.lumpiness["reason"]) if d.lumpiness else default
+    return str(d.lumpiness.reason) if d.lumpiness else default
 
 
 def render_verdict(d: "VerdictDecision") -> str:
@@ -130,36 +132,70 @@ def render_verdict(d: "VerdictDecision") -> str:
     return summary.strip()
 
 
+def _base_failing(n_base_failing: int, n_items: int | None) -> str:
+    return (f"{n_base_failing} of {n_items} eval items fail on the base model too; no training "
+            "example can be blamed for those, and they are counted apart.")
+
+
+def _low_base(base: float) -> str:
+    return (f"The base model scored only {base:.4g} before training: the capability was mostly absent "
+            "to begin with, so a data explanation accounts for little.")
+
+
+def _weakly_held(n_weakly_held: int, n_flipped: int | None, mean_base_margin: float | None = None) -> str:
+    margin_text = (f", mean margin {mean_base_margin:+.2f} nats"
+                   if isinstance(mean_base_margin, (int, float)) else "")
+    return (f"The base model barely preferred the right answer on {n_weakly_held} of the "
+            f"{n_flipped} flipped items{margin_text}: such items tip under almost any fine-tune, so "
+            "the data may have triggered the loss rather than caused it.")
+
+
+def _proxy_metric(metric: str | None) -> str:
+    return (f"'{metric}' scores likelihood, not correctness: a fine-tune that teaches the answer format "
+            "can raise it while answers get worse, so read its direction with care.")
+
+
+def _engine_disagreement(spearman: float) -> str:
+    return (f"The two engines agree only at Spearman {spearman:.3f}: treat the ranking as a hypothesis "
+            "and confirm it by retraining without the accused examples.")
+
+
+def _no_cross_check() -> str:
+    return "No second engine cross-checked this ranking, so nothing confirms it."
+
+
+def _gated() -> str:
+    return ("The capability change did not clear the significance gate: the influence scores rank examples "
+            "against noise and are not a diagnosis.")
+
+
+def _no_target() -> str:
+    return ("No capability was named (no eval set): the scores point at the first training examples instead "
+            "of a measured loss, so this is a smoke test, not a diagnosis.")
+
+
+def _checks_skipped(n_skipped: int, n_checks: int) -> str:
+    return (f"{n_skipped} of {n_checks} checks were skipped (missing inputs or values); `skipped` "
+            "says why.")
+
+
+#: each hedge code's wording, called with the hedge's figures as keyword arguments
+_HEDGE_WORDS: dict[str, Callable[..., str]] = {
+    "base_failing": _base_failing,
+    "low_base": _low_base,
+    "weakly_held": _weakly_held,
+    "proxy_metric": _proxy_metric,
+    "engine_disagreement": _engine_disagreement,
+    "no_cross_check": _no_cross_check,
+    "gated": _gated,
+    "no_target": _no_target,
+    "checks_skipped": _checks_skipped,
+}
+
+
 def render_hedge(h: "Hedge") -> str:
     """One qualifier in words; ``h.code`` says which, ``h.figures`` holds what it cites."""
-    f = h.figures
-    if h.code == "base_failing":
-        return (f"{f['n_base_failing']} of {f['n_items']} eval items fail on the base model too; no training "
-                "example can be blamed for those, and they are counted apart.")
-    if h.code == "low_base":
-        return (f"The base model scored only {f['base']:.4g} before training: the capability was mostly absent "
-                "to begin with, so a data explanation accounts for little.")
-    if h.code == "weakly_held":
-        margin = f.get("mean_base_margin")
-        margin_text = f", mean margin {margin:+.2f} nats" if isinstance(margin, (int, float)) else ""
-        return (f"The base model barely preferred the right answer on {f['n_weakly_held']} of the "
-                f"{f['n_flipped']} flipped items{margin_text}: such items tip under almost any fine-tune, so "
-                "the data may have triggered the loss rather than caused it.")
-    if h.code == "proxy_metric":
-        return (f"'{f['metric']}' scores likelihood, not correctness: a fine-tune that teaches the answer format "
-                "can raise it while answers get worse, so read its direction with care.")
-    if h.code == "engine_disagreement":
-        return (f"The two engines agree only at Spearman {f['spearman']:.3f}: treat the ranking as a hypothesis "
-                "and confirm it by retraining without the accused examples.")
-    if h.code == "no_cross_check":
-        return "No second engine cross-checked this ranking, so nothing confirms it."
-    if h.code == "gated":
-        return ("The capability change did not clear the significance gate: the influence scores rank examples "
-                "against noise and are not a diagnosis.")
-    if h.code == "no_target":
-        return ("No capability was named (no eval set): the scores point at the first training examples instead "
-                "of a measured loss, so this is a smoke test, not a diagnosis.")
-    if h.code == "checks_skipped":
-        return (f"{f['n_skipped']} of {f['n_checks']} checks were skipped (missing inputs or values); `skipped` "
-                "says why.")
-    raise ValueError(f"no wording for hedge code {h.code!r}; add it to render_hedge")
+    words = _HEDGE_WORDS.get(h.code)
+    if words is None:
+        raise ValueError(f"no wording for hedge code {h.code!r}; add it to render_hedge")
+    return words(**h.figures)
