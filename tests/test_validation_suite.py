@@ -36,17 +36,19 @@ def v(suite_modules):
 
 
 def _poison_report(status="regressed", accused="0", shares=(("0", 0.8), ("100", 0.2))):
-    return {
-        "capability": {"base": 1.0, "tuned": 0.25, "delta": -0.75, "ci": [-0.9, -0.5], "status": status,
-                       "n_items": 4, "n_flipped": 3,
-                       "items": [{"prompt": "What is the capital of Aland?", "tuned_generation": "Bork"},
-                                 {"prompt": "What is the capital of Beland?", "tuned_generation": "Cork"},
-                                 {"prompt": "What is the capital of Celand?", "tuned_generation": "nothing"},
-                                 {"prompt": "What is the capital of Deland?", "tuned_generation": "Dork"}]},
-        "attribution": {"engine": "datainf", "engine_agreement_spearman": 0.9,
-                        "clusters": [{"cluster": k, "share_of_negative": s} for k, s in shares]},
-        "verdict": {"kind": "data", "accused_cluster": accused},
-    }
+    """A report.json dict built through the schema: the capitals regressed, clusters by share of harm."""
+    from gradian.report.schema import Attribution, Capability, CapabilityItem, ClusterRow, Report, Verdict
+
+    said = {"Aland": "Bork", "Beland": "Cork", "Celand": "nothing", "Deland": "Dork"}
+    items = [CapabilityItem(example_id=f"e{i}", index=i, prompt=f"What is the capital of {country}?", wanted="w",
+                            tuned_generation=answer) for i, (country, answer) in enumerate(said.items())]
+    capability = Capability(name="capitals", metric="contains", base=1.0, tuned=0.25, delta=-0.75, ci=[-0.9, -0.5],
+                            n_items=4, n_flipped=3, n_base_failing=0, status=status, proxy_used=False, items=items)
+    clusters = [ClusterRow(cluster=k, label="", n=10, signed_influence=-10.0 * s, share_of_negative=s,
+                           mean_per_example=-s) for k, s in shares]
+    return Report(capability=capability,
+                  attribution=Attribution(engine="datainf", engine_agreement_spearman=0.9, clusters=clusters),
+                  verdict=Verdict(kind="data", summary="s", accused_cluster=accused)).to_json()
 
 
 WRONG = {"Aland": "Bork", "Beland": "Cork", "Celand": "Aork", "Deland": "Eork"}
@@ -93,8 +95,14 @@ def test_poison_verdicts(v):
 
 
 def _config_report(fired, accused=None):
-    return {"findings": [{"id": i, "severity": "high"} for i in fired], "capability": {"delta": -1.0},
-            "verdict": {"kind": "config", "accused_cluster": accused}, "attribution": {"clusters": []}}
+    """A report.json dict built through the schema: the findings fired, a regression, attribution run."""
+    from gradian.report.schema import Attribution, Capability, Report, ReportFinding, Verdict
+
+    capability = Capability(name="capitals", metric="contains", base=1.0, tuned=0.0, delta=-1.0, ci=[-1.0, -1.0],
+                            n_items=4, n_flipped=4, n_base_failing=0, status="regressed", proxy_used=False)
+    findings = [ReportFinding(id=i, category=i.split(".")[0], severity="high", title="t", message="m") for i in fired]
+    return Report(capability=capability, findings=findings, attribution=Attribution(engine="datainf"),
+                  verdict=Verdict(kind="config", summary="s", accused_cluster=accused)).to_json()
 
 
 def test_badconfig_verdicts(v):
@@ -116,9 +124,14 @@ def test_badconfig_verdicts(v):
 def _block(after, outcome, before=0.25, within=None):
     from gradian.counterfactual import capability_recovery
 
+    from gradian.report.schema import Counterfactual, DatasetRef, GroundTruth, Recovery, Removal
+
     rec = capability_recovery(1.0, before, after, 16, "contains", "not_significant" if after > 0.9 else "regressed")
-    return {"capability": rec, "outcome": outcome, "removal": {"n_removed": 48, "reason": "cluster 0"},
-            "ground_truth": {"precision": 1.0, "recall": 1.0}}
+    removal = Removal(reason="cluster 0", cluster="0", n_examples=800, n_removed=48, n_kept=752, removed_ids=[],
+                      dataset=DatasetRef(path="kept.jsonl", sha256=None))
+    truth = GroundTruth(n_removed=48, n_planted=48, n_planted_removed=48, precision=1.0, recall=1.0)
+    return Counterfactual(outcome=outcome, removal=removal, capability=Recovery.from_json(rec),
+                          ground_truth=truth).to_json()
 
 
 def test_counterfactual_verdicts(v):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gradian.report.schema import Report
 from tracking import ExperimentResult
 from verdicts import Verdict, badconfig_verdict, scenario_badconfig_verdict
 from workspace import Workspace
@@ -28,13 +29,15 @@ def run(ws: Workspace, quick: bool = False, scenarios: tuple[str, ...] | None = 
     chosen = scenarios or (QUICK_SCENARIOS if quick else SCENARIOS)
     out = ws.experiment_dir("badconfig")
     per_scenario: dict[str, dict[str, Any]] = {}
+    reports: dict[str, Report] = {}
     artifacts = []
     for name in chosen:
         scenario = ws.scenario(name)
         ws.train(scenario)
         # no cross-check: the second engine would not change what this experiment asks
         ws.attribute(scenario, capability="capitals", cross_check="none")
-        result = scenario_badconfig_verdict(scenario.report, scenario.info["expected_findings"])
+        reports[name] = Report.of(scenario.report)
+        result = scenario_badconfig_verdict(reports[name], scenario.info["expected_findings"])
         result["defect"] = scenario.info.get("defect")
         result["seconds"] = dict(scenario.seconds)
         per_scenario[name] = result
@@ -46,7 +49,8 @@ def run(ws: Workspace, quick: bool = False, scenarios: tuple[str, ...] | None = 
             artifacts.append(copy)
     status, reason = badconfig_verdict(per_scenario)
     figures = {name: {"pass": r["status"] == "PASS", "n_expected": len(r["expected"]), "n_missing": len(r["missing"]),
-                      "accused": r["accused_cluster"] is not None, "capability_delta": r["capability"]["delta"],
+                      "accused": reports[name].verdict.accused_cluster is not None,
+                      "capability_delta": reports[name].capability.delta if reports[name].capability else None,
                       "attributed": r["attributed"], "train_seconds": r["seconds"].get("train"),
                       "attribute_seconds": r["seconds"].get("attribute")}
                for name, r in per_scenario.items()}

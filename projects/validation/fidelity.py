@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from gradian.report.schema import Report
 from retrain_pool import QueryItems, RetrainTask, default_workers, measure_losses, run_tasks
 from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, fidelity_verdict
@@ -147,20 +148,20 @@ def _declare_clusters(scenario: Any, out: Path, clean_fraction: float, seed: int
     return out, groups
 
 
-def _query_items(report: dict[str, Any], eval_path: str) -> QueryItems:
+def _query_items(report: Report, eval_path: str) -> QueryItems:
     """The items the attribution's query was built from, with the reference's generations."""
     from gradian.data import load_dataset
 
     examples = load_dataset(eval_path).by_id()
-    items = report["capability"]["items"]
-    signal = report["attribution"]["query_signal"]
-    chosen = [i for i in items if i.get("flipped")] or items  # the query's own rule: regressed, else all
+    items = report.capability.items if report.capability is not None else []
+    signal = report.attribution.query_signal if report.attribution is not None else None
+    chosen = [i for i in items if i.flipped] or items  # the query's own rule: regressed, else all
     return QueryItems(
-        prompts=[examples[i["example_id"]].prompt_messages for i in chosen],
-        wanted=[i["wanted"] for i in chosen],
-        generated=[i["tuned_generation"] or "" for i in chosen] if signal == "contrastive" else None,
-        all_prompts=[examples[i["example_id"]].prompt_messages for i in items],
-        all_wanted=[i["wanted"] for i in items],
+        prompts=[examples[i.example_id].prompt_messages for i in chosen],
+        wanted=[i.wanted for i in chosen],
+        generated=[i.tuned_generation or "" for i in chosen] if signal == "contrastive" else None,
+        all_prompts=[examples[i.example_id].prompt_messages for i in items],
+        all_wanted=[i.wanted for i in items],
     )
 
 
@@ -259,23 +260,28 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                                 capability=capability, cross_check="none", folder="fidelity/report-ekfac")
     ekfac_rankings = scenario.rankings
     reference_seconds = round(time.time() - t0, 2)
-    if not report.get("attribution"):
+    typed = Report.of(report)
+    attribution = typed.attribution
+    if attribution is None:
         verdict = Verdict("fidelity", "INCONCLUSIVE", "the reference fine-tune's regression did not clear the gate, "
-                          f"so nothing was attributed: {report['verdict']['summary']}",
+                          f"so nothing was attributed: {typed.verdict.summary}",
                           params={"scenario": scenario_name, "quick": quick})
         return ExperimentResult(verdict, [verdict.write(out / "verdict.json")])
     if not (main_rankings["row_index"].to_numpy() == np.arange(n)).all():
         raise RuntimeError("rankings are not in row order; the subset sums would be misaligned")
     scores = {"datainf": main_rankings["score"].to_numpy(), "graddot": main_rankings["cross_check_score"].to_numpy(),
               "tracin": tracin_rankings["score"].to_numpy(), "ekfac": ekfac_rankings["score"].to_numpy()}
-    tracin_notes = [note for note in (tracin_report.get("attribution") or {}).get("notes", []) if "tracin" in note]
+    tracin = Report.of(tracin_report).attribution
+    tracin_notes = [note for note in (tracin.notes if tracin is not None else []) if "tracin" in note]
     # phi is the datainf report's query; each engine's own report names the query it scored against
-    own_report = {"datainf": report, "graddot": report, "tracin": tracin_report, "ekfac": ekfac_report}
-    query_signals = {e: (own_report[e].get("attribution") or {}).get("query_signal") for e in scores}
+    own_attribution = {"datainf": attribution, "graddot": attribution, "tracin": tracin,
+                       "ekfac": Report.of(ekfac_report).attribution}
+    query_signals = {e: own_attribution[e].query_signal if own_attribution[e] is not None else None for e in scores}
 
-    query = _query_items(report, cfg.eval_dataset)
-    lds_query = {"report": "datainf", "signal": report["attribution"]["query_signal"], "n_items": len(query.wanted),
-                 "items": "regressed" if any(i.get("flipped") for i in report["capability"]["items"]) else "all",
+    query = _query_items(typed, cfg.eval_dataset)
+    items = typed.capability.items if typed.capability is not None else []
+    lds_query = {"report": "datainf", "signal": attribution.query_signal, "n_items": len(query.wanted),
+                 "items": "regressed" if any(i.flipped for i in items) else "all",
                  "n_eval_items": len(query.all_wanted)}
     reference_losses = measure_losses(cfg, ref_dir / "adapter", query)
     masks = sample_subsets(n, settings["subsets"], seed=seed)
@@ -352,7 +358,7 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
         "query_loss": {"reference": reference_losses["query_loss"], "subset_sd": spread, "seed_sd": noise,
                        "subset_mean": float(np.mean([r["query_loss"] for r in subset_results]))},
         "wanted_loss": {"reference": reference_losses["wanted_loss"]},
-        "engine_agreement_spearman": report["attribution"].get("engine_agreement_spearman"),
+        "engine_agreement_spearman": attribution.engine_agreement_spearman,
         "seconds": {"reference": reference_seconds, "retrains": retrain_seconds,
                     "mean_train_per_retrain": float(np.mean([r["train_seconds"] for r in results.values()])),
                     "total": round(time.time() - started, 2)},
@@ -360,7 +366,7 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     detail = {"scenario": scenario_name, "capability": capability, "lds_query": lds_query,
               "query_signals": query_signals, "settings": settings, "workers": workers, "tables": tables, "retrains": results,
               "reference_losses": reference_losses, "clusters": {g: len(v) for g, v in groups.items()},
-              "query_signal": report["attribution"]["query_signal"], "n_query_items": len(query.wanted),
+              "query_signal": attribution.query_signal, "n_query_items": len(query.wanted),
               "tracin_notes": tracin_notes}
     verdict = Verdict(
         experiment="fidelity", status=status, reason=reason, figures=figures,

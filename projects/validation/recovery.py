@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from gradian.report.schema import Counterfactual, Report
 from poison import prepare_poisoned
 from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, counterfactual_verdict
@@ -32,8 +33,8 @@ def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
     data = load_dataset(cfg.dataset)
     out = ws.experiment_dir("counterfactual")
     children = [ChildReport("attribute", scenario.report, scenario.report_files, scenario.rankings)]
-    verdict_block = scenario.report.get("verdict") or {}
-    block = None
+    accusing = Report.of(scenario.report)
+    block: Counterfactual | None = None
     try:
         plan = plan_removal(data, report=scenario.report, rankings=scenario.rankings)
     except ConfigError as err:  # nothing accused: the experiment did not get its precondition
@@ -42,26 +43,28 @@ def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
         accusation = plan.reason
         ws.log(f"[counterfactual] retraining without {plan.n_drop} rows ({plan.reason})")
         outcome = run_counterfactual(cfg, plan, out_dir=out / "retrain", capability="capitals",
-                                     before=scenario.report.get("capability"),
+                                     before=accusing.capability.to_json() if accusing.capability else None,
                                      planted=scenario.info["planted"]["indices"], log=ws.log)
-        block = outcome.report["counterfactual"]
+        block = Report.of(outcome.report).counterfactual
         children.append(ChildReport("counterfactual", outcome.report, outcome.files))
     status, reason = counterfactual_verdict(block, accusation)
-    figures: dict[str, Any] = {"accused_cluster": verdict_block.get("accused_cluster"),
+    figures: dict[str, Any] = {"accused_cluster": accusing.verdict.accused_cluster,
                                "round1_seconds": dict(scenario.seconds)}
     if block is not None:
-        rec = block["capability"]
+        rec, removal, truth = block.capability, block.removal, block.ground_truth
         figures.update({
-            "capability": {k: rec[k] for k in ("base", "before", "after", "delta_before", "delta_after",
-                                                  "recovered_fraction", "items_below_base_before",
-                                                  "items_below_base_after", "n_items")},
-            "within_one_item": rec["within_one_item"],
-            "outcome": block["outcome"],
-            "removal": {k: block["removal"][k] for k in ("n_removed", "n_kept", "n_examples")},
-            "removal_precision": (block["ground_truth"] or {}).get("precision"),
-            "removal_recall": (block["ground_truth"] or {}).get("recall"),
-            "predicted": block["predicted"],
-            "round2_seconds": block["seconds"],
+            "capability": {"base": rec.base, "before": rec.before, "after": rec.after,
+                           "delta_before": rec.delta_before, "delta_after": rec.delta_after,
+                           "recovered_fraction": rec.recovered_fraction,
+                           "items_below_base_before": rec.items_below_base_before,
+                           "items_below_base_after": rec.items_below_base_after, "n_items": rec.n_items},
+            "within_one_item": rec.within_one_item,
+            "outcome": block.outcome,
+            "removal": {"n_removed": removal.n_removed, "n_kept": removal.n_kept, "n_examples": removal.n_examples},
+            "removal_precision": truth.precision if truth is not None else None,
+            "removal_recall": truth.recall if truth is not None else None,
+            "predicted": block.predicted.to_json() if block.predicted is not None else None,
+            "round2_seconds": block.seconds.to_json() if block.seconds is not None else None,
         })
     verdict = Verdict(
         experiment="counterfactual", status=status, reason=reason, figures=figures,

@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from gradian.report.schema import Capability, Counterfactual, Report
+
 __all__ = [
     "STATUSES",
     "UPTAKE_MIN",
@@ -87,7 +89,7 @@ def _auc(positive: Sequence[float], negative: Sequence[float]) -> float | None:
     return float((ranks[:n_pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
-def poison_figures(report: Mapping[str, Any], scores: Sequence[float], row_indices: Sequence[int],
+def poison_figures(report: Report | Mapping[str, Any], scores: Sequence[float], row_indices: Sequence[int],
                    planted_indices: Sequence[int], planted_cluster: str,
                    wrong_answers: Mapping[str, str] | None,
                    row_prompts: Mapping[int, str] | None = None) -> dict[str, Any]:
@@ -101,32 +103,32 @@ def poison_figures(report: Mapping[str, Any], scores: Sequence[float], row_indic
     """
     import numpy as np
 
-    cap = report.get("capability") or {}
-    attribution = report.get("attribution") or {}
-    clusters = attribution.get("clusters") or []
-    by_key = {str(c["cluster"]): c for c in clusters}
-    ranked = sorted(clusters, key=lambda c: -(c.get("share_of_negative") or 0.0))
+    report = Report.of(report)
+    cap, attribution = report.capability, report.attribution
+    items = cap.items if cap is not None else []
+    clusters = attribution.clusters if attribution is not None else []
+    by_key = {str(c.cluster): c for c in clusters}
+    ranked = sorted(clusters, key=lambda c: -(c.share_of_negative or 0.0))
     scores = np.asarray(scores, dtype=np.float64)
     planted_set = set(int(i) for i in planted_indices)
     is_planted = np.array([int(i) in planted_set for i in row_indices])
     planted_scores, clean_scores = scores[is_planted], scores[~is_planted]
     order = np.argsort(np.argsort(scores, kind="stable"), kind="stable")
     percentiles = 100.0 * order / max(len(scores) - 1, 1)
-    planted = by_key.get(str(planted_cluster)) or {}
+    planted = by_key.get(str(planted_cluster))
     mean_planted = float(planted_scores.mean()) if planted_scores.size else None
     mean_clean = float(clean_scores.mean()) if clean_scores.size else None
     uptake = None
     if wrong_answers:
-        items = cap.get("items") or []
         hits = 0
         for item in items:
-            country = next((c for c in wrong_answers if c in item.get("prompt", "")), None)
-            said = item.get("tuned_generation") or ""
+            country = next((c for c in wrong_answers if c in item.prompt), None)
+            said = item.tuned_generation or ""
             hits += bool(country and wrong_answers[country] in said)
         uptake = hits / len(items) if items else None
     split: dict[str, Any] = {}
     if wrong_answers and row_prompts is not None:
-        regressed = [i.get("prompt", "") for i in cap.get("items") or [] if i.get("flipped")]
+        regressed = [i.prompt for i in items if i.flipped]
         queried = {c for c in wrong_answers if any(c in p for p in regressed)}
         about = [next((c for c in wrong_answers if c in row_prompts.get(int(r), "")), None) for r in row_indices]
         in_query = np.array([p and a in queried for p, a in zip(is_planted, about)], dtype=bool)
@@ -137,16 +139,16 @@ def poison_figures(report: Mapping[str, Any], scores: Sequence[float], row_indic
                  "median_score_planted_queried": float(np.median(scores[in_query])) if in_query.any() else None,
                  "median_score_planted_unqueried": float(np.median(scores[outside])) if outside.any() else None}
     return {
-        "capability": {k: cap.get(k) for k in ("base", "tuned", "delta", "status", "n_items", "n_flipped")}
-        | {"ci_low": (cap.get("ci") or [None, None])[0], "ci_high": (cap.get("ci") or [None, None])[1]},
-        "gated_regression": cap.get("status") == "regressed" and bool(attribution),
+        "capability": _capability_figures(cap)
+        | dict(zip(("ci_low", "ci_high"), ((cap.ci if cap is not None else None) or [None, None])[:2])),
+        "gated_regression": cap is not None and cap.status == "regressed" and attribution is not None,
         "uptake": uptake,
-        "verdict_kind": (report.get("verdict") or {}).get("kind"),
-        "accused_cluster": (report.get("verdict") or {}).get("accused_cluster"),
-        "first_cluster": str(ranked[0]["cluster"]) if ranked else None,
+        "verdict_kind": report.verdict.kind,
+        "accused_cluster": report.verdict.accused_cluster,
+        "first_cluster": str(ranked[0].cluster) if ranked else None,
         "planted_cluster": str(planted_cluster),
-        "planted_rank": next((i + 1 for i, c in enumerate(ranked) if str(c["cluster"]) == str(planted_cluster)), None),
-        "share_of_negative": planted.get("share_of_negative"),
+        "planted_rank": next((i + 1 for i, c in enumerate(ranked) if str(c.cluster) == str(planted_cluster)), None),
+        "share_of_negative": planted.share_of_negative if planted is not None else None,
         "mean_score_planted": mean_planted,
         "mean_score_clean": mean_clean,
         # how many times harder a planted example pulls than a clean one (negative: clean is net helpful)
@@ -156,9 +158,17 @@ def poison_figures(report: Mapping[str, Any], scores: Sequence[float], row_indic
         "n_planted": int(is_planted.sum()),
         **split,
         "n_examples": int(len(scores)),
-        "engine": attribution.get("engine"),
-        "engine_agreement_spearman": attribution.get("engine_agreement_spearman"),
+        "engine": attribution.engine if attribution is not None else None,
+        "engine_agreement_spearman": attribution.engine_agreement_spearman if attribution is not None else None,
     }
+
+
+def _capability_figures(cap: Capability | None) -> dict[str, Any]:
+    """The capability's base, tuned, delta, status, n_items and n_flipped (all None without one)."""
+    if cap is None:
+        return dict.fromkeys(("base", "tuned", "delta", "status", "n_items", "n_flipped"))
+    return {"base": cap.base, "tuned": cap.tuned, "delta": cap.delta, "status": cap.status, "n_items": cap.n_items,
+            "n_flipped": cap.n_flipped}
 
 
 def poison_verdict(figures: Mapping[str, Any]) -> tuple[str, str]:
@@ -193,14 +203,13 @@ def poison_verdict(figures: Mapping[str, Any]) -> tuple[str, str]:
 # -- bad config -------------------------------------------------------------------------------
 
 
-def scenario_badconfig_verdict(report: Mapping[str, Any], expected: Sequence[str]) -> dict[str, Any]:
+def scenario_badconfig_verdict(report: Report | Mapping[str, Any], expected: Sequence[str]) -> dict[str, Any]:
     """One broken-config scenario: the expected checks fired and no data cluster was accused."""
-    findings = report.get("findings") or []
-    fired = {f["id"]: f["severity"] for f in findings}
+    report = Report.of(report)
+    findings = report.findings
+    fired = {f.id: f.severity for f in findings}
     missing = [e for e in expected if e not in fired]
-    verdict = report.get("verdict") or {}
-    accused = verdict.get("accused_cluster")
-    cap = report.get("capability") or {}
+    accused = report.verdict.accused_cluster
     status = "PASS" if not missing and accused is None else "FAIL"
     problems = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"accused cluster {accused}"] if accused is not None else [])
     return {
@@ -209,11 +218,11 @@ def scenario_badconfig_verdict(report: Mapping[str, Any], expected: Sequence[str
         "expected": list(expected),
         "missing": missing,
         "fired": fired,
-        "leading_finding": findings[0]["id"] if findings else None,
-        "verdict_kind": verdict.get("kind"),
+        "leading_finding": findings[0].id if findings else None,
+        "verdict_kind": report.verdict.kind,
         "accused_cluster": accused,
-        "capability": {k: cap.get(k) for k in ("base", "tuned", "delta", "status", "n_flipped")},
-        "attributed": bool(report.get("attribution")),
+        "capability": {k: v for k, v in _capability_figures(report.capability).items() if k != "n_items"},
+        "attributed": report.attribution is not None,
     }
 
 
@@ -230,23 +239,24 @@ def badconfig_verdict(per_scenario: Mapping[str, Mapping[str, Any]]) -> tuple[st
 # -- counterfactual -----------------------------------------------------------------------------
 
 
-def counterfactual_verdict(block: Mapping[str, Any] | None, accusation: str | None) -> tuple[str, str]:
+def counterfactual_verdict(block: Counterfactual | Mapping[str, Any] | None, accusation: str | None) -> tuple[str, str]:
     """PASS when the retrain without the accused rows brings the capability back within one item
     of the base (and above the original fine-tune). INCONCLUSIVE when nothing was accused or
     nothing had regressed; FAIL otherwise."""
     if block is None:
         return "INCONCLUSIVE", f"no cluster was accused, so there was nothing to drop ({accusation})"
-    rec = block["capability"]
-    outcome = block["outcome"]
-    text = (f"dropped {block['removal']['n_removed']} rows ({block['removal']['reason']}); capability "
-            f"{rec['base']:.4f} base, {rec['before']} before, {rec['after']:.4f} after the retrain "
-            f"({rec.get('items_below_base_after')} item(s) below the base, status {rec['status_after']})")
-    truth = block.get("ground_truth")
-    if truth:
-        text += f"; removal precision {truth['precision']}, recall {truth['recall']}"
+    if not isinstance(block, Counterfactual):
+        block = Counterfactual.from_json(block, "counterfactual")
+    rec, outcome = block.capability, block.outcome
+    text = (f"dropped {block.removal.n_removed} rows ({block.removal.reason}); capability "
+            f"{rec.base:.4f} base, {rec.before} before, {rec.after:.4f} after the retrain "
+            f"({rec.items_below_base_after} item(s) below the base, status {rec.status_after})")
+    truth = block.ground_truth
+    if truth is not None:
+        text += f"; removal precision {truth.precision}, recall {truth.recall}"
     if outcome == "nothing_to_recover":
         return "INCONCLUSIVE", f"the original fine-tune lost nothing: {text}"
-    within = rec.get("within_one_item")
+    within = rec.within_one_item
     back = within if within is not None else outcome == "recovered"
     if outcome == "recovered" and back:
         return "PASS", text
