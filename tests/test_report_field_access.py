@@ -41,15 +41,17 @@ PATTERN = re.compile(
 )
 
 #: files still reading report fields by key; each entry goes once its reads are typed
-_PENDING: dict[str, str] = {
-    "projects/validation/verdicts.py": "the report is read typed; poison_verdict reads its own figures dict "
-                                       "(capability, accused_cluster, share_of_negative), not a report",
-    "projects/validation/fidelity.py": "the report is read typed; run() reads the capability name from "
-                                       "scenario.json (scenario.info), not a report",
-}
+_PENDING: dict[str, str] = {}
 
 #: matches that are not report.json reads, with the reason
 _ALLOWED: dict[tuple[str, str], str] = {
+    ("projects/validation/verdicts.py", 'cap = figures["capability"]'): "poison_verdict reads the figures dict poison.py computed from the typed report, not a report",
+    ("projects/validation/verdicts.py", 'accused = figures["accused_cluster"] == planted'): "poison_verdict reads the figures dict poison.py computed from the typed report, not a report",
+    ("projects/validation/verdicts.py", 'share = figures.get("share_of_negative")'): "poison_verdict reads the figures dict poison.py computed from the typed report, not a report",
+    ("projects/validation/verdicts.py", 'f"verdict {figures.get(\'verdict_kind\')} accusing {figures.get(\'accused_cluster\')}")'):
+        "poison_verdict reads the figures dict poison.py computed from the typed report, not a report",
+    ("projects/validation/fidelity.py", 'capability = scenario.info["capability"]["name"]'):
+        "a tinyworld scenario.json, not a report",
     ("core/gradian/explain/buried.py", '"capability": info["capability"]}'):
         "a tinyworld scenario.json, not a report",
     ("gradian_mlflow/demo.py", "print(f\"{info['n_train']} training rows, {planted.get('n', 0)} of them planted; "
