@@ -312,6 +312,26 @@ def _lumpiness_rank(lump: dict[str, Any]) -> tuple[bool, float]:
 
 
 def _cluster_in_space(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> tuple[Any, list[dict[str, Any]], Any]:
+    """(assignment, cluster table, gradient features or None): the topic clusters, or, when no
+    topic holds the harm (not lumpy), the groups the harmful rows form among themselves
+    (``gradian.cluster.harm_groups``) if those are lumpy."""
+    from gradian.cluster import harm_groups
+    from gradian.report import VerdictThresholds, assess_lumpiness, cluster_table
+
+    assignment, clusters, features = _topic_clusters(cfg, dataset, index, scores)
+    if assess_lumpiness(clusters, VerdictThresholds()).get("lumpy"):
+        return assignment, clusters, features
+    grouped = harm_groups(dataset.examples, scores, cfg.clustering, seed=cfg.seed, base=assignment)
+    if grouped is None:
+        return assignment, clusters, features
+    grouped_clusters = cluster_table(scores, dataset.ids, grouped, dataset.examples,
+                                     cfg.clustering.top_examples_per_cluster)
+    if assess_lumpiness(grouped_clusters, VerdictThresholds()).get("lumpy"):
+        return grouped, grouped_clusters, features
+    return assignment, clusters, features
+
+
+def _topic_clusters(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> tuple[Any, list[dict[str, Any]], Any]:
     """(assignment, cluster table, gradient features or None) in ``clustering.space``.
 
     ``auto`` clusters over text and over gradients and keeps the lumpier table (a lumpy one over a
