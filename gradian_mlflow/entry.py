@@ -116,7 +116,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if name == "attribute":
             p.add_argument("--capability", default="capability")
             p.add_argument("--engine", default="")  # empty: the config's engine.name
-            p.add_argument("--cross-check", default="auto")
+            p.add_argument("--cross-check", default="")  # empty: the CLI's default, auto
             p.add_argument("--out", default="")
     p = sub.add_parser("counterfactual")
     p.add_argument("--run-id", required=True)

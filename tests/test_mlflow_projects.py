@@ -202,3 +202,15 @@ def test_the_adapter_out_and_force_parameters_reach_the_cli(monkeypatch, entry_p
     with pytest.raises(SystemExit) as exit_info:
         entry.main([entry_point, "--run-id", "e" * 32, "--force", "maybe"])
     assert exit_info.value.code == 2
+
+
+def test_engine_and_cross_check_left_empty_are_not_passed_so_the_config_and_cli_defaults_hold(monkeypatch):
+    from gradian_mlflow import entry
+
+    spec = yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"]["attribute"]["parameters"]
+    assert spec["engine"]["default"] == "" and spec["cross_check"]["default"] == ""
+    argv: list[str] = []
+    monkeypatch.setattr(entry, "_cli", argv.extend)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    entry.main(["attribute", "--run-id", "e" * 32, "--engine", "", "--cross-check", ""])
+    assert "--engine" not in argv and "--cross-check" not in argv
