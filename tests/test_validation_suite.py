@@ -143,6 +143,80 @@ def test_counterfactual_verdicts(v):
     assert status == "INCONCLUSIVE" and "accuses no cluster" in reason
 
 
+# -- accused set --------------------------------------------------------------------------------
+
+
+def _accused_report(status="regressed", accused_ids=("a-0", "a-1", "a-2", "a-3", "a-4")):
+    """A report.json dict built through the schema: the capitals regressed and, unless
+    ``accused_ids`` is empty, an accused set refined out of an automatically found cluster."""
+    from gradian.report.schema import Accused, Attribution, Capability, ClusterRow, Report, Verdict
+
+    capability = Capability(name="capitals", metric="contains", base=1.0, tuned=0.25, delta=-0.75, ci=[-0.9, -0.5],
+                            n_items=16, n_flipped=12, n_base_failing=0, status=status, proxy_used=False)
+    clusters = [ClusterRow(cluster=str(k), label="", n=10, signed_influence=-1.0, share_of_negative=0.25,
+                           mean_per_example=-0.1) for k in range(4)]
+    accused = Accused(cluster="2", cluster_label="capital", cluster_n=60, example_ids=list(accused_ids), left_out_ids=[],
+                      share_of_cluster_harm=0.9, share_of_negative=0.5, estimated_harmful_share=0.9,
+                      mean_per_example=-5.0, left_out_mean_per_example=None, method="mixture",
+                      reason="r") if accused_ids else None
+    return Report(capability=capability,
+                  attribution=Attribution(engine="ekfac", clusters=clusters, accused=accused),
+                  verdict=Verdict(kind="data" if accused_ids else "inconclusive", summary="s",
+                                  accused_cluster="2" if accused_ids else None)).to_json()
+
+
+def _accused_figures(v, accused_rows=range(10), planted=range(10), after=0.9375, outcome="recovered",
+                     status="regressed", retrain=True):
+    report = _accused_report(status=status, accused_ids=tuple(f"a-{i}" for i in accused_rows))
+    block = _block(after, outcome) if retrain and accused_rows else None
+    return v.accused_figures(report, list(accused_rows), list(planted), block)
+
+
+def test_accused_figures(v):
+    f = _accused_figures(v, accused_rows=[0, 1, 2, 3, 50], planted=range(8))
+    assert f["n_accused"] == 5 and f["n_planted_accused"] == 4 and f["precision"] == 0.8 and f["recall"] == 0.5
+    assert f["regressed"] is True and f["n_clusters_found"] == 4 and f["accused_method"] == "mixture"
+    assert f["accused_cluster_size"] == 60 and f["retrained"] is True and f["within_one_item"] is True
+    assert f["recovery"]["after"] == 0.9375 and f["removal_precision"] == 1.0
+    json.dumps(f)  # verdict.json and the MLflow metrics take it as it is
+
+
+def test_accused_verdicts(v):
+    # exact: the planted rows, and the retrain one item short of the base
+    status, reason = v.accused_verdict(_accused_figures(v))
+    assert status == "PASS" and "precision 1.00, recall 1.00" in reason
+    # 8 of 10 accused rows planted, 8 of 10 planted rows accused: both at the threshold
+    assert v.accused_verdict(_accused_figures(v, accused_rows=[*range(8), 20, 21]))[0] == "PASS"
+    # a threshold missed: too many clean rows accused, or too few planted ones
+    status, reason = v.accused_verdict(_accused_figures(v, accused_rows=[*range(10), *range(20, 25)]))
+    assert status == "FAIL" and reason.startswith("precision below 0.8")
+    status, reason = v.accused_verdict(_accused_figures(v, accused_rows=range(7)))
+    assert status == "FAIL" and reason.startswith("recall below 0.8")
+    # the set is right but the retrain stays two items short
+    status, reason = v.accused_verdict(_accused_figures(v, after=0.875))
+    assert status == "FAIL" and "not within one item" in reason
+    assert v.accused_verdict(_accused_figures(v, after=0.5, outcome="partial"))[0] == "FAIL"
+    # nothing accused, or no gated regression: the experiment did not get its condition
+    status, reason = v.accused_verdict(_accused_figures(v, accused_rows=()))
+    assert status == "INCONCLUSIVE" and "nothing was accused" in reason
+    status, reason = v.accused_verdict(_accused_figures(v, status="not_significant"))
+    assert status == "INCONCLUSIVE" and "no gated regression" in reason
+
+
+def test_accused_copy_drops_only_the_declared_clusters(suite_modules, tmp_path):
+    sys.path.insert(0, str(PROJECT))
+    try:
+        import accused
+    finally:
+        sys.path.remove(str(PROJECT))
+    rows = [{"messages": [{"role": "user", "content": "q"}], "cluster": 0}, {"prompt": "p", "cluster_id": "x", "c": 1}]
+    source = tmp_path / "train.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    dest = accused.strip_declared_clusters(source, tmp_path / "out" / "train.jsonl")
+    assert [json.loads(line) for line in dest.read_text().splitlines()] == [
+        {"messages": [{"role": "user", "content": "q"}]}, {"prompt": "p", "c": 1}]
+
+
 # -- fidelity -----------------------------------------------------------------------------------
 
 
@@ -278,13 +352,21 @@ def test_quick_suite_end_to_end(tmp_path, tinyworld_base):
         env.pop(name, None)  # a run or experiment of another test's store must not leak in
     proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "all", "--quick", "--workdir", str(tmp_path / "w")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "w" / "suite.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     suite = json.loads((tmp_path / "w" / "suite.json").read_text())
     statuses = {k: e["status"] for k, e in suite["experiments"].items()}
+    # `accused` (issue 13's acceptance, no declared clusters) is published as measured, FAIL included
+    # (docs/validation.md); it alone may make the suite exit 1, and its figures must be there
+    others_failed = [k for k, s in statuses.items() if s == "FAIL" and k != "accused"]
+    assert not others_failed and proc.returncode == (1 if statuses["accused"] == "FAIL" else 0), \
+        proc.stdout[-3000:] + proc.stderr[-3000:]
+    accused = json.loads((tmp_path / "w" / "accused" / "verdict.json").read_text())
+    assert accused["figures"]["regressed"] and accused["figures"]["n_accused"] > 0, accused["reason"]
+    assert {"precision", "recall", "within_one_item", "recovery"} <= set(accused["figures"])
     assert statuses["poison"] == "PASS" and statuses["badconfig"] == "PASS" and statuses["counterfactual"] == "PASS", suite
     # --quick retrains only 8 subsets: a bootstrap interval over 8 points can contain zero even when
     # the best engine orders them right (INCONCLUSIVE), so both are honest; FAIL (the best interval
-    # at or below zero) would be a real failure, and the exit code 0 above already rules it out
+    # at or below zero) would be a real failure, and the check of the other experiments above rules it out
     assert statuses["fidelity"] in ("PASS", "INCONCLUSIVE"), suite["experiments"]["fidelity"]
     fidelity = json.loads((tmp_path / "w" / "fidelity" / "verdict.json").read_text())
     assert set(fidelity["figures"]["lds"]) >= {"datainf", "graddot", "tracin"}
@@ -299,7 +381,8 @@ def test_quick_suite_end_to_end(tmp_path, tinyworld_base):
     # the retrain dropped the report's accused cluster: its child run is named for that
     accused = json.loads((tmp_path / "w" / "counterfactual" / "verdict.json").read_text())["figures"]["accused_cluster"]
     counterfactual = f"counterfactual-cluster{accused}-capitals"
-    assert {"validation-suite-quick", "validation-poison", "validation-fidelity", counterfactual} <= set(by_name)
+    assert {"validation-suite-quick", "validation-poison", "validation-accused", "validation-fidelity",
+            counterfactual} <= set(by_name)
     assert by_name["validation-poison"].data.metrics["validation.pass"] == 1.0
     assert by_name[counterfactual].data.tags["gradian.kind"] == "counterfactual"
 

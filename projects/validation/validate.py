@@ -1,7 +1,7 @@
-"""The validation suite on tinyworld: ``python validate.py {poison,badconfig,counterfactual,fidelity,all}``.
+"""The validation suite on tinyworld: ``python validate.py {poison,badconfig,counterfactual,accused,fidelity,all}``.
 
 Each experiment writes ``<workdir>/<experiment>/verdict.json`` (PASS, FAIL or INCONCLUSIVE, the
-reason, the figures) and logs a run to MLflow. ``all`` runs the four in order under one parent
+reason, the figures) and logs a run to MLflow. ``all`` runs the five in order under one parent
 run and writes ``<workdir>/suite.json`` with every status and the wall times. ``--quick`` is the
 CI-sized variant of each (see each module's docstring). The exit code is 0 unless an experiment
 FAILs (1); INCONCLUSIVE exits 0 but says so.
@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the experiment modules beside this file
 
-EXPERIMENTS = ("poison", "badconfig", "counterfactual", "fidelity")
+EXPERIMENTS = ("poison", "badconfig", "counterfactual", "accused", "fidelity")
 
 
 def _bool(value: str) -> bool:

@@ -23,9 +23,13 @@ from typing import Any, Mapping, Sequence
 from gradian.report.schema import Capability, Counterfactual, Report
 
 __all__ = [
+    "ACCUSED_PRECISION_MIN",
+    "ACCUSED_RECALL_MIN",
     "STATUSES",
     "UPTAKE_MIN",
     "Verdict",
+    "accused_figures",
+    "accused_verdict",
     "badconfig_verdict",
     "combine_verdicts",
     "counterfactual_verdict",
@@ -261,6 +265,102 @@ def counterfactual_verdict(block: Counterfactual | Mapping[str, Any] | None, acc
     if outcome == "recovered" and back:
         return "PASS", text
     return "FAIL", f"{outcome.replace('_', ' ')}: {text}"
+
+
+# -- accused set --------------------------------------------------------------------------------
+
+#: the accused set must be at least this precise and this complete against the planted rows
+ACCUSED_PRECISION_MIN = 0.8
+ACCUSED_RECALL_MIN = 0.8
+
+
+def accused_figures(report: Report | Mapping[str, Any], accused_rows: Sequence[int], planted_indices: Sequence[int],
+                    block: Counterfactual | Mapping[str, Any] | None) -> dict[str, Any]:
+    """The numbers experiment ``accused`` records: the accused set against the planted rows
+    (``accused_rows``: its row indices), and the retrain without it (``block``: the counterfactual
+    report's block, None when nothing was dropped)."""
+    report = Report.of(report)
+    cap, attribution = report.capability, report.attribution
+    found = attribution.accused if attribution is not None else None
+    rows, planted = set(int(i) for i in accused_rows), set(int(i) for i in planted_indices)
+    hits = len(rows & planted)
+    figures: dict[str, Any] = {
+        "round1": _capability_figures(cap),
+        "regressed": cap is not None and cap.status == "regressed" and attribution is not None,
+        "engine": attribution.engine if attribution is not None else None,
+        "n_clusters_found": len(attribution.clusters) if attribution is not None else 0,
+        "verdict_kind": report.verdict.kind,
+        "accused_cluster_id": report.verdict.accused_cluster,
+        "n_accused": len(rows),
+        "n_planted": len(planted),
+        "n_planted_accused": hits,
+        "precision": hits / len(rows) if rows else None,
+        "recall": hits / len(planted) if planted else None,
+        "accused_method": found.method if found is not None else None,
+        "accused_cluster_size": found.cluster_n if found is not None else None,
+        "accused_share_of_harm": found.share_of_cluster_harm if found is not None else None,
+        "retrained": block is not None,
+    }
+    if block is not None:
+        if not isinstance(block, Counterfactual):
+            block = Counterfactual.from_json(block, "counterfactual")
+        rec, truth = block.capability, block.ground_truth
+        figures.update({
+            "recovery": {"base": rec.base, "before": rec.before, "after": rec.after,
+                         "delta_before": rec.delta_before, "delta_after": rec.delta_after,
+                         "recovered_fraction": rec.recovered_fraction, "status_after": rec.status_after,
+                         "items_below_base_before": rec.items_below_base_before,
+                         "items_below_base_after": rec.items_below_base_after, "n_items": rec.n_items},
+            "within_one_item": rec.within_one_item,
+            "outcome": block.outcome,
+            "n_removed": block.removal.n_removed,
+            "removal_precision": truth.precision if truth is not None else None,
+            "removal_recall": truth.recall if truth is not None else None,
+            "retrain_seconds": block.seconds.to_json() if block.seconds is not None else None,
+        })
+    return figures
+
+
+def _fraction(value: float | None) -> str:
+    return "?" if value is None else f"{value:.2f}"
+
+
+def accused_verdict(figures: Mapping[str, Any]) -> tuple[str, str]:
+    """``(status, reason)`` of experiment ``accused`` from ``accused_figures``.
+
+    PASS: precision and recall of the accused set against the planted rows both at least 0.8, and
+    the retrain without it within one item of the base. INCONCLUSIVE: the regression did not pass
+    its gate, or nothing was accused. FAIL: a set was accused but missed a threshold, or the
+    retrain did not come back.
+    """
+    cap = figures.get("round1") or {}
+    where = f"capability {cap.get('base')} -> {cap.get('tuned')} ({cap.get('status')})"
+    if not figures.get("regressed"):
+        return "INCONCLUSIVE", f"no gated regression to attribute: {where}"
+    n = figures.get("n_accused") or 0
+    if not n:
+        return "INCONCLUSIVE", (f"nothing was accused (verdict {figures.get('verdict_kind')}, "
+                                f"{figures.get('n_clusters_found')} clusters found): {where}")
+    precision, recall = figures.get("precision"), figures.get("recall")
+    text = (f"{where}; accused {n} rows ({figures.get('accused_method')}, out of a cluster of "
+            f"{figures.get('accused_cluster_size')}), {figures.get('n_planted_accused')} of the "
+            f"{figures.get('n_planted')} planted: precision {_fraction(precision)}, recall {_fraction(recall)}")
+    recovery = figures.get("recovery")
+    within = figures.get("within_one_item")
+    if recovery is not None:
+        text += (f"; retrained without them: {recovery.get('after')} against base {recovery.get('base')} "
+                 f"(before {recovery.get('before')}, {recovery.get('items_below_base_after')} item(s) below the "
+                 f"base, {figures.get('outcome')})")
+        back = within if within is not None else figures.get("outcome") == "recovered"
+    else:
+        text += "; no retrain"
+        back = False
+    misses = ([f"precision below {ACCUSED_PRECISION_MIN}"] if precision is None or precision < ACCUSED_PRECISION_MIN else []) \
+        + ([f"recall below {ACCUSED_RECALL_MIN}"] if recall is None or recall < ACCUSED_RECALL_MIN else []) \
+        + ([] if back else ["the retrain is not within one item of the base"])
+    if misses:
+        return "FAIL", f"{'; '.join(misses)}: {text}"
+    return "PASS", text
 
 
 # -- fidelity ---------------------------------------------------------------------------------
