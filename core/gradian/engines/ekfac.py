@@ -236,8 +236,9 @@ class _KroneckerEngine(Engine):
         if saved > 1:
             state.meta["checkpoints_note"] = (
                 f"fitted on the final adapter; the run saved {saved} checkpoints: engine.checkpoints: all fits "
-                "under each (one index and one fit per checkpoint), which with a contrastive query ranked "
-                "planted rows as well or better on both offline worlds")
+                "under each (one index and one fit per checkpoint, kept for later runs); with "
+                "engine.normalize_train: relatif beside it, it ranked planted rows best on both offline "
+                "worlds (AUC 0.87 to 1.00, docs/validation.md)")
         return state
 
     def _fit_checkpoints(self, train: TrainGradients, config: Any, context: FitContext,
