@@ -169,3 +169,25 @@ def test_duplicated_poison_matches_the_duplicates_finding(attributed):
     rankings = outcome.rankings
     copies = set(rankings.loc[rankings["row_index"].isin(run.info["planted"]["duplicate_indices"][3:]), "example_id"])
     assert copies and copies <= set(match["example_ids"]), (copies, match["example_ids"])
+
+
+def test_lr_10x_with_discovered_clusters_still_blames_the_setting(tinyworld_run, tmp_path):
+    """The clusters removed from the data, so topics are discovered and, when no topic holds the
+    harm, the harmful rows are grouped among themselves: clean data under a broken setting must
+    still read as config, with nothing offered for deletion."""
+    import json
+
+    from gradian.attribution import run_attribution
+
+    run = tinyworld_run("lr_10x")
+    cfg = run.config(**{"evaluation.query_signal": "contrastive", "clustering.method": "auto"})
+    rows = [json.loads(line) for line in open(cfg.dataset, encoding="utf-8") if line.strip()]
+    stripped = tmp_path / "train-no-clusters.jsonl"
+    stripped.write_text("".join(json.dumps({k: v for k, v in row.items() if k not in ("cluster", "cluster_id")}) + "\n"
+                                for row in rows), encoding="utf-8")
+    cfg = run.config(**{"evaluation.query_signal": "contrastive", "clustering.method": "auto",
+                        "dataset": str(stripped)})
+    report = run_attribution(cfg, capability="capitals", cross_check="none").report
+    assert report["capability"]["status"] == "regressed"
+    assert report["verdict"]["kind"] == "config" and report["verdict"]["accused_cluster"] is None, report["verdict"]
+    assert report["attribution"]["accused"] is None
