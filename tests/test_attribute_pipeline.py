@@ -49,6 +49,7 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
     out = tmp_path / "out"
     outcome = run_attribution(cfg, capability="capitals", out_dir=out)
     report = json.loads((out / "report.json").read_text())
+    assert json.loads(json.dumps(outcome.report)) == report  # what was returned is what was written
     assert report["capability"]["name"] == "capitals" and report["capability"]["n_items"] == 4
     attr = report["attribution"]
     assert attr["engine"] == "ekfac" and attr["cross_check"] == "datainf"  # the defaults

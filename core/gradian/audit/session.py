@@ -7,7 +7,6 @@ way. Only the tokenizer is loaded, never model weights.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from gradian.audit.report import diagnosis_report

@@ -37,7 +37,7 @@ from typing import Any, ClassVar, Literal, Mapping, Union
 
 from gradian.cluster.accused import AccusedCandidate, AccusedSet
 from gradian.errors import GradianError
-from gradian.findings import SEVERITIES, Finding
+from gradian.findings import Finding
 
 __all__ = [
     "SCHEMA_VERSION",
