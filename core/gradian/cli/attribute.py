@@ -103,7 +103,7 @@ def print_summary(console: Any, report: "Report | Mapping[str, Any]") -> None:
     verdict, cap, attr = report.verdict, report.capability, report.attribution
     lines = [f"[bold]Verdict: {verdict.kind}[/]  {verdict.summary}"]
     if cap is not None:
-        lo, hi = (cap.ci or [None, None])[:2]
+        lo, hi = cap.ci_bounds()
         ci = f"[{lo:+.3f}, {hi:+.3f}]" if lo is not None and hi is not None else "[?]"
         lines.append(
             f"'{cap.name}' ({cap.metric}): {cap.base:.3f} -> {cap.tuned:.3f} "
@@ -127,7 +127,7 @@ def print_summary(console: Any, report: "Report | Mapping[str, Any]") -> None:
             f"{100 * accused.estimated_harmful_share:.0f}% harmful; {accused.n_left_out} left out "
             "(rankings.parquet column 'accused'; retrain without them: gradian counterfactual --drop accused)"
         )
-        for span in attr.spans[:3]:
+        for span in (attr.spans if attr is not None else [])[:3]:
             lines.append(f"  {span.example_id}: harmful span \"{span.span_text}\"")
     if attr is not None and attr.engine_agreement_spearman is not None:
         lines.append(f"Engines {attr.engine} vs {attr.cross_check}: Spearman "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
@@ -133,7 +133,7 @@ def _config_dict(source: str) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def _print_plan(plan, estimate, print_line, print_table, fmt) -> None:
+def _print_plan(plan: Any, estimate: Any, print_line: Any, print_table: Any, fmt: Any) -> None:
     m, s, mem = plan.model, plan.settings, plan.memory
     targets = plan.adapter.target_modules if isinstance(plan.adapter.target_modules, str) else ",".join(plan.adapter.target_modules)
     print_line(f"model: {m.name or m.model_type} ({m.n_parameters / 1e9:.2f}B parameters, {m.model_type}), "
@@ -189,7 +189,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _over_budget_line(plan, fmt) -> str:
+def _over_budget_line(plan: Any, fmt: Any) -> str:
     over = []
     if not plan.fits_memory:
         over.append(f"{fmt(plan.device_peak)} of memory per device (budget {fmt(plan.budgets.memory)})")

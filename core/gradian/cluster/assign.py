@@ -82,7 +82,7 @@ class ClusterAssignment:
 def _renumber(raw: np.ndarray) -> list[str]:
     """Cluster ids ``"0".."k-1"`` ordered by size (largest first, ties by first appearance)."""
     counts = Counter(int(x) for x in raw if x >= 0)
-    first = {}
+    first: dict[int, int] = {}
     for i, x in enumerate(raw):
         first.setdefault(int(x), i)
     order = sorted(counts, key=lambda c: (-counts[c], first[c]))

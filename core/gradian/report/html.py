@@ -77,7 +77,7 @@ def _verdict(verdict: Verdict) -> str:
 
 
 def _capability(cap: Capability, plot: bytes | None) -> str:
-    lo, hi = (cap.ci or [None, None])[:2]
+    lo, hi = cap.ci_bounds()
     row = "".join(f"<td{' class=num' if n else ''}>{v}</td>" for v, n in (
         (_e(cap.name), False), (f"<code>{_e(cap.metric)}</code>", False),
         (_num(cap.base, ".4f"), True), (_num(cap.tuned, ".4f"), True),

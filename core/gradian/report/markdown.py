@@ -50,7 +50,7 @@ def _too_few(cap: Capability) -> str:
 
 
 def _capability(cap: Capability) -> list[str]:
-    lo, hi = (cap.ci or [None, None])[:2]
+    lo, hi = cap.ci_bounds()
     lines = ["## Capability", "",
              "| capability | metric | base | tuned | delta | 95% CI | items | flipped | base failing | status |",
              "|---|---|---|---|---|---|---|---|---|---|",

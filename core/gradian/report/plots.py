@@ -11,9 +11,12 @@ by cluster), ``scores`` (per-example score distribution, accused cluster highlig
 from __future__ import annotations
 
 import io
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from gradian.report.schema import Capability, ClusterRow, Report, ReportFinding
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["PLOT_NAMES", "draw_plots", "flagged_steps"]
 
@@ -21,13 +24,13 @@ PLOT_NAMES = ("capability", "clusters", "scores", "training")
 _HARM, _HELP, _REST, _FLAG = "#c0392b", "#2e86c1", "#95a5a6", "#e67e22"
 
 
-def _figure(width: float = 7.0, height: float = 3.6):
+def _figure(width: float = 7.0, height: float = 3.6) -> "Figure":
     from matplotlib.figure import Figure
 
     return Figure(figsize=(width, height), dpi=100, layout="constrained")
 
 
-def _png(fig) -> bytes:
+def _png(fig: "Figure") -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()

@@ -380,6 +380,10 @@ class Capability(_Block):
     items: list[CapabilityItem] = field(default_factory=list)
     extra: dict[str, Any] = _extra()
 
+    def ci_bounds(self) -> tuple[float | None, float | None]:
+        """``(lo, hi)`` of the delta's interval, or ``(None, None)`` when it was not recorded."""
+        return (self.ci[0], self.ci[1]) if len(self.ci) >= 2 else (None, None)
+
 
 @dataclass
 class ReportFinding(Finding, _Block):
