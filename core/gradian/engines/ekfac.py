@@ -187,7 +187,7 @@ def _with_checkpoints(config: Any, mode: str) -> Any:
     import copy
     import dataclasses
 
-    if dataclasses.is_dataclass(config):
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
         return dataclasses.replace(config, checkpoints=mode)
     out = copy.copy(config)
     out.checkpoints = mode
@@ -369,7 +369,7 @@ class _KroneckerEngine(Engine):
         size = int(context.grads.batch_size) if context.grads is not None else 4
         for offset in range(0, len(context.tokenized), size):
             rows = context.tokenized[offset: offset + size]
-            yield offset, collate(rows, context.pad_id, context.gm.device)
+            yield offset, collate(rows, context.pad_id if context.pad_id is not None else 0, context.gm.device)
 
     def _labels(self, settings: dict[str, Any], context: FitContext, draw: int, offset: int, batch: Any) -> Any:
         if settings["fisher"] != "true":
@@ -396,7 +396,7 @@ class _KroneckerEngine(Engine):
                     xx = part_x if xx is None else xx + part_x
                     gg = part_g if gg is None else gg + part_g
                     tokens += n_tokens
-                if xx is not None:
+                if xx is not None and gg is not None:
                     out[key] = (xx.cpu().numpy(), gg.cpu().numpy(), tokens)
             yield offset, out, len(batch)
 
@@ -443,7 +443,7 @@ class _KroneckerEngine(Engine):
             part = self._score_adapter(fit["state"], query_for(fit["gm"]), config)
             scores = fit["weight"] * np.asarray(part.scores, dtype=np.float64)
             total = scores if total is None else total + scores
-            damping.update({f"{fit['label']}/{k}": v for k, v in part.damping.items()})
+            damping.update({f"{fit['label']}/{k}": v for k, v in (part.damping or {}).items()})
             notes = part.notes
         assert total is not None
         notes = [n + f"; summed over {len(fits)} checkpoints weighted by their learning rates" for n in notes]

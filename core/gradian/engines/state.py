@@ -54,9 +54,9 @@ def fit_engine(name: str, train: TrainGradients, config: Any, context: FitContex
     state = engine.fit(train, config, context)
     state.fit_seconds = time.perf_counter() - started
     state.meta.setdefault("settings", settings)
-    if root is not None:
+    if root is not None and index_id:
         state.state_id = root.name
-        _save(root, state, index_id)
+        _save(root, state, str(index_id))
     return state
 
 
@@ -82,7 +82,7 @@ def _save(root: Path, state: EngineState, index_id: str) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     with (tmp / "arrays.npz").open("wb") as handle:
-        np.savez(handle, **state.arrays)
+        np.savez(handle, **state.arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as allow_pickle
     record = {"state_id": state.state_id, "engine": state.engine, "index_id": index_id,
               "fit_seconds": round(state.fit_seconds, 3), "meta": state.meta,
               "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
