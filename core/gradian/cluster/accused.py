@@ -180,7 +180,7 @@ def _gradient_splits(features: np.ndarray, scores: np.ndarray, seed: int) -> lis
     return out
 
 
-def refine_accused(cluster: str, member_ids: Sequence[str], member_scores: Sequence[float], *,
+def refine_accused(cluster: str, member_ids: Sequence[str], member_scores: Sequence[float] | np.ndarray, *,
                    label: str = "", features: np.ndarray | None = None, scale: float | None = None,
                    total_negative: float | None = None, seed: int = 1234) -> AccusedSet:
     """Split the accused cluster into the rows to act on and the rows to leave; see the module doc.

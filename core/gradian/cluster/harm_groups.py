@@ -59,7 +59,7 @@ HARM_GROUP_PREFIX = "harm-"
 HARM_GROUP_METHOD = "harm_groups"
 
 
-def harm_groups(examples: Sequence[Any], scores: Sequence[float], config: Any, seed: int = 1234, *,
+def harm_groups(examples: Sequence[Any], scores: Sequence[float] | np.ndarray, config: Any, seed: int = 1234, *,
                 base: ClusterAssignment, text_vectors: np.ndarray | None = None) -> ClusterAssignment | None:
     """``base`` with the groups HDBSCAN finds among the rows whose score is negative carved out.
 

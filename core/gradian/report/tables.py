@@ -49,7 +49,7 @@ def _cluster_key(assignment: Any, eid: str) -> str:
     return str(labels.get(eid, "0"))
 
 
-def top_examples(scores: Sequence[float], example_ids: Sequence[str], assignment: Any = None,
+def top_examples(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str], assignment: Any = None,
                  examples: Sequence[Any] | Mapping[str, Any] | None = None, k: int = 10,
                  harmful: bool = True) -> list[dict[str, Any]]:
     """The ``k`` most harmful (most negative) or most helpful (most positive) examples.
@@ -78,7 +78,7 @@ def top_examples(scores: Sequence[float], example_ids: Sequence[str], assignment
     return rows
 
 
-def cluster_table(scores: Sequence[float], example_ids: Sequence[str], assignment: Any = None,
+def cluster_table(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str], assignment: Any = None,
                   examples: Sequence[Any] | Mapping[str, Any] | None = None,
                   top_examples_per_cluster: int = 5) -> list[dict[str, Any]]:
     """Influence summed by cluster, most harmful cluster first.
