@@ -63,7 +63,7 @@ def _differences(base_scores: Sequence[float], tuned_scores: Sequence[float]) ->
     return tuned - base
 
 
-def bootstrap_deltas(differences: Sequence[float], n_bootstrap: int, seed: int) -> np.ndarray:
+def bootstrap_deltas(differences: Sequence[float] | np.ndarray, n_bootstrap: int, seed: int) -> np.ndarray:
     """``n_bootstrap`` resampled means of the per-item ``differences`` (float64, in draw order)."""
     d = np.asarray(differences, dtype=np.float64)
     n = d.size

@@ -128,17 +128,23 @@ def score_items(
     """Per-item scores, pass/fail, flips and base failures from both models' outputs."""
     items = []
     for k, e in enumerate(examples):
-        common = dict(example_id=e.id, index=e.index, prompt=e.prompt_text, wanted=e.completion)
         if metric in PROXY_METRICS:
             if base.logliks is None or tuned.logliks is None:
                 raise ValueError(f"metric {metric!r} needs log-likelihoods from both models")
-            items.append(ItemResult(base_score=base.logliks[k], tuned_score=tuned.logliks[k], **common))
+            items.append(ItemResult(
+                example_id=e.id, index=e.index, prompt=e.prompt_text, wanted=e.completion,
+                base_score=base.logliks[k], tuned_score=tuned.logliks[k],
+            ))
             continue
         if base.generations is None or tuned.generations is None:
             raise ValueError(f"metric {metric!r} needs generations from both models")
         b = score_text(metric, base.generations[k], e.completion)
         t = score_text(metric, tuned.generations[k], e.completion)
         items.append(ItemResult(
+            example_id=e.id,
+            index=e.index,
+            prompt=e.prompt_text,
+            wanted=e.completion,
             base_score=b,
             tuned_score=t,
             base_correct=b == 1.0,
@@ -147,7 +153,6 @@ def score_items(
             tuned_generation=tuned.generations[k],
             flipped=b == 1.0 and t == 0.0,
             base_failing=b == 0.0,
-            **common,
         ))
     return items
 
@@ -169,6 +174,7 @@ def base_preference_margins(
     _require_peft(model)
     by_id = {e.id: e for e in examples}
     todo = [i for i in items if i.flipped and i.tuned_generation is not None]
+    said_texts = [i.tuned_generation for i in todo if i.tuned_generation is not None]
     if not todo:
         return
     prompts = [by_id[i.example_id].prompt_messages for i in todo]
@@ -177,7 +183,7 @@ def base_preference_margins(
     try:
         with model.disable_adapter():
             wanted = completion_logprobs(model, tokenizer, prompts, [i.wanted for i in todo], batch_size=batch_size)
-            said = completion_logprobs(model, tokenizer, prompts, [i.tuned_generation for i in todo], batch_size=batch_size)
+            said = completion_logprobs(model, tokenizer, prompts, said_texts, batch_size=batch_size)
     finally:
         model.train(was_training)
     for item, w, s in zip(todo, wanted, said):
