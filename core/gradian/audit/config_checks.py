@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gradian.audit.context import AuditContext
-from gradian.audit.registry import CheckSkipped, register
+from gradian.audit.registry import CheckOutcome, CheckSkipped, register
 
 __all__: list[str] = []
 
@@ -69,7 +69,7 @@ def _epochs(ctx: AuditContext) -> float | None:
 
 
 @register("config.attention_only_targets", "LoRA adapts attention projections only, no MLP", needs=("run",))
-def attention_only_targets(ctx: AuditContext):
+def attention_only_targets(ctx: AuditContext) -> CheckOutcome:
     targets = _run(ctx).lora.target_modules
     if not targets:
         raise CheckSkipped("target_modules unknown (no adapter_config.json in the run)")
@@ -96,7 +96,7 @@ def _model_key(name: str) -> str:
 
 
 @register("config.base_model_mismatch", "Adapter's recorded base model differs from the one given", needs=("run",))
-def base_model_mismatch(ctx: AuditContext):
+def base_model_mismatch(ctx: AuditContext) -> CheckOutcome:
     recorded = _run(ctx).lora.base_model
     if not recorded:
         raise CheckSkipped("the adapter config records no base_model_name_or_path")
@@ -124,7 +124,7 @@ def base_model_mismatch(ctx: AuditContext):
 
 
 @register("config.capacity_vs_data", "LoRA rank high for the number of training rows", needs=("run",))
-def capacity_vs_data(ctx: AuditContext):
+def capacity_vs_data(ctx: AuditContext) -> CheckOutcome:
     r = _run(ctx).lora.r
     if not r:
         raise CheckSkipped("LoRA rank unknown (no adapter_config.json in the run)")
@@ -147,7 +147,7 @@ def capacity_vs_data(ctx: AuditContext):
 
 
 @register("config.fp16_precision", "Trained in fp16 where bf16 is safer", needs=("run",))
-def fp16_precision(ctx: AuditContext):
+def fp16_precision(ctx: AuditContext) -> CheckOutcome:
     c = _run(ctx).config
     if c.fp16 is None and c.bf16 is None:
         raise CheckSkipped("the run recorded neither fp16 nor bf16")
@@ -165,7 +165,7 @@ def fp16_precision(ctx: AuditContext):
 
 
 @register("config.grad_clip_disabled", "max_grad_norm turns gradient clipping off", needs=("run",))
-def grad_clip_disabled(ctx: AuditContext):
+def grad_clip_disabled(ctx: AuditContext) -> CheckOutcome:
     max_norm = _run(ctx).config.max_grad_norm
     if max_norm is None:
         raise CheckSkipped("the run did not record max_grad_norm")
@@ -182,7 +182,7 @@ def grad_clip_disabled(ctx: AuditContext):
 
 
 @register("config.high_lora_dropout", "Heavy LoRA dropout on a small dataset", needs=("run",))
-def high_lora_dropout(ctx: AuditContext):
+def high_lora_dropout(ctx: AuditContext) -> CheckOutcome:
     dropout = _run(ctx).lora.dropout
     if dropout is None:
         raise CheckSkipped("lora_dropout unknown (no adapter_config.json in the run)")
@@ -204,7 +204,7 @@ def high_lora_dropout(ctx: AuditContext):
 
 
 @register("config.lr_too_high", "Effective LoRA learning rate (lr x alpha/r) above the usual range", needs=("run",))
-def lr_too_high(ctx: AuditContext):
+def lr_too_high(ctx: AuditContext) -> CheckOutcome:
     lr, scale, effective, label = _rate_figures(ctx)
     cfg = ctx.config
     if effective <= cfg.lr_high_effective:
@@ -231,7 +231,7 @@ def lr_too_high(ctx: AuditContext):
 
 
 @register("config.lr_too_low", "Effective LoRA learning rate too small to move the adapter", needs=("run",))
-def lr_too_low(ctx: AuditContext):
+def lr_too_low(ctx: AuditContext) -> CheckOutcome:
     lr, scale, effective, label = _rate_figures(ctx)
     cfg = ctx.config
     if effective >= cfg.lr_low_effective:
@@ -250,7 +250,7 @@ def lr_too_low(ctx: AuditContext):
 
 
 @register("config.max_seq_length_vs_data", "max_seq_length below the tokenized length most rows need", needs=("dataset", "tokenizer"))
-def max_seq_length_vs_data(ctx: AuditContext):
+def max_seq_length_vs_data(ctx: AuditContext) -> CheckOutcome:
     limit = ctx.max_seq_length
     if not limit:
         raise CheckSkipped("no max_seq_length (pass --max-seq-length, or a run that recorded it)")
@@ -289,7 +289,7 @@ def _quantile(sorted_values: list[int], q: float) -> int:
 
 
 @register("config.no_eval_set", "No evaluation ran during training", needs=("run",))
-def no_eval_set(ctx: AuditContext):
+def no_eval_set(ctx: AuditContext) -> CheckOutcome:
     run = _run(ctx)
     strategy = run.config.eval_strategy
     has_eval_logs = any(s.eval_loss is not None for s in run.logs.steps)
@@ -307,7 +307,7 @@ def no_eval_set(ctx: AuditContext):
 
 
 @register("config.no_warmup", "High learning rate from the very first step (no warmup)", needs=("run",))
-def no_warmup(ctx: AuditContext):
+def no_warmup(ctx: AuditContext) -> CheckOutcome:
     _, _, effective, _ = _rate_figures(ctx)
     run = _run(ctx)
     warmup = run.warmup_fraction
@@ -336,7 +336,7 @@ def no_warmup(ctx: AuditContext):
 
 
 @register("config.overtraining", "Epoch count high for the dataset size", needs=("run",))
-def overtraining(ctx: AuditContext):
+def overtraining(ctx: AuditContext) -> CheckOutcome:
     epochs = _epochs(ctx)
     if epochs is None:
         raise CheckSkipped("neither num_train_epochs nor max_steps with a known dataset size")
@@ -366,7 +366,7 @@ def overtraining(ctx: AuditContext):
 
 
 @register("config.packing_with_completion_loss", "Sequence packing together with completion-only loss", needs=("run",))
-def packing_with_completion_loss(ctx: AuditContext):
+def packing_with_completion_loss(ctx: AuditContext) -> CheckOutcome:
     c = _run(ctx).config
     if c.packing is None:
         raise CheckSkipped("the run did not record packing")
@@ -385,7 +385,7 @@ def packing_with_completion_loss(ctx: AuditContext):
 
 
 @register("config.pad_equals_eos", "Tokenizer pads with its EOS token (or has no pad token)", needs=("tokenizer",))
-def pad_equals_eos(ctx: AuditContext):
+def pad_equals_eos(ctx: AuditContext) -> CheckOutcome:
     tok = ctx.tokenizer
     eos = getattr(tok, "eos_token_id", None)
     if eos is None:
@@ -406,7 +406,7 @@ def pad_equals_eos(ctx: AuditContext):
 
 
 @register("config.seed_unset", "Run recorded no seed", needs=("run",))
-def seed_unset(ctx: AuditContext):
+def seed_unset(ctx: AuditContext) -> CheckOutcome:
     if _run(ctx).config.seed is not None:
         return None
     return ctx.finding(
@@ -419,7 +419,7 @@ def seed_unset(ctx: AuditContext):
 
 
 @register("config.small_effective_batch", "Effective batch of 1-2 at a high learning rate", needs=("run",))
-def small_effective_batch(ctx: AuditContext):
+def small_effective_batch(ctx: AuditContext) -> CheckOutcome:
     run = _run(ctx)
     c = run.config
     if c.per_device_train_batch_size is None:
@@ -457,7 +457,7 @@ def small_effective_batch(ctx: AuditContext):
 
 
 @register("config.undertrained", "Run planned very few optimizer steps", needs=("run",))
-def undertrained(ctx: AuditContext):
+def undertrained(ctx: AuditContext) -> CheckOutcome:
     steps = _run(ctx).total_optimizer_steps(ctx.n_examples)
     if steps is None:
         raise CheckSkipped("cannot tell the number of optimizer steps (no max_steps, epochs with a dataset size, or logs)")

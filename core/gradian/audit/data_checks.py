@@ -15,7 +15,7 @@ from collections import defaultdict
 from typing import Any
 
 from gradian.audit.context import AuditContext
-from gradian.audit.registry import CheckSkipped, register
+from gradian.audit.registry import CheckOutcome, CheckSkipped, register
 
 __all__: list[str] = []
 
@@ -38,7 +38,7 @@ def _need_seq_length(ctx: AuditContext) -> int:
 
 
 @register("data.completion_truncated", "Answers cut off by max_seq_length", needs=("dataset", "tokenizer"))
-def completion_truncated(ctx: AuditContext):
+def completion_truncated(ctx: AuditContext) -> CheckOutcome:
     limit = _need_seq_length(ctx)
     toks = ctx.tokenized
     hit = [t for t in toks if t.n_completion_lost > 0]
@@ -89,7 +89,7 @@ def _all_agree(distinct: list[str]) -> bool:
 
 
 @register("data.conflicting_answers", "One prompt, several disagreeing answers", needs=("dataset",))
-def conflicting_answers(ctx: AuditContext):
+def conflicting_answers(ctx: AuditContext) -> CheckOutcome:
     examples = ctx.examples  # a fresh list on each access: read it once
     groups: dict[str, list[int]] = defaultdict(list)
     for i, prompt in enumerate(ctx.normalized_prompts):
@@ -131,7 +131,7 @@ def _exact_key(example: Any) -> str:
 
 
 @register("data.duplicates", "Rows repeated word for word", needs=("dataset",))
-def duplicates(ctx: AuditContext):
+def duplicates(ctx: AuditContext) -> CheckOutcome:
     examples = ctx.examples  # a fresh list on each access: indexing it per copy was quadratic
     seen: dict[str, int] = {}
     copies: list[int] = []
@@ -160,7 +160,7 @@ def duplicates(ctx: AuditContext):
 
 
 @register("data.empty_or_degenerate_targets", "Answers that are empty, punctuation or repetition", needs=("dataset",))
-def empty_or_degenerate_targets(ctx: AuditContext):
+def empty_or_degenerate_targets(ctx: AuditContext) -> CheckOutcome:
     cfg = ctx.config
     empty, degenerate = [], []
     for example in ctx.examples:
@@ -206,7 +206,7 @@ def _target_format(text: str) -> str:
 
 
 @register("data.format_inconsistency", "Answers that break the dominant format, or mixed row shapes", needs=("dataset",))
-def format_inconsistency(ctx: AuditContext):
+def format_inconsistency(ctx: AuditContext) -> CheckOutcome:
     examples = ctx.examples
     n = len(examples)
     if not n:
@@ -233,7 +233,7 @@ def format_inconsistency(ctx: AuditContext):
     for e in examples:
         shapes[e.shape] += 1
     if len(shapes) > 1:
-        minority = min(shapes, key=shapes.get)
+        minority = min(shapes, key=lambda shape: shapes[shape])
         findings.append(ctx.finding(
             "low",
             f"Rows come in {len(shapes)} different shapes",
@@ -247,7 +247,7 @@ def format_inconsistency(ctx: AuditContext):
 
 
 @register("data.length_outliers", "Rows far longer than the median", needs=("dataset",))
-def length_outliers(ctx: AuditContext):
+def length_outliers(ctx: AuditContext) -> CheckOutcome:
     if ctx.tokenizer is not None:
         lengths = [t.n_tokens_full for t in ctx.tokenized]
         unit = "tokens"
@@ -278,7 +278,7 @@ def length_outliers(ctx: AuditContext):
 
 
 @register("data.loss_mask_coverage", "Loss mask covers prompt tokens, or very few tokens", needs=("dataset", "tokenizer"))
-def loss_mask_coverage(ctx: AuditContext):
+def loss_mask_coverage(ctx: AuditContext) -> CheckOutcome:
     toks = ctx.tokenized
     total = sum(len(t.input_ids) for t in toks)
     if not total:
@@ -319,7 +319,7 @@ def loss_mask_coverage(ctx: AuditContext):
 
 
 @register("data.missing_eos", "Supervised answers that do not end in EOS", needs=("dataset", "tokenizer"))
-def missing_eos(ctx: AuditContext):
+def missing_eos(ctx: AuditContext) -> CheckOutcome:
     eos = getattr(ctx.tokenizer, "eos_token", None)
     # Rows whose answer was truncated lose their EOS too; data.completion_truncated reports those.
     judged = [t for t in ctx.tokenized if t.n_completion_tokens > 0 and t.n_completion_lost == 0]
@@ -451,7 +451,7 @@ def near_duplicate_groups(texts: list[str], threshold: float, num_perm: int) -> 
 
 
 @register("data.near_duplicates", "Rows that are almost copies of each other (MinHash)", needs=("dataset",))
-def near_duplicates(ctx: AuditContext):
+def near_duplicates(ctx: AuditContext) -> CheckOutcome:
     from gradian.data import normalize_text
 
     cfg = ctx.config
@@ -489,7 +489,7 @@ def near_duplicates(ctx: AuditContext):
 
 
 @register("data.no_chat_template", "Conversation rows but a tokenizer without a chat template", needs=("dataset", "tokenizer"))
-def no_chat_template(ctx: AuditContext):
+def no_chat_template(ctx: AuditContext) -> CheckOutcome:
     from gradian.data import has_chat_template
 
     chat = [e for e in ctx.examples if e.is_chat]
@@ -510,7 +510,7 @@ def no_chat_template(ctx: AuditContext):
 
 
 @register("data.no_supervised_tokens", "Rows with no token under the loss", needs=("dataset", "tokenizer"))
-def no_supervised_tokens(ctx: AuditContext):
+def no_supervised_tokens(ctx: AuditContext) -> CheckOutcome:
     toks = ctx.tokenized
     empty = [t for t in toks if t.n_supervised == 0]
     if not empty:
@@ -534,7 +534,7 @@ def no_supervised_tokens(ctx: AuditContext):
 
 
 @register("data.prompt_equals_target", "Answer identical to its prompt", needs=("dataset",))
-def prompt_equals_target(ctx: AuditContext):
+def prompt_equals_target(ctx: AuditContext) -> CheckOutcome:
     same = [
         e.id
         for e, p, c in zip(ctx.examples, ctx.normalized_prompts, ctx.normalized_completions)
@@ -558,7 +558,7 @@ def prompt_equals_target(ctx: AuditContext):
 
 
 @register("data.template_prefix_mismatch", "Chat template renders prompts that are not prefixes of the conversation", needs=("dataset", "tokenizer"))
-def template_prefix_mismatch(ctx: AuditContext):
+def template_prefix_mismatch(ctx: AuditContext) -> CheckOutcome:
     from gradian.data import has_chat_template
 
     if not has_chat_template(ctx.tokenizer):
@@ -583,7 +583,7 @@ def template_prefix_mismatch(ctx: AuditContext):
 
 
 @register("data.tiny_dataset", "Too few rows for trustworthy attribution", needs=("dataset",))
-def tiny_dataset(ctx: AuditContext):
+def tiny_dataset(ctx: AuditContext) -> CheckOutcome:
     n = len(ctx.examples)
     threshold = ctx.config.tiny_dataset_examples
     if n >= threshold:
@@ -599,7 +599,7 @@ def tiny_dataset(ctx: AuditContext):
 
 
 @register("data.train_eval_contamination", "Eval prompts that also occur in the training set", needs=("dataset", "eval"))
-def train_eval_contamination(ctx: AuditContext):
+def train_eval_contamination(ctx: AuditContext) -> CheckOutcome:
     from gradian.data import normalize_text
 
     examples = ctx.examples  # a fresh list on each access: read it once
@@ -639,7 +639,7 @@ def train_eval_contamination(ctx: AuditContext):
 
 
 @register("data.truncated", "Rows longer than max_seq_length at all", needs=("dataset", "tokenizer"))
-def truncated(ctx: AuditContext):
+def truncated(ctx: AuditContext) -> CheckOutcome:
     limit = _need_seq_length(ctx)
     toks = ctx.tokenized
     cut = [t for t in toks if t.truncated]

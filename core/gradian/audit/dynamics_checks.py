@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from typing import TYPE_CHECKING
 
 from gradian.audit.context import AuditContext
-from gradian.audit.registry import CheckSkipped, register
+from gradian.audit.registry import CheckOutcome, CheckSkipped, register
+
+if TYPE_CHECKING:
+    from gradian.runs.record import LogStep, RunRecord
 
 __all__: list[str] = []
 
@@ -24,10 +28,14 @@ _DECAYING_SCHEDULES = {
 _FLAT_SCHEDULES = {"constant", "constant_with_warmup", "reduce_lr_on_plateau", "inverse_sqrt"}
 
 
-def _steps(ctx: AuditContext):
+def _run(ctx: AuditContext) -> "RunRecord":
     if ctx.run is None:
         raise CheckSkipped("no training run")
-    return ctx.run.logs.steps
+    return ctx.run
+
+
+def _steps(ctx: AuditContext) -> "list[LogStep]":
+    return _run(ctx).logs.steps
 
 
 def _finite_series(ctx: AuditContext, name: str) -> list[tuple[int, float]]:
@@ -42,7 +50,7 @@ def _need(series: list, minimum: int, what: str) -> None:
 
 
 @register("dynamics.always_clipping", "Grad norm at or above max_grad_norm on nearly every step", needs=("logs",))
-def always_clipping(ctx: AuditContext):
+def always_clipping(ctx: AuditContext) -> CheckOutcome:
     max_norm = ctx.run.config.max_grad_norm if ctx.run else None
     if max_norm is None:
         raise CheckSkipped("the run did not record max_grad_norm")
@@ -63,7 +71,7 @@ def always_clipping(ctx: AuditContext):
         "means every update has the same length and the learning rate no longer sets the step size.",
         "Lower the learning rate, raise the effective batch size, or both, until clipping is "
         "occasional; do not simply raise max_grad_norm.",
-        evidence=ctx.run.label_inferred({
+        evidence=_run(ctx).label_inferred({
             "clipped_steps": len(clipped),
             "logged_steps": len(norms),
             "share": round(share, 4),
@@ -74,7 +82,7 @@ def always_clipping(ctx: AuditContext):
 
 
 @register("dynamics.grad_norm_explosion", "Grad norm far above the run's median", needs=("logs",))
-def grad_norm_explosion(ctx: AuditContext):
+def grad_norm_explosion(ctx: AuditContext) -> CheckOutcome:
     norms = _finite_series(ctx, "grad_norm")
     _need(norms, ctx.config.min_logged_steps, "grad_norm")
     median = statistics.median(g for _, g in norms)
@@ -109,7 +117,7 @@ def grad_norm_explosion(ctx: AuditContext):
 
 
 @register("dynamics.loss_plateau", "Training loss hardly fell", needs=("logs",))
-def loss_plateau(ctx: AuditContext):
+def loss_plateau(ctx: AuditContext) -> CheckOutcome:
     losses = [v for _, v in _finite_series(ctx, "loss")]
     _need(losses, ctx.config.min_logged_steps, "loss")
     k = max(1, len(losses) // 10)
@@ -135,7 +143,7 @@ def loss_plateau(ctx: AuditContext):
 
 
 @register("dynamics.loss_spike", "Loss jumps above its rolling median", needs=("logs",))
-def loss_spike(ctx: AuditContext):
+def loss_spike(ctx: AuditContext) -> CheckOutcome:
     series = _finite_series(ctx, "loss")
     _need(series, ctx.config.min_logged_steps, "loss")
     window = ctx.config.spike_window
@@ -164,7 +172,7 @@ def loss_spike(ctx: AuditContext):
 
 
 @register("dynamics.lr_schedule_incomplete", "Decaying LR schedule ended far above zero", needs=("logs",))
-def lr_schedule_incomplete(ctx: AuditContext):
+def lr_schedule_incomplete(ctx: AuditContext) -> CheckOutcome:
     kind = ctx.run.config.lr_scheduler_type if ctx.run else None
     if kind is None:
         raise CheckSkipped("the run did not record lr_scheduler_type")
@@ -187,17 +195,17 @@ def lr_schedule_incomplete(ctx: AuditContext):
         "max_steps/epochs planned a longer run than the one that happened, so the low-rate phase "
         "that settles the adapter never came."
         + (" (The run did not record its scheduler; the shape was fitted to the logged rates.)"
-           if "lr_scheduler_type" in ctx.run.inferred else ""),
+           if "lr_scheduler_type" in _run(ctx).inferred else ""),
         "Let the run finish, or set max_steps/num_train_epochs to the length you actually train so "
         "the schedule reaches its end.",
-        evidence=ctx.run.label_inferred({"scheduler": kind, "peak_lr": peak, "final_lr": last,
+        evidence=_run(ctx).label_inferred({"scheduler": kind, "peak_lr": peak, "final_lr": last,
                                          "final_step": last_step, "final_fraction": round(fraction, 4)},
                                         "lr_scheduler_type"),
     )
 
 
 @register("dynamics.nan_loss", "NaN/inf loss or grad norm, including NaN hidden behind loss 0.0", needs=("logs",))
-def nan_loss(ctx: AuditContext):
+def nan_loss(ctx: AuditContext) -> CheckOutcome:
     bad_loss, hidden, bad_norm, bad_eval = [], [], [], []
     for s in _steps(ctx):
         loss_bad = s.loss is not None and not math.isfinite(s.loss)
@@ -243,7 +251,7 @@ def nan_loss(ctx: AuditContext):
 
 
 @register("dynamics.overfitting", "Eval loss rising while train loss falls", needs=("logs",))
-def overfitting(ctx: AuditContext):
+def overfitting(ctx: AuditContext) -> CheckOutcome:
     evals = _finite_series(ctx, "eval_loss")
     if len(evals) < 3:
         raise CheckSkipped(f"only {len(evals)} logged eval_loss values; need at least 3")
@@ -279,7 +287,7 @@ def overfitting(ctx: AuditContext):
 
 
 @register("dynamics.too_few_steps", "Too few logged loss values to judge the curve", needs=("logs",))
-def too_few_steps(ctx: AuditContext):
+def too_few_steps(ctx: AuditContext) -> CheckOutcome:
     losses = _finite_series(ctx, "loss")
     minimum = ctx.config.min_logged_steps
     if len(losses) >= minimum:

@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable, Union
 
-__all__ = ["INPUTS", "CATEGORIES", "Check", "CheckSkipped", "register", "all_checks", "get_check"]
+if TYPE_CHECKING:
+    from gradian.findings import Finding
+
+__all__ = ["INPUTS", "CATEGORIES", "Check", "CheckOutcome", "CheckSkipped", "register", "all_checks", "get_check"]
+
+#: what a check function returns: one finding, several, or None when nothing is wrong
+CheckOutcome = Union["Finding", Iterable["Finding"], None]
 
 #: what a check may need, and what the user passes to provide it
 INPUTS: dict[str, str] = {
