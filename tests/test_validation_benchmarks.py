@@ -74,3 +74,20 @@ def test_the_attribution_quality_figures_read_the_typed_cluster_rows():
     assert figures["auc"] == 1.0 and figures["top_k_precision"] == 1.0
     assert figures["planted_share_of_negative"] == 0.95
     assert figures["planted_cluster_rank"] == 1 and figures["planted_mean_rank"] == 1 and figures["n_clusters"] == 2
+
+
+def test_lds_modes_read_engine_settings_and_need_a_fidelity_run(tmp_path):
+    import importlib
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        bench = importlib.import_module("bench_lds_modes")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    assert bench.mode_overrides("default") == {}
+    assert bench.mode_overrides("checkpoints=all+normalize_train=relatif") == {
+        "engine.checkpoints": "all", "engine.normalize_train": "relatif"}
+    with pytest.raises(SystemExit):
+        bench.mode_overrides("checkpoints")
+    with pytest.raises(bench.NoFidelityRun, match="no fidelity run of poison_capitals"):
+        bench.measure(tmp_path, "poison_capitals", ["default"])

@@ -28,6 +28,14 @@ from typing import Any
 import numpy as np
 
 
+#: where validate.py keeps its work when no --workdir is given
+DEFAULT_WORKDIR = ".gradian/validation"
+
+
+class NoFidelityRun(Exception):
+    """The work folder holds no finished fidelity run of the scenario."""
+
+
 def mode_overrides(mode: str) -> dict[str, str]:
     """``checkpoints=all+normalize_train=relatif`` -> ``{"engine.checkpoints": "all", ...}``."""
     if mode == "default":
@@ -51,7 +59,8 @@ def measure(workdir: Path, scenario: str, modes: list[str]) -> dict[str, Any]:
     reference, data = root / "fidelity" / "run", root / "fidelity" / "train.jsonl"
     verdicts = sorted(workdir.glob("fidelity*/verdict.json"))
     if not verdicts or not data.is_file():
-        raise SystemExit(f"{workdir}: no fidelity run of {scenario} there; run validate.py fidelity first")
+        raise NoFidelityRun(f"{workdir}: no fidelity run of {scenario} there; run projects/validation/validate.py "
+                            f"fidelity --workdir {workdir} --scenario {scenario} first")
     params = json.loads(verdicts[0].read_text())["params"]
     k, seed = int(params["subsets"]), int(params["seed"])
     n = sum(1 for line in data.read_text().splitlines() if line.strip())
@@ -80,12 +89,19 @@ def measure(workdir: Path, scenario: str, modes: list[str]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", required=True, help="the validate.py --workdir of a finished fidelity run")
+    parser.add_argument("--workdir", help=f"the validate.py --workdir of a finished fidelity run (default: {DEFAULT_WORKDIR}, "
+                        "where it is skipped when no fidelity run is there, as under run_all.py)")
     parser.add_argument("--scenario", default="poison_capitals")
     parser.add_argument("--mode", action="append", default=[], help="engine settings to score (repeatable)")
     parser.add_argument("--out", help="also write the figures here as JSON")
     args = parser.parse_args()
-    result = measure(Path(args.workdir), args.scenario, args.mode or ["default"])
+    try:
+        result = measure(Path(args.workdir or DEFAULT_WORKDIR), args.scenario, args.mode or ["default"])
+    except NoFidelityRun as err:
+        if args.workdir:
+            parser.exit(2, f"error: {err}\n")
+        print(f"skipped: {err}")
+        return
     for mode, row in result["table"]["engines"].items():
         low, high = row["ci"]
         print(f"{mode:45s} LDS {row['spearman']:+.3f} [{low:+.3f}, {high:+.3f}]  {result['runs'][mode]}")
