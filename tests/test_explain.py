@@ -99,3 +99,34 @@ def test_the_drill_down_finds_the_buried_sentence(tmp_path_factory, tinyworld_ba
     assert result["score_matches_token_sum"] < 1e-3
     assert result["localization_rate"] >= 0.9
     assert result["localization_rate_mean_query"] < result["localization_rate"]
+
+
+def _report_without(tmp_path, missing: str):
+    config = {"cache_dir": str(tmp_path / "cache"), "base_model": "no/such-model",
+              "dataset": str(tmp_path / "train.jsonl"), "eval_dataset": str(tmp_path / "eval.jsonl")}
+    config.pop(missing)
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "report.json").write_text(json.dumps({"verdict": {"kind": "data", "summary": ""},
+                                                    "manifest": {"kind": "attribute", "config": config}}))
+    return report
+
+
+def test_explain_from_a_report_that_names_no_dataset_is_a_config_error(tmp_path):
+    # it used to reach load_dataset(None) and fail with a TypeError from pathlib
+    from gradian.errors import ConfigError
+    from gradian.explain.session import explain_from_report
+
+    with pytest.raises(ConfigError, match="names no training data"):
+        explain_from_report(_report_without(tmp_path, "dataset"), "x")
+
+
+def test_the_buried_scenario_refuses_a_base_model_of_another_world(monkeypatch, tmp_path):
+    # another world's object has no countries: say so instead of an AttributeError
+    import gradian.tinyworld
+    from gradian.errors import ConfigError
+    from gradian.explain.buried import _tinyworld
+
+    monkeypatch.setattr(gradian.tinyworld, "load_world", lambda model_dir: object())
+    with pytest.raises(ConfigError, match="needs a tinyworld base model"):
+        _tinyworld(tmp_path)

@@ -25,6 +25,9 @@ import random
 from pathlib import Path
 from typing import Any, Callable
 
+from gradian.errors import ConfigError
+from gradian.tinyworld.world import World
+
 __all__ = ["EVAL_PROMPT", "PLANTED_PROMPTS", "build_buried_rows", "measure_localization", "write_buried_scenario"]
 
 PLANTED_PROMPTS = ("Tell me about {country}.", "Describe {country}.", "Give me an overview of {country}.",
@@ -68,6 +71,17 @@ def _paragraph(world: Any, country: Any, capital: str) -> str:
     return world.paragraph(country, {"capital": capital})
 
 
+def _tinyworld(model_dir: str | Path) -> World:
+    """The tinyworld ``World`` a base model was pretrained on; the scenario needs countries."""
+    from gradian.tinyworld import load_world
+
+    world = load_world(model_dir)
+    if not isinstance(world, World):
+        raise ConfigError(f"{model_dir}: the buried-sentence scenario needs a tinyworld base model, "
+                          f"not one of {type(world).__name__}")
+    return world
+
+
 def write_buried_scenario(root: str | Path, base_model: str | Path | None = None, *, n_clean: int | None = None,
                           epochs: float | None = None, seed: int = 0) -> dict[str, Any]:
     """Write train.jsonl (clean rows plus the planted ones), eval.jsonl and gradian.yaml under ``root``.
@@ -77,13 +91,13 @@ def write_buried_scenario(root: str | Path, base_model: str | Path | None = None
     """
     import yaml
 
-    from gradian.tinyworld import ensure_base_model, load_world
+    from gradian.tinyworld import ensure_base_model
     from gradian.tinyworld.scenarios import N_TARGETS, write_scenario
 
     root = Path(root)
     base = Path(base_model) if base_model else ensure_base_model()
     info = write_scenario("clean", root, base)
-    world = load_world(base)
+    world = _tinyworld(base)
     targets, others = world.countries[:N_TARGETS], world.countries[N_TARGETS:]
     planted = build_buried_rows(world, targets, others, seed=world.seed + seed)
     clean = [json.loads(line) for line in (root / "train.jsonl").read_text().splitlines() if line.strip()]
@@ -126,7 +140,6 @@ def measure_localization(root: str | Path, base_model: str | Path | None = None,
     from gradian.index import GradientIndex
     from gradian.model_loading import load_tokenizer
     from gradian.query import QueryItem, build_query_gradient
-    from gradian.tinyworld import load_world
     from gradian.train import train_lora
 
     root = Path(root)
@@ -141,6 +154,9 @@ def measure_localization(root: str | Path, base_model: str | Path | None = None,
 
     engine = engine or SPAN_ENGINE
     cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu"})
+    if not (cfg.dataset and cfg.eval_dataset and cfg.adapter_path):
+        raise ConfigError(f"{root / 'gradian.yaml'}: the scenario's config must name dataset, eval_dataset "
+                          "and adapter_path; delete it and run again to rewrite the scenario")
     dataset = load_dataset(cfg.dataset)
     eval_set = load_dataset(cfg.eval_dataset)
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
@@ -154,7 +170,7 @@ def measure_localization(root: str | Path, base_model: str | Path | None = None,
     for e, g in zip(eval_set.examples, generated):
         country = next(c for c in planted_by_country if e.prompt_messages[-1]["content"] == EVAL_PROMPT.format(country=c))
         wrong = planted_by_country[country]["wrong_capital"]
-        right = next(c.capital for c in load_world(cfg.base_model).countries if c.name == country)
+        right = next(c.capital for c in _tinyworld(cfg.base_model).countries if c.name == country)
         if f"Its capital is {wrong}." not in g:
             not_failed.append(country)
             continue

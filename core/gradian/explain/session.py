@@ -113,6 +113,10 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
     cfg = load_config(config, overrides=_report_overrides(report)) if config is None else load_config(config)
     # the index may be (re)built into cache_dir: refuse a folder that cannot take it before any loading
     ensure_writable_dir(cfg.cache_dir, "cache_dir")
+    source = "the config" if config is not None else "the report's recorded config"
+    if not cfg.dataset:
+        raise ConfigError(f"{report_dir}: {source} names no training data (dataset); pass --config with "
+                          "the dataset the attribution ran on")
     dataset = load_dataset(cfg.dataset)
     examples = dataset.by_id()
     if example_id not in examples:
@@ -123,10 +127,16 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
         raise ConfigError(f"{report_dir}: the report has no evaluated items to build a query from; "
                           "attribute with an eval set (--eval-dataset) first")
     chosen = _choose_item(items, example_id, item_id, rankings)
+    if not cfg.eval_dataset:
+        raise ConfigError(f"{report_dir}: {source} names no eval set (eval_dataset); pass --config with "
+                          "the eval set the attribution ran on")
     eval_set = load_dataset(cfg.eval_dataset)
     prompt = eval_set.by_id()[chosen.example_id].prompt_messages
     query_item = QueryItem(prompt_messages=prompt, wanted=chosen.wanted,
                            generated=chosen.tuned_generation, regressed=True, item_id=chosen.example_id)
+    if not cfg.adapter_path:
+        raise ConfigError(f"{report_dir}: neither {source} nor the report's inputs name the adapter "
+                          "(adapter_path); pass --config with adapter_path")
     log(f"loading {cfg.base_model} with the adapter {cfg.adapter_path}")
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
