@@ -33,6 +33,9 @@ import numpy as np
 
 from gradian.engines.correlation import rank_correlation, rowwise_rank_correlation
 
+#: a vector of floats: a sequence or a 1-d array
+Floats = Sequence[float] | np.ndarray
+
 __all__ = [
     "compare_rankings",
     "group_removal_sums",
@@ -59,37 +62,37 @@ def sample_subsets(n: int, k: int, fraction: float = 0.5, seed: int = 0) -> np.n
     return masks
 
 
-def subset_score_sums(masks: np.ndarray, scores: Sequence[float]) -> np.ndarray:
+def subset_score_sums(masks: np.ndarray, scores: Floats) -> np.ndarray:
     """``[k]``: ``sum_{i in S_k} score_i`` for each subset mask."""
     masks = np.asarray(masks, dtype=bool)
-    scores = np.asarray(scores, dtype=np.float64)
-    if masks.ndim != 2 or masks.shape[1] != scores.shape[0]:
-        raise ValueError(f"masks are {masks.shape} but there are {scores.shape[0]} scores")
-    return masks.astype(np.float64) @ scores
+    s = np.asarray(scores, dtype=np.float64)
+    if masks.ndim != 2 or masks.shape[1] != s.shape[0]:
+        raise ValueError(f"masks are {masks.shape} but there are {s.shape[0]} scores")
+    return masks.astype(np.float64) @ s
 
 
-def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+def spearman(a: Floats, b: Floats) -> float:
     """Spearman rank correlation (average ranks for ties); NaN when either side is constant.
     ``gradian.engines.correlation`` holds the one implementation."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    if a.shape != b.shape or a.ndim != 1:
-        raise ValueError(f"spearman needs two vectors of one length, got {a.shape} and {b.shape}")
-    return rank_correlation(a, b)
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"spearman needs two vectors of one length, got {x.shape} and {y.shape}")
+    return rank_correlation(x, y)
 
 
-def linear_datamodeling_score(losses: Sequence[float], masks: np.ndarray, scores: Sequence[float]) -> float:
+def linear_datamodeling_score(losses: Floats, masks: np.ndarray, scores: Floats) -> float:
     """``Spearman(phi(S_k), -sum_{i in S_k} score_i)``: the LDS of one engine's scores."""
     return spearman(losses, -subset_score_sums(masks, scores))
 
 
-def group_removal_sums(groups: Sequence[Sequence[int]], scores: Sequence[float]) -> np.ndarray:
+def group_removal_sums(groups: Sequence[Sequence[int]], scores: Floats) -> np.ndarray:
     """``[g]``: ``sum_{j in c} score_j`` for each group of row indices, the predicted loss rise
     (times ``n``) when the group is removed."""
-    scores = np.asarray(scores, dtype=np.float64)
-    return np.array([scores[np.asarray(list(g), dtype=int)].sum() for g in groups], dtype=np.float64)
+    s = np.asarray(scores, dtype=np.float64)
+    return np.array([s[np.asarray(list(g), dtype=int)].sum() for g in groups], dtype=np.float64)
 
 
-def compare_rankings(measured: Sequence[float], predicted: Mapping[str, Sequence[float]], *,
+def compare_rankings(measured: Floats, predicted: Mapping[str, Floats], *,
                      n_bootstrap: int = 2000, ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
     """Spearman of ``measured`` with each engine's ``predicted`` values, with bootstrap intervals.
 
@@ -116,32 +119,34 @@ def compare_rankings(measured: Sequence[float], predicted: Mapping[str, Sequence
             return [None, None]
         return [float(np.quantile(finite, lo_q)), float(np.quantile(finite, hi_q))]
 
-    engines = {}
+    rho = {k: spearman(y, preds[k]) for k in names}
+    engines: dict[str, dict[str, Any]] = {}
     for k in names:
         finite = boot[k][np.isfinite(boot[k])]
-        engines[k] = {"spearman": spearman(y, preds[k]),
+        engines[k] = {"spearman": rho[k],
                       "bootstrap_mean": float(finite.mean()) if finite.size else None,
                       "ci": interval(boot[k])}
-    ranking = sorted(names, key=lambda k: -np.nan_to_num(engines[k]["spearman"], nan=-np.inf))
+    ranking = sorted(names, key=lambda k: -np.nan_to_num(rho[k], nan=-np.inf))
     best = ranking[0] if ranking else None
-    margins = {}
-    for k in ranking[1:]:
-        diff = boot[best] - boot[k]
-        finite = diff[np.isfinite(diff)]
-        margins[k] = {"difference": engines[best]["spearman"] - engines[k]["spearman"],
-                      "ci": interval(diff),
-                      "share_best_wins": float((finite > 0).mean()) if finite.size else None}
+    margins: dict[str, dict[str, Any]] = {}
+    if best is not None:
+        for k in ranking[1:]:
+            diff = boot[best] - boot[k]
+            finite = diff[np.isfinite(diff)]
+            margins[k] = {"difference": rho[best] - rho[k],
+                          "ci": interval(diff),
+                          "share_best_wins": float((finite > 0).mean()) if finite.size else None}
     return {"n": m, "n_bootstrap": n_bootstrap, "ci_level": ci_level, "engines": engines,
             "ranking": ranking, "best": best, "margins": margins}
 
 
-def lds_table(losses: Sequence[float], masks: np.ndarray, scores: Mapping[str, Sequence[float]],
+def lds_table(losses: Floats, masks: np.ndarray, scores: Mapping[str, Floats],
               **bootstrap: Any) -> dict[str, Any]:
     """``compare_rankings`` of the measured subset losses with each engine's predicted ordering."""
     return compare_rankings(losses, {k: -subset_score_sums(masks, s) for k, s in scores.items()}, **bootstrap)
 
 
-def group_removal_table(deltas: Sequence[float], groups: Sequence[Sequence[int]],
-                        scores: Mapping[str, Sequence[float]], **bootstrap: Any) -> dict[str, Any]:
+def group_removal_table(deltas: Floats, groups: Sequence[Sequence[int]],
+                        scores: Mapping[str, Floats], **bootstrap: Any) -> dict[str, Any]:
     """``compare_rankings`` of measured ``phi(D \\ c) - phi(D)`` with each engine's group sums."""
     return compare_rankings(deltas, {k: group_removal_sums(groups, s) for k, s in scores.items()}, **bootstrap)
