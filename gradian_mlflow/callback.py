@@ -156,7 +156,8 @@ class GradianCallback(TrainerCallback):
                          "given; the run names no training data (pass GradianCallback(train_dataset=...))")
         else:
             self._data_file = _as_data_file(rows_source, scratch / "train", "train.jsonl")
-            self._log_training_data(client, user_file=isinstance(rows_source, (str, Path)))
+            self._log_training_data(client, self.run_id, self._data_file,
+                                    user_file=isinstance(rows_source, (str, Path)))
         if self.eval_items is not None:
             self._eval_path = _as_data_file(self.eval_items, scratch / "eval", "eval.jsonl")
             call("logging the eval items", lambda: client.log_artifact(
@@ -178,27 +179,29 @@ class GradianCallback(TrainerCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
-        if not (state.is_world_process_zero and self.run_id):
+        # both are set by on_train_begin
+        run_id, scratch_dir = self.run_id, self._scratch
+        if not (state.is_world_process_zero and run_id and scratch_dir is not None):
             return
         from gradian.train import ADAPTER_SUBDIR
 
         client = get_client()
         model = kwargs.get("model")
         try:
-            scratch = Path(self._scratch.name)
+            scratch = Path(scratch_dir.name)
             state_file = scratch / "trainer_state.json"
             state.save_to_json(str(state_file))
-            call("logging trainer_state.json", lambda: client.log_artifact(self.run_id, str(state_file)))
-            if getattr(model, "peft_config", None):
+            call("logging trainer_state.json", lambda: client.log_artifact(run_id, str(state_file)))
+            if model is not None and getattr(model, "peft_config", None):
                 adapter = scratch / ADAPTER_SUBDIR
                 model.save_pretrained(str(adapter))
                 state.save_to_json(str(adapter / "trainer_state.json"))
-                call("logging the adapter", lambda: client.log_artifacts(self.run_id, str(adapter), ADAPTER_SUBDIR))
+                call("logging the adapter", lambda: client.log_artifacts(run_id, str(adapter), ADAPTER_SUBDIR))
             else:
                 _LOG.warning("GradianCallback: the model is not a PEFT model; no adapter was logged, and "
                              "attribution will need --adapter")
             if self.diagnose_on_end:
-                self.diagnosis_run_id = self._diagnose()
+                self.diagnosis_run_id = self._diagnose(run_id)
         finally:
             if self._started_run:
                 self._close_run()
@@ -231,7 +234,7 @@ class GradianCallback(TrainerCallback):
             client = get_client()
             call("ending the training run", lambda: client.set_terminated(self.run_id, "FINISHED"))
 
-    def _log_training_data(self, client: Any, *, user_file: bool) -> None:
+    def _log_training_data(self, client: Any, run_id: str, data_file: Path, *, user_file: bool) -> None:
         """Rows as the ``data/`` artifact up to the size limit, and the dataset input either way.
 
         Past the limit the input points at the user's file (``user_file``); rows held only in
@@ -240,23 +243,22 @@ class GradianCallback(TrainerCallback):
         import mlflow
         from mlflow.exceptions import MlflowException
 
-        data_file = self._data_file
         size_mb = data_file.stat().st_size / (1 << 20)
         self._dataset_logged = size_mb <= self.max_dataset_artifact_mb
         tags = {"gradian.dataset_logged": str(self._dataset_logged).lower(),
                 "gradian.dataset_sha256": hashlib.sha256(data_file.read_bytes()).hexdigest()}
-        run = call(f"reading run {self.run_id}", lambda: client.get_run(self.run_id))
+        run = call(f"reading run {run_id}", lambda: client.get_run(run_id))
         source: str | None = None
         if self._dataset_logged:
             call(f"logging {data_file.name}", lambda: client.log_artifact(
-                self.run_id, str(data_file), artifact_path=TRAIN_DATA_ARTIFACT))
+                run_id, str(data_file), artifact_path=TRAIN_DATA_ARTIFACT))
             source = f"{run.info.artifact_uri.rstrip('/')}/{TRAIN_DATA_ARTIFACT}/{data_file.name}"
         else:
             _LOG.warning(f"GradianCallback: the training data is {size_mb:.1f} MiB, over max_dataset_artifact_mb="
                          f"{self.max_dataset_artifact_mb:g}; the run records its dataset input but not its rows")
             if user_file:
                 source = tags["gradian.dataset_pointer"] = str(data_file.resolve())
-        _log_batch(client, self.run_id, tags=tags)
+        _log_batch(client, run_id, tags=tags)
 
         frame = _frame(data_file).astype(str)  # nested chat turns: the input records the text only
         try:
@@ -266,7 +268,7 @@ class GradianCallback(TrainerCallback):
         # _open_run made our run the active one
         call("logging the dataset input", lambda: mlflow.log_input(dataset, context="training"))
 
-    def _diagnose(self) -> str | None:
+    def _diagnose(self, run_id: str) -> str | None:
         """Log a ``gradian diagnose`` child run; a failure is a warning, the training run is kept."""
         from gradian.audit import write_diagnosis
         from gradian.audit.session import diagnose
@@ -279,17 +281,17 @@ class GradianCallback(TrainerCallback):
             # training data the run points at but does not hold is this process's own file
             local_data = str(self._data_file) if self._data_file and not self._dataset_logged else None
             try:
-                record = read_mlflow_run(self.run_id, cache_dir=Path(tmp) / "mlflow",
+                record = read_mlflow_run(run_id, cache_dir=Path(tmp) / "mlflow",
                                          dataset_given=local_data is not None)
                 cfg = load_config(None, overrides={
-                    "run": f"runs:/{self.run_id}", "cache_dir": tmp, "dataset": local_data,
+                    "run": f"runs:/{run_id}", "cache_dir": tmp, "dataset": local_data,
                     "eval_dataset": str(self._eval_path) if self._eval_path else None})
                 diagnosis = diagnose(cfg, run=record)
                 files = write_diagnosis(diagnosis.report, Path(tmp) / "report")
-                return log_diagnosis(diagnosis.report, self.run_id, kind="diagnose", files=list(files))
+                return log_diagnosis(diagnosis.report, run_id, kind="diagnose", files=list(files))
             except GradianError as err:
                 _LOG.warning(f"GradianCallback: the end-of-training diagnosis failed ({err}); rerun it with "
-                             f"`gradian diagnose --mlflow-run {self.run_id}`")
+                             f"`gradian diagnose --mlflow-run {run_id}`")
                 return None
 
 

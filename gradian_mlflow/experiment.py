@@ -14,7 +14,12 @@ selects the training face, so the links Gradian prints carry it (``training_view
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from gradian_mlflow.client import call, get_client
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 __all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "run_url", "training_view_url", "use_training_experiment"]
 
@@ -55,7 +60,7 @@ def training_view_url(ui_url: str, experiment_id: str, run_id: str | None = None
     return f"{ui_url.rstrip('/')}/#/{path}?workflowType=machine_learning"
 
 
-def run_url(run_id: str, client: object = None) -> str | None:
+def run_url(run_id: str, client: MlflowClient | None = None) -> str | None:
     """The training-view link to ``run_id`` when the tracking URI is a server's http(s) address
     (credentials removed), else None: a file or database store has no UI address of its own."""
     import mlflow
@@ -65,6 +70,6 @@ def run_url(run_id: str, client: object = None) -> str | None:
     uri = mlflow.get_tracking_uri()
     if not uri.startswith(("http://", "https://")):
         return None
-    client = client or get_client(existing_store=True)
-    run = call(f"reading run {run_id}", lambda: client.get_run(run_id))  # type: ignore[attr-defined]
+    store = client or get_client(existing_store=True)
+    run = call(f"reading run {run_id}", lambda: store.get_run(run_id))
     return training_view_url(redact(uri), run.info.experiment_id, run_id)

@@ -99,8 +99,8 @@ def flatten_numbers(data: Any, prefix: str = "", *, key: Callable[[str], str] = 
     elif isinstance(data, list) and len(data) <= max_list:
         for i, v in enumerate(data):
             out.update(flatten_numbers(v, f"{prefix}.{i}", key=key, max_list=max_list))
-    elif _num(data) is not None:
-        out[prefix] = _num(data)
+    elif (number := _num(data)) is not None:
+        out[prefix] = number
     return out
 
 
@@ -339,7 +339,7 @@ def _warn(text: str) -> None:
 
 def _process_gone(host: str | None, pid: str | None) -> bool:
     """Whether ``pid`` on ``host`` is known to have exited (only this host's processes can be asked)."""
-    if host != socket.gethostname() or not (pid or "").isdigit() or os.name == "nt":
+    if host != socket.gethostname() or pid is None or not pid.isdigit() or os.name == "nt":
         return False  # on Windows os.kill(pid, 0) would send Ctrl-C, not probe
     try:
         os.kill(int(pid), 0)

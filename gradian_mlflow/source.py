@@ -120,7 +120,8 @@ def find_adapters(client: Any, run: Any, files: list[str] | None = None,
     if not locations:
         return None, []
     final = sorted(locations, key=lambda loc: _rank(loc.label))[0]
-    checkpoints = sorted((loc for loc in locations if loc.step is not None), key=lambda loc: loc.step)
+    stepped = [(loc.step, loc) for loc in locations if loc.step is not None]
+    checkpoints = [loc for _, loc in sorted(stepped, key=lambda pair: pair[0])]
     return final, checkpoints
 
 
