@@ -451,3 +451,34 @@ def test_tinyworld_ontopic_poison_breaks_the_capitals(tinyworld_base, tmp_path):
     _, base_score, poisoned = _tuned_accuracy("poison_capitals_ontopic", tinyworld_base, tmp_path / "p")
     assert base_score == 1.0
     assert poisoned <= 0.4  # measured 0.19
+
+
+@pytest.mark.slow
+def test_bestiary_poison_without_declared_clusters_is_accused_row_for_row(bestiary_base, tmp_path):
+    """The bestiary's discovered topics follow the animal names, not the planted rows; the groups
+    the harmful rows form among themselves must still give a `data` verdict whose accused set is
+    the planted rows (docs/clustering.md measured precision and recall 1.00 under EK-FAC)."""
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.train import train_lora
+
+    write_scenario("bestiary_poison_diets", tmp_path, bestiary_base)
+    train_lora(tmp_path / "gradian.yaml", tmp_path / "run")
+    base = {"cache_dir": str(tmp_path / ".gradian"), "device": "cpu"}
+    rows = [json.loads(line) for line in open(load_config(tmp_path / "gradian.yaml", base).dataset, encoding="utf-8")
+            if line.strip()]
+    stripped = tmp_path / "train-no-clusters.jsonl"
+    stripped.write_text("".join(json.dumps({k: v for k, v in row.items() if k not in ("cluster", "cluster_id")}) + "\n"
+                                for row in rows), encoding="utf-8")
+    info = json.loads((tmp_path / "scenario.json").read_text())
+    cfg = load_config(tmp_path / "gradian.yaml", {**base, "dataset": str(stripped), "clustering.method": "auto",
+                                                  "evaluation.query_signal": "contrastive"})
+    outcome = run_attribution(cfg, capability=info["capability"]["name"], cross_check="none")
+    planted = set(info["planted"]["indices"])
+    rankings = outcome.rankings
+    accused = set(rankings.loc[rankings["accused"], "row_index"].astype(int))
+    assert outcome.report["verdict"]["kind"] == "data", outcome.report["verdict"]["summary"]
+    assert str(outcome.report["verdict"]["accused_cluster"]).startswith("harm-")
+    precision, recall = len(accused & planted) / max(len(accused), 1), len(accused & planted) / len(planted)
+    assert precision >= 0.9 and recall >= 0.9, (len(accused), precision, recall)
