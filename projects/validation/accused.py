@@ -22,8 +22,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gradian.report.schema import Counterfactual, Report
+from gradian.report.schema import Report
 from poison import SCENARIO
+from recovery import retrain_without
 from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, accused_figures, accused_verdict
 from workspace import Workspace
@@ -54,9 +55,7 @@ def strip_declared_clusters(source: Path, dest: Path) -> Path:
 
 
 def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
-    from gradian.counterfactual import plan_removal, run_counterfactual
     from gradian.data import load_dataset
-    from gradian.errors import ConfigError
 
     started = time.time()
     scenario = ws.scenario(SCENARIO)
@@ -74,20 +73,10 @@ def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
     accused_rows = [index_of[i] for i in accused.example_ids] if accused is not None else []
     children = [ChildReport("attribute", scenario.report, scenario.report_files, scenario.rankings)]
 
-    block: Counterfactual | None = None
-    accusation: str
-    try:
-        plan = plan_removal(data, report=scenario.report, rankings=scenario.rankings, drop="accused")
-    except ConfigError as err:  # nothing accused: the experiment did not get its precondition
-        accusation = str(err)
-    else:
-        accusation = plan.reason
-        ws.log(f"[accused] retraining without {plan.n_drop} rows ({plan.reason})")
-        outcome = run_counterfactual(cfg, plan, out_dir=out / "retrain", capability="capitals",
-                                     before=accusing.capability.to_json() if accusing.capability else None,
-                                     planted=planted, log=ws.log)
-        block = Report.of(outcome.report).counterfactual
-        children.append(ChildReport("counterfactual", outcome.report, outcome.files))
+    block, accusation, child = retrain_without(ws, scenario, cfg, data, out / "retrain", planted,
+                                               drop="accused", tag="accused")
+    if child is not None:
+        children.append(child)
 
     figures = accused_figures(accusing, accused_rows, planted, block)
     figures["round1_seconds"] = dict(scenario.seconds)

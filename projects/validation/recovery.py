@@ -11,7 +11,8 @@ counterfactual reports are logged as child runs of this experiment's run.
 from __future__ import annotations
 
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
 
 from gradian.report.schema import Counterfactual, Report
 from poison import prepare_poisoned
@@ -19,13 +20,35 @@ from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, counterfactual_verdict
 from workspace import Workspace
 
-__all__ = ["run"]
+__all__ = ["run", "retrain_without"]
+
+
+def retrain_without(ws: Workspace, scenario: Any, cfg: Any, data: Any, out: Path, planted: Sequence[int], *,
+                    drop: str | None = None, tag: str) -> tuple[Counterfactual | None, str, ChildReport | None]:
+    """Remove what ``scenario.report`` accused (``drop``: ``accused`` for its accused set, None for
+    its cluster), retrain with ``cfg``'s recipe and seed into ``out``, and measure the capitals again.
+
+    Returns the counterfactual block (None when nothing was accused), what was dropped (or why
+    nothing was), and the counterfactual's child report.
+    """
+    from gradian.counterfactual import plan_removal, run_counterfactual
+    from gradian.errors import ConfigError
+
+    accusing = Report.of(scenario.report)
+    try:
+        plan = plan_removal(data, report=scenario.report, rankings=scenario.rankings, drop=drop)
+    except ConfigError as err:  # nothing accused: the experiment did not get its precondition
+        return None, str(err), None
+    ws.log(f"[{tag}] retraining without {plan.n_drop} rows ({plan.reason})")
+    outcome = run_counterfactual(cfg, plan, out_dir=out, capability="capitals",
+                                 before=accusing.capability.to_json() if accusing.capability else None,
+                                 planted=list(planted), log=ws.log)
+    block = Report.of(outcome.report).counterfactual
+    return block, plan.reason, ChildReport("counterfactual", outcome.report, outcome.files)
 
 
 def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
-    from gradian.counterfactual import plan_removal, run_counterfactual
     from gradian.data import load_dataset
-    from gradian.errors import ConfigError
 
     started = time.time()
     scenario = prepare_poisoned(ws)
@@ -34,19 +57,10 @@ def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
     out = ws.experiment_dir("counterfactual")
     children = [ChildReport("attribute", scenario.report, scenario.report_files, scenario.rankings)]
     accusing = Report.of(scenario.report)
-    block: Counterfactual | None = None
-    try:
-        plan = plan_removal(data, report=scenario.report, rankings=scenario.rankings)
-    except ConfigError as err:  # nothing accused: the experiment did not get its precondition
-        accusation = str(err)
-    else:
-        accusation = plan.reason
-        ws.log(f"[counterfactual] retraining without {plan.n_drop} rows ({plan.reason})")
-        outcome = run_counterfactual(cfg, plan, out_dir=out / "retrain", capability="capitals",
-                                     before=accusing.capability.to_json() if accusing.capability else None,
-                                     planted=scenario.info["planted"]["indices"], log=ws.log)
-        block = Report.of(outcome.report).counterfactual
-        children.append(ChildReport("counterfactual", outcome.report, outcome.files))
+    block, accusation, child = retrain_without(ws, scenario, cfg, data, out / "retrain",
+                                               scenario.info["planted"]["indices"], tag="counterfactual")
+    if child is not None:
+        children.append(child)
     status, reason = counterfactual_verdict(block, accusation)
     figures: dict[str, Any] = {"accused_cluster": accusing.verdict.accused_cluster,
                                "round1_seconds": dict(scenario.seconds)}
