@@ -300,10 +300,10 @@ def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path,
     from gradian.engines import FitContext, get_engine
     from gradian.engines.state import fit_engine
     from gradian.engines.tracin import checkpoint_learning_rates
-    from gradian.grads import capture_per_example_grads, collate, load_model_for_gradients
+    from gradian.grads import load_model_for_gradients
     from gradian.index import GradientIndex
     from gradian.runs.record import RunRecord
-    from tests.plugins.tiny_lora import save_tiny_lora
+    from tests.plugins.tiny_lora import hello_query_for, save_tiny_lora
 
     base, final = tiny_lora_dirs
     _, second = save_tiny_lora(tmp_path / "other", seed=5)
@@ -336,13 +336,7 @@ def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path,
     assert [c["state_id"] for c in again.meta["checkpoints"]] == [first["state_id"], last["state_id"]]
     tracin = get_engine("tracin").fit(index, cfg.engine, context)
     assert [c["index_id"] for c in tracin.meta["checkpoints"]] == [first["index_id"], index.index_id]
-    query_rows = tokenize_examples(dataset_from_rows([{"prompt": "say hello", "completion": "hello"}]).examples,
-                                   chat_tokenizer, 64)
-
-    def query_for(view):
-        view.model.set_adapter(view.adapter_name)
-        grads = capture_per_example_grads(view, collate(query_rows, chat_tokenizer.pad_token_id))
-        return {k: v[0].detach().numpy() for k, v in grads.items()}
+    query_for = hello_query_for(chat_tokenizer)
 
     engine = get_engine("ekfac")
     result = engine.score(state, query_for(gm), cfg.engine, query_for=query_for)

@@ -228,7 +228,7 @@ def test_tracin_fit_loads_checkpoints_as_adapters_on_one_base(tmp_path, tiny_lor
     from gradian.grads import capture_per_example_grads, collate, load_model_for_gradients
     from gradian.index import GradientIndex
     from gradian.runs.record import RunRecord
-    from tests.plugins.tiny_lora import save_tiny_lora
+    from tests.plugins.tiny_lora import hello_query_for, save_tiny_lora
 
     base, final = tiny_lora_dirs
     _, second = save_tiny_lora(tmp_path / "other", seed=5)  # another adapter over a different base init
@@ -251,13 +251,7 @@ def test_tracin_fit_loads_checkpoints_as_adapters_on_one_base(tmp_path, tiny_lor
     state = engine.fit(index, cfg.engine, context)
     assert [c["label"] for c in state.meta["checkpoints"]] == ["checkpoint-10", final.name]
     assert "equivalent_to" not in state.meta
-    query_rows = tokenize_examples(dataset_from_rows([{"prompt": "say hello", "completion": "hello"}]).examples,
-                                   chat_tokenizer, 64)
-
-    def query_for(view):
-        view.model.set_adapter(view.adapter_name)
-        grads = capture_per_example_grads(view, collate(query_rows, chat_tokenizer.pad_token_id))
-        return {k: v[0].detach().numpy() for k, v in grads.items()}
+    query_for = hello_query_for(chat_tokenizer)
 
     result = engine.score(state, query_for(gm), cfg.engine, query_for=query_for)
     train_rows = tokenize_examples(dataset.examples, chat_tokenizer, cfg.grads.max_seq_length)

@@ -82,3 +82,20 @@ def tiny_lora_model():
     import torch
 
     return build_tiny_lora("llama", dtype=torch.float64)
+
+
+def hello_query_for(tokenizer):
+    """``query_for(view)``: the per-block gradient of one "say hello" -> "hello" row under the
+    adapter ``view`` names (a checkpoint engine's query under each checkpoint)."""
+    from gradian.data import dataset_from_rows, tokenize_examples
+    from gradian.grads import capture_per_example_grads, collate
+
+    rows = tokenize_examples(dataset_from_rows([{"prompt": "say hello", "completion": "hello"}]).examples,
+                             tokenizer, 64)
+
+    def query_for(view):
+        view.model.set_adapter(view.adapter_name)
+        grads = capture_per_example_grads(view, collate(rows, tokenizer.pad_token_id))
+        return {k: v[0].detach().numpy() for k, v in grads.items()}
+
+    return query_for
