@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from gradian.report.schema import AnalysisInputs
 
-__all__ = ["ResolvedInputs", "resolve_inputs"]
+__all__ = ["ResolvedInputs", "resolve_inputs", "tokenizer_source"]
 
 #: the config fields filled from a report's inputs or a run record, in this order of keys
 FILLED = ("adapter_path", "base_model", "dataset", "eval_dataset")
@@ -67,6 +67,24 @@ def _from_report(inputs: "AnalysisInputs | None") -> dict[str, Any]:
             "eval_dataset": inputs.eval_dataset.path if inputs.eval_dataset else None}
 
 
+def tokenizer_source(cfg: Any, base_given: bool = True) -> tuple[str | None, str, bool]:
+    """``(name, origin, given)`` of the tokenizer for ``cfg``: ``tokenizer``, else ``base_model``,
+    else the base in the adapter's ``adapter_config.json``. ``origin`` is the key or flag that named
+    it; ``given`` whether the user named it (``base_given``: ``base_model`` came from the user, not
+    from a run record). Reads nothing but that ``adapter_config.json``."""
+    if cfg.tokenizer:
+        return cfg.tokenizer, "tokenizer (config)", True
+    if cfg.base_model:
+        origin = "--base-model" if base_given else "the run's adapter_config.json base_model_name_or_path"
+        return cfg.base_model, origin, base_given
+    if cfg.adapter_path and (Path(cfg.adapter_path) / "adapter_config.json").is_file():
+        from gradian.model_loading import read_adapter_config
+
+        name = read_adapter_config(cfg.adapter_path).get("base_model_name_or_path") or None
+        return name, "adapter_config.json base_model_name_or_path", False
+    return None, "--base-model", False
+
+
 def resolve_inputs(cfg: Any, run: Any = None, report_inputs: "AnalysisInputs | None" = None) -> ResolvedInputs:
     """Fill ``cfg``'s inputs from ``report_inputs`` and the run record, and name the tokenizer.
 
@@ -89,18 +107,6 @@ def resolve_inputs(cfg: Any, run: Any = None, report_inputs: "AnalysisInputs | N
                 break
     given_base = bool(cfg.base_model)
     cfg = dataclasses.replace(cfg, **updates) if updates else cfg
-
-    if cfg.tokenizer:
-        name, origin, given = cfg.tokenizer, "tokenizer (config)", True
-    elif cfg.base_model:
-        name, given = cfg.base_model, given_base
-        origin = "--base-model" if given_base else "the run's adapter_config.json base_model_name_or_path"
-    elif cfg.adapter_path and (Path(cfg.adapter_path) / "adapter_config.json").is_file():
-        from gradian.model_loading import read_adapter_config
-
-        name = read_adapter_config(cfg.adapter_path).get("base_model_name_or_path") or None
-        origin, given = "adapter_config.json base_model_name_or_path", False
-    else:
-        name, origin, given = None, "--base-model", False
+    name, origin, given = tokenizer_source(cfg, base_given=given_base)
     return ResolvedInputs(config=cfg, run=run, origins=origins, tokenizer_name=name, tokenizer_origin=origin,
                           tokenizer_given=given)

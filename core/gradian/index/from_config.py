@@ -47,7 +47,7 @@ def index_from_config(config: Any, *, force: bool = False, progress: Callable[[i
     from gradian.data import load_dataset
     from gradian.distributed import shard_device
     from gradian.grads import load_model_for_gradients
-    from gradian.inputs import resolve_inputs
+    from gradian.inputs import tokenizer_source
     from gradian.model_loading import load_tokenizer
 
     if not config.dataset:
@@ -59,8 +59,8 @@ def index_from_config(config: Any, *, force: bool = False, progress: Callable[[i
         config = dataclasses.replace(config, device=shard_device(config.device, shard))
     torch.manual_seed(config.seed)
     model = load_model_for_gradients(config.base_model, config.adapter_path, config)
-    resolved = resolve_inputs(config)
-    tokenizer = load_tokenizer(resolved.tokenizer_name or "", config.trust_remote_code, resolved.tokenizer_origin)
+    name, origin, _ = tokenizer_source(config)  # the inputs were filled from the run already
+    tokenizer = load_tokenizer(name or "", config.trust_remote_code, origin)
     config, auto = auto_projection(config, model, len(dataset), [config.engine.name])
     if auto is not None and log is not None:
         log(auto.message())
