@@ -410,10 +410,11 @@ def _query_items(cap: Any, eval_set: Any) -> list[Any]:
 
 def _curvature_collector(gm: Any, engine: str, cross_check: str | None) -> Any:
     """Kronecker factors gathered during the index build, when a Kronecker engine will need them."""
-    from gradian.engines import KroneckerCollector, get_engine
+    from gradian.engines import KroneckerCollector
+    from gradian.engines.registry import needs_whole_gradients
 
     names = [engine] + ([cross_check] if cross_check and cross_check != "none" else [])
-    if any(get_engine(name).curvature == "kronecker" for name in names):
+    if any(needs_whole_gradients(name) for name in names):
         return KroneckerCollector(gm)
     return None
 

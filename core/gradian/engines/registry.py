@@ -6,7 +6,8 @@ from __future__ import annotations
 from gradian.engines.base import Engine
 from gradian.errors import ConfigError
 
-__all__ = ["register_engine", "get_engine", "available_engines", "engine_summaries", "resolve_cross_check"]
+__all__ = ["register_engine", "get_engine", "available_engines", "engine_summaries", "needs_whole_gradients",
+           "resolve_cross_check"]
 
 _ENGINES: dict[str, type[Engine]] = {}
 
@@ -32,6 +33,12 @@ def get_engine(name: str) -> Engine:
 
 def available_engines() -> list[str]:
     return sorted(_ENGINES)
+
+
+def needs_whole_gradients(name: str) -> bool:
+    """Whether engine ``name`` fits Kronecker curvature on unprojected per-example gradients
+    (EK-FAC, K-FAC): no random projection of the index, and factors gathered while indexing."""
+    return get_engine(name).curvature == "kronecker"
 
 
 def engine_summaries() -> dict[str, str]:

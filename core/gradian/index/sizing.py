@@ -63,10 +63,10 @@ def index_bytes(gm: Any, grads: Any, n: int) -> int:
 
 
 def _needs_whole_gradients(engines: Sequence[str | None]) -> list[str]:
-    from gradian.engines import available_engines, get_engine
+    from gradian.engines.registry import available_engines, needs_whole_gradients
 
     names = [e for e in engines if e and e in available_engines()]
-    return [e for e in dict.fromkeys(names) if get_engine(e).curvature == "kronecker"]
+    return [e for e in dict.fromkeys(names) if needs_whole_gradients(e)]
 
 
 def auto_projection(config: Any, gm: Any, n: int, engines: Sequence[str | None]) -> tuple[Any, AutoProjection | None]:

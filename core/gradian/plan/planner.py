@@ -87,9 +87,9 @@ class PlanSettings:
     @property
     def needs_full_gradients(self) -> bool:
         """The engine fits Kronecker curvature on whole per-example gradients, so no projection."""
-        from gradian.engines import get_engine
+        from gradian.engines.registry import needs_whole_gradients
 
-        return get_engine(self.engine).curvature == "kronecker"
+        return needs_whole_gradients(self.engine)
 
 
 @dataclass(frozen=True)
