@@ -266,6 +266,8 @@ def _params(report: Report) -> dict[str, str]:
         "damping_kind": ("absolute" if engine_config.get("lambda_override") is not None
                          else "scale" if engine else None),
         "fisher": fitted.get("fisher"),
+        # what ekfac/kfac order the rows by (relatif or none); the curvature-free engines have no choice
+        "ranking": engine_config.get("normalize_train") if fitted.get("fisher") else None,
         # only when not the final adapter alone, so runs of the default keep their parameter set
         "checkpoints": fitted.get("checkpoints"),
         "metric": report.capability.metric if report.capability is not None else None,

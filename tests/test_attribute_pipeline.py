@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -71,6 +72,13 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
         members = rankings[rankings["cluster"] == cluster["cluster"]]
         assert cluster["n"] == len(members)
         assert cluster["signed_influence"] == pytest.approx(members["score"].sum(), rel=1e-6, abs=1e-9)
+
+    # EK-FAC ranks by RelatIF (rank_score, same sign as the influence); harm_rank and the top rows follow it
+    assert (np.sign(rankings["rank_score"]) == np.sign(rankings["score"])).all()
+    assert rankings.sort_values("harm_rank")["rank_score"].is_monotonic_increasing
+    assert not rankings.sort_values("harm_rank")["score"].is_monotonic_increasing  # not the influence order
+    by_rank = rankings[rankings["rank_score"] < 0].sort_values("rank_score")["example_id"].tolist()
+    assert [r["example_id"] for r in attr["top_harmful"]] == by_rank[:len(attr["top_harmful"])]
 
     # per-item scores: every row names the regressed item it hurts most (or none) and its share
     assert set(rankings["worst_item"]) - {""} <= set(attr["query"]["item_ids"]) and len(attr["query"]["item_ids"]) == 4

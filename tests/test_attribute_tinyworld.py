@@ -48,10 +48,12 @@ def attributed(tinyworld_run, tmp_path_factory):
 
 
 def _harm_figures(rankings, planted: set[int]) -> dict[str, float]:
-    """AUC of planted vs clean with harm = -score, precision in the top k, median harm percentile."""
+    """AUC of planted vs clean with harm = -(the ranking), precision in the top k, median harm percentile."""
     from sklearn.metrics import roc_auc_score
 
-    harm = -rankings["score"].to_numpy(dtype=np.float64)
+    from gradian.attribution import rank_values
+
+    harm = -rank_values(rankings)
     is_planted = rankings["row_index"].isin(planted).to_numpy()
     k = int(is_planted.sum())
     top = np.argsort(-harm, kind="stable")[:k]

@@ -359,15 +359,17 @@ def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path,
     assert any("saved no checkpoint" in n for n in engine.score(bare, query_for(gm), cfg.engine).notes)
 
 
-def test_relatif_divides_each_score_by_the_root_of_the_rows_explicit_self_influence():
-    """``engine.normalize_train: relatif``: score_j / sqrt(g_j^T (F + lambda)^-1 g_j), with F the
-    EK-FAC curvature formed explicitly per LoRA matrix; scaling a row's gradient leaves its score."""
+def test_relatif_ranks_by_each_score_over_the_root_of_the_rows_explicit_self_influence():
+    """``engine.normalize_train: relatif`` (the default): the ranking is score_j / sqrt(g_j^T (F +
+    lambda)^-1 g_j), with F the EK-FAC curvature formed explicitly per LoRA matrix, while the scores
+    stay the raw influence; scaling a row's gradient leaves its ranking value."""
     from gradian.engines.kronecker import KroneckerEigen
 
     gm, tok, tokenized, grads, context = _setup()
     engine = get_engine("ekfac")
-    plain = EngineConfig(name="ekfac")
-    relatif = EngineConfig(name="ekfac", normalize_train="relatif")
+    plain = EngineConfig(name="ekfac", normalize_train="none")
+    relatif = EngineConfig(name="ekfac")
+    assert relatif.normalize_train == "relatif"
     state = engine.fit(InMemoryGradients(grads), plain, context)
     query = {b: g[0] + 0.5 * g[3] for b, g in grads.items()}
     raw = engine.score(state, query, plain)
@@ -381,13 +383,18 @@ def test_relatif_divides_each_score_by_the_root_of_the_rows_explicit_self_influe
         curvature = basis @ np.diag(eigen.eigenvalues.ravel()) @ basis.T + raw.damping[key] * np.eye(o * i)
         g = grads[b][:, off: off + o * i]
         own += np.einsum("bi,bi->b", g, np.linalg.solve(curvature, g.T).T)
-    np.testing.assert_allclose(got.scores, raw.scores / np.sqrt(own), rtol=1e-8)
+    assert raw.ranking is None and got.ranking is not None
+    np.testing.assert_array_equal(got.scores, raw.scores)  # influence, in loss units, either way
+    np.testing.assert_allclose(got.ranking, raw.scores / np.sqrt(own), rtol=1e-8)
+    np.testing.assert_array_equal(got.rank_scores, got.ranking)
+    np.testing.assert_array_equal(raw.rank_scores, raw.scores)
     # the normalization removes the row's gradient scale (same curvature, one row scaled by 7)
     scaled = {b: g.copy() for b, g in grads.items()}
     for g in scaled.values():
         g[2] *= 7.0
     moved = engine.score(EngineState("ekfac", InMemoryGradients(scaled), arrays=state.arrays, meta=state.meta),
                          query, relatif)
-    np.testing.assert_allclose(moved.scores, got.scores, rtol=1e-9)
+    np.testing.assert_allclose(moved.ranking, got.ranking, rtol=1e-9)
+    assert not np.allclose(moved.scores[2], got.scores[2])
     with pytest.raises(ConfigError, match="normalize_train"):
         engine.score(state, query, EngineConfig(name="ekfac", normalize_train="l1"))

@@ -127,6 +127,7 @@ def test_attribute_entry_point_logs_child_runs(finetuned, tracking):
         assert run.data.params.get("engine.resolved", run.data.params["engine"]) == engine
         assert run.data.params["damping"] == "0.1" and run.data.params["damping_kind"] == "scale"
         assert run.data.params.get("fisher") == ("empirical" if engine == "kfac" else None)
+        assert run.data.params.get("ranking") == ("relatif" if engine == "kfac" else None)  # the default order
         for key in ("capability.delta", "capability.ci_low", "capability.ci_high"):
             assert key in run.data.metrics
         dst = work / f"dl-{engine}"

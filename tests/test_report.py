@@ -56,6 +56,11 @@ def test_top_examples_sides_and_excerpts():
     assert harmful[0]["excerpt"] == "question 0 → answer 0" and harmful[0]["cluster"] == "0"
     assert harmful[0]["predicted_loss_delta_if_removed"] == pytest.approx(-3.0 / 5)
     assert [r["score"] for r in helpful] == [5.0]
+    # ordered by another ranking of the same sign, the rows keep their own scores
+    ranked = top_examples(scores, ids, None, ds.examples, k=10, harmful=True, order_by=[-0.1, 1.0, -0.7, 0.0, 2.0])
+    assert [r["score"] for r in ranked] == [-1.0, -3.0]
+    with pytest.raises(ValueError, match="order_by"):
+        top_examples(scores, ids, order_by=[1.0])
     assert cluster_table(scores, ids)[0]["share_of_negative"] == pytest.approx(1.0)
     assert cluster_table([1.0, 2.0], ["x", "y"])[0]["share_of_negative"] == 0.0
 

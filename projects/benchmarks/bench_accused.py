@@ -77,7 +77,7 @@ def candidate_rows(rankings: Any, accused: "Accused", seed: int) -> dict[str, se
 
 
 def measure(root: Path, planted: set[int], capability: str, engine: str, overrides: dict[str, Any]) -> dict[str, Any]:
-    from gradian.attribution import run_attribution
+    from gradian.attribution import rank_values, run_attribution
     from gradian.config import load_config
 
     cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu",
@@ -90,7 +90,7 @@ def measure(root: Path, planted: set[int], capability: str, engine: str, overrid
     from sklearn.metrics import roc_auc_score
 
     is_planted = rankings["row_index"].isin(planted).to_numpy()
-    auc = float(roc_auc_score(is_planted, -rankings["score"].to_numpy(dtype=np.float64)))
+    auc = float(roc_auc_score(is_planted, -rank_values(rankings)))
     result: dict[str, Any] = {"engine": engine, "verdict": report.verdict.kind, "auc": round(auc, 3)}
     if not accused:
         return result

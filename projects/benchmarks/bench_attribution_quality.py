@@ -72,7 +72,9 @@ def quality(rankings: Any, clusters: "list[ClusterRow]", planted: set[int], plan
     """The figures of the module docstring for one ranking."""
     from sklearn.metrics import roc_auc_score
 
-    harm = -rankings["score"].to_numpy(dtype=np.float64)
+    from gradian.attribution import rank_values
+
+    harm = -rank_values(rankings)
     is_planted = rankings["row_index"].isin(planted).to_numpy()
     k = int(is_planted.sum())
     order = np.argsort(-harm, kind="stable")
@@ -117,7 +119,7 @@ def auc_difference(scores_a: np.ndarray, scores_b: np.ndarray, planted: np.ndarr
 
 def measure(config_path: Path, info: dict[str, Any], save_steps: int, engines: tuple[str, ...] = ENGINES,
             scenario: str = SCENARIO, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    from gradian.attribution import run_attribution
+    from gradian.attribution import rank_values, run_attribution
     from gradian.config import load_config
     from gradian.engines import rank_correlation
 
@@ -142,7 +144,7 @@ def measure(config_path: Path, info: dict[str, Any], save_steps: int, engines: t
                            verdict=report.verdict.kind, seconds=round(seconds, 1),
                            notes=[n for n in attribution.notes if n.startswith(engine)])
             results.append(figures)
-            scores[(engine, signal)] = outcome.rankings["score"].to_numpy(dtype=np.float64)
+            scores[(engine, signal)] = rank_values(outcome.rankings)
             print(f"  {engine:8s} {signal:12s} AUC {figures['auc']:.3f}  ({seconds:.0f} s)", flush=True)
     differences = {
         signal: {engine: auc_difference(scores[(engine, signal)], scores[("datainf", signal)], is_planted_mask(outcome.rankings, planted))

@@ -33,6 +33,7 @@ def prepare_poisoned(ws: Workspace) -> ScenarioRun:
 def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
     started = time.time()
     scenario = prepare_poisoned(ws)
+    from gradian.attribution import rank_values
     from gradian.data import load_dataset
 
     planted = scenario.info["planted"]
@@ -40,7 +41,7 @@ def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
     rows = load_dataset(scenario.root / "train.jsonl").examples
     figures = poison_figures(
         scenario.report,
-        scores=rankings["score"].to_numpy() if rankings is not None else [],
+        scores=rank_values(rankings) if rankings is not None else [],
         row_indices=rankings["row_index"].to_numpy() if rankings is not None else [],
         planted_indices=planted["indices"],
         planted_cluster=str(planted["cluster"]),

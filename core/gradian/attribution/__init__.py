@@ -5,6 +5,6 @@ per-example rankings, the capability result and the paths written). ``gradian at
 MLflow entry point both call it.
 """
 
-from gradian.attribution.pipeline import AttributionOutcome, fill_from_run, rankings_frame, run_attribution
+from gradian.attribution.pipeline import AttributionOutcome, fill_from_run, rank_values, rankings_frame, run_attribution
 
-__all__ = ["AttributionOutcome", "fill_from_run", "rankings_frame", "run_attribution"]
+__all__ = ["AttributionOutcome", "fill_from_run", "rank_values", "rankings_frame", "run_attribution"]

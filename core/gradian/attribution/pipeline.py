@@ -47,7 +47,7 @@ from gradian.report.schema import (
     Span,
 )
 
-__all__ = ["AttributionOutcome", "accused_ids", "run_attribution", "rankings_frame", "fill_from_run"]
+__all__ = ["AttributionOutcome", "accused_ids", "run_attribution", "rankings_frame", "rank_values", "fill_from_run"]
 
 Progress = Callable[[int, int], None]
 
@@ -193,6 +193,8 @@ def run_attribution(
         main = _score(cfg, main_state, qg, gm, tokenizer, items)
         item_scores = np.asarray(main.scores, dtype=np.float64)
         scores = _mean_over_items(item_scores)
+        # what rows are ordered by (EK-FAC's RelatIF ranking); harm sums and loss figures use scores
+        rank = _mean_over_items(main.rank_scores) if main.ranking is not None else scores
         agreement = None
         cross = None
         cross_scores = None
@@ -212,7 +214,7 @@ def run_attribution(
             fit_seconds[cross_check] = round(time.time() - t0, 3)
             cross = _score(cfg, cross_state, qg, gm, tokenizer, items)
             cross_scores = _mean_over_items(cross.scores)
-            agreement = float(rank_correlation(scores, cross_scores))
+            agreement = float(rank_correlation(rank, cross_scores))
         log("clustering the training examples")
         ids = dataset.ids
         assignment, clusters, features = _cluster_in_space(cfg, dataset, index, scores)
@@ -225,8 +227,8 @@ def run_attribution(
             spans = [Span.from_json(s.to_dict(), "attribution.spans[]") for s in explain_top_accused(
                 gm, tokenizer, index, dataset, qg, item_scores, accused.example_ids, cfg,
                 k=cfg.clustering.explain_top_accused)]
-        top_harmful = _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True),
-                                       ids, item_scores, qg.item_ids)
+        top_harmful = _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True,
+                                                    order_by=rank), ids, item_scores, qg.item_ids)
         attribution = Attribution(
             engine=cfg.engine.name,
             cross_check=cross_check if cross_check and cross_check != "none" else None,
@@ -238,7 +240,8 @@ def run_attribution(
             clusters=[ClusterRow.from_json(c, "attribution.clusters[]") for c in clusters],
             top_harmful=[ExampleRow.from_json(r, "attribution.top_harmful[]") for r in top_harmful],
             top_helpful=[ExampleRow.from_json(r, "attribution.top_helpful[]") for r in
-                         top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False)],
+                         top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False,
+                                      order_by=rank)],
             accused=Accused.of(accused) if accused is not None else None,
             spans=spans,
             notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
@@ -266,7 +269,8 @@ def run_attribution(
         manifest.clustering = ClusteringSummary.from_json(
             {k: v for k, v in assignment.to_dict().items() if k != "labels"}, "manifest.clustering")
         rankings = rankings_frame(dataset, scores, assignment, findings, cross_scores if cross else None,
-                                  item_scores=item_scores if item_scores.ndim == 2 else None, item_ids=qg.item_ids)
+                                  item_scores=item_scores if item_scores.ndim == 2 else None, item_ids=qg.item_ids,
+                                  rank_scores=rank if main.ranking is not None else None)
     manifest.seconds = round(time.time() - started, 2)
 
     report_obj = build_report(
@@ -534,8 +538,12 @@ def _with_items_hurt(rows: list[dict[str, Any]], ids: list[str], item_scores: np
 
 
 def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: list[Any],
-                   cross_scores: Any = None, item_scores: Any = None, item_ids: list[str] | None = None) -> Any:
+                   cross_scores: Any = None, item_scores: Any = None, item_ids: list[str] | None = None,
+                   rank_scores: Any = None) -> Any:
     """One row per training example: id, score, predicted loss delta, cluster, flags.
+
+    ``harm_rank`` orders the rows by ``rank_scores`` when the engine ranks by something other than
+    its influence (EK-FAC's RelatIF), written as ``rank_score``; otherwise by ``score``.
 
     With ``item_scores`` (``[n, items]``): ``worst_item`` (the query item the row hurts most, empty
     when it hurts none) and ``worst_item_share`` (that item's share of the row's harm).
@@ -550,7 +558,8 @@ def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: 
     ids = dataset.ids
     labels = assignment.labels if assignment is not None else {}
     names = assignment.names if assignment is not None else {}
-    order = np.argsort(np.argsort(scores))  # rank 0 = most harmful
+    by = scores if rank_scores is None else np.asarray(rank_scores, dtype=np.float64)
+    order = np.argsort(np.argsort(by, kind="stable"), kind="stable")  # rank 0 = most harmful
     frame = pd.DataFrame({
         "example_id": ids,
         "row_index": [e.index for e in dataset.examples],
@@ -561,6 +570,8 @@ def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: 
         "cluster_label": [names.get(labels.get(i, ""), "") for i in ids],
         "flags": [",".join(sorted(set(flags.get(i, [])))) for i in ids],
     })
+    if rank_scores is not None:
+        frame.insert(3, "rank_score", by)
     if cross_scores is not None:
         frame["cross_check_score"] = np.asarray(cross_scores, dtype=np.float64)
     if item_scores is not None:
@@ -570,6 +581,13 @@ def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: 
                                for w, s in zip(worst, share)]
         frame["worst_item_share"] = share
     return frame
+
+
+def rank_values(rankings: Any) -> np.ndarray:
+    """What a rankings frame orders its rows by: ``rank_score`` when the engine ranks by something
+    other than its influence (EK-FAC's RelatIF), else ``score``. Harm below zero either way."""
+    column = "rank_score" if "rank_score" in rankings.columns else "score"
+    return np.asarray(rankings[column].to_numpy(), dtype=np.float64)
 
 
 def _parquet_bytes(frame: Any) -> bytes:

@@ -58,7 +58,7 @@ class EngineConfig:
     fisher_samples: int = _f(1, "Label draws averaged by the true Fisher")
     fisher_seed: int = _f(0, "Seed of the true Fisher's label draws; part of the fitted state's id")
     checkpoints: str = _f("final", "Adapters ekfac/kfac are fitted and scored under: final (the trained adapter) or all (every saved checkpoint-N, summed with the learning rate at each, as TracIn does; falls back to final when the run saved none)")
-    normalize_train: str = _f("none", "Per-row normalization of ekfac/kfac scores: none (influence, in loss units) or relatif (each row's influence divided by the square root of its self-influence, which keeps rows with large gradients from dominating the ranking; scores then rank but are no longer loss changes)")
+    normalize_train: str = _f("relatif", "How ekfac/kfac order the rows: relatif (each row's influence divided by the square root of its self-influence, so rows with large gradients do not crowd the top) or none (raw influence); the scores, cluster harm and loss figures stay influence in loss units either way")
 
 
 @dataclass

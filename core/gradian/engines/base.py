@@ -99,6 +99,14 @@ class EngineResult:
     notes: list[str] = field(default_factory=list)
     #: damping per block (DataInf), for the manifest and the report
     damping: dict[str, float] | None = None
+    #: what the rows are ordered by, when it is not ``scores`` itself (same shape and sign, not in
+    #: loss units: EK-FAC's RelatIF ranking); ``scores`` stays the influence the loss figures use
+    ranking: np.ndarray | None = None
+
+    @property
+    def rank_scores(self) -> np.ndarray:
+        """The values rows are ranked by: ``ranking`` when the engine gives one, else ``scores``."""
+        return self.scores if self.ranking is None else self.ranking
 
     @property
     def n(self) -> int:

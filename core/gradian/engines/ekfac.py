@@ -39,7 +39,8 @@ __all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS", "TRAIN_NORMALIZATIONS", 
 FISHER_KINDS = ("empirical", "true")
 #: ``engine.checkpoints``: fit under the final adapter, or under every saved checkpoint
 CHECKPOINT_MODES = ("final", "all")
-#: ``engine.normalize_train``: raw influence, or each row's divided by the root of its self-influence
+#: ``engine.normalize_train``: rank rows by raw influence, or by each row's influence divided by the
+#: root of its self-influence (the scores stay influence either way)
 TRAIN_NORMALIZATIONS = ("none", "relatif")
 
 
@@ -237,8 +238,8 @@ class _KroneckerEngine(Engine):
             state.meta["checkpoints_note"] = (
                 f"fitted on the final adapter; the run saved {saved} checkpoints: engine.checkpoints: all fits "
                 "under each (one index and one fit per checkpoint, kept for later runs); with "
-                "engine.normalize_train: relatif beside it, it ranked planted rows best on both offline "
-                "worlds (AUC 0.87 to 1.00, docs/validation.md)")
+                "the default relatif ranking, it ranked planted rows best on both offline worlds "
+                "(AUC 0.87 to 1.00, docs/validation.md)")
         return state
 
     def _fit_checkpoints(self, train: TrainGradients, config: Any, context: FitContext,
@@ -434,6 +435,7 @@ class _KroneckerEngine(Engine):
             raise ConfigError(f"{self.name} over checkpoints measures the query under each checkpoint: "
                               "pass query_for= (run it through `gradian attribute`)")
         total: np.ndarray | None = None
+        ranked: np.ndarray | None = None
         damping: dict[str, float] = {}
         notes: list[str] = []
         for fit in fits:
@@ -443,11 +445,14 @@ class _KroneckerEngine(Engine):
             part = self._score_adapter(fit["state"], query_for(fit["gm"]), config)
             scores = fit["weight"] * np.asarray(part.scores, dtype=np.float64)
             total = scores if total is None else total + scores
+            if part.ranking is not None:
+                rank = fit["weight"] * np.asarray(part.ranking, dtype=np.float64)
+                ranked = rank if ranked is None else ranked + rank
             damping.update({f"{fit['label']}/{k}": v for k, v in (part.damping or {}).items()})
             notes = part.notes
         assert total is not None
         notes = [n + f"; summed over {len(fits)} checkpoints weighted by their learning rates" for n in notes]
-        return EngineResult(self.name, total, notes=notes, damping=damping)
+        return EngineResult(self.name, total, notes=notes, damping=damping, ranking=ranked)
 
     def _score_adapter(self, state: EngineState, query: Mapping[str, Any], config: Any) -> EngineResult:
         train = state.train
@@ -479,15 +484,17 @@ class _KroneckerEngine(Engine):
         notes = [f"{self.name}: Kronecker-factored {fisher} Fisher over {len(layers)} LoRA matrices, "
                  f"eigenvalues from {state.meta.get('eigenvalues_from', '?')}, damping "
                  + (f"{override:g} (absolute)" if override is not None else f"{scale:g} x each matrix's mean eigenvalue")]
-        normalize = getattr(config, "normalize_train", "none")
+        normalize = getattr(config, "normalize_train", "relatif")
         if normalize not in TRAIN_NORMALIZATIONS:
             raise ConfigError(f"engine.normalize_train '{normalize}' is not one of {', '.join(TRAIN_NORMALIZATIONS)}")
+        ranking = None
         if normalize == "relatif":
             own = self_influence(state, damping)
-            scores = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]
-            notes[0] += ("; each row's score divided by the square root of its self-influence (RelatIF), so scores "
-                         "rank rows but are no longer loss changes")
-        return EngineResult(self.name, scores[:, 0] if single else scores, notes=notes, damping=damping)
+            ranking = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]
+            notes[0] += ("; rows ranked by their score divided by the square root of their self-influence "
+                         "(RelatIF), while the scores themselves stay influence in loss units")
+        return EngineResult(self.name, scores[:, 0] if single else scores, notes=notes, damping=damping,
+                            ranking=None if ranking is None else (ranking[:, 0] if single else ranking))
 
 
 def self_influence(state: EngineState, damping: Mapping[str, float]) -> np.ndarray:

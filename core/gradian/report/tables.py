@@ -51,17 +51,21 @@ def _cluster_key(assignment: Any, eid: str) -> str:
 
 def top_examples(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str], assignment: Any = None,
                  examples: Sequence[Any] | Mapping[str, Any] | None = None, k: int = 10,
-                 harmful: bool = True) -> list[dict[str, Any]]:
+                 harmful: bool = True, order_by: Sequence[float] | np.ndarray | None = None) -> list[dict[str, Any]]:
     """The ``k`` most harmful (most negative) or most helpful (most positive) examples.
 
     Only examples on that side of zero are listed. Each row: ``example_id``, ``score``,
     ``predicted_loss_delta_if_removed`` (= score / n), ``cluster`` and ``excerpt``. Ties keep
-    dataset order.
+    dataset order. ``order_by`` (same sign as ``scores``, e.g. a RelatIF ranking) orders the rows
+    instead of the scores themselves.
     """
     values = np.asarray(scores, dtype=np.float64)
     n = len(values)
     by_id = _by_id(examples)
-    order = np.argsort(values if harmful else -values, kind="stable")
+    key = values if order_by is None else np.asarray(order_by, dtype=np.float64)
+    if key.shape != values.shape:
+        raise ValueError(f"order_by has shape {key.shape}, the scores {values.shape}")
+    order = np.argsort(key if harmful else -key, kind="stable")
     rows = []
     for i in order[:k]:
         score = float(values[i])
