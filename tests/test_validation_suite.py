@@ -342,6 +342,15 @@ def test_targets_and_unknown_worlds(suite_modules):
         fidelity.family_of("What is double 2?", "atlantis")
 
 
+def test_accused_refuses_a_scenario_without_the_capitals_poison(capsys):
+    """``validate.py accused --scenario`` takes the capitals poison scenarios only, with exit 2."""
+    proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "accused", "--scenario", "bestiary_poison_diets",
+                           "--no-mlflow", "--workdir", "/nonexistent/never-written"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "poison_capitals_ontopic" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
 # -- the quick suite, end to end ----------------------------------------------------------------
 
 
@@ -355,14 +364,16 @@ def test_quick_suite_end_to_end(tmp_path, tinyworld_base):
     assert (tmp_path / "w" / "suite.json").is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
     suite = json.loads((tmp_path / "w" / "suite.json").read_text())
     statuses = {k: e["status"] for k, e in suite["experiments"].items()}
-    # `accused` (issue 13's acceptance, no declared clusters) is published as measured, FAIL included
-    # (docs/validation.md); it alone may make the suite exit 1, and its figures must be there
-    others_failed = [k for k, s in statuses.items() if s == "FAIL" and k != "accused"]
-    assert not others_failed and proc.returncode == (1 if statuses["accused"] == "FAIL" else 0), \
-        proc.stdout[-3000:] + proc.stderr[-3000:]
+    failed = [k for k, s in statuses.items() if s == "FAIL"]
+    assert not failed and proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # `accused` (no declared clusters): the accused set under every saved checkpoint is the planted
+    # rows and the retrain without it comes back; the final adapter's figures are recorded beside it
     accused = json.loads((tmp_path / "w" / "accused" / "verdict.json").read_text())
-    assert accused["figures"]["regressed"] and accused["figures"]["n_accused"] > 0, accused["reason"]
-    assert {"precision", "recall", "within_one_item", "recovery"} <= set(accused["figures"])
+    figures = accused["figures"]
+    assert statuses["accused"] == "PASS" and figures["precision"] >= 0.8 and figures["recall"] >= 0.8, accused["reason"]
+    assert figures["within_one_item"] is True and figures["recovery"]["items_below_base_after"] <= 1
+    assert {"precision", "recall", "within_one_item"} <= set(figures["final_adapter"])
+    assert accused["params"]["checkpoints"] == "all" and accused["params"]["save_steps"] > 0
     assert statuses["poison"] == "PASS" and statuses["badconfig"] == "PASS" and statuses["counterfactual"] == "PASS", suite
     # --quick retrains only 8 subsets: a bootstrap interval over 8 points can contain zero even when
     # the best engine orders them right (INCONCLUSIVE), so both are honest; FAIL (the best interval

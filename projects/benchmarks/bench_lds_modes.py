@@ -5,10 +5,12 @@ the query loss of each; the LDS of an engine is the Spearman correlation between
 the losses its scores predict for each half. Retraining is the expensive part, and it does not
 depend on the engine, so this benchmark scores the same fine-tune under other settings (an
 ``engine.*`` mode per ``--mode``) and computes their LDS against the retrains on disk, with the
-same bootstrap as the fidelity experiment. Nothing is retrained.
+same bootstrap as the fidelity experiment. Nothing is retrained. The LDS is of the scores (the
+influence, in loss units); when the rows are ordered by something else (EK-FAC's RelatIF ranking,
+``rank_score``), the LDS of those ranking values is listed too, as ``<mode> (ranking)``.
 
 A mode is ``+``-separated ``key=value`` engine settings: ``default`` (the config as it is),
-``normalize_train=relatif``, ``checkpoints=all``, ``checkpoints=all+normalize_train=relatif``,
+``normalize_train=none``, ``checkpoints=all``, ``checkpoints=all+normalize_train=relatif``,
 ``name=datainf``. The fidelity run must have saved its reference run's checkpoints for
 ``checkpoints=all`` to differ from the final adapter.
 
@@ -50,7 +52,7 @@ def mode_overrides(mode: str) -> dict[str, str]:
 
 
 def measure(workdir: Path, scenario: str, modes: list[str]) -> dict[str, Any]:
-    from gradian.attribution import run_attribution
+    from gradian.attribution import rank_values, run_attribution
     from gradian.config import load_config
     from gradian.counterfactual.datamodel import lds_table, sample_subsets
     from gradian.report.schema import Report
@@ -80,6 +82,8 @@ def measure(workdir: Path, scenario: str, modes: list[str]) -> dict[str, Any]:
         if not (rankings["row_index"].to_numpy() == np.arange(n)).all():
             raise SystemExit("the rankings are not in row order; cannot pair them with the subsets")
         scores[mode] = rankings["score"].to_numpy(dtype=np.float64)
+        if "rank_score" in rankings.columns:  # EK-FAC's RelatIF order: how well the ranking values predict, too
+            scores[f"{mode} (ranking)"] = rank_values(rankings)
         attribution = Report.of(outcome.report_obj or outcome.report).attribution
         runs[mode] = {"seconds": round(seconds, 1), "query_signal": attribution.query_signal if attribution else None}
         print(f"  {mode}: scored in {seconds:.0f} s", flush=True)
@@ -104,7 +108,8 @@ def main() -> None:
         return
     for mode, row in result["table"]["engines"].items():
         low, high = row["ci"]
-        print(f"{mode:45s} LDS {row['spearman']:+.3f} [{low:+.3f}, {high:+.3f}]  {result['runs'][mode]}")
+        run = result["runs"][mode.removesuffix(" (ranking)")]
+        print(f"{mode:45s} LDS {row['spearman']:+.3f} [{low:+.3f}, {high:+.3f}]  {run}")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1, default=str))
 

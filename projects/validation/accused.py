@@ -1,23 +1,30 @@
 """Experiment ``accused``: with no declared clusters, is the accused set the planted rows, and does
 dropping exactly it bring the capability back?
 
-Round 1 is experiment ``poison``'s fine-tune (the same scenario, reused when already in the work
-folder). Its training data is copied without the declared cluster field (each row's ``cluster`` /
-``cluster_id``), so ``gradian attribute`` has to find the topics itself (``clustering.method:
-auto``), with the same adapter, base and eval set, the default engine (EK-FAC) and cross-check, and
-the default query. The report's accused set (the rows refined out of the accused cluster) is
-scored against the planted rows. Round 2 is ``gradian counterfactual --drop accused``: exactly
-that set removed, the same base, recipe and seed, the capitals measured again.
+The scenario (``poison_capitals`` by default, or ``poison_capitals_ontopic``, whose clean rows
+teach the right capitals in the planted rows' own question form) is fine-tuned with its own recipe
+and a checkpoint saved at the end of every epoch, as most trainers keep them; the training itself
+is the one experiment ``poison`` runs. The training data is copied without the declared cluster
+field (each row's ``cluster`` / ``cluster_id``), so ``gradian attribute`` has to find the topics
+itself (``clustering.method: auto``), with the default engine (EK-FAC), cross-check and query.
+
+Two attributions of that one fine-tune: under every saved checkpoint (``engine.checkpoints:
+all``, what the report advises for a run that saved checkpoints), which decides the verdict, and
+under the final adapter alone (the default for a run without them), recorded beside it as
+``final_adapter``. For each, the report's accused set (the rows refined out of the accused
+cluster) is scored against the planted rows, and ``gradian counterfactual --drop accused``
+retrains without exactly that set (same base, recipe and seed) and measures the capitals again.
 
 PASS when the accused set's precision and recall against the planted rows are both at least 0.8
 and the retrain comes back within one item of the base. INCONCLUSIVE when the regression did not
 pass its gate or nothing was accused. ``--quick`` changes nothing: the experiment is one
-attribution and one retrain.
+fine-tune, two attributions and two retrains.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -29,7 +36,7 @@ from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, accused_figures, accused_verdict
 from workspace import Workspace
 
-__all__ = ["run", "strip_declared_clusters"]
+__all__ = ["run", "strip_declared_clusters", "SCENARIOS"]
 
 #: the row keys that declare a cluster (``clustering.method: declared`` reads them)
 CLUSTER_KEYS = ("cluster", "cluster_id")
@@ -54,37 +61,61 @@ def strip_declared_clusters(source: Path, dest: Path) -> Path:
     return dest
 
 
-def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:
+#: the scenarios this experiment reads: tinyworld's capitals poison, with and without on-topic clean rows
+SCENARIOS = (SCENARIO, "poison_capitals_ontopic")
+#: the attributions it makes of the one fine-tune: the verdict's first, then the comparison
+MODES = {"checkpoints": {"engine.checkpoints": "all"}, "final_adapter": {"engine.checkpoints": "final"}}
+
+
+def run(ws: Workspace, quick: bool = False, scenario: str | None = None, **_: Any) -> ExperimentResult:
     from gradian.data import load_dataset
 
     started = time.time()
-    scenario = ws.scenario(SCENARIO)
-    ws.train(scenario)  # poison's fine-tune: reused when poison already ran in this work folder
+    name = scenario if scenario in SCENARIOS else SCENARIO
+    if scenario and scenario != name:
+        ws.log(f"[accused] {scenario} is not a capitals poison scenario; measuring {name}")
+    run_ = ws.scenario(name, folder=f"{name}-checkpoints")
+    recipe = run_.config(ws.cache_dir)
+    per_epoch = math.ceil(int(run_.info["n_train"]) / (recipe.train.per_device_train_batch_size
+                                                       * recipe.train.gradient_accumulation_steps))
+    saving = {"train.save_checkpoints": True, "train.save_steps": per_epoch}
+    ws.train(run_, run_.config(ws.cache_dir, **saving))
     out = ws.experiment_dir("accused")
-    stripped = strip_declared_clusters(scenario.root / "train.jsonl", out / "train.jsonl")
-    cfg = scenario.config(ws.cache_dir, **{"dataset": str(stripped), "clustering.method": "auto"})
-    # the report goes beside poison's, under the scenario (Workspace.attribute's folders live there)
-    ws.attribute(scenario, cfg, capability="capitals", cross_check="auto", folder="report-auto-clusters")
-    accusing = Report.of(scenario.report)
+    stripped = strip_declared_clusters(run_.root / "train.jsonl", out / name / "train.jsonl")
     data = load_dataset(stripped)
-    planted = [int(i) for i in scenario.info["planted"]["indices"]]
-    accused = accusing.attribution.accused if accusing.attribution is not None else None
     index_of = {e.id: e.index for e in data.examples}
-    accused_rows = [index_of[i] for i in accused.example_ids] if accused is not None else []
-    children = [ChildReport("attribute", scenario.report, scenario.report_files, scenario.rankings)]
+    planted = [int(i) for i in run_.info["planted"]["indices"]]
+    children: list[ChildReport] = []
+    measured: dict[str, dict[str, Any]] = {}
+    for mode, overrides in MODES.items():
+        cfg = run_.config(ws.cache_dir, **{"dataset": str(stripped), "clustering.method": "auto", **overrides})
+        ws.attribute(run_, cfg, capability="capitals", cross_check="auto", folder=f"report-auto-clusters-{mode}")
+        accusing = Report.of(run_.report)
+        accused = accusing.attribution.accused if accusing.attribution is not None else None
+        accused_rows = [index_of[i] for i in accused.example_ids] if accused is not None else []
+        children.append(ChildReport("attribute", run_.report, run_.report_files, run_.rankings))
+        block, accusation, child = retrain_without(ws, run_, cfg, data, out / name / f"retrain-{mode}", planted,
+                                                   drop="accused", tag=f"accused, {mode}")
+        if child is not None:
+            children.append(child)
+        figures = accused_figures(accusing, accused_rows, planted, block)
+        figures["dropped"] = accusation
+        figures["attribute_seconds"] = run_.seconds.get("attribute")
+        measured[mode] = figures
 
-    block, accusation, child = retrain_without(ws, scenario, cfg, data, out / "retrain", planted,
-                                               drop="accused", tag="accused")
-    if child is not None:
-        children.append(child)
-
-    figures = accused_figures(accusing, accused_rows, planted, block)
-    figures["round1_seconds"] = dict(scenario.seconds)
+    figures = dict(measured["checkpoints"])
+    figures["attributed_under"] = "every saved checkpoint (engine.checkpoints: all)"
+    figures["final_adapter"] = measured["final_adapter"]
+    figures["final_adapter_outcome"] = list(accused_verdict(measured["final_adapter"]))
+    figures["round1_seconds"] = dict(run_.seconds)
     status, reason = accused_verdict(figures)
+    final_status = figures["final_adapter_outcome"][0]
+    reason = f"{name}, under every saved checkpoint: {reason} (final adapter alone: {final_status})"
     verdict = Verdict(
         experiment="accused", status=status, reason=reason, figures=figures,
-        params={"scenario": SCENARIO, "n_train": scenario.info["n_train"], "n_planted": len(planted),
-                "clustering": "auto", "engine": cfg.engine.name, "quick": quick, "dropped": accusation},
+        params={"scenario": name, "n_train": run_.info["n_train"], "n_planted": len(planted),
+                "clustering": "auto", "engine": figures.get("engine"), "checkpoints": "all",
+                "save_steps": per_epoch, "quick": quick, "dropped": figures["dropped"]},
         seconds=round(time.time() - started, 2),
     )
     artifacts = [verdict.write(out / "verdict.json")]

@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--subsets", type=_count, default=0, help="fidelity: number of half-subset retrains (0: the mode's default)")
     parser.add_argument("--workers", type=_count, default=0, help="fidelity: parallel retrains (0: up to 2, one per core)")
     parser.add_argument("--scenario", default="poison_capitals",
-                        help="fidelity: the poison scenario, of either world (poison_capitals, bestiary_poison_diets)")
+                        help="fidelity: the poison scenario, of either world (poison_capitals, bestiary_poison_diets); "
+                             "accused: poison_capitals or poison_capitals_ontopic")
     parser.add_argument("--loco", nargs="?", const=True, default=None, type=_bool,
                         help="fidelity: leave-one-cluster-out retrains (default: on, off with --quick)")
     parser.add_argument("--no-mlflow", action="store_true", help="Write verdict.json only; log nothing to MLflow")
@@ -80,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(exc))
     if world not in WORLD_RULES:
         parser.error(f"--scenario {args.scenario}: fidelity declares no clusters for the {world} world")
+    if args.experiment == "accused":
+        from accused import SCENARIOS as ACCUSED_SCENARIOS
+
+        if args.scenario not in ACCUSED_SCENARIOS:
+            parser.error(f"--scenario {args.scenario}: accused measures the capitals poison, one of "
+                         f"{', '.join(ACCUSED_SCENARIOS)}")
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
