@@ -134,3 +134,44 @@ def test_given_text_vectors_are_used_instead_of_embedding_again():
     assert given.labels == computed.labels
     with pytest.raises(ValueError, match="row-aligned"):
         harm_groups(ds.examples, scores, CONFIG, seed=1, base=base, text_vectors=np.zeros((3, 4)))
+
+
+def test_harmful_rows_left_as_noise_join_the_nearest_group_within_its_reach(monkeypatch):
+    """HDBSCAN's noise among the harmful rows: a row as close to a group as the group's members are
+    to each other joins it; a row unlike every group keeps its topic."""
+    import sklearn.cluster
+
+    rows = [{"prompt": f"row {i}?", "completion": str(i)} for i in range(30)]
+    ds = dataset_from_rows(rows)
+    dim = 8
+    e = np.eye(dim)
+    vectors = np.zeros((30, dim))
+    for i in range(10):  # group A along e0, members spaced by a small angle toward e1
+        vectors[i] = np.cos(0.02 * i) * e[0] + np.sin(0.02 * i) * e[1]
+    for i in range(10, 20):  # group B along e2
+        vectors[i] = np.cos(0.02 * (i - 10)) * e[2] + np.sin(0.02 * (i - 10)) * e[3]
+    vectors[20] = np.cos(0.19) * e[0] + np.sin(0.19) * e[1]  # just past A's last member: within reach
+    vectors[21] = e[5]  # like nothing harmful
+    for i in range(22, 30):  # helpful rows elsewhere
+        vectors[i] = e[6] if i % 2 else e[7]
+    scores = np.array([-5.0] * 22 + [1.0] * 8)
+    fixed = np.array([0] * 10 + [1] * 10 + [-1, -1])  # what HDBSCAN is made to say about the 22 harmful rows
+
+    class FixedHDBSCAN:
+        def __init__(self, **_):
+            pass
+
+        def fit_predict(self, x):
+            assert len(x) == len(fixed)
+            return fixed
+
+    monkeypatch.setattr(sklearn.cluster, "HDBSCAN", FixedHDBSCAN)
+    base = ClusterAssignment(labels={x.id: "t" for x in ds.examples}, names={}, method="hdbscan",
+                             requested="auto", reason="topics")
+    grouped = harm_groups(ds.examples, scores, CONFIG, seed=1, base=base, text_vectors=vectors)
+    labels = [grouped.labels[x.id] for x in ds.examples]
+    group_a = labels[0]
+    assert group_a.startswith(HARM_GROUP_PREFIX) and set(labels[:10]) == {group_a}
+    assert labels[20] == group_a  # the noise row within A's reach joined it
+    assert labels[21] == "t"  # the one like no group kept its topic
+    assert "22 rows with a negative score" in grouped.reason and "holding 21 of them" in grouped.reason

@@ -59,6 +59,10 @@ def test_top_examples_sides_and_excerpts():
     # ordered by another ranking of the same sign, the rows keep their own scores
     ranked = top_examples(scores, ids, None, ds.examples, k=10, harmful=True, order_by=[-0.1, 1.0, -0.7, 0.0, 2.0])
     assert [r["score"] for r in ranked] == [-1.0, -3.0]
+    # a row whose ranking value and score disagree in sign is not listed on either side
+    mixed = top_examples(scores, ids, None, ds.examples, k=10, harmful=True, order_by=[-0.5, -0.9, -0.1, 0.0, 1.0])
+    assert [r["score"] for r in mixed] == [-3.0, -1.0]
+    assert top_examples(scores, ids, None, ds.examples, k=1, harmful=True, order_by=[-0.5, -0.9, -0.1, 0.0, 1.0])[0]["score"] == -3.0
     with pytest.raises(ValueError, match="order_by"):
         top_examples(scores, ids, order_by=[1.0])
     assert cluster_table(scores, ids)[0]["share_of_negative"] == pytest.approx(1.0)

@@ -52,6 +52,8 @@ _ALLOWED: dict[tuple[str, str], str] = {
         "poison_verdict reads the figures dict poison.py computed from the typed report, not a report",
     ("projects/validation/fidelity.py", 'capability = scenario.info["capability"]["name"]'):
         "a tinyworld scenario.json, not a report",
+    ("projects/validation/accused.py", 'capability = str(run_.info["capability"]["name"])'):
+        "a tinyworld scenario.json, not a report",
     ("core/gradian/explain/buried.py", '"capability": info["capability"]}'):
         "a tinyworld scenario.json, not a report",
     ("gradian_mlflow/demo.py", "print(f\"{info['n_train']} training rows, {planted.get('n', 0)} of them planted; "

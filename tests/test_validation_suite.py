@@ -342,12 +342,12 @@ def test_targets_and_unknown_worlds(suite_modules):
         fidelity.family_of("What is double 2?", "atlantis")
 
 
-def test_accused_refuses_a_scenario_without_the_capitals_poison(capsys):
-    """``validate.py accused --scenario`` takes the capitals poison scenarios only, with exit 2."""
-    proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "accused", "--scenario", "bestiary_poison_diets",
+def test_accused_refuses_a_scenario_without_planted_rows():
+    """``validate.py accused --scenario`` takes its poison scenarios only (not ``lr_10x``, clean data), with exit 2."""
+    proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "accused", "--scenario", "lr_10x",
                            "--no-mlflow", "--workdir", "/nonexistent/never-written"],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "poison_capitals_ontopic" in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and "bestiary_poison_diets" in proc.stderr and "lr_10x" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 

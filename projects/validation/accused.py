@@ -1,8 +1,9 @@
 """Experiment ``accused``: with no declared clusters, is the accused set the planted rows, and does
 dropping exactly it bring the capability back?
 
-The scenario (``poison_capitals`` by default, or ``poison_capitals_ontopic``, whose clean rows
-teach the right capitals in the planted rows' own question form) is fine-tuned with its own recipe
+The scenario (``poison_capitals`` by default; ``poison_capitals_ontopic``, whose clean rows teach
+the right capitals in the planted rows' own question form; or the bestiary's
+``bestiary_poison_diets``, another architecture, tokenizer and fact family) is fine-tuned with its own recipe
 and a checkpoint saved at the end of every epoch, as most trainers keep them; the training itself
 is the one experiment ``poison`` runs. The training data is copied without the declared cluster
 field (each row's ``cluster`` / ``cluster_id``), so ``gradian attribute`` has to find the topics
@@ -13,7 +14,7 @@ all``, what the report advises for a run that saved checkpoints), which decides 
 under the final adapter alone (the default for a run without them), recorded beside it as
 ``final_adapter``. For each, the report's accused set (the rows refined out of the accused
 cluster) is scored against the planted rows, and ``gradian counterfactual --drop accused``
-retrains without exactly that set (same base, recipe and seed) and measures the capitals again.
+retrains without exactly that set (same base, recipe and seed) and measures the capability again.
 
 PASS when the accused set's precision and recall against the planted rows are both at least 0.8
 and the retrain comes back within one item of the base. INCONCLUSIVE when the regression did not
@@ -61,8 +62,9 @@ def strip_declared_clusters(source: Path, dest: Path) -> Path:
     return dest
 
 
-#: the scenarios this experiment reads: tinyworld's capitals poison, with and without on-topic clean rows
-SCENARIOS = (SCENARIO, "poison_capitals_ontopic")
+#: the scenarios this experiment reads: tinyworld's capitals poison, with and without on-topic clean
+#: rows, and the bestiary's diets poison
+SCENARIOS = (SCENARIO, "poison_capitals_ontopic", "bestiary_poison_diets")
 #: the attributions it makes of the one fine-tune: the verdict's first, then the comparison
 MODES = {"checkpoints": {"engine.checkpoints": "all"}, "final_adapter": {"engine.checkpoints": "final"}}
 
@@ -73,7 +75,7 @@ def run(ws: Workspace, quick: bool = False, scenario: str | None = None, **_: An
     started = time.time()
     name = scenario if scenario in SCENARIOS else SCENARIO
     if scenario and scenario != name:
-        ws.log(f"[accused] {scenario} is not a capitals poison scenario; measuring {name}")
+        ws.log(f"[accused] {scenario} is not one of its poison scenarios; measuring {name}")
     run_ = ws.scenario(name, folder=f"{name}-checkpoints")
     recipe = run_.config(ws.cache_dir)
     per_epoch = math.ceil(int(run_.info["n_train"]) / (recipe.train.per_device_train_batch_size
@@ -85,17 +87,18 @@ def run(ws: Workspace, quick: bool = False, scenario: str | None = None, **_: An
     data = load_dataset(stripped)
     index_of = {e.id: e.index for e in data.examples}
     planted = [int(i) for i in run_.info["planted"]["indices"]]
+    capability = str(run_.info["capability"]["name"])
     children: list[ChildReport] = []
     measured: dict[str, dict[str, Any]] = {}
     for mode, overrides in MODES.items():
         cfg = run_.config(ws.cache_dir, **{"dataset": str(stripped), "clustering.method": "auto", **overrides})
-        ws.attribute(run_, cfg, capability="capitals", cross_check="auto", folder=f"report-auto-clusters-{mode}")
+        ws.attribute(run_, cfg, capability=capability, cross_check="auto", folder=f"report-auto-clusters-{mode}")
         accusing = Report.of(run_.report)
         accused = accusing.attribution.accused if accusing.attribution is not None else None
         accused_rows = [index_of[i] for i in accused.example_ids] if accused is not None else []
         children.append(ChildReport("attribute", run_.report, run_.report_files, run_.rankings))
         block, accusation, child = retrain_without(ws, run_, cfg, data, out / name / f"retrain-{mode}", planted,
-                                                   drop="accused", tag=f"accused, {mode}")
+                                                   drop="accused", tag=f"accused, {mode}", capability=capability)
         if child is not None:
             children.append(child)
         figures = accused_figures(accusing, accused_rows, planted, block)

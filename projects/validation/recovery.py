@@ -24,9 +24,10 @@ __all__ = ["run", "retrain_without"]
 
 
 def retrain_without(ws: Workspace, scenario: Any, cfg: Any, data: Any, out: Path, planted: Sequence[int], *,
-                    drop: str | None = None, tag: str) -> tuple[Counterfactual | None, str, ChildReport | None]:
+                    drop: str | None = None, tag: str, capability: str = "capitals",
+                    ) -> tuple[Counterfactual | None, str, ChildReport | None]:
     """Remove what ``scenario.report`` accused (``drop``: ``accused`` for its accused set, None for
-    its cluster), retrain with ``cfg``'s recipe and seed into ``out``, and measure the capitals again.
+    its cluster), retrain with ``cfg``'s recipe and seed into ``out``, and measure ``capability`` again.
 
     Returns the counterfactual block (None when nothing was accused), what was dropped (or why
     nothing was), and the counterfactual's child report.
@@ -40,7 +41,7 @@ def retrain_without(ws: Workspace, scenario: Any, cfg: Any, data: Any, out: Path
     except ConfigError as err:  # nothing accused: the experiment did not get its precondition
         return None, str(err), None
     ws.log(f"[{tag}] retraining without {plan.n_drop} rows ({plan.reason})")
-    outcome = run_counterfactual(cfg, plan, out_dir=out, capability="capitals",
+    outcome = run_counterfactual(cfg, plan, out_dir=out, capability=capability,
                                  before=accusing.capability.to_json() if accusing.capability else None,
                                  planted=list(planted), log=ws.log)
     block = Report.of(outcome.report).counterfactual

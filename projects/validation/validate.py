@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=_count, default=0, help="fidelity: parallel retrains (0: up to 2, one per core)")
     parser.add_argument("--scenario", default="poison_capitals",
                         help="fidelity: the poison scenario, of either world (poison_capitals, bestiary_poison_diets); "
-                             "accused: poison_capitals or poison_capitals_ontopic")
+                             "accused: poison_capitals, poison_capitals_ontopic or bestiary_poison_diets")
     parser.add_argument("--loco", nargs="?", const=True, default=None, type=_bool,
                         help="fidelity: leave-one-cluster-out retrains (default: on, off with --quick)")
     parser.add_argument("--no-mlflow", action="store_true", help="Write verdict.json only; log nothing to MLflow")
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         from accused import SCENARIOS as ACCUSED_SCENARIOS
 
         if args.scenario not in ACCUSED_SCENARIOS:
-            parser.error(f"--scenario {args.scenario}: accused measures the capitals poison, one of "
+            parser.error(f"--scenario {args.scenario}: accused measures a poison scenario with planted rows, one of "
                          f"{', '.join(ACCUSED_SCENARIOS)}")
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

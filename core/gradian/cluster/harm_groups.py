@@ -26,8 +26,11 @@ every row with a non-negative score joins the group of its nearest harmful row w
 the group's reach, so that a group is a kind of row with its helpful members, and the verdict
 judges the kind's net influence (without them, DataInf's scores made a group of clean letter
 drills lumpy; with them it harms at 0.6x the rest's rate and the verdict stays ``config``). The
-harmful rows HDBSCAN leaves as noise and the rows near no group keep the topic ``base`` gave them. The accused set is then refined inside the group as usual
-(``refine_accused``).
+harmful rows HDBSCAN leaves as noise join the group of their nearest grouped harmful row under the
+same rule (HDBSCAN's noise is a row too sparse to seed a group, not one unlike every group: under
+EK-FAC over the bestiary's checkpoints, 8 of the 48 planted rows were noise and the accused set
+missed them); the rows near no group keep the topic ``base`` gave them. The accused set is then
+refined inside the group as usual (``refine_accused``).
 
 The cut is ``score < 0`` and not a harm threshold, so the groups keep the small-harm rows of the
 same kind around the harmful ones; that is what lets ``refine_accused`` find a gap inside the
@@ -114,7 +117,19 @@ def harm_groups(examples: Sequence[Any], scores: Sequence[float] | np.ndarray, c
         if found[j] != NOISE and sim >= reach[found[j]]:
             keys[row] = HARM_GROUP_PREFIX + found[j]
             joined += 1
-    grouped = sum(k != NOISE for k in found)
+    # a harmful row HDBSCAN left as noise joins the group of its nearest grouped harmful row by the
+    # same rule: noise means "not dense enough to seed a group", not "unlike every group"
+    loose = [k for k, key in enumerate(found) if key == NOISE]
+    members = np.asarray([k for k, key in enumerate(found) if key != NOISE], dtype=np.int64)
+    adopted = 0
+    if loose:
+        near, sims = _nearest(vectors[harmful[loose]], vectors[harmful[members]])
+        for k, j, sim in zip(loose, near, sims):
+            group = found[members[j]]
+            if sim >= reach[group]:
+                keys[harmful[k]] = HARM_GROUP_PREFIX + group
+                adopted += 1
+    grouped = sum(k != NOISE for k in found) + adopted
     sizes = ", ".join(f"{HARM_GROUP_PREFIX}{g}: {keys.count(HARM_GROUP_PREFIX + g)}" for g in groups)
     reason = (f"{base.reason}; no topic carried the harm, so the {len(harmful)} rows with a negative score "
               f"were clustered on their own (HDBSCAN, min_cluster_size={min_size}, over {described}) into "

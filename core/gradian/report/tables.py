@@ -56,8 +56,9 @@ def top_examples(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str
 
     Only examples on that side of zero are listed. Each row: ``example_id``, ``score``,
     ``predicted_loss_delta_if_removed`` (= score / n), ``cluster`` and ``excerpt``. Ties keep
-    dataset order. ``order_by`` (same sign as ``scores``, e.g. a RelatIF ranking) orders the rows
-    instead of the scores themselves.
+    dataset order. ``order_by`` (e.g. a RelatIF ranking, harmful below zero too) orders the rows
+    instead of the scores themselves; a row is then listed only when both are on the side asked
+    for (a sum of RelatIF values over checkpoints can differ in sign from the sum of the scores).
     """
     values = np.asarray(scores, dtype=np.float64)
     n = len(values)
@@ -66,11 +67,13 @@ def top_examples(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str
     if key.shape != values.shape:
         raise ValueError(f"order_by has shape {key.shape}, the scores {values.shape}")
     order = np.argsort(key if harmful else -key, kind="stable")
-    rows = []
-    for i in order[:k]:
+    rows: list[dict[str, Any]] = []
+    for i in order:
+        if len(rows) == k or (harmful and key[i] >= 0) or (not harmful and key[i] <= 0):
+            break
         score = float(values[i])
         if (harmful and score >= 0) or (not harmful and score <= 0):
-            break
+            continue
         eid = str(example_ids[i])
         rows.append({
             "example_id": eid,
