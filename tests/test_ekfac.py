@@ -343,17 +343,25 @@ def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path,
     assert "summed over 2 checkpoints" in result.notes[0]
     final_only = dataclasses.replace(cfg.engine, checkpoints="final")
     expected = np.zeros(len(rows))
+    expected_rank = np.zeros(len(rows))
     for path, weight in zip((ckpt, final), checkpoint_learning_rates([str(ckpt), str(final)], record)):
         alone = load_model_for_gradients(str(base), str(path), cfg)
         alone_index = GradientIndex.build(alone, chat_tokenizer, dataset, cfg)
         alone_state = engine.fit(alone_index, final_only, dataclasses.replace(context, gm=alone, run=None))
-        expected += weight * engine.score(alone_state, query_for(alone), final_only).scores
+        alone_result = engine.score(alone_state, query_for(alone), final_only)
+        expected += weight * alone_result.scores
+        expected_rank += weight * alone_result.ranking  # the RelatIF values, under each checkpoint's curvature
     np.testing.assert_allclose(result.scores, expected, rtol=1e-6)
+    np.testing.assert_allclose(result.ranking, expected_rank, rtol=1e-6)
     np.testing.assert_allclose(engine.score(again, query_for(gm), cfg.engine, query_for=query_for).scores,
                                result.scores, rtol=1e-12)
     gm.model.set_adapter(gm.adapter_name)  # the query under each checkpoint left the last one active
     assert not np.allclose(result.scores, engine.score(engine.fit(index, final_only, context), query_for(gm),
                                                        final_only).scores)
+    # the final adapter alone on a run that saved checkpoints: the notes point at the checkpoint mode
+    final_state = engine.fit(index, final_only, context)
+    assert any("saved 2 checkpoints" in n and "engine.checkpoints: all" in n
+               for n in engine.score(final_state, query_for(gm), final_only).notes)
     # a run without checkpoints: the final adapter alone, and the report says so
     bare = engine.fit(index, cfg.engine, dataclasses.replace(context, run=RunRecord.from_dict({})))
     assert any("saved no checkpoint" in n for n in engine.score(bare, query_for(gm), cfg.engine).notes)

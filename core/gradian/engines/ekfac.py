@@ -237,9 +237,10 @@ class _KroneckerEngine(Engine):
         if saved > 1:
             state.meta["checkpoints_note"] = (
                 f"fitted on the final adapter; the run saved {saved} checkpoints: engine.checkpoints: all fits "
-                "under each (one index and one fit per checkpoint, kept for later runs); with "
-                "the default relatif ranking, it ranked planted rows best on both offline worlds "
-                "(AUC 0.87 to 1.00, docs/validation.md)")
+                "under each (one index and one fit per checkpoint, kept for later runs) and catches harmful rows "
+                "the final adapter scores as helpful (on the offline worlds, AUC 0.97 to 1.00 with the "
+                "contrastive query, and accused sets whose removal brought every retrain back within one item; "
+                "docs/validation.md)")
         return state
 
     def _fit_checkpoints(self, train: TrainGradients, config: Any, context: FitContext,
