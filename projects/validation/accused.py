@@ -25,7 +25,6 @@ fine-tune, two attributions and two retrains.
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from poison import SCENARIO
 from recovery import retrain_without
 from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, accused_figures, accused_verdict
-from workspace import Workspace
+from workspace import Workspace, steps_per_epoch
 
 __all__ = ["run", "strip_declared_clusters", "SCENARIOS"]
 
@@ -77,9 +76,7 @@ def run(ws: Workspace, quick: bool = False, scenario: str | None = None, **_: An
     if scenario and scenario != name:
         ws.log(f"[accused] {scenario} is not one of its poison scenarios; measuring {name}")
     run_ = ws.scenario(name, folder=f"{name}-checkpoints")
-    recipe = run_.config(ws.cache_dir)
-    per_epoch = math.ceil(int(run_.info["n_train"]) / (recipe.train.per_device_train_batch_size
-                                                       * recipe.train.gradient_accumulation_steps))
+    per_epoch = steps_per_epoch(run_.config(ws.cache_dir), int(run_.info["n_train"]))
     saving = {"train.save_checkpoints": True, "train.save_steps": per_epoch}
     ws.train(run_, run_.config(ws.cache_dir, **saving))
     out = ws.experiment_dir("accused")

@@ -45,7 +45,7 @@ from gradian.report.schema import Report
 from retrain_pool import QueryItems, RetrainTask, default_workers, measure_losses, run_tasks
 from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, fidelity_verdict
-from workspace import Workspace
+from workspace import Workspace, steps_per_epoch
 
 __all__ = ["run", "FULL", "QUICK", "SCENARIO", "WORLD_RULES", "declare_clusters", "family_of", "target_entities"]
 
@@ -239,8 +239,7 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                                           settings["clean_fraction"], scenario.info["seed"])
     n = sum(len(g) for g in groups.values())
     base_cfg = load_config(scenario.config_path)
-    steps = math.ceil(n / (base_cfg.train.per_device_train_batch_size * base_cfg.train.gradient_accumulation_steps))
-    total_steps = steps * int(base_cfg.train.num_train_epochs)
+    total_steps = steps_per_epoch(base_cfg, n) * int(base_cfg.train.num_train_epochs)
     ref_dir = scenario.root / "fidelity" / "run"
     overrides = {"cache_dir": str(ws.cache_dir), "dataset": str(data_path), "run": str(ref_dir),
                  "adapter_path": str(ref_dir / "adapter"), "train.output_dir": str(ref_dir),

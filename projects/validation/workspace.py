@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["Workspace", "ScenarioRun"]
+__all__ = ["Workspace", "ScenarioRun", "steps_per_epoch"]
 
 _FINGERPRINT = "validation.fingerprint"
+
+
+def steps_per_epoch(config: Any, n_rows: int) -> int:
+    """Optimizer steps in one epoch of ``n_rows`` training rows under ``config``'s recipe."""
+    return math.ceil(n_rows / (config.train.per_device_train_batch_size * config.train.gradient_accumulation_steps))
 
 
 def _sha(*parts: bytes | str) -> str:

@@ -194,7 +194,7 @@ def run_attribution(
         item_scores = np.asarray(main.scores, dtype=np.float64)
         scores = _mean_over_items(item_scores)
         # what rows are ordered by (EK-FAC's RelatIF ranking); harm sums and loss figures use scores
-        rank = _mean_over_items(main.rank_scores) if main.ranking is not None else scores
+        rank = _mean_over_items(main.rank_scores)
         agreement = None
         cross = None
         cross_scores = None

@@ -473,8 +473,7 @@ class _KroneckerEngine(Engine):
         damping: dict[str, float] = {}
         for layer in layers:
             key, b, o, i, off = layer["key"], layer["block"], layer["out"], layer["in"], layer["offset"]
-            eigen = KroneckerEigen(state.arrays[f"{key}.q_a"], state.arrays[f"{key}.q_s"],
-                                   state.arrays[f"{key}.eigenvalues"])
+            eigen = layer_eigen(state, key)
             mean = float(eigen.eigenvalues.mean())
             lam = float(override) if override is not None else (scale * mean if mean > 0 else 1.0)
             damping[key] = lam
@@ -498,6 +497,11 @@ class _KroneckerEngine(Engine):
                             ranking=None if ranking is None else (ranking[:, 0] if single else ranking))
 
 
+def layer_eigen(state: EngineState, key: str) -> KroneckerEigen:
+    """The eigenbases and (corrected) eigenvalues a fitted Kronecker state holds for LoRA matrix ``key``."""
+    return KroneckerEigen(state.arrays[f"{key}.q_a"], state.arrays[f"{key}.q_s"], state.arrays[f"{key}.eigenvalues"])
+
+
 def self_influence(state: EngineState, damping: Mapping[str, float]) -> np.ndarray:
     """``g_j^T (F + lambda)^-1 g_j`` of every training row under a fitted Kronecker state, ``[n]``.
 
@@ -508,8 +512,7 @@ def self_influence(state: EngineState, damping: Mapping[str, float]) -> np.ndarr
     train = state.train
     layers = state.meta["layers"]
     out = np.zeros(train.n, dtype=np.float64)
-    eigen = {layer["key"]: KroneckerEigen(state.arrays[f"{layer['key']}.q_a"], state.arrays[f"{layer['key']}.q_s"],
-                                          state.arrays[f"{layer['key']}.eigenvalues"]) for layer in layers}
+    eigen = {layer["key"]: layer_eigen(state, layer["key"]) for layer in layers}
     for start, chunk in train.iter_chunks():
         rows = next(iter(chunk.values())).shape[0]
         for layer in layers:
