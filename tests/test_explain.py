@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 
 pytest.importorskip("torch")
@@ -96,7 +95,7 @@ def test_the_drill_down_finds_the_buried_sentence(tmp_path_factory, tinyworld_ba
 
     result = measure_localization(tmp_path_factory.mktemp("buried"), tinyworld_base, log=lambda m: None)
     assert result["n_planted"] == 64 and result["n_measured"] >= 24  # rows whose target's answer failed
-    assert result["score_matches_token_sum"] < 1e-3
+    assert result["score_matches_token_sum"] < 1e-4  # float32 rounding, against the largest score
     assert result["localization_rate"] >= 0.9
     assert result["localization_rate_mean_query"] < result["localization_rate"]
 

@@ -202,8 +202,9 @@ def measure_localization(root: str | Path, base_model: str | Path | None = None,
               "localization_rate_mean_query": hits["mean_of_items"] / n,
               "engine": engine,
               "generations": dict(zip([e.prompt_messages[-1]["content"] for e in eval_set.examples], generated)),
-              "score_matches_token_sum": float(max([abs(r["single_item"]["token_sum"] - r["single_item"]["score"])
-                                                    / max(abs(r["single_item"]["score"]), 1e-12) for r in rows] or [0.0])),
+              # the largest gap between a row's token sum and its score, over the largest score: a
+              # row whose score is near zero has float32 cancellation far above its own size
+              "score_matches_token_sum": _token_sum_gap(rows),
               "rows": rows}
     (root / f"localization-{engine}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -225,3 +226,12 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _token_sum_gap(rows: list[dict[str, Any]]) -> float:
+    """``max_j |token_sum_j - score_j| / max_j |score_j|`` over the measured rows (0 with none)."""
+    items = [r["single_item"] for r in rows]
+    if not items:
+        return 0.0
+    scale = max(max(abs(i["score"]) for i in items), 1e-12)
+    return float(max(abs(i["token_sum"] - i["score"]) for i in items) / scale)
