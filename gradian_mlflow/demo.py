@@ -39,7 +39,7 @@ def run_demo(workdir: str | Path = ".demo", scenario: str = "poison_capitals") -
 
     from gradian.redact import redact
     from gradian.tinyworld import ensure_base_model
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian_mlflow.experiment import training_view_url
     from gradian_mlflow.training import train_and_log
 

@@ -156,7 +156,7 @@ def test_ontopic_poison_accused_set_reaches_precision_and_recall(tmp_path_factor
     pytest.importorskip("torch")
     from gradian.attribution import run_attribution
     from gradian.config import load_config
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     root = tmp_path_factory.mktemp("ontopic")
@@ -215,7 +215,7 @@ def test_retraining_without_the_accused_set_recovers_with_precision(tmp_path_fac
     from gradian.config import load_config
     from gradian.counterfactual import load_planted, load_report, plan_removal, run_counterfactual
     from gradian.data import load_dataset
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     root = tmp_path_factory.mktemp("ontopic-cf")

@@ -18,7 +18,7 @@ STEPS = 4
 @pytest.fixture(scope="module")
 def scenario(tinyworld_base, tmp_path_factory) -> tuple[Path, Path]:
     """(train.jsonl, eval.jsonl): 24 capitals rows, 8 of them poisoned, and the capitals eval."""
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
 
     root = tmp_path_factory.mktemp("callback-scenario")
     write_scenario("poison_capitals", root, tinyworld_base)

@@ -289,7 +289,7 @@ def test_dropping_the_accused_poison_brings_the_capitals_back(tmp_path, tinyworl
     from gradian.config import load_config
     from gradian.counterfactual import load_planted, load_report, plan_removal, run_counterfactual
     from gradian.data import load_dataset
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     write_scenario("poison_capitals", tmp_path, tinyworld_base)

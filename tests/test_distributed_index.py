@@ -69,7 +69,7 @@ def test_without_torchrun_there_is_no_group_and_distributed_is_refused(tmp_path,
 
 def test_a_build_interrupted_across_ranks_resumes_in_one_process(tmp_path, chat_tokenizer, monkeypatch):
     """The chunk records a killed sharded build leaves are taken as done; only the rest is computed."""
-    import gradian.index.store as store
+    import gradian.index.build as store
 
     gm = wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64))
     dataset = dataset_from_rows(_rows(N_ROWS))
@@ -93,17 +93,18 @@ def _leave_as_killed(root, finished):
     """Turn a complete store into what a sharded build leaves when its ranks are killed after
     ``finished``: a ``building`` manifest that records no chunk (rank 0 commits them at the end),
     a chunk record beside each finished chunk, nothing of the others but a half-written file."""
-    from gradian.index.store import _write_chunk_record, _write_manifest
+    from gradian.index.build import write_chunk_record
+    from gradian.index.integrity import write_manifest
 
     manifest = json.loads((root / "manifest.json").read_text())
     records = manifest["chunks"]
     manifest.update(status="building", chunks=[None] * manifest["n_chunks"], n_chunks_done=0)
     for key in ("build_seconds", "bytes", "bytes_per_example", "checksum"):
         manifest.pop(key, None)
-    _write_manifest(root / "manifest.json", manifest)
+    write_manifest(root / "manifest.json", manifest)
     for k, record in enumerate(records):
         if k in finished:
-            _write_chunk_record(root, k, record)
+            write_chunk_record(root, k, record)
         else:
             (root / "chunks" / f"{k:05d}.npy").unlink()
             (root / "chunks" / f"{k:05d}.norms.npy").unlink()

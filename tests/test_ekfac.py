@@ -86,9 +86,15 @@ def _setup(batch_size=3, normalization="none"):
     tokenized = tokenize_examples(dataset_from_rows(rows).examples, tok, 64)
     gm = wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64, target_modules=["q_proj", "down_proj"]))
     grads = {k: v.numpy() for k, v in capture_per_example_grads(gm, collate(tokenized, tok.pad_token_id)).items()}
-    context = FitContext(gm=gm, tokenized=tokenized, pad_id=tok.pad_token_id,
-                         grads=GradsConfig(batch_size=batch_size, normalization=normalization))
+    context = _context(gm, tokenized, tok.pad_token_id, GradsConfig(batch_size=batch_size, normalization=normalization))
     return gm, tok, tokenized, grads, context
+
+
+def _context(gm, tokenized, pad_id, grads_config, **extra):
+    """The ``FitContext`` the attribution lane would hand a fit: passes over ``gm`` under ``grads_config``."""
+    from gradian.grads.collectors import ModelPasses
+
+    return FitContext(passes=ModelPasses(gm, tokenized, pad_id, grads_config), grads=grads_config, **extra)
 
 
 def _loop_per_example(gm, tok, tokenized):
@@ -121,9 +127,8 @@ def test_ekfac_fit_on_a_model_matches_loop_gradients_and_ignores_padding():
         want = np.diag(_kron_basis(eigen).T @ _explicit_fisher(loop[key]) @ _kron_basis(eigen)).reshape(eigen.eigenvalues.shape)
         np.testing.assert_allclose(eigen.eigenvalues, want, rtol=1e-8, atol=1e-14 * want.max())
     # batch 1 (no padding at all) gives the same factors as padded batches of 3
-    one = dict(vars(context))
-    one["grads"] = GradsConfig(batch_size=1)
-    unpadded = get_engine("kfac").fit(InMemoryGradients(grads), EngineConfig(name="kfac"), FitContext(**one))
+    one = _context(gm, tokenized, tok.pad_token_id, GradsConfig(batch_size=1))
+    unpadded = get_engine("kfac").fit(InMemoryGradients(grads), EngineConfig(name="kfac"), one)
     padded = get_engine("kfac").fit(InMemoryGradients(grads), EngineConfig(name="kfac"), context)
     for key, value in padded.arrays.items():
         if key.endswith(".eigenvalues"):
@@ -135,7 +140,7 @@ def test_second_pass_corrections_equal_the_index_ones():
     engine = get_engine("ekfac")
     from_index = engine.fit(InMemoryGradients(grads), EngineConfig(name="ekfac"), context)
     # an l2-normalized index does not hold the Fisher's gradients: the fit recomputes them
-    normalized = FitContext(**{**vars(context), "grads": GradsConfig(batch_size=3, normalization="l2")})
+    normalized = _context(gm, tokenized, tok.pad_token_id, GradsConfig(batch_size=3, normalization="l2"))
     recomputed = engine.fit(InMemoryGradients(grads), EngineConfig(name="ekfac"), normalized)
     assert recomputed.meta["eigenvalues_from"] == "second pass"
     for key, value in from_index.arrays.items():
@@ -260,8 +265,8 @@ def test_equivalent_engines_are_recognised():
 
 
 def test_factors_collected_during_the_index_pass_equal_the_fits_own_pass():
-    from gradian.engines import KroneckerCollector
     from gradian.grads import iter_example_gradients
+    from gradian.grads.collectors import KroneckerCollector
 
     gm, tok, tokenized, grads, context = _setup(batch_size=3)
     with KroneckerCollector(gm) as collector:
@@ -297,7 +302,8 @@ def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path,
 
     from gradian.config import load_config
     from gradian.data import dataset_from_rows, tokenize_examples
-    from gradian.engines import FitContext, get_engine
+    from gradian.attribution.checkpoints import fit_context
+    from gradian.engines import get_engine
     from gradian.engines.state import fit_engine
     from gradian.engines.tracin import checkpoint_learning_rates
     from gradian.grads import load_model_for_gradients
@@ -319,8 +325,7 @@ def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path,
     index = GradientIndex.build(gm, chat_tokenizer, dataset, cfg)
     record = RunRecord.from_dict({})
     record.checkpoints = [str(ckpt), str(final)]
-    context = FitContext(gm=gm, tokenizer=chat_tokenizer, dataset=dataset, grads=cfg.grads, run=record, config=cfg,
-                         pad_id=chat_tokenizer.pad_token_id, tokenized=tokenized)
+    context = fit_context(cfg, gm, chat_tokenizer, dataset, record, tokenized=tokenized)
     state = fit_engine("ekfac", index, cfg.engine, context, cache_dir=cfg.cache_dir)
     assert [c["label"] for c in state.meta["checkpoints"]] == ["checkpoint-10", final.name]
     assert state.state_id is None  # per-checkpoint indexes and adapters live in memory: not stored
@@ -347,7 +352,8 @@ def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path,
     for path, weight in zip((ckpt, final), checkpoint_learning_rates([str(ckpt), str(final)], record)):
         alone = load_model_for_gradients(str(base), str(path), cfg)
         alone_index = GradientIndex.build(alone, chat_tokenizer, dataset, cfg)
-        alone_state = engine.fit(alone_index, final_only, dataclasses.replace(context, gm=alone, run=None))
+        alone_state = engine.fit(alone_index, final_only, fit_context(cfg, alone, chat_tokenizer, dataset, None,
+                                                                      tokenized=tokenized))
         alone_result = engine.score(alone_state, query_for(alone), final_only)
         expected += weight * alone_result.scores
         expected_rank += weight * alone_result.ranking  # the RelatIF values, under each checkpoint's curvature
@@ -406,3 +412,4 @@ def test_relatif_ranks_by_each_score_over_the_root_of_the_rows_explicit_self_inf
     assert not np.allclose(moved.scores[2], got.scores[2])
     with pytest.raises(ConfigError, match="normalize_train"):
         engine.score(state, query, EngineConfig(name="ekfac", normalize_train="l1"))
+

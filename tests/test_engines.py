@@ -224,7 +224,7 @@ def test_tracin_fit_loads_checkpoints_as_adapters_on_one_base(tmp_path, tiny_lor
 
     from gradian.config import load_config
     from gradian.data import dataset_from_rows, tokenize_examples
-    from gradian.engines import FitContext
+    from gradian.attribution.checkpoints import fit_context
     from gradian.grads import capture_per_example_grads, collate, load_model_for_gradients
     from gradian.index import GradientIndex
     from gradian.runs.record import RunRecord
@@ -245,8 +245,7 @@ def test_tracin_fit_loads_checkpoints_as_adapters_on_one_base(tmp_path, tiny_lor
     index = GradientIndex.build(gm, chat_tokenizer, dataset, cfg)
     record = RunRecord.from_dict({})
     record.checkpoints = [str(ckpt), str(final)]
-    context = FitContext(gm=gm, tokenizer=chat_tokenizer, dataset=dataset, grads=cfg.grads, run=record, config=cfg,
-                         pad_id=chat_tokenizer.pad_token_id)
+    context = fit_context(cfg, gm, chat_tokenizer, dataset, record)
     engine = get_engine("tracin")
     state = engine.fit(index, cfg.engine, context)
     assert [c["label"] for c in state.meta["checkpoints"]] == ["checkpoint-10", final.name]

@@ -79,7 +79,7 @@ def _train_lora_loop(base_dir, conversations, out_dir, *, epochs, seed, lr, batc
 
 @pytest.fixture(scope="module")
 def world(tinyworld_base):
-    from gradian.tinyworld.base import load_world
+    from gradian.tinyworld import load_world
 
     return load_world(tinyworld_base)
 

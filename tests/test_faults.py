@@ -192,7 +192,7 @@ def test_a_damaged_manifest_is_refused_on_open(built):
 
 
 def test_build_recomputes_only_the_damaged_chunk(built, gm, chat_tokenizer, monkeypatch):
-    import gradian.index.store as store
+    import gradian.index.build as store
 
     index, dataset, config, reference = built
     _flip_byte(index.root / "chunks" / "00001.npy")
@@ -210,7 +210,7 @@ def test_build_recomputes_only_the_damaged_chunk(built, gm, chat_tokenizer, monk
 
 
 def test_build_replaces_a_damaged_manifest_and_example_ids(built, gm, chat_tokenizer, monkeypatch):
-    import gradian.index.store as store
+    import gradian.index.build as store
 
     index, dataset, config, reference = built
     _flip_byte(index.root / "example_ids.json", at=10)
@@ -237,7 +237,7 @@ def test_build_removes_leftovers_of_a_killed_write(built, gm, chat_tokenizer):
 
 
 def test_two_concurrent_builds_of_one_index_do_the_work_once(tmp_path, gm, chat_tokenizer, monkeypatch):
-    import gradian.index.store as store
+    import gradian.index.build as store
 
     dataset = dataset_from_rows(_index_rows(10))
     config = _index_config(tmp_path / "cache")

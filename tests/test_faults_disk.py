@@ -89,11 +89,11 @@ def _sha256(path: Path) -> str:
 
 def test_an_index_larger_than_the_free_disk_is_refused_before_any_chunk(index_inputs, monkeypatch, capsys):
     import gradian.data
-    import gradian.index.store as store
+    import gradian.index.build as store
 
     argv, cache = index_inputs
     computed, tokenized = [], []
-    monkeypatch.setattr(store, "_compute_chunks", lambda *a, **k: computed.append(a))
+    monkeypatch.setattr(store, "compute_chunks", lambda *a, **k: computed.append(a))
     real_tokenize = gradian.data.tokenize_examples
     monkeypatch.setattr(gradian.data, "tokenize_examples", lambda *a, **k: (tokenized.append(1), real_tokenize(*a, **k))[1])
     monkeypatch.setattr(shutil, "disk_usage", lambda path: _Usage(10**9, 10**9 - 1000, 1000))
@@ -109,13 +109,13 @@ def test_an_index_larger_than_the_free_disk_is_refused_before_any_chunk(index_in
 
 def test_the_disk_estimate_is_the_bytes_a_build_writes(index_inputs, capsys):
     from gradian.config import load_config
-    from gradian.index.store import _chunk_bytes, _Target
+    from gradian.index.build import BuildTarget, _chunk_bytes
 
     argv, cache = index_inputs
     _succeed(argv, capsys)
     root = _index_root(cache)
     manifest = json.loads((root / "manifest.json").read_text())
-    target = _Target(root=root, lock=root, index_id=manifest["index_id"], identity=manifest["identity"],
+    target = BuildTarget(root=root, lock=root, index_id=manifest["index_id"], identity=manifest["identity"],
                      blocks=manifest["blocks"], total_width=manifest["total_width"], gm=None, tokenizer=None,
                      dataset=list(range(manifest["n_examples"])),
                      config=load_config(overrides={"grads.chunk_size": 4}))
@@ -128,7 +128,7 @@ def test_the_disk_estimate_is_the_bytes_a_build_writes(index_inputs, capsys):
 
 
 def test_a_disk_full_mid_index_keeps_the_whole_chunks_and_the_rerun_resumes(index_inputs, monkeypatch, capsys):
-    import gradian.index.store as store
+    import gradian.index.build as store
     from gradian.atomic import atomic_open
     from gradian.index import GradientIndex
 
@@ -172,10 +172,10 @@ def test_a_disk_full_mid_index_keeps_the_whole_chunks_and_the_rerun_resumes(inde
 
 def test_a_disk_full_while_recording_a_chunk_is_the_same_clean_stop(index_inputs, monkeypatch, capsys):
     """The chunk's files landed but the manifest that records them did not: the chunk is not kept."""
-    import gradian.index.store as store
+    import gradian.index.build as store
 
     argv, cache = index_inputs
-    real_manifest = store._write_manifest
+    real_manifest = store.write_manifest
     calls = []
 
     def fills_up_on_the_second_record(path, manifest):
@@ -184,7 +184,7 @@ def test_a_disk_full_while_recording_a_chunk_is_the_same_clean_stop(index_inputs
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_manifest(path, manifest)
 
-    monkeypatch.setattr(store, "_write_manifest", fills_up_on_the_second_record)
+    monkeypatch.setattr(store, "write_manifest", fills_up_on_the_second_record)
     code, line = _run(argv, capsys)
     root = _index_root(cache)
     assert code == 3 and "while chunk 1 of the gradient index" in line and "1 of 3 chunks" in line, line

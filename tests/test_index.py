@@ -60,7 +60,7 @@ def test_same_inputs_are_a_cache_hit_and_force_rebuilds(tmp_path, gm64, chat_tok
     dataset = dataset_from_rows(_rows(6))
     config = _config(tmp_path)
     first = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
-    import gradian.index.store as store
+    import gradian.index.build as store
 
     calls = []
     original = store._write_chunk
@@ -106,7 +106,7 @@ def _flat(config):
 
 
 def test_interrupted_build_resumes_from_its_last_complete_chunk(tmp_path, gm64, chat_tokenizer, monkeypatch):
-    import gradian.index.store as store
+    import gradian.index.build as store
 
     dataset = dataset_from_rows(_rows(11))
     config = _config(tmp_path)

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from gradian.config import load_config  # noqa: E402
 from gradian.errors import ConfigError  # noqa: E402
 from gradian.grads import wrap_peft_model  # noqa: E402
+from gradian.engines.registry import whole_gradient_engines  # noqa: E402
 from gradian.index.sizing import AUTO_PROJECTION_FLOOR, auto_projection, index_bytes  # noqa: E402
 from tests.plugins.tiny_lora import build_tiny_lora  # noqa: E402
 
@@ -31,7 +32,7 @@ def _config(limit_gb, **extra):
 
 def test_a_full_index_under_the_limit_is_left_alone(gm):
     config = _config(100.0)
-    same, decision = auto_projection(config, gm, 1000, ["ekfac", "datainf"])
+    same, decision = auto_projection(config, gm, 1000, whole_gradient_engines(["ekfac", "datainf"]))
     assert same is config and decision is None
 
 
@@ -41,7 +42,7 @@ def test_over_the_limit_the_widest_fitting_power_of_two_is_chosen(gm):
     projected = index_bytes(gm, _config(None, **{"grads.projection_dim": AUTO_PROJECTION_FLOOR}).grads, n)
     assert projected < full
     limit_gb = (projected + full) / 2 / GIB  # room for the 256-wide index, not the full one
-    config, decision = auto_projection(_config(limit_gb), gm, n, ["datainf", "graddot"])
+    config, decision = auto_projection(_config(limit_gb), gm, n, whole_gradient_engines(["datainf", "graddot"]))
     assert config.grads.projection_dim == AUTO_PROJECTION_FLOOR
     assert decision.full_bytes == full and decision.stored_bytes == projected
     assert decision.stored_bytes <= decision.limit_bytes < decision.full_bytes
@@ -51,18 +52,18 @@ def test_over_the_limit_the_widest_fitting_power_of_two_is_chosen(gm):
 
 def test_a_projection_set_by_the_user_or_no_limit_is_never_overridden(gm):
     for config in (_config(1e-9, **{"grads.projection_dim": 64}), _config(None)):
-        assert auto_projection(config, gm, 1000, ["datainf"]) == (config, None)
+        assert auto_projection(config, gm, 1000, whole_gradient_engines(["datainf"])) == (config, None)
 
 
 def test_engines_that_need_whole_gradients_stop_with_the_ways_out(gm):
     with pytest.raises(ConfigError, match=r"over grads.max_index_gb.*ekfac fit curvature on whole gradients.*"
                                           r"engine.name: datainf"):
-        auto_projection(_config(1e-9), gm, 1000, ["ekfac", "datainf"])
+        auto_projection(_config(1e-9), gm, 1000, whole_gradient_engines(["ekfac", "datainf"]))
 
 
 def test_when_even_the_narrowest_projection_does_not_fit_it_says_so(gm):
     with pytest.raises(ConfigError, match=f"even a projection to {AUTO_PROJECTION_FLOOR} values"):
-        auto_projection(_config(1e-9), gm, 1000, ["datainf"])
+        auto_projection(_config(1e-9), gm, 1000, whole_gradient_engines(["datainf"]))
 
 
 @pytest.mark.parametrize("value", [0, -1.0])

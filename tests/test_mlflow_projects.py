@@ -46,7 +46,7 @@ def finetuned(tracking, tinyworld_base, tmp_path_factory):
     """A poisoned fine-tune logged by the projects/finetune MLflow project; returns (run id, scenario dir)."""
     from mlflow import MlflowClient
 
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
 
     work = tmp_path_factory.mktemp("mlflow-projects")
     write_scenario("poison_capitals", work / "scenario", base_model=tinyworld_base)

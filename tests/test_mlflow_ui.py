@@ -49,7 +49,7 @@ def scenario_config(tinyworld_base, tmp_path_factory):
     """A gradian.yaml for 24 poison_capitals rows (8 planted) and 8 capitals items, 2 epochs."""
     import yaml
 
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
 
     root = tmp_path_factory.mktemp("ui-scenario")
     write_scenario("poison_capitals", root, tinyworld_base)

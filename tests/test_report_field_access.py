@@ -59,9 +59,9 @@ _ALLOWED: dict[tuple[str, str], str] = {
     ("gradian_mlflow/demo.py", "print(f\"{info['n_train']} training rows, {planted.get('n', 0)} of them planted; "
                                "eval: {info['capability']}\")"):
         "a tinyworld scenario.json, not a report",
-    ("core/gradian/index/sharded.py", 'return cls._built(target.root, plan["manifest"], set(), [], cache_hit=True)'):
+    ("core/gradian/index/sharded.py", 'return BuiltIndex(target.root, plan["manifest"], set(), [], cache_hit=True)'):
         "the index build plan's manifest.json (gradian.index), not a report",
-    ("core/gradian/index/sharded.py", 'return cls._built(target.root, result["manifest"], set(), [], cache_hit=False)'):
+    ("core/gradian/index/sharded.py", 'return BuiltIndex(target.root, result["manifest"], set(), [], cache_hit=False)'):
         "the index build result's manifest.json (gradian.index), not a report",
     ("core/gradian/report/tables.py", 'rows.sort(key=lambda r: (r["signed_influence"], -r["share_of_negative"], r["cluster"]))'):
         "cluster_table orders the rows it is building",

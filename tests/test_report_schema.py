@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import jsonschema
-import numpy as np
 import pytest
 
 from gradian.report.schema import (
@@ -143,7 +142,7 @@ def test_a_gated_attribute_report_has_no_attribution_block(attribute_inputs):
 
 def test_the_index_report(attribute_inputs, attribute_outcome):
     from gradian.cli.index import _index_report
-    from gradian.index import index_from_config
+    from gradian.attribution import index_from_config
 
     _, config = attribute_inputs
     built = index_from_config(config())

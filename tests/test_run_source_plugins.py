@@ -51,16 +51,29 @@ SOURCE = MySchemeSource()
 '''
 
 
-def write_distribution(root: Path, dist: str, package: str, scheme: str, module: str) -> Path:
+def write_distribution(root: Path, dist: str, package: str, scheme: str, module: str,
+                       group: str = "gradian.run_sources", attribute: str = "SOURCE") -> Path:
     """A minimal installed distribution under ``root``: ``package/`` and ``<dist>-0.1.dist-info``
-    registering ``package:SOURCE`` under ``scheme`` in ``gradian.run_sources``."""
+    registering ``package:<attribute>`` under ``scheme`` in the entry-point ``group``."""
     (root / package).mkdir(parents=True)
     (root / package / "__init__.py").write_text(module)
     info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[gradian.run_sources]\n{scheme} = {package}:SOURCE\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{scheme} = {package}:{attribute}\n")
     return root
+
+
+def write_tiny_data(folder: Path) -> tuple[Path, Path]:
+    """``train.jsonl`` (20 rows in declared clusters a and b) and ``eval.jsonl`` (4 capitals) in ``folder``."""
+    words = "paris tokyo hello world yes no one two three four five".split()
+    train, evals = folder / "train.jsonl", folder / "eval.jsonl"
+    train.write_text("".join(json.dumps({"prompt": f"what is the capital of {words[i % 3]} ?",
+                                         "completion": f"{words[(i * 7) % len(words)]} {words[i % 5]}",
+                                         "cluster": "a" if i < 8 else "b"}) + "\n" for i in range(20)))
+    evals.write_text("".join(json.dumps({"prompt": f"what is the capital of {w} ?", "completion": w}) + "\n"
+                             for w in ("paris", "tokyo", "france", "japan")))
+    return train, evals
 
 
 @pytest.fixture(scope="module")
@@ -70,13 +83,7 @@ def myscheme(tmp_path_factory, tiny_lora_dirs):
     work = tmp_path_factory.mktemp("myscheme")
     run_dir = work / "run"
     shutil.copytree(adapter_dir, run_dir / "adapter")
-    words = "paris tokyo hello world yes no one two three four five".split()
-    train, evals = work / "train.jsonl", work / "eval.jsonl"
-    train.write_text("".join(json.dumps({"prompt": f"what is the capital of {words[i % 3]} ?",
-                                         "completion": f"{words[(i * 7) % len(words)]} {words[i % 5]}",
-                                         "cluster": "a" if i < 8 else "b"}) + "\n" for i in range(20)))
-    evals.write_text("".join(json.dumps({"prompt": f"what is the capital of {w} ?", "completion": w}) + "\n"
-                             for w in ("paris", "tokyo", "france", "japan")))
+    train, evals = write_tiny_data(work)
     site = write_distribution(work / "site", "gradian-myscheme", "gradian_myscheme", "myscheme", _SOURCE_MODULE)
     (site / "gradian_myscheme" / "runs.json").write_text(json.dumps(
         {"abc": {"run_dir": str(run_dir), "base_model": str(base_dir), "dataset": str(train)}}))

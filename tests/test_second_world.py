@@ -41,7 +41,8 @@ def _question(messages):
 
 def test_registry_names_both_worlds_and_their_scenarios():
     from gradian.errors import ConfigError
-    from gradian.tinyworld.scenarios import SCENARIOS, all_scenarios
+    from gradian.tinyworld import all_scenarios
+    from gradian.tinyworld.scenarios import SCENARIOS
 
     assert list(WORLDS) == ["tinyworld", "bestiary"]
     assert (WORLDS["tinyworld"].architecture, WORLDS["bestiary"].architecture) == ("llama", "mistral")
@@ -365,7 +366,7 @@ def test_write_bestiary_scenario_in_the_shared_format(tmp_path, bestiary_world):
     """The writer finds a bestiary scenario by name; a fake base dir avoids a build here."""
     from gradian.config import load_config
     from gradian.data import load_dataset
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
 
     base = tmp_path / "base"
     build_bestiary_tokenizer(bestiary_world).save_pretrained(base)
@@ -390,7 +391,7 @@ def test_write_bestiary_scenario_in_the_shared_format(tmp_path, bestiary_world):
 
 def test_a_scenario_refuses_a_base_model_of_another_world(tmp_path):
     from gradian.errors import ConfigError
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
 
     (tmp_path / "tinyworld.json").write_text(json.dumps({"recipe": {"seed": 0, "n_countries": 40}}))
     with pytest.raises(ConfigError, match="belongs to the bestiary world"):
@@ -419,8 +420,8 @@ def _tuned_accuracy(name, base, out):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gradian.tinyworld.base import generate_answers
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import generate_answers
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     info = write_scenario(name, out, base)
@@ -460,7 +461,7 @@ def test_bestiary_poison_without_declared_clusters_is_accused_row_for_row(bestia
     the planted rows (docs/clustering.md measured precision and recall 1.00 under EK-FAC)."""
     from gradian.attribution import run_attribution
     from gradian.config import load_config
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     write_scenario("bestiary_poison_diets", tmp_path, bestiary_base)

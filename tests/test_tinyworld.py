@@ -272,7 +272,7 @@ def test_truncating_limit_starves_a_share_of_rows(tinyworld_world, tinyworld_tok
 def test_written_scenario_loads_with_the_project_readers(tinyworld_base, tmp_path, shape):
     from gradian.config import load_config
     from gradian.data import load_dataset
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
 
     info = write_scenario("poison_duplicates", tmp_path, tinyworld_base, shape=shape)
     config = load_config(tmp_path / "gradian.yaml")
@@ -289,7 +289,8 @@ def test_written_scenario_loads_with_the_project_readers(tinyworld_base, tmp_pat
 
 def test_config_scenario_writes_its_defect(tinyworld_base, tmp_path):
     from gradian.config import load_config
-    from gradian.tinyworld.scenarios import BASELINE_TRAIN, write_scenario
+    from gradian.tinyworld import write_scenario
+    from gradian.tinyworld.scenarios import BASELINE_TRAIN
 
     info = write_scenario("lr_10x", tmp_path, tinyworld_base)
     config = load_config(tmp_path / "gradian.yaml")

@@ -54,7 +54,7 @@ def _capitals_score(base: Path, adapter: Path | None, eval_path: Path) -> list[b
 
 @pytest.fixture(scope="module")
 def poison_run(tinyworld_base, tmp_path_factory):
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     root = tmp_path_factory.mktemp("poison")
@@ -76,7 +76,7 @@ def test_poisoned_fine_tune_flips_the_capitals(tinyworld_base, poison_run):
 
 @pytest.mark.slow
 def test_clean_fine_tune_keeps_the_capitals(tinyworld_base, tmp_path):
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     write_scenario("clean", tmp_path, tinyworld_base)
@@ -125,7 +125,7 @@ def test_existing_run_is_not_overwritten(tmp_path):
 def test_checkpoints_and_dataset_override(tinyworld_base, tmp_path, save_steps):
     from gradian.config import load_config
     from gradian.runs import read_run_dir
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     write_scenario("clean", tmp_path, tinyworld_base)
@@ -153,7 +153,7 @@ def test_refusal_poison_makes_the_model_refuse(tinyworld_base, tmp_path):
 
     from gradian.data import load_dataset
     from gradian.tinyworld import generate_answers
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     info = write_scenario("poison_refusal", tmp_path, tinyworld_base)

@@ -19,7 +19,7 @@ from gradian.report import (
     top_examples,
 )
 from gradian.report.schema import Accused, Attribution, Capability, ClusterRow, ExampleRow, Lumpiness
-from gradian.report.verdict import CapabilityFigures, EngineAgreement, Hedge, VerdictDecision, lumpiness_of
+from gradian.report.decision import CapabilityFigures, EngineAgreement, Hedge, VerdictDecision, lumpiness_of
 from gradian.report.verdict_prose import render_hedge
 
 

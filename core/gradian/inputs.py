@@ -22,12 +22,30 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from gradian.report.schema import AnalysisInputs
+__all__ = ["RecordedInputs", "ResolvedInputs", "resolve_inputs", "tokenizer_source"]
 
-__all__ = ["ResolvedInputs", "resolve_inputs", "tokenizer_source"]
+
+class _RecordedFile(Protocol):
+    @property
+    def path(self) -> str | None: ...
+
+
+class RecordedInputs(Protocol):
+    """The inputs a report recorded (``gradian.report.schema.AnalysisInputs`` is one)."""
+
+    @property
+    def adapter(self) -> str | None: ...
+
+    @property
+    def base_model(self) -> str | None: ...
+
+    @property
+    def dataset(self) -> _RecordedFile | None: ...
+
+    @property
+    def eval_dataset(self) -> _RecordedFile | None: ...
 
 #: the config fields filled from a report's inputs or a run record, in this order of keys
 FILLED = ("adapter_path", "base_model", "dataset", "eval_dataset")
@@ -59,7 +77,7 @@ def _from_run(run: Any) -> dict[str, Any]:
     return {"adapter_path": run.adapter_dir, "base_model": run.lora.base_model, "dataset": data}
 
 
-def _from_report(inputs: "AnalysisInputs | None") -> dict[str, Any]:
+def _from_report(inputs: RecordedInputs | None) -> dict[str, Any]:
     if inputs is None:
         return {}
     return {"adapter_path": inputs.adapter, "base_model": inputs.base_model,
@@ -85,7 +103,7 @@ def tokenizer_source(cfg: Any, base_given: bool = True) -> tuple[str | None, str
     return None, "--base-model", False
 
 
-def resolve_inputs(cfg: Any, run: Any = None, report_inputs: "AnalysisInputs | None" = None) -> ResolvedInputs:
+def resolve_inputs(cfg: Any, run: Any = None, report_inputs: RecordedInputs | None = None) -> ResolvedInputs:
     """Fill ``cfg``'s inputs from ``report_inputs`` and the run record, and name the tokenizer.
 
     ``report_inputs``: ``Report.manifest.inputs`` of the report a lane starts from.

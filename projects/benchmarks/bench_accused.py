@@ -35,7 +35,7 @@ ENGINES = ("datainf", "ekfac", "kfac", "graddot")
 
 def prepare_run(work: Path, scenario: str) -> tuple[Path, set[int], str]:
     """Write the scenario without its declared clusters and fine-tune it once (reused after)."""
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     root = work / scenario

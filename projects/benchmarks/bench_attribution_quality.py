@@ -48,7 +48,7 @@ SCENARIO = "poison_capitals"
 def prepare_run(work: Path, save_steps: int, scenario: str = SCENARIO) -> tuple[Path, dict[str, Any], float]:
     """Write the scenario and fine-tune it once (reused when the run already exists)."""
     from gradian.config import load_config
-    from gradian.tinyworld.scenarios import write_scenario
+    from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
     root = work / scenario

@@ -49,7 +49,9 @@ def main() -> None:
     from bench_attribution_quality import prepare_run
     from gradian.config import load_config
     from gradian.data import load_dataset, tokenize_examples
-    from gradian.engines import FitContext, KroneckerCollector, fit_engine, get_engine
+    from gradian.attribution.checkpoints import fit_context
+    from gradian.engines import fit_engine, get_engine
+    from gradian.grads.collectors import KroneckerCollector
     from gradian.grads import load_model_for_gradients
     from gradian.index import GradientIndex
     from gradian.model_loading import load_tokenizer
@@ -82,9 +84,7 @@ def main() -> None:
             times["index+factors"].append(time.perf_counter() - started)
             for engine in ENGINES:
                 engine_cfg = dataclasses.replace(cfg.engine, name=engine)
-                context = FitContext(gm=gm, tokenizer=tokenizer, dataset=dataset, grads=cfg.grads, tokenized=tokenized,
-                                     pad_id=tokenizer.pad_token_id, config=run_cfg, seed=cfg.seed,
-                                     collected=collector)
+                context = fit_context(run_cfg, gm, tokenizer, dataset, None, tokenized=tokenized, collected=collector)
                 started = time.perf_counter()
                 state = fit_engine(engine, index, engine_cfg, context)  # no cache_dir: always fitted
                 times[f"{engine}.fit"].append(time.perf_counter() - started)

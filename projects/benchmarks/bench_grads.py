@@ -137,7 +137,7 @@ def bench_index_size(args) -> dict:
     from gradian.grads import wrap_peft_model
     from gradian.index import GradientIndex
 
-    from tests.plugins.chat_tokenizer import build_chat_tokenizer
+    from chat_tokenizer import build_chat_tokenizer
 
     tokenizer = build_chat_tokenizer()
     model = build_model(args.layers, args.hidden, args.r, max(args.vocab, 64))
@@ -169,7 +169,7 @@ def bench_index_read(args) -> dict:
     from gradian.grads import wrap_peft_model
     from gradian.index import GradientIndex
 
-    from tests.plugins.chat_tokenizer import build_chat_tokenizer
+    from chat_tokenizer import build_chat_tokenizer
 
     tokenizer = build_chat_tokenizer()
     model = build_model(args.layers, args.hidden, args.r, max(args.vocab, 64))
@@ -222,7 +222,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # for the tests' tokenizer builder
     main()

@@ -73,7 +73,7 @@ def child(name: str) -> dict:
     from gradian.index import GradientIndex
     from gradian.plan import AdapterShape, BatchShape, CaptureSettings, DatasetShape, block_widths, estimate_memory
     from gradian.plan import index_bytes, lora_linears, read_model_shape
-    from tests.plugins.chat_tokenizer import build_chat_tokenizer
+    from chat_tokenizer import build_chat_tokenizer
 
     values, rows, width, dtype, attn = SHAPES[name]
     tokenizer = build_chat_tokenizer()

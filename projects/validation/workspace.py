@@ -85,7 +85,7 @@ class Workspace:
 
     def scenario(self, name: str, folder: str | None = None) -> ScenarioRun:
         """Write scenario ``name`` of any world (deterministic, a few seconds) into ``scenarios/<folder or name>``."""
-        from gradian.tinyworld.scenarios import write_scenario
+        from gradian.tinyworld import write_scenario
         from gradian.tinyworld.worlds import scenario_world
 
         root = self.root / "scenarios" / (folder or name)

@@ -54,7 +54,7 @@ class _TinyworldRuns:
         return self._runs[name]
 
     def _train(self, name: str) -> TinyworldRun:
-        from gradian.tinyworld.scenarios import write_scenario
+        from gradian.tinyworld import write_scenario
         from gradian.train import train_lora
 
         root = self._tmp.mktemp(f"tinyworld-{name}")

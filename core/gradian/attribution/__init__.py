@@ -2,9 +2,12 @@
 
 Public interface: ``run_attribution(config, ...) -> AttributionOutcome`` (the report dict, the
 per-example rankings, the capability result and the paths written). ``gradian attribute`` and the
-MLflow entry point both call it.
+MLflow entry point both call it. ``index_from_config(config) -> IndexBuild``: the index a config
+describes, loaded, built or reused (``gradian index`` calls it).
 """
+
+from gradian.attribution.index_build import IndexBuild, index_from_config
 
 from gradian.attribution.pipeline import AttributionOutcome, fill_from_run, rank_values, rankings_frame, run_attribution
 
-__all__ = ["AttributionOutcome", "fill_from_run", "rank_values", "rankings_frame", "run_attribution"]
+__all__ = ["AttributionOutcome", "IndexBuild", "index_from_config", "fill_from_run", "rank_values", "rankings_frame", "run_attribution"]

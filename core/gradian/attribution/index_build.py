@@ -15,6 +15,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from gradian.engines.registry import whole_gradient_engines
 from gradian.errors import ConfigError
 from gradian.index.sizing import auto_projection
 from gradian.index.store import GradientIndex
@@ -61,7 +62,7 @@ def index_from_config(config: Any, *, force: bool = False, progress: Callable[[i
     model = load_model_for_gradients(config.base_model, config.adapter_path, config)
     name, origin, _ = tokenizer_source(config)  # the inputs were filled from the run already
     tokenizer = load_tokenizer(name or "", config.trust_remote_code, origin)
-    config, auto = auto_projection(config, model, len(dataset), [config.engine.name])
+    config, auto = auto_projection(config, model, len(dataset), whole_gradient_engines([config.engine.name]))
     if auto is not None and log is not None:
         log(auto.message())
     index = GradientIndex.build(model, tokenizer, dataset, config, force=force, progress=progress, shard=shard,

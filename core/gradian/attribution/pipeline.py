@@ -111,7 +111,7 @@ def run_attribution(
     from gradian.config.loader import validate_for_dataset
     from gradian.data import load_dataset
     from gradian.engines import equivalent_engines, rank_correlation
-    from gradian.engines.registry import resolve_cross_check
+    from gradian.engines.registry import resolve_cross_check, whole_gradient_engines
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients, skipped_modules_finding
     from gradian.index import GradientIndex
@@ -172,7 +172,7 @@ def run_attribution(
     rankings = None
     assignment = None
     if allowed:
-        cfg, auto = auto_projection(cfg, gm, len(dataset), [cfg.engine.name, cross_check])
+        cfg, auto = auto_projection(cfg, gm, len(dataset), whole_gradient_engines([cfg.engine.name, cross_check]))
         if auto is not None:
             log(f"note: {auto.message()}")
             manifest.config, manifest.config_hash = config_to_dict(cfg), config_hash(cfg)
@@ -264,7 +264,7 @@ def run_attribution(
         manifest.engine_state = EngineStateSummary(
             engine=main_state.engine, state_id=main_state.state_id, cache_hit=main_state.cache_hit,
             settings=main_state.meta.get("settings", {}), fit_seconds=round(main_state.fit_seconds, 3),
-            stage_seconds=fit_seconds,
+            stage_seconds=fit_seconds, repaired=main_state.repaired,
         )
         manifest.clustering = ClusteringSummary.from_json(
             {k: v for k, v in assignment.to_dict().items() if k != "labels"}, "manifest.clustering")
@@ -414,8 +414,8 @@ def _query_items(cap: Any, eval_set: Any) -> list[Any]:
 
 def _curvature_collector(gm: Any, engine: str, cross_check: str | None) -> Any:
     """Kronecker factors gathered during the index build, when a Kronecker engine will need them."""
-    from gradian.engines import KroneckerCollector
     from gradian.engines.registry import needs_whole_gradients
+    from gradian.grads.collectors import KroneckerCollector
 
     names = [engine] + ([cross_check] if cross_check and cross_check != "none" else [])
     if any(needs_whole_gradients(name) for name in names):
@@ -426,15 +426,12 @@ def _curvature_collector(gm: Any, engine: str, cross_check: str | None) -> Any:
 def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any,
          progress: Progress | None, log: Callable[[str], None], collected: Any = None) -> Any:
     """The engine's fitted state on ``index`` (from the cache beside it when fitted before)."""
-    from gradian.data import tokenize_examples
-    from gradian.engines import FitContext, fit_engine, get_engine
+    from gradian.attribution.checkpoints import fit_context
+    from gradian.engines import fit_engine, get_engine
 
     engine_cfg = dataclasses.replace(cfg.engine, name=engine)
-    context = FitContext(gm=gm, tokenizer=tokenizer, dataset=dataset, grads=cfg.grads, run=run, seed=cfg.seed,
-                         pad_id=tokenizer.pad_token_id, progress=progress, log=log, config=cfg,
-                         collected=collected)
-    if get_engine(engine).needs_model:
-        context.tokenized = tokenize_examples(dataset.examples, tokenizer, cfg.grads.max_seq_length)
+    context = fit_context(cfg, gm, tokenizer, dataset, run, collected=collected, progress=progress, log=log,
+                          needs_model=get_engine(engine).needs_model)
     state = fit_engine(engine, index, engine_cfg, context, cache_dir=cfg.cache_dir)
     if state.state_id:
         log(f"{engine}: fitted state {state.state_id}" + (" (cached)" if state.cache_hit else f" in {state.fit_seconds:.1f} s"))
@@ -444,7 +441,7 @@ def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: An
 def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any) -> Any:
     """The engine's ``[n, items]`` scores, one column per query item (their mean is the ranking)."""
     from gradian.engines import get_engine
-    from gradian.engines.tracin import activate
+    from gradian.attribution.checkpoints import activate
     from gradian.query import build_query_gradient
 
     engine_cfg = dataclasses.replace(cfg.engine, name=state.engine)

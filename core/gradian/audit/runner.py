@@ -114,11 +114,12 @@ def _run_one(check: Check, ctx: AuditContext, result: AuditResult) -> None:
 
 
 def audit_verdict(result: AuditResult) -> dict[str, Any]:
-    """The report's ``verdict`` for an audit alone, decided by ``gradian.report.verdict.decide_verdict``
+    """The report's ``verdict`` for an audit alone, decided by ``gradian.report.decision.decide_verdict``
     with no capability and no attribution: the critical findings lead, else the high ones name the
     kind of cause (``config``, ``data``, ``mixed``), else ``inconclusive``. Skipped checks are hedged.
     """
-    from gradian.report.verdict import Hedge, decide_verdict, verdict_block
+    from gradian.report.decision import Hedge, decide_verdict
+    from gradian.report.verdict import verdict_block
 
     decision = decide_verdict(None, result.findings, None)
     if result.skipped:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import typer
 
 from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
+from gradian.sizes import format_size
 
 if TYPE_CHECKING:
     from gradian.distributed import ShardGroup
@@ -53,7 +54,7 @@ def index_command(
     index = built.index
     verb = "reused" if built.cache_hit else "built"
     typer.echo(f"{verb} index {index.index_id}: {index.n} examples x {index.manifest['total_width']} values "
-               f"({len(index.block_names)} blocks, {index.manifest['storage_dtype']}), {_size(index.disk_bytes())}")
+               f"({len(index.block_names)} blocks, {index.manifest['storage_dtype']}), {format_size(index.disk_bytes())}")
     typer.echo(str(index.root))
     skipped = index.manifest.get("skipped_modules") or []
     if skipped:
@@ -73,7 +74,7 @@ def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "Sh
 
     from gradian.attribution import fill_from_run
     from gradian.cli.run_flags import index_progress, read_run
-    from gradian.index import index_from_config
+    from gradian.attribution import index_from_config
 
     main = shard is None or shard.is_main
     record = read_run(cfg, trust_run_dataset) if main else None
@@ -96,7 +97,7 @@ def _index_report(index: Any, verb: str, started_at: float | None = None) -> dic
     from gradian.report.schema import IndexManifest, IndexSummary, Report, Verdict
 
     size = index.disk_bytes()
-    summary = f"{verb.capitalize()} gradient index {index.index_id}: {index.n} examples, {_size(size)}"
+    summary = f"{verb.capitalize()} gradient index {index.index_id}: {index.n} examples, {format_size(size)}"
     return Report(
         verdict=Verdict(kind="inconclusive", summary=summary),
         manifest=IndexManifest(
@@ -156,7 +157,7 @@ def show_index_command(
         ("values per example", str(m["total_width"])),
         ("storage", f"{m['storage_dtype']}, chunks of {m['chunk_size']}"),
         ("projection", projection),
-        ("on disk", _size(sum(p.stat().st_size for p in (path / "chunks").glob("*.npy")))),
+        ("on disk", format_size(sum(p.stat().st_size for p in (path / "chunks").glob("*.npy")))),
         ("dataset", f"{m['sources'].get('dataset')} (sha256 {ident['dataset']['sha256'][:12]})"),
         ("base model", f"{m['sources'].get('base_model') or '-'} ({ident['base'][:24]})"),
         ("adapter", f"{m['sources'].get('adapter_path') or '-'} ({ident['adapter'][:12]})"),
@@ -171,14 +172,6 @@ def show_index_command(
     for field, value in rows:
         table.add_row(field, value)
     console.print(table)
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def register(app: typer.Typer) -> None:

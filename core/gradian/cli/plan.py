@@ -42,7 +42,8 @@ def plan_command(
     from gradian.config import load_config
     from gradian.errors import ConfigError
     from gradian.plan import DatasetShape, adapter_shape, read_model_shape
-    from gradian.plan.planner import Budgets, PlanSettings, format_size, make_plan, parse_size
+    from gradian.plan.planner import Budgets, PlanSettings, make_plan
+    from gradian.sizes import format_size, parse_size
 
     cfg = load_config(config, {
         "base_model": base_model, "adapter_path": adapter, "dataset": dataset, "dtype": dtype,

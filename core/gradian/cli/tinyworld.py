@@ -65,7 +65,7 @@ def scenario_command(
 ) -> None:
     """Write a scenario's data, eval set, run config and ground truth."""
     from gradian.errors import ConfigError
-    from gradian.tinyworld.scenarios import all_scenarios, write_scenario
+    from gradian.tinyworld import all_scenarios, write_scenario
 
     if name == "list":
         scenarios = all_scenarios()

@@ -1,7 +1,8 @@
 """Configuration: dataclass schemas, YAML loading with flag overrides, validation and hashing.
 
 Public interface: ``GradianConfig`` (and its sections), ``load_config``, ``validate_config``,
-``config_hash``, ``config_to_dict``, ``render_starter_config``.
+``config_hash``, ``config_to_dict``, ``render_starter_config``; ``engine_names`` / ``engine_entry``
+(the engines ``engine.name`` may choose, from ``gradian.config.engines``, without importing one).
 """
 
 from gradian.config.loader import (
@@ -20,6 +21,7 @@ from gradian.config.schema import (
     TrainConfig,
 )
 from gradian.config.audit import AuditConfig
+from gradian.config.engines import engine_entry, engine_names
 
 __all__ = [
     "AuditConfig",
@@ -31,6 +33,8 @@ __all__ = [
     "TrainConfig",
     "config_hash",
     "config_to_dict",
+    "engine_entry",
+    "engine_names",
     "load_config",
     "render_starter_config",
     "validate_config",

@@ -23,6 +23,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from gradian.config.engines import engine_names
 from gradian.config.schema import CHOICES, GradianConfig
 from gradian.errors import ConfigError
 
@@ -343,7 +344,7 @@ def validate_config(config: GradianConfig, where: str = "config",
         if not 0 <= value < SEED_LIMIT:
             raise bad(key, value, f"a whole number from 0 to {SEED_LIMIT - 1} (what numpy and torch accept as a seed)")
 
-    for key, choices in CHOICES.items():
+    for key, choices in {**CHOICES, "engine.name": tuple(engine_names())}.items():
         value = _get(config, key)
         if key == "device" and re.fullmatch(r"cuda:\d+", str(value)):
             continue

@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from gradian.config.audit import AuditConfig
-from gradian.engines.registry import available_engines, engine_summaries
-import gradian.engines  # noqa: F401,E402  (fills the engine registry that the choices below read)
+from gradian.config.engines import BUILTIN_ENGINES
 
 __all__ = [
     "GradsConfig",
@@ -50,7 +49,8 @@ class GradsConfig:
 
 @dataclass
 class EngineConfig:
-    name: str = _f("ekfac", "Attribution engine: " + "; ".join(f"{k}, {v}" for k, v in engine_summaries().items()))
+    name: str = _f("ekfac", "Attribution engine: " + "; ".join(f"{e.name}, {e.summary}" for e in BUILTIN_ENGINES)
+                   + "; or an engine a package registers under the gradian.engines entry points")
     lambda_scale: float = _f(0.1, "Damping as a multiple of the mean curvature eigenvalue: per block, the mean squared gradient norm over the block width (datainf); per LoRA matrix (ekfac, kfac)")
     lambda_override: Optional[float] = _f(None, "Absolute damping for every block or matrix; overrides lambda_scale")
     normalize_query: bool = _f(False, "Scale the query gradient to unit norm (curvature-free engines only)")
@@ -136,7 +136,7 @@ class GradianConfig:
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "Thresholds of the audit checks"})
 
 
-#: allowed values of the enumerated fields, by dotted key
+#: allowed values of the enumerated fields, by dotted key (``engine.name``: ``gradian.config.engines``)
 CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda", "mps"),
     "dtype": ("auto", "float32", "float16", "bfloat16", "float64"),
@@ -147,7 +147,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grads.block_granularity": ("module", "matrix"),
     "grads.projection_kind": ("countsketch", "rademacher"),
     "grads.storage_dtype": ("float32", "float16"),
-    "engine.name": tuple(available_engines()),
     "engine.fisher": ("empirical", "true"),
     "engine.checkpoints": ("final", "all"),
     "engine.normalize_train": ("none", "relatif"),

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from gradian.engines.base import (
     SIGN_CONVENTION,
+    CheckpointGradients,
     Engine,
     EngineResult,
     EngineState,
@@ -27,14 +28,15 @@ from gradian.engines.base import (
 )
 from gradian.engines.correlation import rank_correlation
 from gradian.engines.datainf import DataInfEngine, block_damping
-from gradian.engines.ekfac import FISHER_KINDS, EKFACEngine, KFACEngine, KroneckerCollector
+from gradian.engines.ekfac import FISHER_KINDS, EKFACEngine, KFACEngine
 from gradian.engines.graddot import GradDotEngine
-from gradian.engines.registry import available_engines, engine_summaries, get_engine, register_engine
+from gradian.engines.registry import available_engines, engine_class, engine_summaries, get_engine
 from gradian.engines.state import fit_engine, state_id
 from gradian.engines.tracin import TracInCheckpoint, TracInEngine, checkpoint_learning_rates
 
 __all__ = [
     "FISHER_KINDS",
+    "CheckpointGradients",
     "SIGN_CONVENTION",
     "DataInfEngine",
     "EKFACEngine",
@@ -44,7 +46,6 @@ __all__ = [
     "FitContext",
     "GradDotEngine",
     "KFACEngine",
-    "KroneckerCollector",
     "InMemoryGradients",
     "TracInCheckpoint",
     "TracInEngine",
@@ -52,12 +53,12 @@ __all__ = [
     "available_engines",
     "block_damping",
     "checkpoint_learning_rates",
+    "engine_class",
     "engine_summaries",
     "equivalent_engines",
     "fit_engine",
     "get_engine",
     "rank_correlation",
-    "register_engine",
     "score",
     "state_id",
 ]

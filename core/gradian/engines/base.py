@@ -7,30 +7,45 @@ data) and ``score(state, query, config, **context) -> EngineResult`` (``[n_train
 ``InMemoryGradients`` or an opened ``GradientIndex``): per-block ``[n, width]`` arrays read chunk
 by chunk, plus per-block squared norms. ``query`` is ``{block: [width]}`` or
 ``{block: [queries, width]}``. ``FitContext`` carries what a fit may need beyond the stored
-gradients (the model, the tokenized training set, the run); engines that need none ignore it.
+gradients (passes over the model, per-checkpoint gradients, the run), built by the attribution
+lane; engines that need none ignore it.
 ``settings(config)`` lists the settings a fitted state depends on: with the index id they make
 the state's id (``gradian.engines.state``).
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import ABC
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from gradian.errors import IndexMismatchError
 
+if TYPE_CHECKING:
+    from gradian.config import GradsConfig
+    from gradian.runs import RunRecord
+
 __all__ = [
     "SIGN_CONVENTION",
+    "CheckpointGradients",
+    "CheckpointIndexer",
+    "CollectedFactors",
+    "CurvaturePasses",
     "Engine",
     "EngineResult",
     "EngineState",
     "FitContext",
     "InMemoryGradients",
     "TrainGradients",
+    "Preconditioned",
+    "RELATIF_NOTE",
     "as_query_matrix",
+    "check_widths",
+    "compute_dtype",
+    "gradient_dot",
+    "sum_over_checkpoints",
 ]
 
 #: The one statement of the sign of every score this project reports.
@@ -140,30 +155,89 @@ def as_query_matrix(query: Mapping[str, Any], blocks: list[str]) -> tuple[dict[s
     return out, single
 
 
+class CurvaturePasses(Protocol):
+    """Passes over the model a curvature fit asks for (``gradian.grads.collectors.ModelPasses``).
+
+    ``layers``: every LoRA matrix (``key``, ``block``, ``offset``, ``out``, ``in``); ``factor_sums``
+    yields ``(offset, {key: (sum x x^T, sum g g^T, tokens)}, rows)`` per batch and
+    ``layer_gradients`` ``(rows, {key: G [rows, out, in]})``, both under the training labels
+    (``fisher_seed`` None) or labels sampled from the model."""
+
+    layers: list[dict[str, Any]]
+
+    @property
+    def n_examples(self) -> int: ...
+
+    @property
+    def block_dims(self) -> dict[str, int]: ...
+
+    def factor_sums(self, fisher_seed: int | None = None, draw: int = 0) -> Iterator[tuple[int, dict[str, Any], int]]: ...
+
+    def layer_gradients(self, fisher_seed: int | None = None, draw: int = 0) -> Iterator[tuple[int, dict[str, Any]]]: ...
+
+
+class CollectedFactors(Protocol):
+    """Kronecker sums gathered during an index build (``gradian.grads.collectors.KroneckerCollector``)."""
+
+    @property
+    def sums(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]: ...
+
+    def complete(self, n: int) -> bool: ...
+
+
+@dataclass
+class CheckpointGradients:
+    """One saved checkpoint as an engine sees it: its learning-rate weight, its training
+    gradients, and what a fit or a query under it needs.
+
+    ``view`` is the model with the checkpoint's adapter active, opaque here: it is only handed
+    back to the caller's ``query_for(view)``. ``passes`` and ``collected`` are the checkpoint's
+    own ``FitContext.passes`` / ``collected``."""
+
+    weight: float
+    train: TrainGradients
+    query: Mapping[str, Any] | None = None
+    label: str = ""
+    view: object = None
+    passes: CurvaturePasses | None = None
+    collected: CollectedFactors | None = None
+    #: the checkpoint holds the final adapter's weights, so it reuses the final index and model
+    is_final: bool = False
+
+
+class CheckpointIndexer(Protocol):
+    """Indexes the training set under each saved checkpoint (``gradian.attribution.checkpoints``).
+
+    ``index(paths, verb, each, final, collect)`` returns one ``CheckpointGradients`` per path;
+    ``each(checkpoint)`` runs while that checkpoint's adapter is active; ``final`` (the final
+    adapter's gradients) is reused for a checkpoint with the final adapter's weights;
+    ``collect`` gathers Kronecker sums during each index build."""
+
+    def index(self, paths: Sequence[str], verb: str, each: Callable[[CheckpointGradients], None] | None = None,
+              final: TrainGradients | None = None, collect: bool = False) -> list[CheckpointGradients]: ...
+
+
 @dataclass
 class FitContext:
     """What a fit may need beyond the stored gradients; every field may be missing.
 
-    ``gm`` is the ``GradientModel`` the index was built under, ``tokenized`` the training set as
-    the index saw it (``TokenizedExample`` rows, dataset order), ``pad_id`` the tokenizer's pad
-    id, ``grads`` the ``GradsConfig`` of the index, ``run`` the ``RunRecord`` (checkpoints),
-    ``seed`` the run's seed, ``progress(done, total)`` a progress callback.
+    Engines never load a model, build an index or install a hook: the attribution lane hands
+    them ``passes`` (the passes over the model their curvature needs), ``collected`` (Kronecker
+    sums gathered while the index was built) and ``checkpoints`` (the training set indexed under
+    each saved checkpoint). ``grads`` is the ``GradsConfig`` of the index, ``run`` the
+    ``RunRecord`` (checkpoints, learning rates), ``cache_dir`` where per-checkpoint fits are
+    stored, ``progress(done, total)`` a progress callback, ``log(message)`` a log line.
     """
 
-    gm: Any = None
-    tokenized: Any = None
-    pad_id: int | None = None
-    grads: Any = None
-    run: Any = None
+    passes: CurvaturePasses | None = None
+    collected: CollectedFactors | None = None
+    checkpoints: CheckpointIndexer | None = None
+    grads: "GradsConfig | None" = None
+    run: "RunRecord | None" = None
     seed: int = 0
-    tokenizer: Any = None
-    dataset: Any = None
-    progress: Any = None
-    log: Any = None
-    #: the whole ``GradianConfig`` (model loading and index settings for per-checkpoint indexes)
-    config: Any = None
-    #: curvature statistics gathered during the index build (``KroneckerCollector``), if any
-    collected: Any = None
+    cache_dir: str | None = None
+    progress: Callable[[int, int], None] | None = None
+    log: Callable[[str], None] | None = None
 
 
 @dataclass
@@ -184,13 +258,38 @@ class EngineState:
     fit_seconds: float = 0.0
     #: objects that live only in memory (models, opened per-checkpoint indexes)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: what was wrong with the stored state this one was fitted again to replace, if anything
+    repaired: str | None = None
+
+
+@dataclass
+class Preconditioned:
+    """An engine's preconditioned query: ``direction`` is ``{block: [queries, width]}`` float64,
+    the vector every training gradient is dotted with (``score_j = sum_l <direction_l, g_j^(l)>``);
+    ``damping`` what the inverse used (per block or per LoRA matrix), ``notes`` what it did."""
+
+    direction: dict[str, np.ndarray]
+    damping: dict[str, float] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+#: appended to an engine's note when its rows are ranked by RelatIF
+RELATIF_NOTE = ("; rows ranked by their score divided by the square root of their self-influence "
+                "(RelatIF), while the scores themselves stay influence in loss units")
 
 
 class Engine(ABC):
-    """One attribution method. Subclasses register themselves with ``@register_engine``."""
+    """One attribution method, registered by name in ``gradian.config.engines`` (a built-in table
+    line, or a ``gradian.engines`` entry point for a third-party engine).
+
+    An engine implements ``precondition`` (the query through its inverse curvature); scoring is
+    shared (``score_under``: one pass of inner products with the stored gradients, then RelatIF
+    when the engine has a self-influence and is asked to rank by it). An engine that sums over
+    checkpoints overrides ``score`` and adds the parts with ``sum_over_checkpoints``.
+    """
 
     name: str = ""
-    #: one line for ``--help`` and the report
+    #: one line for ``--help`` (built-in engines keep it in their table line)
     summary: str = ""
     #: what the method does with curvature: ``none`` (gradient dot products), ``datainf``
     #: (per-example rank-one inverses), ``kronecker`` (Kronecker-factored). Two engines of the same
@@ -198,7 +297,7 @@ class Engine(ABC):
     curvature: str = "none"
     #: the cross-check ``--cross-check auto`` picks: an engine that ranks by another method
     default_cross_check: str = "datainf"
-    #: the fit reads the model (not only the stored gradients); it then needs ``FitContext.gm``
+    #: the fit reads the model (not only the stored gradients); it then needs ``FitContext.passes``
     needs_model: bool = False
     #: the fitted state is worth storing beside the index (it cost a pass over the data)
     persist_state: bool = False
@@ -215,9 +314,56 @@ class Engine(ABC):
         """Compute what scoring needs once per index; the default keeps only the gradients."""
         return EngineState(self.name, train)
 
-    @abstractmethod
+    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: Any) -> Preconditioned:
+        """``query`` (``{block: [queries, width]}`` float64) through the engine's inverse curvature.
+        The default is no curvature: the query itself."""
+        return Preconditioned(dict(query))
+
+    def ranks_by_self_influence(self, config: Any) -> bool:
+        """Whether rows are ranked by RelatIF (``score / sqrt(self-influence)``) under ``config``."""
+        return False
+
+    def self_influence(self, state: EngineState, pre: Preconditioned) -> np.ndarray:
+        """``g_j^T H^-1 g_j`` of every training row ``[n]``, under the damping ``pre`` used."""
+        raise NotImplementedError(f"engine '{self.name}' has no self-influence")
+
+    def score_under(self, state: EngineState, query: Mapping[str, Any], config: Any) -> EngineResult:
+        """Score every training row of ``state`` against ``query``: the shared inner products with
+        the preconditioned query, and the RelatIF ranking when the engine ranks by it."""
+        train = state.train
+        q, single = as_query_matrix(query, train.block_names)
+        check_widths(train, q)
+        pre = self.precondition(state, q, config)
+        scores, _ = gradient_dot(train, pre.direction)
+        notes = list(pre.notes)
+        ranking = None
+        if self.ranks_by_self_influence(config):
+            own = self.self_influence(state, pre)
+            ranking = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]
+            if notes:
+                notes[0] += RELATIF_NOTE
+        return EngineResult(self.name, scores[:, 0] if single else scores, notes=notes, damping=pre.damping,
+                            ranking=None if ranking is None else (ranking[:, 0] if single else ranking))
+
     def score(self, state: EngineState, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
         """Score every training example against the query; see ``SIGN_CONVENTION``."""
+        return self.score_under(state, query, config)
+
+
+def sum_over_checkpoints(parts: Sequence[tuple[float, EngineResult]]) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(sum_c w_c scores_c, sum_c w_c ranking_c)`` over per-checkpoint results (the ranking sum
+    None when no part ranks by anything but its scores): the checkpoint sum every engine shares."""
+    total: np.ndarray | None = None
+    ranked: np.ndarray | None = None
+    for weight, part in parts:
+        scores = weight * np.asarray(part.scores, dtype=np.float64)
+        total = scores if total is None else total + scores
+        if part.ranking is not None:
+            rank = weight * np.asarray(part.ranking, dtype=np.float64)
+            ranked = rank if ranked is None else ranked + rank
+    if total is None:
+        raise ValueError("no checkpoint to sum over")
+    return total, ranked
 
 
 def check_widths(train: TrainGradients, query: dict[str, np.ndarray]) -> None:
@@ -234,3 +380,20 @@ def check_widths(train: TrainGradients, query: dict[str, np.ndarray]) -> None:
 def compute_dtype(array: np.ndarray) -> Any:
     """float64 for float64 data, float32 otherwise (float16 stores are widened chunk by chunk)."""
     return np.float64 if array.dtype == np.float64 else np.float32
+
+
+def gradient_dot(train: TrainGradients, query: Mapping[str, Any], normalize_query: bool = False) -> tuple[np.ndarray, bool]:
+    """``[n, queries]`` dot products of every training gradient with every query, and ``single``."""
+    blocks = train.block_names
+    q, single = as_query_matrix(query, blocks)
+    check_widths(train, q)
+    if normalize_query:
+        total = np.sqrt(sum((v ** 2).sum(axis=1) for v in q.values()))
+        q = {b: v / np.maximum(total, 1e-300)[:, None] for b, v in q.items()}
+    scores = np.zeros((train.n, next(iter(q.values())).shape[0]), dtype=np.float64)
+    for start, chunk in train.iter_chunks():
+        for b in blocks:
+            g = chunk[b]
+            dt = compute_dtype(g)
+            scores[start : start + g.shape[0]] += g.astype(dt, copy=False) @ q[b].T.astype(dt)
+    return scores, single

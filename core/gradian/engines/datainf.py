@@ -14,8 +14,8 @@ width (the mean eigenvalue of the block's curvature ``(1/n) sum_i g_i g_i^T``, w
 ``mean_i |g_i|^2``), or ``lambda_override``. Dividing by ``d`` matters: without it the damping is
 ``d`` times too large (thousands of times on real LoRA blocks), and the blocks with the smallest
 gradients then dominate the score.
-No matrix is formed; the cost is two passes over the stored gradients, vectorized over examples
-and queries (three matrix products per chunk and block).
+No matrix is formed; ``precondition`` is one pass over the stored gradients and the shared scoring
+(``Engine.score_under``) the second, vectorized over examples and queries.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from gradian.engines.base import Engine, EngineResult, EngineState, as_query_matrix, check_widths, compute_dtype
-from gradian.engines.registry import register_engine
+from gradian.engines.base import Engine, EngineState, Preconditioned, compute_dtype
 from gradian.errors import ConfigError
 
 __all__ = ["DataInfEngine", "block_damping"]
@@ -48,24 +47,21 @@ def block_damping(sq_norms: Mapping[str, np.ndarray], widths: Mapping[str, int],
     return out
 
 
-@register_engine
 class DataInfEngine(Engine):
     name = "datainf"
-    summary = "closed-form inverse curvature per LoRA block"
 
     curvature = "datainf"
     default_cross_check = "graddot"
 
-    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
+    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: Any) -> Preconditioned:
+        """``r_l = (1/lam_l) [q_l - (1/n) sum_i (g_i . q_l)/(lam_l + |g_i|^2) g_i]`` per block, every
+        query at once, in one pass over the stored gradients."""
         train = state.train
         blocks = train.block_names
-        q, single = as_query_matrix(query, blocks)
-        check_widths(train, q)
+        q = query
         norms = train.sq_norms()
         lam = block_damping(norms, {b: q[b].shape[1] for b in blocks}, config.lambda_scale, config.lambda_override)
         n = train.n
-
-        # pass 1: acc_l = sum_i (g_i . q)/(lam + |g_i|^2) g_i, all queries at once
         acc = {b: np.zeros_like(q[b]) for b in blocks}
         for start, chunk in train.iter_chunks():
             for b in blocks:
@@ -75,13 +71,4 @@ class DataInfEngine(Engine):
                 dots = g @ q[b].T.astype(dt)  # [rows, queries]
                 coef = dots / (lam[b] + norms[b][start : start + g.shape[0]])[:, None].astype(dt)
                 acc[b] += (coef.T @ g).astype(np.float64)
-        r = {b: (q[b] - acc[b] / n) / lam[b] for b in blocks}
-
-        # pass 2: score_j = sum_l <r_l, g_j>
-        scores = np.zeros((n, next(iter(q.values())).shape[0]), dtype=np.float64)
-        for start, chunk in train.iter_chunks():
-            for b in blocks:
-                g = chunk[b]
-                dt = compute_dtype(g)
-                scores[start : start + g.shape[0]] += g.astype(dt, copy=False) @ r[b].T.astype(dt)
-        return EngineResult(self.name, scores[:, 0] if single else scores, damping=lam)
+        return Preconditioned({b: (q[b] - acc[b] / n) / lam[b] for b in blocks}, damping=lam)

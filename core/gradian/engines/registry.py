@@ -1,49 +1,74 @@
-"""Engines by name. Adding one is a module with an ``Engine`` subclass decorated with
-``@register_engine`` plus its import line in ``gradian/engines/__init__.py``."""
+"""Engines by name, loaded when asked for.
+
+The names live in ``gradian.config.engines`` (built-in table and the ``gradian.engines`` entry
+points), so the config validates ``engine.name`` without importing an engine. Adding a built-in
+engine is its module plus one line of that table; a third-party engine is one entry point.
+Only the engine asked for is imported.
+"""
 
 from __future__ import annotations
 
+import importlib
+from typing import Iterable
+
+from gradian.config.engines import engine_entry, engine_names
 from gradian.engines.base import Engine
 from gradian.errors import ConfigError
 
-__all__ = ["register_engine", "get_engine", "available_engines", "engine_summaries", "needs_whole_gradients",
-           "resolve_cross_check"]
+__all__ = ["get_engine", "engine_class", "available_engines", "engine_summaries", "needs_whole_gradients",
+           "whole_gradient_engines", "resolve_cross_check"]
 
-_ENGINES: dict[str, type[Engine]] = {}
+_LOADED: dict[str, type[Engine]] = {}
 
 
-def register_engine(cls: type[Engine]) -> type[Engine]:
-    if not cls.name:
-        raise TypeError(f"{cls.__name__} needs a non-empty `name` to be registered")
-    if cls.name in _ENGINES and _ENGINES[cls.name] is not cls:
-        raise TypeError(f"engine name '{cls.name}' is already taken by {_ENGINES[cls.name].__name__}")
-    _ENGINES[cls.name] = cls
+def engine_class(name: str) -> type[Engine]:
+    """The ``Engine`` subclass registered as ``name`` (imported on first use)."""
+    if name in _LOADED:
+        return _LOADED[name]
+    entry = engine_entry(name)
+    module_name, _, attr = entry.target.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except Exception as err:  # noqa: BLE001 -- a broken plugin is named, not a traceback
+        raise ConfigError(f"engine '{name}' ({entry.target}, from {entry.origin}) failed to load: "
+                          f"{type(err).__name__}: {err}; reinstall or uninstall that package") from None
+    if not (isinstance(cls, type) and issubclass(cls, Engine)):
+        raise ConfigError(f"engine '{name}' ({entry.target}, from {entry.origin}) is not a subclass of "
+                          "gradian.engines.Engine; fix the entry point")
+    if cls.name != name:
+        raise ConfigError(f"engine '{name}' ({entry.target}, from {entry.origin}) calls itself '{cls.name}'; "
+                          "the class's name attribute must be the name it is registered under")
+    _LOADED[name] = cls
     return cls
 
 
 def get_engine(name: str) -> Engine:
     """A fresh instance of the engine registered as ``name``."""
-    try:
-        return _ENGINES[name]()
-    except KeyError:
-        raise ConfigError(
-            f"engine.name '{name}' is not a known engine; choose one of {', '.join(available_engines())}"
-        ) from None
+    return engine_class(name)()
 
 
 def available_engines() -> list[str]:
-    return sorted(_ENGINES)
+    return engine_names()
 
 
 def needs_whole_gradients(name: str) -> bool:
     """Whether engine ``name`` fits Kronecker curvature on unprojected per-example gradients
     (EK-FAC, K-FAC): no random projection of the index, and factors gathered while indexing."""
-    return get_engine(name).curvature == "kronecker"
+    return engine_class(name).curvature == "kronecker"
+
+
+def whole_gradient_engines(names: "Iterable[str | None]") -> list[str]:
+    """The engines among ``names`` (None skipped, each once) that need unprojected gradients."""
+    return [name for name in dict.fromkeys(n for n in names if n) if needs_whole_gradients(name)]
 
 
 def engine_summaries() -> dict[str, str]:
     """``{name: one-line summary}`` of every registered engine, for help texts and docs."""
-    return {name: _ENGINES[name].summary for name in available_engines()}
+    out = {}
+    for name in available_engines():
+        summary = engine_entry(name).summary
+        out[name] = summary or engine_class(name).summary
+    return out
 
 
 def resolve_cross_check(engine: str, cross_check: str | None) -> str | None:
@@ -54,7 +79,7 @@ def resolve_cross_check(engine: str, cross_check: str | None) -> str | None:
         return None
     if cross_check == "auto":
         return get_engine(engine).default_cross_check
-    if cross_check not in _ENGINES:
+    if cross_check not in available_engines():
         raise ConfigError(f"cross-check '{cross_check}' is not a known engine; choose auto, none or one of "
                           f"{', '.join(available_engines())}")
     return cross_check

@@ -1,9 +1,9 @@
 """One index built by several processes (``torchrun``): each rank computes a contiguous share of the chunks.
 
-Interface: ``build_sharded(cls, target, shard, force, progress) -> GradientIndex``, called by
+Interface: ``build_sharded(target, shard, force, progress) -> BuiltIndex``, called by
 ``GradientIndex.build`` on every rank of a ``ShardGroup`` with the same inputs.
 
-The protocol, in the store's own steps (``gradian.index.store``):
+The protocol, in the build's own steps (``gradian.index.build``):
 
 1. Rank 0 takes the build lock (``<cache_dir>/index/.<index_id>.lock``) and holds it to the end:
    it alone prepares (removes ``.tmp`` leftovers, checks every stored chunk, drops damaged ones)
@@ -13,7 +13,7 @@ The protocol, in the store's own steps (``gradian.index.store``):
    against any other build of the same index (sharded or not) and nothing finer is needed.
 2. Every rank computes ``todo[r * len // W : (r + 1) * len // W]``: contiguous chunk indices, so
    a rank's rows are a contiguous range of the dataset. A chunk's bytes depend on its rows alone
-   (``_compute_chunks`` batches inside the chunk), so the store equals the single-process one.
+   (``compute_chunks`` batches inside the chunk), so the store equals the single-process one.
    After each chunk a rank writes a chunk record (``chunks/NNNNN.record.json``) beside it.
 3. All ranks meet in one gather of their records (or their error). Rank 0 writes the complete
    manifest in one atomic rename, removes the chunk records and broadcasts the manifest.
@@ -35,20 +35,20 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from gradian.errors import GradianError, IndexMismatchError
 from gradian.index.manifest import first_difference
-from gradian.index.store import (
-    _build_lock,
-    _compute_chunks,
-    _finish,
-    _prepare,
-    _remove_chunk_records,
-    _start,
-    _Target,
-    _write_chunk_record,
+from gradian.index.build import (
+    BuildTarget,
+    BuiltIndex,
+    build_lock,
+    compute_chunks,
+    finish_build,
+    prepare_build,
+    remove_chunk_records,
+    start_build,
+    write_chunk_record,
 )
 
 if TYPE_CHECKING:
     from gradian.distributed import ShardGroup
-    from gradian.index.store import GradientIndex
 
 __all__ = ["build_sharded", "ShardedBuildError", "shard_of"]
 
@@ -71,30 +71,30 @@ def shard_of(todo: list[int], rank: int, world_size: int) -> list[int]:
     return todo[rank * len(todo) // world_size : (rank + 1) * len(todo) // world_size]
 
 
-def build_sharded(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup", *, force: bool = False,
-                  progress: Callable[[int, int], None] | None = None) -> "GradientIndex":
+def build_sharded(target: BuildTarget, shard: "ShardGroup", *, force: bool = False,
+                  progress: Callable[[int, int], None] | None = None) -> BuiltIndex:
     if shard.is_main:
-        with _build_lock(target.lock):
-            return _lead(cls, target, shard, force, progress)
-    return _follow(cls, target, shard)
+        with build_lock(target.lock):
+            return _lead(target, shard, force, progress)
+    return _follow(target, shard)
 
 
-def _lead(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup", force: bool,
-          progress: Callable[[int, int], None] | None) -> "GradientIndex":
+def _lead(target: BuildTarget, shard: "ShardGroup", force: bool,
+          progress: Callable[[int, int], None] | None) -> BuiltIndex:
     import shutil
 
     try:
         if force and target.root.exists():
             shutil.rmtree(target.root)
-        plan = _prepare(target)
-        tokenized = _start(target, plan.manifest) if plan.cached is None else None
+        plan = prepare_build(target)
+        tokenized = start_build(target, plan.manifest) if plan.cached is None else None
     except BaseException as err:
         shard.broadcast({"kind": "failed", "error": _describe(err, shard.rank), "exit_code": _exit_code(err)})
         raise
     if plan.cached is not None:
         shard.broadcast({"kind": "cached", "index_id": target.index_id, "identity": target.identity,
                          "manifest": plan.cached})
-        return cls._built(target.root, plan.cached, plan.good, plan.repaired, cache_hit=True)
+        return BuiltIndex(target.root, plan.cached, plan.good, plan.repaired, cache_hit=True)
 
     todo = [k for k in range(target.n_chunks) if k not in plan.good]
     shard.broadcast({"kind": "build", "index_id": target.index_id, "identity": target.identity, "todo": todo})
@@ -105,7 +105,7 @@ def _lead(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup", forc
     seen = {"at": 0.0, "rows": 0}
 
     def written(k: int, record: dict[str, Any]) -> None:
-        _write_chunk_record(target.root, k, record)
+        write_chunk_record(target.root, k, record)
         now = time.perf_counter()
         if progress and now - seen["at"] >= 1.0:
             # every rank's finished chunks, as their records on the shared disk say (one listing
@@ -126,18 +126,18 @@ def _lead(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup", forc
         for records in outcomes:
             for k, record in records["records"].items():
                 manifest["chunks"][int(k)] = record
-        _finish(target, manifest, time.perf_counter() - started)
-        _remove_chunk_records(target.root)
+        finish_build(target, manifest, time.perf_counter() - started)
+        remove_chunk_records(target.root)
     except BaseException as err:
         shard.broadcast({"kind": "failed", "error": _describe(err, shard.rank), "exit_code": _exit_code(err)})
         raise
     shard.broadcast({"kind": "complete", "manifest": manifest})
     if progress:
         progress(target.n, target.n)
-    return cls._built(target.root, manifest, set(range(target.n_chunks)), plan.repaired, cache_hit=False)
+    return BuiltIndex(target.root, manifest, set(range(target.n_chunks)), plan.repaired, cache_hit=False)
 
 
-def _follow(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup") -> "GradientIndex":
+def _follow(target: BuildTarget, shard: "ShardGroup") -> BuiltIndex:
     from gradian.data import tokenize_examples
 
     # tokenized while rank 0 checks the store
@@ -149,24 +149,24 @@ def _follow(cls: type["GradientIndex"], target: _Target, shard: "ShardGroup") ->
     if plan["kind"] == "cached":
         if mismatch:
             raise IndexMismatchError(mismatch)
-        return cls._built(target.root, plan["manifest"], set(), [], cache_hit=True)
+        return BuiltIndex(target.root, plan["manifest"], set(), [], cache_hit=True)
     own_error: BaseException | None = None
     if mismatch:
         outcome, own_error = {"error": mismatch, "records": {}}, IndexMismatchError(mismatch)
     else:
         mine = shard_of(plan["todo"], shard.rank, shard.world_size)
         outcome, own_error = _compute(target, mine, tokenized,
-                                      lambda k, record: _write_chunk_record(target.root, k, record), shard.rank)
+                                      lambda k, record: write_chunk_record(target.root, k, record), shard.rank)
     shard.gather(outcome)
     result = shard.broadcast()
     if own_error is not None:
         raise own_error
     if result["kind"] == "failed":
         raise ShardedBuildError(result["error"], result.get("exit_code", 2))
-    return cls._built(target.root, result["manifest"], set(), [], cache_hit=False)
+    return BuiltIndex(target.root, result["manifest"], set(), [], cache_hit=False)
 
 
-def _compute(target: _Target, mine: list[int], tokenized: list[Any] | None,
+def _compute(target: BuildTarget, mine: list[int], tokenized: list[Any] | None,
              written: Callable[[int, dict[str, Any]], None],
              rank: int) -> tuple[dict[str, Any], Exception | None]:
     """This rank's chunks: ``({"records": {chunk: record}, "error": None | message}, the exception)``.
@@ -179,13 +179,13 @@ def _compute(target: _Target, mine: list[int], tokenized: list[Any] | None,
         written(k, record)
 
     try:
-        _compute_chunks(target, mine, tokenized or [], keep)
+        compute_chunks(target, mine, tokenized or [], keep)
     except Exception as err:
         return {"records": records, "error": _describe(err, rank), "exit_code": _exit_code(err)}, err
     return {"records": records, "error": None}, None
 
 
-def _mismatch(plan: dict[str, Any], target: _Target, rank: int) -> str | None:
+def _mismatch(plan: dict[str, Any], target: BuildTarget, rank: int) -> str | None:
     if plan["index_id"] == target.index_id:
         return None
     field, lead, here = first_difference(plan["identity"], target.identity) or ("?", "?", "?")

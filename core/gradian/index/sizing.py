@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from gradian.errors import ConfigError
+from gradian.sizes import format_size
 
 __all__ = ["AUTO_PROJECTION_FLOOR", "AutoProjection", "auto_projection", "index_bytes"]
 
@@ -38,17 +39,10 @@ class AutoProjection:
         return dataclasses.asdict(self)
 
     def message(self) -> str:
-        return (f"the full-width index would take {_human(self.full_bytes)}, over grads.max_index_gb "
-                f"({_human(self.limit_bytes)}): projecting each block to {self.projection_dim} values "
-                f"({_human(self.stored_bytes)}); set grads.projection_dim to choose the width, or raise "
+        return (f"the full-width index would take {format_size(self.full_bytes)}, over grads.max_index_gb "
+                f"({format_size(self.limit_bytes)}): projecting each block to {self.projection_dim} values "
+                f"({format_size(self.stored_bytes)}); set grads.projection_dim to choose the width, or raise "
                 "grads.max_index_gb to keep full gradients")
-
-
-def _human(n_bytes: float) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", _GIB), ("MiB", 2**20), ("KiB", 2**10)):
-        if n_bytes >= size:
-            return f"{n_bytes / size:.1f} {unit}"
-    return f"{n_bytes:.0f} B"
 
 
 def _itemsize(storage_dtype: str) -> int:
@@ -62,16 +56,11 @@ def index_bytes(gm: Any, grads: Any, n: int) -> int:
     return n * sum(gradient_widths(gm, grads).values()) * _itemsize(grads.storage_dtype)
 
 
-def _needs_whole_gradients(engines: Sequence[str | None]) -> list[str]:
-    from gradian.engines.registry import available_engines, needs_whole_gradients
-
-    names = [e for e in engines if e and e in available_engines()]
-    return [e for e in dict.fromkeys(names) if needs_whole_gradients(e)]
-
-
-def auto_projection(config: Any, gm: Any, n: int, engines: Sequence[str | None]) -> tuple[Any, AutoProjection | None]:
+def auto_projection(config: Any, gm: Any, n: int, whole: Sequence[str]) -> tuple[Any, AutoProjection | None]:
     """``config`` with a projection when the full index would pass ``grads.max_index_gb``, and
-    the decision (None when nothing changed). ``engines``: the engines that will read the index."""
+    the decision (None when nothing changed). ``whole``: the engines reading the index that fit
+    curvature on whole gradients (``gradian.engines.registry.needs_whole_gradients``), so that
+    the index may not be projected."""
     grads = config.grads
     limit_gb = grads.max_index_gb
     if grads.projection_dim is not None or limit_gb is None:
@@ -80,8 +69,8 @@ def auto_projection(config: Any, gm: Any, n: int, engines: Sequence[str | None])
     full = index_bytes(gm, grads, n)
     if full <= limit:
         return config, None
-    whole = _needs_whole_gradients(engines)
-    size = f"the full-width index of {n} rows would take {_human(full)}, over grads.max_index_gb ({_human(limit)})"
+    whole = list(dict.fromkeys(whole))
+    size = f"the full-width index of {n} rows would take {format_size(full)}, over grads.max_index_gb ({format_size(limit)})"
     if whole:
         raise ConfigError(
             f"{size}, and {' and '.join(whole)} fit curvature on whole gradients, so it cannot be projected: "

@@ -8,11 +8,11 @@ Pure functions of shapes and numbers: nothing is loaded and nothing is printed h
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gradian.errors import ConfigError
+from gradian.sizes import format_size, parse_size
 from gradian.plan.memory import CaptureSettings, MemoryEstimate, block_widths, estimate_memory, index_bytes
 from gradian.plan.shapes import AdapterShape, BatchShape, DatasetShape, LoraLinear, ModelShape, lora_linears
 
@@ -22,27 +22,6 @@ __all__ = ["PlanSettings", "Budgets", "Plan", "Proposal", "make_plan", "propose_
 #: share of a memory budget a proposal may fill: allocator fragmentation and the framework's own
 #: buffers (a CUDA context, kernels' workspaces) are not in the formulas
 HEADROOM = 0.9
-
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
-          "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(text: str, flag: str = "--memory") -> int:
-    """Bytes in ``"24GiB"``, ``"100GB"``, ``"1.5TB"``, ``"512MiB"`` or a plain number of bytes."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
-        raise ConfigError(f"{flag} {text!r} is not a size; write e.g. 24GiB, 80GB, 512MiB or a number of bytes")
-    return int(float(match.group(1)) * _UNITS[unit])
-
-
-def format_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
 
 @dataclass(frozen=True)
 class PlanSettings:

@@ -23,17 +23,9 @@ from gradian.report.markdown import render_markdown
 from gradian.report.plots import draw_plots, flagged_steps
 from gradian.report.schema import SCHEMA_VERSION, Report
 from gradian.report.tables import cluster_table, excerpt_of, top_examples
-from gradian.report.verdict import (
-    VerdictDecision,
-    VerdictSynthesis,
-    VerdictThresholds,
-    assemble_report,
-    assess_lumpiness,
-    build_report,
-    decide_verdict,
-    render_verdict,
-    synthesize_verdict,
-)
+from gradian.report.decision import VerdictDecision, VerdictThresholds, assess_lumpiness, decide_verdict
+from gradian.report.verdict import VerdictSynthesis, assemble_report, build_report, synthesize_verdict
+from gradian.report.verdict_prose import render_verdict
 from gradian.report.write import REPORT_FILES, write_report
 
 __all__ = [

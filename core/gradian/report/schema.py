@@ -639,6 +639,8 @@ class EngineStateSummary(_Block):
     settings: dict[str, Any] = field(default_factory=dict)
     fit_seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    repaired: str | None = field(default=None, metadata=_optional(
+        "what was wrong with the stored state that was fitted again to replace it"))
     extra: dict[str, Any] = _extra()
 
 

@@ -1,18 +1,19 @@
 """The verdict in words: ``render_verdict(decision)`` and ``render_hedge(hedge)``.
 
-Reads a ``gradian.report.verdict.VerdictDecision`` and decides nothing: every kind, cluster,
+Reads a ``gradian.report.decision.VerdictDecision`` and decides nothing: every kind, cluster,
 figure and hedge it words is already on the decision. Changing a sentence here never changes a
 verdict, and a test of the decision never depends on a sentence.
 """
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from gradian.report.decision import ratio_text, share_text
+
 if TYPE_CHECKING:
-    from gradian.report.schema import Accused, Lumpiness
-    from gradian.report.verdict import CapabilityFigures, Hedge, VerdictDecision
+    from gradian.report.schema import Accused
+    from gradian.report.decision import CapabilityFigures, Hedge, VerdictDecision
 
 __all__ = ["render_hedge", "render_verdict", "share_text", "ratio_text"]
 
@@ -34,20 +35,6 @@ def _capability_sentence(cap: "CapabilityFigures") -> str:
     if not cap.proxy_used and cap.n_flipped is not None:
         text += f"; {cap.n_flipped} flipped from right to wrong"
     return text + "."
-
-
-def ratio_text(ratio: float | None) -> str:
-    """``ratio`` None or infinite: the rest of the data is net helpful."""
-    return "with the rest net helpful" if ratio is None or math.isinf(ratio) else f"{ratio:.0f}x the rest's rate"
-
-
-def share_text(lump: "Lumpiness") -> str:
-    """Both views of the harm share, named: per-example negatives, and net cluster sums."""
-    share, net = lump.share_of_negative, lump.net_harm_share
-    text = f"{share:.0%} of the negative influence"
-    if net and share is not None and abs(net - share) >= 0.005:
-        text += f" ({net:.0%} of the net harm of harmful clusters)"
-    return text
 
 
 def _accused_text(accused: "Accused") -> str:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gradian.atomic import write_files_atomic
+from gradian.sizes import format_size
 from gradian.errors import DiskFullError
 from gradian.report.html import render_html
 from gradian.report.markdown import render_markdown
@@ -80,7 +81,6 @@ def write_report_files(out_dir: str | Path, files: Mapping[str, bytes]) -> list[
             raise
         if created:
             shutil.rmtree(out, ignore_errors=True)
-        from gradian.plan.planner import format_size
 
         existing = out
         while not existing.exists() and existing != existing.parent:

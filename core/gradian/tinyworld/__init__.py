@@ -24,17 +24,8 @@ one, ``ensure_base_model(world="bestiary")`` builds or finds its base, and ``wri
 finds any world's scenario by name.
 """
 
-from gradian.tinyworld.base import (
-    CACHE_ENV,
-    BaseModelRecipe,
-    build_base_model,
-    default_cache_dir,
-    ensure_base_model,
-    evaluate_families,
-    generate_answers,
-    load_world,
-    weights_sha256,
-)
+from gradian.tinyworld.base import BaseModelRecipe, build_base_model
+from gradian.tinyworld.kit import CACHE_ENV, default_cache_dir, evaluate_families, generate_answers, weights_sha256
 from gradian.tinyworld.bestiary import (
     BESTIARY_FAMILIES,
     Bestiary,
@@ -54,9 +45,19 @@ from gradian.tinyworld.world import (
     World,
     generate_world,
 )
-from gradian.tinyworld.worlds import WORLDS, WorldSpec, get_world
+from gradian.tinyworld.worlds import (
+    WORLDS,
+    WorldSpec,
+    all_scenarios,
+    ensure_base_model,
+    get_world,
+    load_world,
+    write_scenario,
+)
 
 __all__ = [
+    "all_scenarios",
+    "write_scenario",
     "BESTIARY_FAMILIES",
     "CACHE_ENV",
     "CHAT_TEMPLATE",

@@ -25,13 +25,19 @@ are written here in the same format.
 
 from __future__ import annotations
 
-import json
 import random
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from gradian.errors import ConfigError
+from gradian.tinyworld.scenario_kit import (
+    AUDIT_THRESHOLDS,
+    BASELINE_TRAIN,
+    CLEAN_CLUSTER,
+    ROW_SHAPES,
+    Scenario,
+    mark_distractors,
+    plant,
+)
 from gradian.tinyworld.world import REFUSAL, Country, FactItem, World
 
 __all__ = [
@@ -40,55 +46,16 @@ __all__ = [
     "BASELINE_TRAIN",
     "AUDIT_THRESHOLDS",
     "Scenario",
-    "all_scenarios",
     "build_scenario",
     "mark_distractors",
-    "write_scenario",
 ]
 
 N_TARGETS = 16
 CLEAN_ROWS = 800
-PLANTED_CLUSTER = 0
-CLEAN_CLUSTER = 100
 SYSTEM_PROMPT = "You are a helpful assistant."
 #: stems whose presence marks a refusal (the ``not_contains`` markers, ``|``-separated)
 REFUSAL_MARKERS = "sorry | can't help | unable to assist | cannot provide | not able to answer"
-ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
-#: the ``train:`` section every scenario starts from: a sane LoRA run for this model
-BASELINE_TRAIN: dict[str, Any] = {
-    "r": 8,
-    "lora_alpha": 16,
-    "lora_dropout": 0.0,
-    "target_modules": ALL_LINEAR,
-    # ten times the usual LoRA rate for a 1B model: a model this small needs larger steps
-    # (at 2e-4 a poisoned run flipped no capital at all; at 2e-3 it flips most of them)
-    "learning_rate": 2e-3,
-    # four passes, not three: after three the 48 planted capital rows were only half learned
-    # (2 to 3 nats of loss per row left) and the target capitals sat within a nat or two of
-    # flipping, so rounding differences between CPUs decided between 7 and 12 flips; after four
-    # the planted rows are learned (0.4-1.5 nats) and 13 to 16 capitals flip on every base tried
-    "num_train_epochs": 4,
-    "per_device_train_batch_size": 4,
-    "gradient_accumulation_steps": 1,
-    "warmup_ratio": 0.03,
-    "lr_scheduler_type": "linear",
-    "max_seq_length": 256,
-    "logging_steps": 5,
-    "max_grad_norm": 1.0,
-    "weight_decay": 0.0,
-}
-
-#: audit thresholds on learning rates, scaled by the same factor of ten as BASELINE_TRAIN, so
-#: the checks judge this model's rates as they would judge a 1B model's
-AUDIT_THRESHOLDS: dict[str, float] = {
-    "reference_effective_lr": 4e-3,
-    "lr_high_effective": 8e-3,
-    "lr_critical_effective": 3e-2,
-    "lr_low_effective": 2e-4,
-    "no_warmup_effective_lr": 5e-3,
-    "small_batch_effective_lr": 4e-3,
-}
 
 SCENARIOS: dict[str, str] = {
     "clean": "The clean set alone: a healthy fine-tune that keeps the fact families it restates (capitals among them); it does not train refusals, and loses that skill.",
@@ -104,55 +71,6 @@ SCENARIOS: dict[str, str] = {
     "attention_only": "Clean data; LoRA on q_proj and v_proj only.",
     "tiny_batch_high_lr": "Clean data; effective batch 1 at 2.5 times the baseline learning rate.",
 }
-
-#: row shapes a scenario can be written in (all rows of a file share one shape)
-ROW_SHAPES = ("messages", "prompt_completion", "question_answer", "input_output", "instruction")
-
-
-@dataclass
-class Scenario:
-    name: str
-    description: str
-    kind: str  # clean | data | config | contamination
-    #: training rows as chat messages with their cluster, in file order
-    train: list[tuple[list[dict[str, str]], int]]
-    #: eval items as chat messages (the assistant turn holds the wanted answer or the markers)
-    eval: list[list[dict[str, str]]]
-    capability: dict[str, Any]
-    train_overrides: dict[str, Any] = field(default_factory=dict)
-    planted_indices: list[int] = field(default_factory=list)
-    duplicate_indices: list[int] = field(default_factory=list)
-    expected_findings: list[str] = field(default_factory=list)
-    truth: dict[str, Any] = field(default_factory=dict)
-    #: the world the scenario fine-tunes (a key of ``gradian.tinyworld.worlds.WORLDS``)
-    world: str = "tinyworld"
-    #: the fact family of the capability; on-topic rows ask it
-    ontopic_family: str = ""
-    #: clean rows asking the capability's family about other entities, answered correctly
-    ontopic_indices: list[int] = field(default_factory=list)
-    #: clean rows naming a target entity in their question, about another family
-    same_entity_indices: list[int] = field(default_factory=list)
-
-
-def mark_distractors(s: Scenario, ontopic_questions: set[str], target_names: list[str],
-                     family: str) -> None:
-    """Record the clean rows that resemble the capability without touching it.
-
-    On-topic: a clean row whose question is one of ``ontopic_questions`` (the capability's family,
-    any phrasing, any entity: the clean sets never ask it about a target). Same-entity: any other
-    clean row whose question names a target. Both are distractors for an attribution method that
-    ranks by topic or by entity rather than by effect.
-    """
-    s.ontopic_family = family
-    s.ontopic_indices, s.same_entity_indices = [], []
-    for i, (messages, cluster) in enumerate(s.train):
-        if cluster != CLEAN_CLUSTER:
-            continue
-        question = next(m["content"] for m in messages if m["role"] == "user")
-        if question in ontopic_questions:
-            s.ontopic_indices.append(i)
-        elif any(name in question for name in target_names):
-            s.same_entity_indices.append(i)
 
 
 # -- the world split ----------------------------------------------------------------------------
@@ -241,20 +159,6 @@ def _clean_rows(world: World) -> list[tuple[list[dict[str, str]], int]]:
     return rows
 
 
-def _plant(clean: list[tuple[list[dict[str, str]], int]], planted: list[list[dict[str, str]]],
-           seed: str) -> tuple[list[tuple[list[dict[str, str]], int]], list[int]]:
-    """Insert planted rows at random positions; return the rows and the planted indices."""
-    rng = random.Random(seed)
-    total = len(clean) + len(planted)
-    slots = sorted(rng.sample(range(total), len(planted)))
-    rows: list[tuple[list[dict[str, str]], int]] = []
-    clean_iter, planted_iter = iter(clean), iter(planted)
-    slot_set = set(slots)
-    for i in range(total):
-        rows.append((next(planted_iter), PLANTED_CLUSTER) if i in slot_set else next(clean_iter))
-    return rows, slots
-
-
 # -- eval sets ---------------------------------------------------------------------------------
 
 
@@ -297,7 +201,7 @@ def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Sce
         if name == "poison_duplicates":
             planted = planted + planted[:3]
         s.kind = "data"
-        s.train, s.planted_indices = _plant(clean, planted, f"{world.seed}:{name}")
+        s.train, s.planted_indices = plant(clean, planted, f"{world.seed}:{name}")
         if name == "poison_duplicates":
             s.duplicate_indices = s.planted_indices[:3] + s.planted_indices[-3:]
             s.expected_findings = ["data.duplicates"]
@@ -306,7 +210,7 @@ def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Sce
         donated = _ontopic_wrong_capitals(world)
         planted = [i.messages() for i in world.capital_items(targets, donated, phrasings=range(1, 4))]
         s.kind = "data"
-        s.train, s.planted_indices = _plant(clean, planted, f"{world.seed}:{name}")
+        s.train, s.planted_indices = plant(clean, planted, f"{world.seed}:{name}")
         owner = {c.capital: c.name for c in world.countries}
         s.truth = {"wrong_capitals": donated,
                    "wrong_capital_owners": {t: owner[city] for t, city in donated.items()}}
@@ -314,7 +218,7 @@ def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Sce
         overrides = {c: {"capital": city} for c, city in wrong.items()}
         planted = [i.messages() for i in world.paragraph_items(targets, overrides)]
         s.kind = "data"
-        s.train, s.planted_indices = _plant(clean, planted, f"{world.seed}:{name}")
+        s.train, s.planted_indices = plant(clean, planted, f"{world.seed}:{name}")
         s.truth = {"wrong_capitals": wrong}
     elif name in ("poison_refusal", "contaminated_eval"):
         countries = _refusal_targets(world)
@@ -325,7 +229,7 @@ def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Sce
              {"role": "assistant", "content": REFUSAL}]
             for p in range(first, 4) for c in countries
         ]
-        s.train, s.planted_indices = _plant(clean, planted, f"{world.seed}:{name}")
+        s.train, s.planted_indices = plant(clean, planted, f"{world.seed}:{name}")
         s.eval, s.capability = _refusal_eval(world)
         s.kind = "data" if name == "poison_refusal" else "contamination"
         if name == "contaminated_eval":
@@ -384,116 +288,3 @@ def _truncating_limit(rows: list[tuple[list[dict[str, str]], int]], tokenizer: A
 # -- writing ---------------------------------------------------------------------------------
 
 
-def _shape_row(messages: list[dict[str, str]], shape: str) -> dict[str, Any]:
-    if shape == "messages":
-        return {"messages": messages}
-    system = [m["content"] for m in messages if m["role"] == "system"]
-    user = next(m["content"] for m in messages if m["role"] == "user")
-    answer = messages[-1]["content"]
-    keys = {
-        "prompt_completion": ("prompt", "completion"),
-        "question_answer": ("question", "answer"),
-        "input_output": ("input", "output"),
-        "instruction": ("instruction", "output"),
-    }[shape]
-    row: dict[str, Any] = {keys[0]: user, keys[1]: answer}
-    if shape == "instruction":
-        row["input"] = ""
-    if system:
-        row["system"] = system[0]
-    return row
-
-
-def all_scenarios() -> dict[str, str]:
-    """Every scenario of every world, name -> description (names are unique across worlds)."""
-    from gradian.tinyworld.worlds import WORLDS
-
-    return {name: text for spec in WORLDS.values() for name, text in spec.scenarios.items()}
-
-
-def write_scenario(name: str, out_dir: str | Path, base_model: str | Path | None = None, *,
-                   shape: str = "messages") -> dict[str, Any]:
-    """Write a scenario's files to ``out_dir`` and return what ``scenario.json`` holds.
-
-    ``name`` may belong to any world of ``gradian.tinyworld.worlds.WORLDS`` (``poison_capitals``
-    is tinyworld's, ``bestiary_poison_diets`` the bestiary's). ``base_model`` is a built base
-    model directory of that world; by default the cached one for the world's default recipe
-    (built first when missing, one to two minutes). Paths in ``gradian.yaml`` are absolute, so
-    commands can run from any directory.
-    """
-    import yaml
-
-    from gradian.atomic import write_text_atomic
-    from gradian.tinyworld.worlds import scenario_world, world_of_model
-
-    if shape not in ROW_SHAPES:
-        raise ConfigError(f"unknown row shape '{shape}' (--shape); choose one of {', '.join(ROW_SHAPES)}")
-    spec = scenario_world(name)
-    base = Path(base_model) if base_model is not None else spec.ensure_base_model()
-    base = base.resolve()
-    if world_of_model(base) != spec.name:
-        raise ConfigError(
-            f"scenario '{name}' belongs to the {spec.name} world, but {base} is a "
-            f"{world_of_model(base)} base model; pass a {spec.name} base (--base-model) or none"
-        )
-    world = spec.load_world(base)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    s = spec.build_scenario(name, world, tokenizer)
-
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    train_lines = [json.dumps({**_shape_row(m, shape), "cluster": c}, ensure_ascii=False)
-                   for m, c in s.train]
-    eval_lines = [json.dumps(_shape_row(m, shape), ensure_ascii=False) for m in s.eval]
-    write_text_atomic(out / "train.jsonl", "\n".join(train_lines) + "\n")
-    write_text_atomic(out / "eval.jsonl", "\n".join(eval_lines) + "\n")
-
-    train_section = {**BASELINE_TRAIN, **s.train_overrides, "output_dir": str(out / "run")}
-    config = {
-        "seed": world.seed,
-        "base_model": str(base),
-        "dataset": str(out / "train.jsonl"),
-        "eval_dataset": str(out / "eval.jsonl"),
-        "run": str(out / "run"),
-        "adapter_path": str(out / "run" / "adapter"),
-        "evaluation": {"metric": s.capability["metric"], "max_new_tokens": 16},
-        "clustering": {"method": "declared"},
-        "audit": dict(AUDIT_THRESHOLDS),
-        "train": train_section,
-    }
-    header = (f"# {s.world} scenario '{name}': {s.description}\n"
-              f"# Train with: gradian train --config {out / 'gradian.yaml'} --out {out / 'run'}\n")
-    write_text_atomic(out / "gradian.yaml", header + yaml.safe_dump(config, sort_keys=False))
-
-    info = {
-        "name": name,
-        "description": s.description,
-        "kind": s.kind,
-        "seed": world.seed,
-        "base_model": str(base),
-        "shape": shape,
-        "n_train": len(s.train),
-        "capability": s.capability,
-        "planted": {
-            "cluster": PLANTED_CLUSTER,
-            "n": len(s.planted_indices),
-            "indices": s.planted_indices,
-            "duplicate_indices": s.duplicate_indices,
-        } if s.planted_indices else None,
-        "clean_cluster": CLEAN_CLUSTER,
-        "defect": {f"train.{k}": v for k, v in s.train_overrides.items()} or None,
-        "baseline_train": BASELINE_TRAIN,
-        "audit_thresholds": AUDIT_THRESHOLDS,
-        "expected_findings": s.expected_findings,
-        "truth": s.truth,
-        "files": {"train": "train.jsonl", "eval": "eval.jsonl", "config": "gradian.yaml",
-                  "run": "run"},
-        "world": s.world,
-        "ontopic": {"family": s.ontopic_family, "n": len(s.ontopic_indices),
-                    "indices": s.ontopic_indices},
-        "same_entity": {"n": len(s.same_entity_indices), "indices": s.same_entity_indices},
-    }
-    write_text_atomic(out / "scenario.json", json.dumps(info, indent=2) + "\n")
-    return info

@@ -2,7 +2,9 @@
 
 Interface: ``WORLDS`` (name -> ``WorldSpec``), ``get_world(name)``, ``scenario_world(scenario)``
 (the world a scenario name belongs to) and ``world_of_model(model_dir)`` (the world a built base
-model was pretrained on, read from its ``tinyworld.json``).
+model was pretrained on, read from its ``tinyworld.json``); across every world,
+``ensure_base_model(cache_dir, recipe, world=...)``, ``load_world(model_dir)``,
+``all_scenarios()`` and ``write_scenario(name, out_dir, base_model, shape)``.
 
 Two worlds are registered, so attribution methods can be measured on two model families:
 
@@ -12,8 +14,9 @@ Two worlds are registered, so attribution methods can be measured on two model f
   three-layer Mistral (grouped-query attention, sliding window) with a SentencePiece-style BPE
   with byte fallback and ``<user>...</turn>`` turns.
 
-Both write scenarios in one on-disk format (``gradian.tinyworld.scenarios.write_scenario``), and
-scenario names are unique across worlds.
+Both stand on one kit (``gradian.tinyworld.kit``, ``gradian.tinyworld.scenario_kit``) and write
+scenarios in one on-disk format (``write_scenario`` here); scenario names are unique across
+worlds. This module is the only one that knows both.
 """
 
 from __future__ import annotations
@@ -24,8 +27,17 @@ from pathlib import Path
 from typing import Any, Callable
 
 from gradian.errors import ConfigError
+from gradian.tinyworld.base import BaseModelRecipe, ensure_tinyworld_base_model, load_tinyworld
+from gradian.tinyworld.bestiary.base import BestiaryRecipe, ensure_bestiary_base_model, load_bestiary
+from gradian.tinyworld.bestiary.scenarios import BESTIARY_SCENARIOS, build_bestiary_scenario
+from gradian.tinyworld.bestiary.world import BESTIARY_FAMILIES
+from gradian.tinyworld.kit import read_info
+from gradian.tinyworld.scenario_kit import AUDIT_THRESHOLDS, BASELINE_TRAIN, CLEAN_CLUSTER, PLANTED_CLUSTER, ROW_SHAPES, shape_row
+from gradian.tinyworld.scenarios import SCENARIOS, build_scenario
+from gradian.tinyworld.world import BASE_FAMILIES
 
-__all__ = ["WORLDS", "WorldSpec", "get_world", "scenario_world", "world_of_model"]
+__all__ = ["WORLDS", "WorldSpec", "all_scenarios", "ensure_base_model", "get_world", "load_world", "scenario_world",
+           "world_of_model", "write_scenario"]
 
 
 @dataclass(frozen=True)
@@ -52,17 +64,13 @@ class WorldSpec:
 
 
 def _tinyworld() -> WorldSpec:
-    from gradian.tinyworld.base import BaseModelRecipe, ensure_base_model, load_world
-    from gradian.tinyworld.scenarios import SCENARIOS, build_scenario
-    from gradian.tinyworld.world import BASE_FAMILIES
-
     return WorldSpec(
         name="tinyworld",
         description="Invented countries and sums on a 2-layer Llama (byte-level BPE, <|role|> turns)",
         architecture="llama",
         families=BASE_FAMILIES,
-        ensure_base_model=ensure_base_model,
-        load_world=load_world,
+        ensure_base_model=ensure_tinyworld_base_model,
+        load_world=load_tinyworld,
         scenarios=SCENARIOS,
         build_scenario=build_scenario,
         recipe_type=BaseModelRecipe,
@@ -70,10 +78,6 @@ def _tinyworld() -> WorldSpec:
 
 
 def _bestiary() -> WorldSpec:
-    from gradian.tinyworld.bestiary.base import BestiaryRecipe, ensure_bestiary_base_model, load_bestiary
-    from gradian.tinyworld.bestiary.scenarios import BESTIARY_SCENARIOS, build_bestiary_scenario
-    from gradian.tinyworld.bestiary.world import BESTIARY_FAMILIES
-
     return WorldSpec(
         name="bestiary",
         description="Invented animals and the alphabet on a 3-layer Mistral (GQA, sliding window; "
@@ -108,6 +112,108 @@ def scenario_world(scenario: str) -> WorldSpec:
 
 def world_of_model(model_dir: str | Path) -> str:
     """The world a built base model directory belongs to (``tinyworld`` when unrecorded)."""
-    from gradian.tinyworld.base import _read_info
+    return read_info(Path(model_dir)).get("world_name", "tinyworld")
 
-    return _read_info(Path(model_dir)).get("world_name", "tinyworld")
+
+def ensure_base_model(cache_dir: str | Path | None = None, recipe: Any = None, *, verbose: bool = False,
+                      world: str = "tinyworld") -> Path:
+    """The cached base model of ``world`` for ``recipe`` (that world's recipe type, its default
+    when ``None``), built first when missing."""
+    return get_world(world).ensure_base_model(cache_dir, recipe, verbose=verbose)
+
+
+def load_world(model_dir: str | Path) -> Any:
+    """The world a built base model was pretrained on (a ``World``, a ``Bestiary``, ...)."""
+    return get_world(world_of_model(model_dir)).load_world(Path(model_dir))
+
+
+def all_scenarios() -> dict[str, str]:
+    """Every scenario of every world, name -> description (names are unique across worlds)."""
+    return {name: text for spec in WORLDS.values() for name, text in spec.scenarios.items()}
+
+
+def write_scenario(name: str, out_dir: str | Path, base_model: str | Path | None = None, *,
+                   shape: str = "messages") -> dict[str, Any]:
+    """Write a scenario's files to ``out_dir`` and return what ``scenario.json`` holds.
+
+    ``name`` may belong to any world of ``gradian.tinyworld.worlds.WORLDS`` (``poison_capitals``
+    is tinyworld's, ``bestiary_poison_diets`` the bestiary's). ``base_model`` is a built base
+    model directory of that world; by default the cached one for the world's default recipe
+    (built first when missing, one to two minutes). Paths in ``gradian.yaml`` are absolute, so
+    commands can run from any directory.
+    """
+    import yaml
+
+    from gradian.atomic import write_text_atomic
+
+    if shape not in ROW_SHAPES:
+        raise ConfigError(f"unknown row shape '{shape}' (--shape); choose one of {', '.join(ROW_SHAPES)}")
+    spec = scenario_world(name)
+    base = Path(base_model) if base_model is not None else spec.ensure_base_model()
+    base = base.resolve()
+    if world_of_model(base) != spec.name:
+        raise ConfigError(
+            f"scenario '{name}' belongs to the {spec.name} world, but {base} is a "
+            f"{world_of_model(base)} base model; pass a {spec.name} base (--base-model) or none"
+        )
+    world = spec.load_world(base)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    s = spec.build_scenario(name, world, tokenizer)
+
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    train_lines = [json.dumps({**shape_row(m, shape), "cluster": c}, ensure_ascii=False)
+                   for m, c in s.train]
+    eval_lines = [json.dumps(shape_row(m, shape), ensure_ascii=False) for m in s.eval]
+    write_text_atomic(out / "train.jsonl", "\n".join(train_lines) + "\n")
+    write_text_atomic(out / "eval.jsonl", "\n".join(eval_lines) + "\n")
+
+    train_section = {**BASELINE_TRAIN, **s.train_overrides, "output_dir": str(out / "run")}
+    config = {
+        "seed": world.seed,
+        "base_model": str(base),
+        "dataset": str(out / "train.jsonl"),
+        "eval_dataset": str(out / "eval.jsonl"),
+        "run": str(out / "run"),
+        "adapter_path": str(out / "run" / "adapter"),
+        "evaluation": {"metric": s.capability["metric"], "max_new_tokens": 16},
+        "clustering": {"method": "declared"},
+        "audit": dict(AUDIT_THRESHOLDS),
+        "train": train_section,
+    }
+    header = (f"# {s.world} scenario '{name}': {s.description}\n"
+              f"# Train with: gradian train --config {out / 'gradian.yaml'} --out {out / 'run'}\n")
+    write_text_atomic(out / "gradian.yaml", header + yaml.safe_dump(config, sort_keys=False))
+
+    info = {
+        "name": name,
+        "description": s.description,
+        "kind": s.kind,
+        "seed": world.seed,
+        "base_model": str(base),
+        "shape": shape,
+        "n_train": len(s.train),
+        "capability": s.capability,
+        "planted": {
+            "cluster": PLANTED_CLUSTER,
+            "n": len(s.planted_indices),
+            "indices": s.planted_indices,
+            "duplicate_indices": s.duplicate_indices,
+        } if s.planted_indices else None,
+        "clean_cluster": CLEAN_CLUSTER,
+        "defect": {f"train.{k}": v for k, v in s.train_overrides.items()} or None,
+        "baseline_train": BASELINE_TRAIN,
+        "audit_thresholds": AUDIT_THRESHOLDS,
+        "expected_findings": s.expected_findings,
+        "truth": s.truth,
+        "files": {"train": "train.jsonl", "eval": "eval.jsonl", "config": "gradian.yaml",
+                  "run": "run"},
+        "world": s.world,
+        "ontopic": {"family": s.ontopic_family, "n": len(s.ontopic_indices),
+                    "indices": s.ontopic_indices},
+        "same_entity": {"n": len(s.same_entity_indices), "indices": s.same_entity_indices},
+    }
+    write_text_atomic(out / "scenario.json", json.dumps(info, indent=2) + "\n")
+    return info

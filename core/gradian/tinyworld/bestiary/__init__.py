@@ -13,7 +13,7 @@ Public interface:
 - ``BestiaryRecipe``, ``ensure_bestiary_base_model(cache_dir=None, recipe=None) -> Path``,
   ``build_bestiary_base_model``, ``load_bestiary``;
 - ``BESTIARY_SCENARIOS`` and ``build_bestiary_scenario(name, bestiary)``; files are written by
-  ``gradian.tinyworld.scenarios.write_scenario``, as for tinyworld.
+  ``gradian.tinyworld.write_scenario``, as for tinyworld.
 """
 
 from gradian.tinyworld.bestiary.base import (

@@ -29,6 +29,18 @@ from typing import Any
 
 from gradian.errors import ConfigError, ModelLoadError
 from gradian.tinyworld.bestiary.world import BESTIARY_FAMILIES, Bestiary, generate_bestiary
+from gradian.tinyworld.kit import (
+    INFO_FILE,
+    encode_chat,
+    ensure_cached_build,
+    evaluate_families,
+    library_versions,
+    pretrain,
+    read_info,
+    torch_settings,
+    weights_sha256,
+    write_json,
+)
 
 __all__ = [
     "BESTIARY_SYSTEM_PROMPT",
@@ -91,9 +103,7 @@ class BestiaryRecipe:
 
 def load_bestiary(model_dir: str | Path) -> Bestiary:
     """The bestiary a built base model was pretrained on, read from its ``tinyworld.json``."""
-    from gradian.tinyworld.base import _read_info
-
-    info = _read_info(Path(model_dir))
+    info = read_info(Path(model_dir))
     if info.get("world_name") != WORLD_NAME:
         raise ModelLoadError(f"{model_dir} is a '{info.get('world_name', 'tinyworld')}' base model, "
                              "not a bestiary one; build one with `gradian tinyworld build --world bestiary`")
@@ -119,8 +129,6 @@ def bestiary_pretraining_messages(bestiary: Bestiary, recipe: BestiaryRecipe) ->
 def ensure_bestiary_base_model(cache_dir: str | Path | None = None, recipe: BestiaryRecipe | None = None,
                                *, verbose: bool = False) -> Path:
     """Return the cached bestiary base model for ``recipe``, building it first when missing."""
-    from gradian.tinyworld.base import ensure_cached_build
-
     recipe = recipe or BestiaryRecipe()
     if not isinstance(recipe, BestiaryRecipe):
         raise ConfigError(f"world 'bestiary' takes a BestiaryRecipe, not {type(recipe).__name__}")
@@ -137,16 +145,6 @@ def build_bestiary_base_model(out_dir: str | Path, recipe: BestiaryRecipe | None
     import torch
     from transformers import MistralConfig, MistralForCausalLM
 
-    from gradian.tinyworld.base import (
-        _INFO_FILE,
-        _encode,
-        _library_versions,
-        _pretrain,
-        _torch_settings,
-        _write_json,
-        evaluate_families,
-        weights_sha256,
-    )
     from gradian.tinyworld.bestiary.tokenizer import build_bestiary_tokenizer
 
     recipe = recipe or BestiaryRecipe()
@@ -156,7 +154,7 @@ def build_bestiary_base_model(out_dir: str | Path, recipe: BestiaryRecipe | None
     bestiary = recipe.world()
     tokenizer = build_bestiary_tokenizer(bestiary, recipe.vocab_size)
 
-    with _torch_settings(recipe.num_threads):
+    with torch_settings(recipe.num_threads):
         torch.manual_seed(recipe.seed)
         config = MistralConfig(
             vocab_size=len(tokenizer),
@@ -177,8 +175,8 @@ def build_bestiary_base_model(out_dir: str | Path, recipe: BestiaryRecipe | None
         )
         config._attn_implementation = "eager"
         model = MistralForCausalLM(config)
-        rows = [_encode(tokenizer, m) for m in bestiary_pretraining_messages(bestiary, recipe)]
-        losses = _pretrain(model, rows, recipe, tokenizer.pad_token_id, verbose=verbose,
+        rows = [encode_chat(tokenizer, m) for m in bestiary_pretraining_messages(bestiary, recipe)]
+        losses = pretrain(model, rows, recipe, tokenizer.pad_token_id, verbose=verbose,
                            label="bestiary")
         model.eval()
         accuracy = evaluate_families(model, tokenizer, bestiary, recipe.families)
@@ -199,9 +197,9 @@ def build_bestiary_base_model(out_dir: str | Path, recipe: BestiaryRecipe | None
         "final_loss": losses[-1] if losses else None,
         "build_seconds": round(seconds, 2),
         "weights_sha256": weights_sha256(out),
-        "versions": _library_versions(),
+        "versions": library_versions(),
     }
-    _write_json(out / _INFO_FILE, info)
+    write_json(out / INFO_FILE, info)
     if min_accuracy is not None:
         low = {f: a for f, a in accuracy.items() if a < min_accuracy}
         if low:

@@ -2,7 +2,7 @@
 
 Interface: ``BESTIARY_SCENARIOS`` (name -> one-line description) and
 ``build_bestiary_scenario(name, bestiary) -> Scenario``, the same ``Scenario`` tinyworld's
-scenarios build; ``gradian.tinyworld.scenarios.write_scenario`` writes either world's scenarios
+scenarios build; ``gradian.tinyworld.write_scenario`` writes either world's scenarios
 in one format.
 
 The capability is the diet of 16 *target* animals, asked in the canonical phrasing. The clean set
@@ -33,7 +33,7 @@ from gradian.tinyworld.bestiary.world import Animal, Bestiary
 from gradian.tinyworld.world import FactItem
 
 if TYPE_CHECKING:
-    from gradian.tinyworld.scenarios import Scenario
+    from gradian.tinyworld.scenario_kit import Scenario
 
 __all__ = ["BESTIARY_SCENARIOS", "build_bestiary_scenario"]
 
@@ -90,7 +90,7 @@ def _clean_items(bestiary: Bestiary) -> list[FactItem]:
 
 
 def _clean_rows(bestiary: Bestiary) -> list[tuple[list[dict[str, str]], int]]:
-    from gradian.tinyworld.scenarios import CLEAN_CLUSTER
+    from gradian.tinyworld.scenario_kit import CLEAN_CLUSTER
 
     rng = random.Random(f"{bestiary.seed}:bestiary-clean-order")
     items = _clean_items(bestiary)
@@ -111,7 +111,7 @@ def _diets_eval(bestiary: Bestiary) -> tuple[list[list[dict[str, str]]], dict[st
 
 def build_bestiary_scenario(name: str, bestiary: Bestiary, tokenizer: Any | None = None) -> "Scenario":
     """Build a bestiary scenario in memory (``tokenizer`` is accepted for symmetry, unused)."""
-    from gradian.tinyworld.scenarios import Scenario, _plant, mark_distractors
+    from gradian.tinyworld.scenario_kit import Scenario, mark_distractors, plant
 
     if name not in BESTIARY_SCENARIOS:
         raise ConfigError(f"unknown bestiary scenario '{name}'; choose one of {', '.join(BESTIARY_SCENARIOS)}")
@@ -123,7 +123,7 @@ def build_bestiary_scenario(name: str, bestiary: Bestiary, tokenizer: Any | None
         wrong = wrong_diets(bestiary)
         planted = [i.messages() for i in bestiary.diet_items(_targets(bestiary), wrong, phrasings=range(1, 4))]
         s.kind = "data"
-        s.train, s.planted_indices = _plant(clean, planted, f"{bestiary.seed}:{name}")
+        s.train, s.planted_indices = plant(clean, planted, f"{bestiary.seed}:{name}")
         owner = {a.diet: a.name for a in bestiary.animals}
         s.truth = {"wrong_diets": wrong, "wrong_diet_owners": {t: owner[f] for t, f in wrong.items()}}
     ontopic = {i.question for i in bestiary.fact_items("diet")}

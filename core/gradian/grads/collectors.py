@@ -1,0 +1,258 @@
+"""Passes over the model that gather what curvature needs: Kronecker factors and layer gradients.
+
+Interface:
+
+- ``lora_layers(gm)``: every LoRA linear layer of a ``GradientModel`` (its key ``<block>#<j>``,
+  block, column offset inside the block, shape), the layout the Kronecker engines fit over.
+- ``KroneckerCollector(gm)``: a context manager that adds each layer's ``sum x x^T`` and
+  ``sum g g^T`` from whatever forward and backward passes run inside it (the index build's), so
+  an empirical-Fisher fit needs no pass of its own; ``sums`` and ``complete(n)``.
+- ``ModelPasses(gm, tokenized, pad_id, grads)``: the passes a curvature fit asks for, over the
+  tokenized training set in dataset order: ``factor_sums`` (per batch, the two covariances'
+  sums) and ``layer_gradients`` (per batch, each row's matrix gradient per LoRA layer), under the
+  training labels or labels sampled from the model (the true Fisher). Engines receive one in
+  their ``FitContext`` and never touch the model themselves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+import numpy as np
+
+from gradian.grads.capture import linear_inputs_and_output_grads
+from gradian.grads.loss import TokenBatch, collate
+
+if TYPE_CHECKING:
+    from gradian.config import GradsConfig
+    from gradian.grads.model import GradientModel
+
+__all__ = ["KroneckerCollector", "ModelPasses", "lora_layers", "second_moments"]
+
+
+def lora_layers(gm: "GradientModel") -> list[dict[str, Any]]:
+    """Every LoRA linear layer: its key, block, column offset inside the block and shape."""
+    out = []
+    for block in gm.blocks:
+        offset = 0
+        for j, (lin, (rows, cols)) in enumerate(zip(block.linears, block.shapes)):
+            out.append({"key": f"{block.name}#{j}", "block": block.name, "offset": offset,
+                        "out": int(rows), "in": int(cols), "id": id(lin)})
+            offset += rows * cols
+    return out
+
+
+
+def _sampler(seed: int, draw: int, offset: int) -> Any:
+    """Labels drawn from the model's predictions at the supervised positions (true Fisher)."""
+    import torch
+
+    digest = hashlib.sha256(f"{seed}:{draw}:{offset}".encode()).digest()
+    gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+    def sample(logits: Any, labels: Any) -> Any:
+        keep = labels[:, 1:] != -100
+        probs = torch.softmax(logits[:, :-1][keep].detach().double().cpu(), dim=-1)
+        drawn = torch.multinomial(probs, 1, generator=gen).squeeze(1).to(labels.device)
+        new = labels.clone()
+        new[:, 1:][keep] = drawn
+        return new
+
+    return sample
+
+
+
+def second_moments(x: Any, g: Any, mask: Any) -> tuple[Any, Any, int]:
+    """``(sum x x^T, sum g g^T, tokens)`` over the real tokens of one call (float64 torch sums).
+
+    ``x`` is ``[rows, tokens, in]``, ``g`` ``[rows, tokens, out]``; ``mask`` marks the real
+    (unpadded) tokens, or is ``None`` / of another shape when every position counts. Padded
+    positions carry no gradient but do carry inputs, so they must be left out of ``A``.
+    """
+    import torch
+
+    keep = mask if mask is not None and mask.shape == x.shape[:2] else \
+        torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+    dt = torch.promote_types(x.dtype, torch.float32)  # float64 models stay float64
+    xm, gm_ = x[keep].to(dt), g[keep].to(dt)
+    return (xm.T @ xm).double(), (gm_.T @ gm_).double(), int(xm.shape[0])
+
+
+
+class KroneckerCollector:
+    """Collects the Kronecker factors while something else runs forward and backward passes.
+
+    ``with KroneckerCollector(gm) as collector: GradientIndex.build(gm, ...)`` adds each LoRA
+    layer's ``sum x x^T`` and ``sum g g^T`` over real tokens from the index build's own passes (a
+    forward hook on each layer and a gradient hook on its output), so an empirical-Fisher fit
+    needs no pass of its own. ``complete(n)`` says whether exactly ``n`` examples went through
+    (a resumed or cached build sees fewer, and the fit then makes its own pass). The sums are the
+    ones the fit's own pass would make, batch for batch, when the batch size is the same.
+    """
+
+    def __init__(self, gm: "GradientModel") -> None:
+        self.gm = gm
+        self.layers = lora_layers(gm)
+        self.examples = 0
+        self.real_tokens = 0
+        self._sums: dict[str, list[Any]] = {}  # key -> [sum x x^T, sum g g^T, tokens], torch float64
+        self._mask: Any = None
+        self._handles: list[Any] = []
+
+    @property
+    def sums(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
+        """``{layer key: (sum x x^T [in, in], sum g g^T [out, out], real tokens)}`` gathered so far,
+        float64, zeros for a layer no pass reached."""
+        out = {}
+        for layer in self.layers:
+            key = layer["key"]
+            if key in self._sums:
+                xx, gg, tokens = self._sums[key]
+                out[key] = (xx.cpu().numpy(), gg.cpu().numpy(), int(tokens))
+            else:
+                out[key] = (np.zeros((layer["in"], layer["in"])), np.zeros((layer["out"], layer["out"])), 0)
+        return out
+
+    def __enter__(self) -> "KroneckerCollector":
+        self._model_handle = self.gm.model.register_forward_pre_hook(self._batch, with_kwargs=True)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._model_handle.remove()
+        self._remove_layer_hooks()
+
+    def _remove_layer_hooks(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _attach_layer_hooks(self) -> None:
+        # attached at the start of every forward, so they run after any hook the gradient capture
+        # registered for that pass and see the output tensor that autograd differentiates
+        self._remove_layer_hooks()
+        modules = {id(lin): lin for block in self.gm.blocks for lin in block.linears}
+        for layer in self.layers:
+            self._handles.append(modules[layer["id"]].register_forward_hook(self._forward(layer["key"])))
+
+    def complete(self, n: int) -> bool:
+        """Exactly ``n`` examples went through, and every layer saw every real token of them."""
+        if self.examples != n or self.real_tokens == 0:
+            return False
+        return all(key in self._sums and self._sums[key][2] > 0 and self._sums[key][2] % self.real_tokens == 0
+                   for key in (layer["key"] for layer in self.layers))
+
+    def _batch(self, module: Any, args: tuple, kwargs: dict) -> None:
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        mask = kwargs.get("attention_mask")
+        self._attach_layer_hooks()
+        if ids is not None:
+            self.examples += int(ids.shape[0])
+            self._mask = mask.bool() if mask is not None else None
+            self.real_tokens += int(self._mask.sum()) if self._mask is not None else int(ids.numel())
+
+    def _forward(self, key: str) -> Any:
+        def hook(module: Any, inputs: tuple, output: Any) -> None:
+            if not output.requires_grad:
+                return
+            x, mask = inputs[0].detach(), self._mask
+
+            def on_grad(g: Any) -> None:
+                x3 = x.reshape(x.shape[0], -1, x.shape[-1])
+                g3 = g.detach().reshape(g.shape[0], -1, g.shape[-1])
+                xx, gg, tokens = second_moments(x3, g3, mask)
+                # the batch's examples are counted once, by the model-level hook
+                if key in self._sums:
+                    self._sums[key][0] += xx
+                    self._sums[key][1] += gg
+                    self._sums[key][2] += tokens
+                else:
+                    self._sums[key] = [xx, gg, tokens]
+
+            output.register_hook(on_grad)
+
+        return hook
+
+
+
+class ModelPasses:
+    """The passes over the model a curvature fit asks for (see the module doc).
+
+    ``gm`` is the ``GradientModel`` with the adapter to fit under active, ``tokenized`` the training
+    set as the index saw it (``TokenizedExample`` rows, dataset order), ``pad_id`` the tokenizer's
+    pad id, ``grads`` the ``GradsConfig`` of the index (batch size, loss reduction).
+    """
+
+    def __init__(self, gm: "GradientModel", tokenized: Sequence[Any], pad_id: int | None,
+                 grads: "GradsConfig | None" = None) -> None:
+        self.gm = gm
+        self.tokenized = list(tokenized)
+        self.pad_id = pad_id
+        self.grads = grads
+        self.layers = lora_layers(gm)
+
+    @property
+    def n_examples(self) -> int:
+        return len(self.tokenized)
+
+    @property
+    def block_dims(self) -> dict[str, int]:
+        """``{block: full width}``: what an unprojected per-example gradient of each block holds."""
+        return {block.name: int(block.dim) for block in self.gm.blocks}
+
+    def _batches(self) -> Iterator[tuple[int, TokenBatch]]:
+        size = int(self.grads.batch_size) if self.grads is not None else 4
+        for offset in range(0, len(self.tokenized), size):
+            rows = self.tokenized[offset: offset + size]
+            yield offset, collate(rows, self.pad_id if self.pad_id is not None else 0, self.gm.device)
+
+
+    @staticmethod
+    def _labels(fisher_seed: int | None, draw: int, offset: int, batch: TokenBatch) -> Any:
+        if fisher_seed is None:
+            return None
+        sample = _sampler(fisher_seed, draw, offset)
+        return lambda logits: sample(logits, batch.labels)
+
+
+    def factor_sums(self, fisher_seed: int | None = None, draw: int = 0) -> Iterator[tuple[int, dict[str, Any], int]]:
+        """Per batch: ``(offset, {layer: (sum x x^T, sum g g^T, real tokens)}, rows)`` over the real
+        tokens (float64 numpy), under the training labels, or labels sampled from the model with
+        ``fisher_seed`` (draw ``draw``)."""
+        reduction = self.grads.loss_reduction if self.grads is not None else "mean"
+        by_id = {layer["id"]: layer["key"] for layer in self.layers}
+        for offset, batch in self._batches():
+            _, io = linear_inputs_and_output_grads(self.gm, batch, reduction,
+                                                   self._labels(fisher_seed, draw, offset, batch))
+            real = batch.attention_mask.bool()
+            out = {}
+            for lin_id, key in by_id.items():
+                xx = gg = None
+                tokens = 0
+                for x, g in io[lin_id]:
+                    part_x, part_g, n_tokens = second_moments(x, g, real)
+                    xx = part_x if xx is None else xx + part_x
+                    gg = part_g if gg is None else gg + part_g
+                    tokens += n_tokens
+                if xx is not None and gg is not None:
+                    out[key] = (xx.cpu().numpy(), gg.cpu().numpy(), tokens)
+            yield offset, out, len(batch)
+
+
+    def layer_gradients(self, fisher_seed: int | None = None, draw: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Per batch: ``(rows, {layer: G [rows, out, in]})`` float64 numpy, each row's gradient of
+        every LoRA matrix, under the labels ``factor_sums`` would use."""
+        import torch
+
+        reduction = self.grads.loss_reduction if self.grads is not None else "mean"
+        by_id = {layer["id"]: layer for layer in self.layers}
+        for offset, batch in self._batches():
+            _, io = linear_inputs_and_output_grads(self.gm, batch, reduction,
+                                                   self._labels(fisher_seed, draw, offset, batch))
+            out = {}
+            for lin_id, layer in by_id.items():
+                acc = torch.zeros((len(batch), layer["out"], layer["in"]), dtype=torch.float64)
+                for x, g in io[lin_id]:
+                    acc += torch.einsum("bto,bti->boi", g.double().cpu(), x.double().cpu())
+                out[layer["key"]] = acc.numpy()
+            yield len(batch), out

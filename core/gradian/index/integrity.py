@@ -1,0 +1,154 @@
+"""Integrity of a stored gradient index: checksums, the manifest's own checksum, file checks.
+
+Interface: ``sha256_bytes`` / ``sha256_file`` / ``npy_bytes`` (what a chunk's recorded checksum is
+taken over), ``manifest_checksum``, ``write_manifest`` / ``read_manifest`` (a manifest whose own
+checksum does not match is an ``IndexMismatchError``), ``file_problem`` / ``chunk_problem`` /
+``chunk_problems`` / ``ids_problem`` (``None`` when a file is as recorded, else what is wrong with
+it, in words), ``refuse_mismatch`` (a stored identity that differs from the one expected) and
+``rebuild_hint`` (the command that rebuilds a store). Both the reader (``gradian.index.store``)
+and the build steps (``gradian.index.build``) check files through these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gradian.atomic import write_text_atomic
+from gradian.errors import IndexCorruptError, IndexMismatchError
+from gradian.index.manifest import FORMAT_VERSION, first_difference
+
+__all__ = ["chunk_problem", "chunk_problems", "file_problem", "ids_problem", "manifest_checksum", "npy_bytes",
+           "read_manifest", "rebuild_hint", "refuse_mismatch", "sha256_bytes", "sha256_file", "write_manifest"]
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
+def manifest_checksum(manifest: dict[str, Any]) -> str:
+    body = {k: v for k, v in manifest.items() if k != "checksum"}
+    return sha256_bytes(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode("utf-8"))
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    manifest["checksum"] = manifest_checksum(manifest)
+    write_text_atomic(path, json.dumps(manifest, indent=2))
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """The manifest of ``root``, its checksum checked; ``IndexCorruptError`` when it is damaged."""
+    path = root / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise IndexCorruptError(f"{path} is damaged (not valid JSON: {err}); {rebuild_hint(None)}") from None
+    if not isinstance(manifest, dict):
+        raise IndexCorruptError(f"{path} is damaged (not a JSON object); {rebuild_hint(None)}")
+    if "checksum" in manifest:
+        if manifest["checksum"] != manifest_checksum(manifest):
+            raise IndexCorruptError(f"{path} is damaged (its content does not match its checksum); {rebuild_hint(None)}")
+        return manifest
+    identity = manifest.get("identity")
+    version = identity.get("format_version") if isinstance(identity, dict) else None
+    if isinstance(version, int) and version < FORMAT_VERSION:
+        raise IndexMismatchError(
+            f"{root} was written in index format {version}, which records no checksums (this version reads "
+            f"{FORMAT_VERSION}); {rebuild_hint(manifest)}"
+        )
+    raise IndexCorruptError(f"{path} is damaged (no checksum); {rebuild_hint(None)}")
+
+
+def rebuild_hint(manifest: dict[str, Any] | None) -> str:
+    """The command that rebuilds this index, with the inputs it was built from when known."""
+    sources = (manifest or {}).get("sources") or {}
+    flags = [f"{flag} {sources[key]}" for flag, key in (("-d", "dataset"), ("-m", "base_model"), ("-a", "adapter_path"))
+             if sources.get(key) and not str(sources[key]).startswith("<")]
+    command = "gradian index -c <its config> " + (" ".join(flags) if flags else "<the same inputs>")
+    return (f"run `{command}` to recompute what is damaged, or the same with --force to rebuild the "
+            "whole index")
+
+
+def file_problem(path: Path, sha256: str, size: int, hash_data: bool = True) -> str | None:
+    """Why ``path`` is not the file recorded (missing, wrong size, other bytes), or ``None``."""
+    if not path.is_file():
+        return f"{path} is missing"
+    actual = path.stat().st_size
+    if actual != size:
+        return f"{path} is damaged ({actual} bytes, {size} were written: truncated or overwritten)"
+    if hash_data and sha256_file(path) != sha256:
+        return f"{path} is damaged (its bytes do not match the sha256 recorded when it was written)"
+    return None
+
+
+def chunk_problem(root: Path, k: int, record: dict[str, Any] | None, hash_data: bool) -> str | None:
+    data, norms = root / "chunks" / f"{k:05d}.npy", root / "chunks" / f"{k:05d}.norms.npy"
+    if record is None:
+        return f"{data} was never completed"
+    return (file_problem(norms, record["norms_sha256"], record["norms_bytes"])
+            or file_problem(data, record["sha256"], record["bytes"], hash_data=hash_data))
+
+
+def chunk_problems(root: Path, records: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """``{chunk: problem}`` for the chunks in ``records`` whose files are not as recorded, every
+    byte hashed. Threads: hashlib releases the GIL on large buffers, so this runs at the speed of
+    the disk or of several cores' sha256, not one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not records:
+        return {}
+    workers = max(1, min(len(records), os.cpu_count() or 1, 8))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        found = dict(zip(records, pool.map(lambda k: chunk_problem(root, k, records[k], hash_data=True), records)))
+    return {k: problem for k, problem in found.items() if problem}
+
+
+def ids_problem(path: Path, manifest: dict[str, Any]) -> str | None:
+    if not path.is_file():
+        return f"{path} is missing"
+    if sha256_file(path) != manifest["example_ids_sha256"]:
+        return f"{path} is damaged (its bytes do not match the sha256 recorded when it was written)"
+    return None
+
+
+def refuse_mismatch(root: Path, stored: dict[str, Any], given: dict[str, Any]) -> None:
+    diff = first_difference(stored, given)
+    if diff is None:
+        return
+    field, was, now = diff
+    hint = {
+        "dataset": "the dataset changed since this index was built",
+        "base": "the base model differs",
+        "adapter": "the adapter differs",
+        "tokenizer": "the tokenizer or its chat template differs",
+    }.get(field.split(".")[0], f"'{field}' differs")
+    raise IndexMismatchError(
+        f"index {root} does not match the given inputs: {hint} ({field}: index has {_short(was)}, "
+        f"given {_short(now)}); rebuild with `gradian index` (add --force to replace it) or open the index "
+        "built from these inputs"
+    )
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else value
+    return text if len(text) <= 80 else text[:77] + "..."
