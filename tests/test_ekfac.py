@@ -413,3 +413,49 @@ def test_relatif_ranks_by_each_score_over_the_root_of_the_rows_explicit_self_inf
     with pytest.raises(ConfigError, match="normalize_train"):
         engine.score(state, query, EngineConfig(name="ekfac", normalize_train="l1"))
 
+
+@pytest.mark.parametrize("damage", ["flipped_byte", "rewritten_numbers", "edited_meta", "truncated", "unchecksummed"])
+def test_a_damaged_fitted_state_is_detected_fitted_again_and_said(tmp_path, damage):
+    """A stored EK-FAC state whose bytes no longer match what was recorded is never used: the fit is
+    redone (the same arrays as a clean fit, bit for bit), stored over it, and the log says so."""
+    import io
+    import json
+
+    gm, tok, tokenized, grads, context = _setup()
+    config = EngineConfig(name="ekfac")
+    clean = fit_engine("ekfac", _StoredGradients(grads), config, context, cache_dir=tmp_path)
+    root = tmp_path / "engines" / clean.state_id
+    arrays, meta = root / "arrays.npz", root / "state.json"
+    if damage == "flipped_byte":
+        data = bytearray(arrays.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        arrays.write_bytes(bytes(data))
+    elif damage == "rewritten_numbers":  # a valid npz with other numbers: only the checksum tells
+        with np.load(arrays) as handle:
+            other = {k: handle[k] * 2 for k in handle.files}
+        buffer = io.BytesIO()
+        np.savez(buffer, **other)
+        arrays.write_bytes(buffer.getvalue())
+    elif damage == "edited_meta":
+        record = json.loads(meta.read_text())
+        record["meta"]["eigenvalues_from"] = "somewhere else"
+        meta.write_text(json.dumps(record))
+    elif damage == "truncated":
+        arrays.write_bytes(arrays.read_bytes()[:100])
+    else:
+        record = json.loads(meta.read_text())
+        del record["checksum"], record["arrays_sha256"]
+        meta.write_text(json.dumps(record))
+    lines: list[str] = []
+    logged = FitContext(**{**vars(context), "log": lines.append})
+    again = fit_engine("ekfac", _StoredGradients(grads), config, logged, cache_dir=tmp_path)
+    assert not again.cache_hit and again.repaired, again.repaired
+    assert len(lines) == 1 and clean.state_id in lines[0] and "fitting it again" in lines[0], lines
+    for key, value in clean.arrays.items():
+        assert np.array_equal(value, again.arrays[key]), key
+    # the replacement is stored whole: the next run loads it, with nothing to repair
+    hit = fit_engine("ekfac", _StoredGradients(grads), config, logged, cache_dir=tmp_path)
+    assert hit.cache_hit and hit.repaired is None and len(lines) == 1
+    q = {b: g[0] for b, g in grads.items()}
+    engine = get_engine("ekfac")
+    assert np.array_equal(engine.score(hit, q, config).scores, engine.score(clean, q, config).scores)
