@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gradian.errors import ConfigError, DatasetError
-from gradian.report.schema import Report
+from gradian.report.schema import SCHEMA_VERSION, Report
 
 __all__ = ["DROP_CHOICES", "RemovalPlan", "load_planted", "load_report", "plan_removal", "parse_id_list"]
 
@@ -79,14 +79,35 @@ def load_report(path: str | Path) -> tuple[dict[str, Any], Any]:
         report = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise ConfigError(f"--report {path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"--report {path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); "
+                          "pass the report.json that `gradian attribute --out` wrote") from None
+    except RecursionError:
+        raise ConfigError(f"--report {path}: nested too deeply to read; it is not a report Gradian wrote") from None
     if not isinstance(report, dict) or "verdict" not in report:
         raise ConfigError(f"--report {path}: not a Gradian report (it has no 'verdict'); pass a report.json from `gradian attribute`")
+    version = report.get("schema_version", 1)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ConfigError(f"--report {path}: schema_version {version!r} is not a report version; the file was edited "
+                          "or not written by Gradian")
+    if version > SCHEMA_VERSION:
+        manifest = report.get("manifest")
+        writer = manifest.get("gradian_version") if isinstance(manifest, dict) else None
+        raise ConfigError(f"--report {path}: schema_version {version} is newer than this Gradian reads "
+                          f"({SCHEMA_VERSION})" + (f"; it was written by gradian {writer}" if writer else "")
+                          + "; use that version of gradian, or upgrade this one")
     rankings = None
     beside = path.parent / "rankings.parquet"
     if beside.is_file():
         import pandas as pd
+        import pyarrow
 
-        rankings = pd.read_parquet(beside)
+        try:
+            rankings = pd.read_parquet(beside)
+        except (pyarrow.ArrowException, OSError, ValueError) as err:
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            raise ConfigError(f"--report {path}: the rankings.parquet beside it is damaged ({first}); run "
+                              "`gradian attribute` again to write the report folder whole") from None
     return report, rankings
 
 
