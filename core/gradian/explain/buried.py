@@ -92,7 +92,8 @@ def write_buried_scenario(root: str | Path, base_model: str | Path | None = None
     import yaml
 
     from gradian.tinyworld import ensure_base_model
-    from gradian.tinyworld.scenarios import N_TARGETS, write_scenario
+    from gradian.tinyworld import write_scenario
+    from gradian.tinyworld.scenarios import N_TARGETS
 
     root = Path(root)
     base = Path(base_model) if base_model else ensure_base_model()
@@ -127,6 +128,15 @@ def write_buried_scenario(root: str | Path, base_model: str | Path | None = None
             "capability": info["capability"]}
     (root / "scenario.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def _token_sum_gap(rows: list[dict[str, Any]]) -> float:
+    """``max_j |token_sum_j - score_j| / max_j |score_j|`` over the measured rows (0 with none)."""
+    items = [r["single_item"] for r in rows]
+    if not items:
+        return 0.0
+    scale = max(max(abs(i["score"]) for i in items), 1e-12)
+    return float(max(abs(i["token_sum"] - i["score"]) for i in items) / scale)
 
 
 def measure_localization(root: str | Path, base_model: str | Path | None = None,
@@ -227,11 +237,3 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     main()
 
-
-def _token_sum_gap(rows: list[dict[str, Any]]) -> float:
-    """``max_j |token_sum_j - score_j| / max_j |score_j|`` over the measured rows (0 with none)."""
-    items = [r["single_item"] for r in rows]
-    if not items:
-        return 0.0
-    scale = max(max(abs(i["score"]) for i in items), 1e-12)
-    return float(max(abs(i["token_sum"] - i["score"]) for i in items) / scale)
