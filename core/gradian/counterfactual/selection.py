@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from gradian.errors import ConfigError, DatasetError
-from gradian.report.schema import SCHEMA_VERSION, Report
+from gradian.report.schema import Report, version_problem
 
 __all__ = ["DROP_CHOICES", "RemovalPlan", "load_planted", "load_report", "plan_removal", "parse_id_list"]
 
@@ -86,16 +86,9 @@ def load_report(path: str | Path) -> tuple[dict[str, Any], Any]:
         raise ConfigError(f"--report {path}: nested too deeply to read; it is not a report Gradian wrote") from None
     if not isinstance(report, dict) or "verdict" not in report:
         raise ConfigError(f"--report {path}: not a Gradian report (it has no 'verdict'); pass a report.json from `gradian attribute`")
-    version = report.get("schema_version", 1)
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ConfigError(f"--report {path}: schema_version {version!r} is not a report version; the file was edited "
-                          "or not written by Gradian")
-    if version > SCHEMA_VERSION:
-        manifest = report.get("manifest")
-        writer = manifest.get("gradian_version") if isinstance(manifest, dict) else None
-        raise ConfigError(f"--report {path}: schema_version {version} is newer than this Gradian reads "
-                          f"({SCHEMA_VERSION})" + (f"; it was written by gradian {writer}" if writer else "")
-                          + "; use that version of gradian, or upgrade this one")
+    problem = version_problem(report)
+    if problem:
+        raise ConfigError(f"--report {path}: {problem}")
     rankings = None
     beside = path.parent / "rankings.parquet"
     if beside.is_file():

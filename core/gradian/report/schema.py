@@ -41,6 +41,7 @@ from gradian.findings import Finding
 
 __all__ = [
     "SCHEMA_VERSION",
+    "version_problem",
     "Accused",
     "AccusedCandidateRow",
     "AnalysisInputs",
@@ -879,6 +880,23 @@ class Report(_Block):
         if "schema_version" not in data:
             data = {"schema_version": UNVERSIONED, **data}
         return _decode_block(cls, data, path or "report")
+
+
+def version_problem(data: Mapping[str, Any]) -> str | None:
+    """Why a report.json read back to act on (``counterfactual --report``, ``explain --report``)
+    cannot be used as this version's report: a ``schema_version`` that is not a version, or one newer
+    than ``SCHEMA_VERSION`` (naming the gradian that wrote it). None when it can. ``from_json``
+    itself stays forward compatible; this is the check for a reader that acts on the fields."""
+    version = data.get("schema_version", UNVERSIONED)
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return f"schema_version {version!r} is not a report version; the file was edited or not written by Gradian"
+    if version > SCHEMA_VERSION:
+        manifest = data.get("manifest")
+        writer = manifest.get("gradian_version") if isinstance(manifest, Mapping) else None
+        return (f"schema_version {version} is newer than this Gradian reads ({SCHEMA_VERSION})"
+                + (f"; it was written by gradian {writer}" if writer else "")
+                + "; use that version of gradian, or upgrade this one")
+    return None
 
 
 # -- JSON Schema --------------------------------------------------------------------------------
