@@ -414,11 +414,10 @@ def _query_items(cap: Any, eval_set: Any) -> list[Any]:
 
 def _curvature_collector(gm: Any, engine: str, cross_check: str | None) -> Any:
     """Kronecker factors gathered during the index build, when a Kronecker engine will need them."""
-    from gradian.engines.registry import needs_whole_gradients
+    from gradian.engines.registry import whole_gradient_engines
     from gradian.grads.collectors import KroneckerCollector
 
-    names = [engine] + ([cross_check] if cross_check and cross_check != "none" else [])
-    if any(needs_whole_gradients(name) for name in names):
+    if whole_gradient_engines([engine, None if cross_check == "none" else cross_check]):
         return KroneckerCollector(gm)
     return None
 
