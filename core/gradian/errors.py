@@ -10,6 +10,8 @@ get past once the environment is fixed.
 
 from __future__ import annotations
 
+import errno
+
 __all__ = [
     "GradianError",
     "ConfigError",
@@ -22,6 +24,7 @@ __all__ = [
     "GradianEnvironmentError",
     "MissingDependencyError",
     "DiskFullError",
+    "environment_error",
 ]
 
 
@@ -76,3 +79,51 @@ class MissingDependencyError(GradianEnvironmentError, ImportError):
 class DiskFullError(GradianEnvironmentError, OSError):
     """The disk has too little free space for what a command writes (checked before, or met while
     writing); the message says what was kept and how to get past it."""
+
+
+#: errno -> (is the input at fault, what it means to a user)
+_PATH_ERRNOS = {
+    errno.EACCES: (False, "permission denied"),
+    errno.EPERM: (False, "operation not permitted"),
+    errno.EROFS: (False, "a read-only filesystem"),
+    errno.EIO: (False, "an input/output error (a failing disk or a dropped network mount)"),
+    errno.ELOOP: (True, "a loop of symbolic links"),
+    errno.ENAMETOOLONG: (True, "a name too long for the filesystem"),
+    errno.ENOTDIR: (True, "a part of the path is a file, not a folder"),
+}
+
+_OUT_OF_MEMORY_WORDS = ("can't allocate memory", "cannot allocate memory", "out of memory")
+
+
+def environment_error(err: BaseException) -> GradianError | None:
+    """The project error an unexpected builtin error really is, or ``None`` for a genuine bug.
+
+    Some failures reach the command line from inside libraries (torch, numpy, the filesystem)
+    however carefully the stages check their inputs first: the machine runs out of memory, a
+    folder turns out to be read-only or a symlink loops. They are about the environment or a
+    path the user gave, so they get a one-line message with the way out instead of the
+    internal-error exit code.
+    """
+    if isinstance(err, MemoryError) or (
+        isinstance(err, RuntimeError) and any(w in str(err).lower() for w in _OUT_OF_MEMORY_WORDS)
+    ):
+        detail = " ".join(str(err).split())[:200]
+        return GradianEnvironmentError(
+            "this machine ran out of memory" + (f" ({detail})" if detail else "")
+            + "; lower grads.batch_size / evaluation.batch_size or grads.max_seq_length, "
+            "shorten the longest rows, or run on a machine with more memory (gradian plan predicts the peak)"
+        )
+    if isinstance(err, OSError):
+        if err.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = f" writing {err.filename}" if err.filename else ""
+            return DiskFullError(f"the disk filled up{where}; free space or point --out / cache_dir at a "
+                                 "larger disk, then run the command again")
+        known = _PATH_ERRNOS.get(err.errno or -1)
+        if known is not None and err.filename:
+            input_fault, meaning = known
+            path = err.filename if not err.filename2 else f"{err.filename} -> {err.filename2}"
+            if input_fault:
+                return ConfigError(f"{path}: {meaning}; pass another path")
+            return GradianEnvironmentError(f"{path}: {meaning}; fix the folder's permissions or "
+                                           "pass a path on a disk you can write to")
+    return None

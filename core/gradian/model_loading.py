@@ -106,7 +106,33 @@ def read_adapter_config(adapter: str | Path) -> dict[str, Any]:
     peft_type = str(data["peft_type"]).upper()
     if peft_type != "LORA":
         raise ModelLoadError(f"{path}: peft_type is {peft_type}; Gradian works with LoRA adapters only")
+    _check_lora_numbers(data, path)
     return data
+
+
+def _check_lora_numbers(data: dict[str, Any], path: Path) -> None:
+    """``r`` a positive whole number and ``lora_alpha`` a finite positive number, in the config and
+    in its per-module ``rank_pattern`` / ``alpha_pattern``: LoRA scales each update by alpha / r."""
+    import math
+
+    def bad(key: str, value: Any, rule: str) -> ModelLoadError:
+        return ModelLoadError(f"{path}: {key} is {value!r}; it must be {rule}. The file was edited or "
+                              f"damaged: {_RESAVE}")
+
+    checks = [("r", data.get("r"), "int"), ("lora_alpha", data.get("lora_alpha"), "float")]
+    for pattern, kind in (("rank_pattern", "int"), ("alpha_pattern", "float")):
+        entries = data.get(pattern) or {}
+        if isinstance(entries, dict):
+            checks += [(f"{pattern}[{module!r}]", value, kind) for module, value in entries.items()]
+    for key, value, kind in checks:
+        if value is None and "pattern" not in key:
+            continue  # PEFT's default applies
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad(key, value, "a number")
+        if kind == "int" and not (isinstance(value, int) and value >= 1):
+            raise bad(key, value, "a whole number of at least 1 (the LoRA rank)")
+        if kind == "float" and not (math.isfinite(value) and value > 0):
+            raise bad(key, value, "a finite number greater than zero")
 
 
 def _adapter_weights_path(adapter_dir: Path) -> Path:
@@ -160,7 +186,13 @@ def check_adapter_weights(adapter: str | Path, adapter_config: dict[str, Any] | 
     if not tensors:
         raise AdapterWeightsError(f"{weights} holds no tensors; {_RESAVE}")
     for key, tensor in tensors.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+        if not tensor.is_floating_point():
+            raise AdapterWeightsError(
+                f"{weights}: {key} is stored as {str(tensor.dtype).replace('torch.', '')}, but LoRA weights are "
+                f"floating point (float32, bfloat16, float16); the file was converted or quantized by "
+                f"another tool: {_RESAVE}"
+            )
+        if not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())
             raise AdapterWeightsError(
                 f"{weights}: {key} has {bad} NaN or infinite value(s) of {tensor.numel()}; the training "
@@ -248,10 +280,30 @@ def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -
         raise ModelLoadError(
             f"cannot load base model '{base}' ({str(err).splitlines()[0]}); check base_model / --base-model"
         ) from None
+    check_finite_weights(model, f"base model '{base}'", "its weights are damaged: copy or download the base "
+                         "model again (--base-model / base_model)")
     peft_model = _attach_adapter(model, adapter_dir, base, saved)
     peft_model.to(device)
+    check_finite_weights(peft_model, f"adapter {adapter_dir} in {str(dtype).replace('torch.', '')}",
+                         f"its values overflow {str(dtype).replace('torch.', '')}: set dtype: float64 in the config "
+                         "(a wider type), or use an earlier checkpoint", only="lora_")
     peft_model.eval()
     return peft_model
+
+
+def check_finite_weights(model: Any, what: str, fix: str, only: str | None = None) -> None:
+    """Every floating-point parameter of ``model`` (those whose name holds ``only``, when given)
+    free of NaN and infinity, or a ``ModelLoadError`` naming the first tensor that is not."""
+    import torch
+
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if (only is not None and only not in name) or not param.is_floating_point():
+                continue
+            if not bool(torch.isfinite(param).all()):
+                bad = int((~torch.isfinite(param)).sum())
+                raise ModelLoadError(f"{what}: {name} holds {bad} NaN or infinite value(s) of "
+                                     f"{param.numel():,}; {fix}")
 
 
 def _attach_adapter(model: Any, adapter_dir: Path, base: str, saved: dict[str, tuple[int, ...]]) -> Any:

@@ -26,6 +26,7 @@ def ensure_writable_dir(path: str | Path, name: str) -> Path:
     ``name`` says where the path came from (``--out``, ``cache_dir``) and is named in the message.
     """
     path = Path(path)
+    _refuse_broken_links(path, name)
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"{name} {path} is an existing file, not a folder; pass a folder path "
@@ -40,6 +41,19 @@ def ensure_writable_dir(path: str | Path, name: str) -> Path:
                           "pass another path")
     _probe(parent, name, path)
     return path
+
+
+def _refuse_broken_links(path: Path, name: str) -> None:
+    """A symbolic link on the way that loops or points nowhere: no folder can be made through it."""
+    for part in (path, *path.parents):
+        if not part.is_symlink():
+            continue
+        try:
+            os.stat(part)
+        except OSError as err:
+            why = "is a loop of symbolic links" if err.errno == errno.ELOOP else \
+                f"is a symbolic link to {os.readlink(part)}, which does not exist"
+            raise ConfigError(f"{name} {path}: {part} {why}; pass another path or repair the link") from None
 
 
 def _probe(folder: Path, name: str, path: Path) -> None:

@@ -26,7 +26,7 @@ import sys
 
 import typer
 
-from gradian.errors import GradianError
+from gradian.errors import GradianError, environment_error
 
 __all__ = ["app", "main", "INTERNAL_ERROR_EXIT_CODE"]
 
@@ -89,8 +89,10 @@ def _print_error(text: str) -> None:
 
     from gradian.redact import redact
 
+    from gradian.cli.output import terminal_safe
+
     line = " ".join(part.strip() for part in redact(text).splitlines() if part.strip())  # one line
-    Console(stderr=True).print(f"[bold red]error:[/] {escape(line)}", highlight=False, soft_wrap=True)
+    Console(stderr=True).print(f"[bold red]error:[/] {escape(terminal_safe(line))}", highlight=False, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -115,5 +117,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as err:  # noqa: BLE001 -- the last line of defence against a traceback
         if _debug:
             raise
+        known = environment_error(err)
+        if known is not None:
+            _print_error(str(known))
+            sys.exit(known.exit_code)
         _print_error(f"internal error: {type(err).__name__}: {err} (rerun with --debug for the traceback)")
         sys.exit(INTERNAL_ERROR_EXIT_CODE)

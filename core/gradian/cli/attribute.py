@@ -43,6 +43,7 @@ def attribute_command(
 
     from gradian.attribution import run_attribution
     from gradian.cli.index import build_index_stage
+    from gradian.cli.output import shown
     from gradian.cli.run_flags import index_progress, publish_to_source, read_run, run_reference
     from gradian.config import load_config
     from gradian.distributed import join_shard_group
@@ -84,7 +85,7 @@ def attribute_command(
         outcome = run_attribution(
             cfg, capability=capability, cross_check=cross_check, run=record, force=force and shard is None,
             out_dir=out_dir,
-            progress=progress, log=lambda message: console.print(f"[dim]{message}[/]", highlight=False),
+            progress=progress, log=lambda message: console.print(f"[dim]{shown(message)}[/]", highlight=False),
         )
     print_summary(Console(), outcome.report_obj if outcome.report_obj is not None else outcome.report)
     if out is not None:
@@ -97,16 +98,17 @@ def print_summary(console: Any, report: "Report | Mapping[str, Any]") -> None:
     """One screen: the verdict, the capability change, the accused cluster and set, the agreement, hedges."""
     from rich.panel import Panel
 
+    from gradian.cli.output import shown
     from gradian.report.schema import Report
 
     report = Report.of(report)
     verdict, cap, attr = report.verdict, report.capability, report.attribution
-    lines = [f"[bold]Verdict: {verdict.kind}[/]  {verdict.summary}"]
+    lines = [f"[bold]Verdict: {verdict.kind}[/]  {shown(verdict.summary)}"]
     if cap is not None:
         lo, hi = cap.ci_bounds()
         ci = f"[{lo:+.3f}, {hi:+.3f}]" if lo is not None and hi is not None else "[?]"
         lines.append(
-            f"'{cap.name}' ({cap.metric}): {cap.base:.3f} -> {cap.tuned:.3f} "
+            f"'{shown(cap.name)}' ({shown(cap.metric)}): {cap.base:.3f} -> {cap.tuned:.3f} "
             f"(delta {cap.delta:+.3f}, CI {ci}) over {cap.n_items} items; "
             f"{cap.n_flipped} flipped, {cap.n_base_failing} already failing on the base; "
             f"status {cap.status}"
@@ -116,19 +118,19 @@ def print_summary(console: Any, report: "Report | Mapping[str, Any]") -> None:
     if attr is not None and attr.clusters:
         top = attr.clusters[0]
         lines.append(
-            f"Most harmful cluster: {top.cluster} ({top.label}), {top.n} examples, "
+            f"Most harmful cluster: {shown(top.cluster)} ({shown(top.label)}), {top.n} examples, "
             f"{100 * (top.share_of_negative or 0):.0f}% of the negative influence"
         )
     accused = attr.accused if attr is not None else None
     if accused is not None:
         lines.append(
-            f"[bold]Accused set: {accused.n} of cluster {accused.cluster}'s {accused.cluster_n} rows[/], "
+            f"[bold]Accused set: {accused.n} of cluster {shown(accused.cluster)}'s {accused.cluster_n} rows[/], "
             f"{100 * accused.share_of_cluster_harm:.0f}% of its harm, an estimated "
             f"{100 * accused.estimated_harmful_share:.0f}% harmful; {accused.n_left_out} left out "
             "(rankings.parquet column 'accused'; retrain without them: gradian counterfactual --drop accused)"
         )
         for span in (attr.spans if attr is not None else [])[:3]:
-            lines.append(f"  {span.example_id}: harmful span \"{span.span_text}\"")
+            lines.append(f"  {shown(span.example_id)}: harmful span \"{shown(span.span_text)}\"")
     if attr is not None and attr.engine_agreement_spearman is not None:
         lines.append(f"Engines {attr.engine} vs {attr.cross_check}: Spearman "
                      f"{attr.engine_agreement_spearman:.3f}; query {attr.query_signal}")
@@ -136,7 +138,7 @@ def print_summary(console: Any, report: "Report | Mapping[str, Any]") -> None:
     if critical:
         lines.append(f"[red]{len(critical)} critical audit finding(s): " + ", ".join(f.id for f in critical) + "[/]")
     for hedge in verdict.hedges[:4]:
-        lines.append(f"[yellow]- {hedge}[/]")
+        lines.append(f"[yellow]- {shown(hedge)}[/]")
     console.print(Panel("\n".join(lines), title="Gradian", expand=False), highlight=False)
 
 

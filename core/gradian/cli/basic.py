@@ -58,8 +58,13 @@ def init_config_command(
     from gradian.atomic import write_text_atomic
     from gradian.config import render_starter_config
 
+    from gradian.paths import ensure_writable_dir
+
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a folder; pass a file path such as {out / 'gradian.yaml'}")
     if out.exists() and not force:
         raise ConfigError(f"{out} already exists; pass --force to overwrite it or --out to pick another path")
+    ensure_writable_dir(out.parent, "--out")  # a read-only folder is named, not its temporary file
     write_text_atomic(out, render_starter_config(base_model=base_model))
     typer.echo(f"wrote {out}")
 

@@ -50,6 +50,7 @@ def counterfactual_command(
 
     from gradian.config import load_config
     from gradian.counterfactual import DROP_CHOICES, load_planted, load_report, parse_id_list, plan_removal, run_counterfactual
+    from gradian.cli.output import shown
     from gradian.cli.run_flags import publish_to_source, read_run, run_reference
     from gradian.data import load_dataset
     from gradian.inputs import resolve_inputs
@@ -93,7 +94,7 @@ def counterfactual_command(
     outcome = run_counterfactual(
         cfg, plan, out_dir=out_dir, capability=name,
         before=accused_capability.to_json() if accused_capability else None, planted=planted, run=record,
-        log=lambda message: console.print(f"[dim]{message}[/]", highlight=False),
+        log=lambda message: console.print(f"[dim]{shown(message)}[/]", highlight=False),
     )
     print_counterfactual(Console(), outcome.report)
     Console().print(f"wrote {out_dir / 'report.html'} (and report.json, report.md, the retrained run in {out_dir / 'run'})",
@@ -105,13 +106,14 @@ def print_counterfactual(console: Any, report: "Report | Mapping[str, Any]") -> 
     """One screen: the outcome, the verdict's summary and its hedges."""
     from rich.panel import Panel
 
+    from gradian.cli.output import shown
     from gradian.report.schema import Report
 
     typed = Report.of(report)
     outcome = typed.counterfactual.outcome if typed.counterfactual else "?"
-    lines = [f"[bold]Counterfactual: {outcome.replace('_', ' ')}[/]", typed.verdict.summary]
+    lines = [f"[bold]Counterfactual: {outcome.replace('_', ' ')}[/]", shown(typed.verdict.summary)]
     for hedge in typed.verdict.hedges:
-        lines.append(f"[yellow]- {hedge}[/]")
+        lines.append(f"[yellow]- {shown(hedge)}[/]")
     console.print(Panel("\n".join(lines), title="Gradian", expand=False), highlight=False)
 
 

@@ -24,6 +24,7 @@ def explain_command(
 
     from rich.console import Console
 
+    from gradian.cli.output import shown
     from gradian.errors import ConfigError
     from gradian.explain import DIRECT_ENGINES, explain_from_report
 
@@ -31,7 +32,7 @@ def explain_command(
         raise ConfigError(f"--engine {engine!r}: spans can be scored with {' or '.join(DIRECT_ENGINES)}")
     console = Console(stderr=True)
     explanation = explain_from_report(report, example_id, item, config, engine=engine,
-                                      log=lambda message: console.print(f"[dim]{message}[/]", highlight=False))
+                                      log=lambda message: console.print(f"[dim]{shown(message)}[/]", highlight=False))
     if as_json:
         print(json.dumps(explanation.to_dict(), indent=2))
         return
@@ -43,26 +44,28 @@ def print_explanation(console: Any, data: dict, n_words: int = 8) -> None:
     from rich.panel import Panel
     from rich.text import Text
 
-    text = Text(data["text"])
+    from gradian.cli.output import shown, terminal_safe
+
+    text = Text(terminal_safe(data["text"], keep_offsets=True))  # the span offsets stay valid
     if data.get("span_start") is not None:
         text.stylize("bold red", data["span_start"], data["span_end"])
     score = data.get("score")
-    head = (f"example {data['example_id']} against item {data['item_id']} ({data['engine']}, {data['signal']} query); "
+    head = (f"example {shown(data['example_id'])} against item {shown(data['item_id'])} ({data['engine']}, {data['signal']} query); "
             f"token contributions sum to {data['token_sum']:.4g}"
             + (f", the example's score is {score:.4g}" if isinstance(score, (int, float)) else ""))
     console.print(head, highlight=False)
     console.print(Panel(text, title="harmful span in red", expand=False))
     if data.get("span_text"):
-        console.print(f"Harmful span: \"{data['span_text']}\" ({data['span_score']:.4g})", highlight=False)
+        console.print(f"Harmful span: \"{shown(data['span_text'])}\" ({data['span_score']:.4g})", highlight=False)
     else:
         console.print("No sentence of this example is harmful to the query.", highlight=False)
     for s in data.get("sentences") or []:
-        console.print(f"  {s['score']:+.4g}  {s['text']}", highlight=False)
+        console.print(f"  {s['score']:+.4g}  {shown(s['text'])}", highlight=False)
     worst = sorted(data.get("words") or [], key=lambda w: w["score"])[:n_words]
     if worst:
-        console.print("Most harmful words: " + ", ".join(f"{w['text']} ({w['score']:+.3g})" for w in worst), highlight=False)
+        console.print("Most harmful words: " + ", ".join(f"{shown(w['text'])} ({w['score']:+.3g})" for w in worst), highlight=False)
     for note in data.get("notes") or []:
-        console.print(f"[yellow]{note}[/]", highlight=False)
+        console.print(f"[yellow]{shown(note)}[/]", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

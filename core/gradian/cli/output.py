@@ -19,7 +19,16 @@ from typing import Any, Iterable, Sequence
 
 import typer
 
-__all__ = ["stdout_is_terminal", "print_table", "print_json", "print_line", "quiet_libraries"]
+from gradian.redact import terminal_safe
+
+__all__ = ["stdout_is_terminal", "print_table", "print_json", "print_line", "quiet_libraries", "terminal_safe",
+           "shown"]
+
+def shown(text: Any) -> str:
+    """A user's string made safe for the terminal and for rich markup (``[bold]`` stays literal)."""
+    from rich.markup import escape
+
+    return escape(terminal_safe(text))
 
 
 def stdout_is_terminal() -> bool:
@@ -31,7 +40,7 @@ def stdout_is_terminal() -> bool:
 
 
 def _cell(value: Any) -> str:
-    text = "" if value is None else str(value)
+    text = "" if value is None else terminal_safe(value)
     return " ".join(text.split()) if any(c in text for c in "\t\n\r") else text
 
 
@@ -57,18 +66,20 @@ def print_table(
             typer.echo("\t".join(_cell(v) for v in row))
         return
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title)
     for column in columns:
         table.add_column(column, overflow="fold")
     for i, row in enumerate(rows):
-        table.add_row(*(_cell(v) for v in row), style=(styles[i] if styles else None) or None)
+        table.add_row(*(escape(_cell(v)) for v in row), style=(styles[i] if styles else None) or None)
     (console or Console()).print(table)
 
 
 def print_line(text: str, style: str | None = None, *, err: bool = False) -> None:
     """One line of prose; styled on a terminal, plain when piped."""
+    text = terminal_safe(text)
     if not stdout_is_terminal() or err:
         typer.echo(text, err=err)
         return

@@ -73,7 +73,16 @@ def plan_command(
         tokenized = tokenize_examples(load_dataset(cfg.dataset).examples, tok, cfg.grads.max_seq_length)
         pad_id = tok.pad_token_id or 0
         shape = DatasetShape.from_tokenized(tokenized, str(cfg.dataset))
-    elif n_examples:
+    elif n_examples is not None:
+        if n_examples < 1:
+            raise ConfigError(f"--n-examples is {n_examples}; it must be a positive number of training rows")
+        if tokens < 1:
+            raise ConfigError(f"--tokens is {tokens}; it must be a positive number of tokens per row")
+        from gradian.sizes import check_fits_memory
+
+        # the plan keeps two lengths per row (Python list slots of 8 bytes, plus a copy when truncated)
+        check_fits_memory(32 * n_examples, f"--n-examples {n_examples:,} needs",
+                          "plan for fewer rows: the figures scale linearly, so plan a tenth and multiply")
         shape = DatasetShape.uniform(n_examples, tokens)
     else:
         raise ConfigError("no dataset to plan for: pass --dataset FILE, or --n-examples N (with --tokens T)")

@@ -348,6 +348,12 @@ def validate_config(config: GradianConfig, where: str = "config",
         value = _get(config, key)
         if key == "device" and re.fullmatch(r"cuda:\d+", str(value)):
             continue
+        if value in ("True", "False") and value.lower() in choices:
+            # YAML reads a bare `true` as a boolean, which the string field holds as "True": the
+            # user wrote the choice itself
+            section, _, name = key.rpartition(".")
+            setattr(_get(config, section) if section else config, name, value.lower())
+            continue
         if value not in choices:
             close = difflib.get_close_matches(str(value), choices, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -370,6 +376,13 @@ def validate_config(config: GradianConfig, where: str = "config",
         raise bad("grads.projection_dim", config.grads.projection_dim, "at least 1, or null")
     if config.grads.max_index_gb is not None and not config.grads.max_index_gb > 0:
         raise bad("grads.max_index_gb", config.grads.max_index_gb, "greater than zero, or null")
+    from gradian.sizes import check_fits_memory
+
+    n_boot = config.evaluation.n_bootstrap
+    # the resampled means (float64) and the copy the percentile takes of them
+    check_fits_memory(16 * n_boot, f"{key_lines.get('evaluation.n_bootstrap', where)}: 'evaluation.n_bootstrap' "
+                      f"is {n_boot:,}, whose resampled means need",
+                      "2000 resamples give a steady 95% interval, 10000 a steadier one")
     if not 0 < config.evaluation.ci_level < 1:
         raise bad("evaluation.ci_level", config.evaluation.ci_level, "strictly between 0 and 1 (e.g. 0.95)")
     if not 0 <= config.train.warmup_ratio < 1:

@@ -152,6 +152,29 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _reject_lone_surrogates(value: Any, where: str, key: str = "") -> None:
+    """Every string of a row must be Unicode text: a lone UTF-16 surrogate (JSON's "\\ud800" escape
+    without its pair) is not, and could not be written to any report, table or terminal."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as err:
+            bad = value[err.start]
+            name = f"'{key}'" if key else "the row"
+            raise DatasetError(
+                f"{where}: {name} holds a lone surrogate (\\u{ord(bad):04x} at character {err.start}), which is "
+                "not a Unicode character; the text was cut inside a character pair or escaped wrongly: "
+                "re-export the row, or remove the escape"
+            ) from None
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            _reject_lone_surrogates(k, where, key)
+            _reject_lone_surrogates(v, where, f"{key}.{k}" if key else str(k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _reject_lone_surrogates(v, where, f"{key}[{i}]")
+
+
 def _check_text(value: Any, key: str, where: str, turns_allowed: bool = False) -> None:
     """A shape's field must be a string (or, for a prompt or answer side, a list of turns)."""
     if isinstance(value, str) or (turns_allowed and isinstance(value, list)):
@@ -220,6 +243,7 @@ def row_to_example(row: Any, index: int, where: str, line: int | None = None) ->
     every column of every row, so a question/answer row would otherwise also look like a
     prompt/completion row. Dropping them also keeps ids equal across file formats.
     """
+    _reject_lone_surrogates(row, where)
     if isinstance(row, str):
         return Example(id=example_id(row, index), index=index, shape="raw", text=row, line=line)
     if not isinstance(row, Mapping):

@@ -5,6 +5,12 @@ is found by rendering the prefix before it (with the generation prompt) and the 
 it. Tokens whose offsets fall inside an assistant span are supervised: the assistant's content
 plus whatever the template closes the turn with (end-of-turn / EOS, where the template puts it).
 
+Rendering every prefix is quadratic in a row's turns, so a row with more than ``_EXACT_TURNS``
+assistant turns is placed turn by turn from short rendering windows instead, each checked against
+the full rendering (and a few turns against their exact prefixes): the same spans in linear time.
+Where the template fails those checks the row renders every prefix as before, up to
+``_MAX_EXACT_TURNS`` assistant turns; a longer such row is refused, naming the bound.
+
 Without a chat template the turns are joined with newlines, EOS is appended, and the whole
 sequence is supervised; ``whole_sequence`` records that fallback. Text rows are always supervised
 whole.
@@ -97,36 +103,146 @@ def render_example(tokenizer: Any, example: Example) -> tuple[str, list[tuple[in
     messages = example.messages
     try:
         full = _render(tokenizer, messages, generation_prompt=False)
-        spans: list[tuple[int, int]] = []
-        stable = True
-        cursor = 0
-        for i, turn in enumerate(messages):
-            if turn["role"] != "assistant":
-                continue
-            before = _render(tokenizer, messages[:i], generation_prompt=True)
-            last = i == len(messages) - 1
-            through = full if last else _render(tokenizer, messages[: i + 1], generation_prompt=False)
-            if full.startswith(before) and full.startswith(through) and len(through) >= len(before):
-                spans.append((len(before), len(through)))
-                cursor = len(through)
-                continue
-            # The template rewrites earlier turns (some strip reasoning from past turns): fall back
-            # to locating the assistant content in the full rendering.
-            stable = False
-            start = full.find(turn["content"], cursor) if turn["content"] else -1
-            if start < 0:
-                continue
-            end = start + len(turn["content"])
-            eos = tokenizer.eos_token or ""
-            if eos and full.startswith(eos, end):
-                end += len(eos)
-            spans.append((start, end))
-            cursor = end
+        turns = [i for i, turn in enumerate(messages) if turn["role"] == "assistant"]
+        bounds = _windowed_bounds(tokenizer, messages, full, turns) if len(turns) > _EXACT_TURNS else None
+        if bounds is not None:
+            spans, stable = bounds, True
+        elif len(turns) > _MAX_EXACT_TURNS:
+            raise DatasetError(
+                f"example {example.id}: {len(turns):,} assistant turns in one conversation, and the chat "
+                "template does not render this conversation turn by turn as string prefixes (or a turn's "
+                "rendering depends on turns far before it), so every turn's prefix would have to be "
+                f"rendered on its own, which is quadratic in the turns; above {_MAX_EXACT_TURNS:,} assistant "
+                "turns such a row is refused: split the conversation into shorter rows"
+            )
+        else:
+            spans, stable = _exact_spans(tokenizer, messages, full)
+    except DatasetError:
+        raise
     except Exception as err:  # jinja raises its own types; a template may also raise on purpose
         raise DatasetError(
             f"example {example.id}: the tokenizer's chat template failed to render it ({err})"
         ) from None
     return full, [_trim_after_eos(full, span, tokenizer.eos_token) for span in spans], False, stable
+
+
+#: rows with at most this many assistant turns render every turn's prefix (``_exact_spans``)
+_EXACT_TURNS = 32
+#: how many turns before the previous assistant turn a rendering window may start
+_WINDOW_REACH = 16
+#: the most assistant turns a row may have when only per-prefix rendering can place its turns
+_MAX_EXACT_TURNS = 1000
+
+
+def _exact_spans(
+    tokenizer: Any, messages: Sequence[dict[str, str]], full: str
+) -> tuple[list[tuple[int, int]], bool]:
+    """(untrimmed spans, prefix_stable) by rendering the prefix before and through each assistant turn.
+
+    The reference method, for any template: two renderings per assistant turn, each as long as the
+    conversation up to it, so quadratic in the turns of a row.
+    """
+    spans: list[tuple[int, int]] = []
+    stable = True
+    cursor = 0
+    for i, turn in enumerate(messages):
+        if turn["role"] != "assistant":
+            continue
+        bounds = _exact_bounds(tokenizer, messages, full, i)
+        if bounds is not None:
+            spans.append(bounds)
+            cursor = bounds[1]
+            continue
+        # The template rewrites earlier turns (some strip reasoning from past turns): fall back
+        # to locating the assistant content in the full rendering.
+        stable = False
+        start = full.find(turn["content"], cursor) if turn["content"] else -1
+        if start < 0:
+            continue
+        end = start + len(turn["content"])
+        eos = tokenizer.eos_token or ""
+        if eos and full.startswith(eos, end):
+            end += len(eos)
+        spans.append((start, end))
+        cursor = end
+    return spans, stable
+
+
+def _exact_bounds(
+    tokenizer: Any, messages: Sequence[dict[str, str]], full: str, i: int
+) -> tuple[int, int] | None:
+    """Assistant turn ``i``'s (start, end) in ``full`` from its rendered prefixes; None where either
+    prefix is not a string prefix of ``full``."""
+    before = _render(tokenizer, messages[:i], generation_prompt=True)
+    through = full if i == len(messages) - 1 else _render(tokenizer, messages[: i + 1], generation_prompt=False)
+    if full.startswith(before) and full.startswith(through) and len(through) >= len(before):
+        return len(before), len(through)
+    return None
+
+
+def _windowed_bounds(
+    tokenizer: Any, messages: Sequence[dict[str, str]], full: str, turns: list[int]
+) -> list[tuple[int, int]] | None:
+    """The spans ``_exact_spans`` finds on a prefix-stable row, in time linear in its turns; None
+    where this row and template cannot be vouched for (the caller then renders every prefix).
+
+    The first assistant turn is placed exactly. Each later one is placed from the end of the one
+    before it: a short window (the leading system turns, then the conversation from a turn of the
+    first turn's role at the same parity, just before the previous assistant turn) is rendered
+    through the previous assistant turn, before this one (with the generation prompt) and through
+    it. The growth between those renderings is where this turn starts and ends, provided each is a
+    string prefix of the next and the text they add is the full rendering's text at that place, so
+    the windows tile ``full`` exactly. Templates whose output depends on more than the nearby turns
+    (a running turn number, the conversation's length) fail that check or the exact renderings
+    of a few sampled turns (the second and third, the quartiles, the last), and fall back.
+    """
+    head = 0
+    while head < len(messages) and messages[head]["role"] not in ("user", "assistant"):
+        head += 1
+    try:
+        first = _exact_bounds(tokenizer, messages, full, turns[0])
+        if first is None:
+            return None
+        bounds = [first]
+        lead = list(messages[:head])
+        for previous, i in zip(turns, turns[1:]):
+            start = _window_start(messages, head, previous)
+            if start is None:
+                return None
+            base = _render(tokenizer, lead + list(messages[start : previous + 1]), generation_prompt=False)
+            before = _render(tokenizer, lead + list(messages[start:i]), generation_prompt=True)
+            through = _render(tokenizer, lead + list(messages[start : i + 1]), generation_prompt=False)
+            if not (before.startswith(base) and through.startswith(before)):
+                return None
+            offset = bounds[-1][1]
+            if not full.startswith(through[len(base) :], offset):
+                return None
+            bounds.append((offset + len(before) - len(base), offset + len(through) - len(base)))
+        if turns[-1] == len(messages) - 1 and bounds[-1][1] != len(full):
+            return None
+        n = len(turns)
+        for k in sorted({1, 2, n // 4, n // 2, (3 * n) // 4, n - 1} - {0}):
+            if k < n and _exact_bounds(tokenizer, messages, full, turns[k]) != bounds[k]:
+                return None
+    except Exception:  # a window the template refuses: the exact method decides (and reports errors)
+        return None
+    return bounds
+
+
+def _window_start(messages: Sequence[dict[str, str]], head: int, previous: int) -> int | None:
+    """Where the rendering window before assistant turn ``previous`` starts: the nearest turn at or
+    before it with the role of the first non-system turn, an even number of turns after it (so
+    templates that check alternation by position accept the window), else the nearest with that
+    role; None when neither is within ``_WINDOW_REACH`` turns."""
+    role = messages[head]["role"]
+    reach = range(previous, max(head, previous - _WINDOW_REACH) - 1, -1)
+    for start in reach:
+        if messages[start]["role"] == role and (start - head) % 2 == 0:
+            return start
+    for start in reach:
+        if messages[start]["role"] == role:
+            return start
+    return None
 
 
 def _trim_after_eos(full: str, span: tuple[int, int], eos: str | None) -> tuple[int, int]:

@@ -194,7 +194,7 @@ class _KroneckerEngine(Engine):
         eigen = {}
         for layer in layers:
             a, s = factors[layer["key"]].finish()
-            eigen[layer["key"]] = eigendecompose(a, s)
+            eigen[layer["key"]] = eigendecompose(a, s, layer["key"])
         corrected = None
         if self.correct_eigenvalues:
             sums = {key: np.zeros_like(e.eigenvalues) for key, e in eigen.items()}

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gradian.errors import ConfigError
+
 __all__ = ["KroneckerFactors", "KroneckerEigen", "eigendecompose", "corrected_eigenvalues", "damped_inverse"]
 
 
@@ -80,20 +82,36 @@ class KroneckerEigen:
         return self.q_s @ grads @ self.q_a.T
 
 
-def _eigh(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+_FACTOR_FIX = ("the adapter's gradients are too large or not finite: use an earlier checkpoint, load the model "
+               "in a wider type (dtype: float32 or float64), or set engine.name: datainf, which needs no "
+               "eigendecomposition")
+
+
+def _eigh(matrix: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
     import torch
 
+    if not np.isfinite(matrix).all():
+        raise ConfigError(f"EK-FAC: the {what} holds NaN or infinite values; {_FACTOR_FIX}")
     # torch's LAPACK call runs under the project's torch thread settings
-    values_t, vectors_t = torch.linalg.eigh(torch.from_numpy(np.ascontiguousarray((matrix + matrix.T) / 2)))
+    try:
+        values_t, vectors_t = torch.linalg.eigh(torch.from_numpy(np.ascontiguousarray((matrix + matrix.T) / 2)))
+    except RuntimeError as err:  # torch.linalg.LinAlgError: the iteration did not converge
+        largest = float(np.abs(matrix).max()) if matrix.size else 0.0
+        raise ConfigError(f"EK-FAC: the eigendecomposition of the {what} did not converge (largest entry "
+                          f"{largest:.3g}; {str(err).splitlines()[0][:120]}); {_FACTOR_FIX}") from None
     values, vectors = values_t.numpy(), vectors_t.numpy()
     # covariances are positive semi-definite; round-off can leave tiny negative values
     return np.clip(values, 0.0, None), vectors
 
 
-def eigendecompose(a: np.ndarray, s: np.ndarray) -> KroneckerEigen:
-    """The Kronecker eigenbasis of ``A (x) S`` with K-FAC's eigenvalues ``s_o a_i``."""
-    a_values, q_a = _eigh(a)
-    s_values, q_s = _eigh(s)
+def eigendecompose(a: np.ndarray, s: np.ndarray, block: str = "a LoRA block") -> KroneckerEigen:
+    """The Kronecker eigenbasis of ``A (x) S`` with K-FAC's eigenvalues ``s_o a_i``.
+
+    Factors that hold NaN or infinity, or whose eigendecomposition does not converge, raise a
+    ``ConfigError`` naming ``block`` and the settings that get past it.
+    """
+    a_values, q_a = _eigh(a, f"input covariance of {block}")
+    s_values, q_s = _eigh(s, f"output-gradient covariance of {block}")
     return KroneckerEigen(q_a, q_s, np.outer(s_values, a_values))
 
 

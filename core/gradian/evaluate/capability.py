@@ -35,6 +35,8 @@ __all__ = [
     "WEAK_MARGIN_NATS",
     "ModelOutputs",
     "base_preference_margins",
+    "check_eval_lengths",
+    "unique_items",
     "collect_outputs",
     "evaluate_capability",
     "score_items",
@@ -79,6 +81,52 @@ def _eval_examples(dataset: Dataset, metric: str) -> list[Example]:
             )
         check_item(metric, e.completion, where)
     return examples
+
+
+def unique_items(examples: Sequence[Example]) -> tuple[list[Example], int]:
+    """The eval items with each (prompt, answer) pair kept once, in order, and how many repeats
+    were dropped: a copied item is one question, and counting it again would shrink the interval
+    and pass ``evaluation.min_items`` on evidence that is not there."""
+    import json
+
+    seen: set[str] = set()
+    kept = []
+    for e in examples:
+        key = json.dumps([e.prompt_messages, e.completion], sort_keys=True, ensure_ascii=False)
+        if key not in seen:
+            seen.add(key)
+            kept.append(e)
+    return kept, len(examples) - len(kept)
+
+
+def check_eval_lengths(examples: Sequence[Example], tokenizer: Any, model: Any, max_new_tokens: int,
+                       path: str) -> None:
+    """Refuse, before any generation, an eval item longer than the model reads (its
+    ``max_position_embeddings``) or whose attention would not fit in the available memory."""
+    from gradian.data import render_prompt
+    from gradian.sizes import check_fits_memory
+
+    config = getattr(model, "config", None)
+    limit = getattr(config, "max_position_embeddings", None)
+    heads = int(getattr(config, "num_attention_heads", 0) or 0)
+    longest, where_longest = 0, ""
+    for e in examples:
+        where = f"{path}:{e.line}" if e.line else f"{path} row {e.index}"
+        prompt = tokenizer(render_prompt(tokenizer, list(e.prompt_messages)), add_special_tokens=False)["input_ids"]
+        answer = tokenizer(e.completion or "", add_special_tokens=False)["input_ids"]
+        n = len(prompt) + max(len(answer), max_new_tokens)
+        if isinstance(limit, int) and limit > 0 and n > limit:
+            raise DatasetError(
+                f"{where}: the item needs {n:,} tokens (prompt {len(prompt):,}, answer up to "
+                f"{max(len(answer), max_new_tokens):,}) but the model reads at most {limit:,} "
+                "(max_position_embeddings in its config.json); shorten the item or leave it out of the eval set"
+            )
+        if n > longest:
+            longest, where_longest = n, where
+    if heads and longest:
+        # one layer's attention scores for the longest item, in float32, and the softmax's copy
+        check_fits_memory(8.0 * heads * longest * longest, f"{where_longest}: scoring this item of {longest:,} "
+                          "tokens needs", "shorten the item or leave it out of the eval set")
 
 
 def collect_outputs(
@@ -202,10 +250,12 @@ def summarize_capability(
     weak_margin_nats: float = WEAK_MARGIN_NATS,
     low_base_threshold: float = LOW_BASE_SCORE,
     min_items: int | None = None,
+    n_repeats: int = 0,
 ) -> CapabilityResult:
     """Means, the paired bootstrap, counts and flags over already-scored items.
 
-    ``min_items`` (``evaluation.min_items``) marks a result over fewer items ``too_few_items``.
+    ``min_items`` (``evaluation.min_items``) marks a result over fewer items ``too_few_items``;
+    ``n_repeats`` is how many repeated eval items were dropped before scoring.
     """
     items = list(items)
     base_scores = [i.base_score for i in items]
@@ -234,6 +284,7 @@ def summarize_capability(
         low_base_threshold=low_base_threshold,
         low_base_score=(not proxy) and base < low_base_threshold,
         min_items=min_items,
+        n_repeats=n_repeats,
     )
 
 
@@ -266,12 +317,13 @@ def evaluate_capability(
             )
         eval_dataset = config.eval_dataset
     dataset = eval_dataset if isinstance(eval_dataset, Dataset) else load_dataset(eval_dataset)
-    examples = _eval_examples(dataset, ev.metric)
+    examples, n_repeats = unique_items(_eval_examples(dataset, ev.metric))
     if model is None:
         model, loaded_tokenizer = load_tuned_model(config, adapter_path)
         tokenizer = tokenizer or loaded_tokenizer
     elif tokenizer is None:
         raise ModelLoadError("evaluate_capability got a model but no tokenizer; pass the tokenizer it was trained with")
+    check_eval_lengths(examples, tokenizer, model, ev.max_new_tokens, str(getattr(dataset, "path", "") or "the eval set"))
     base_out, tuned_out = collect_outputs(
         model, tokenizer, examples, metric=ev.metric, max_new_tokens=ev.max_new_tokens,
         batch_size=ev.batch_size, greedy=ev.greedy, seed=config.seed,
@@ -283,5 +335,5 @@ def evaluate_capability(
     return summarize_capability(
         items, name=capability, metric=ev.metric, n_bootstrap=ev.n_bootstrap, ci_level=ev.ci_level,
         seed=config.seed, weak_margin_nats=weak_margin_nats, low_base_threshold=low_base_threshold,
-        min_items=ev.min_items,
+        min_items=ev.min_items, n_repeats=n_repeats,
     )

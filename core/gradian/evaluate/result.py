@@ -78,6 +78,8 @@ class CapabilityResult:
     low_base_score: bool = False
     #: ``evaluation.min_items``: fewer items than this cannot show a significant change
     min_items: int | None = None
+    #: eval items dropped because they repeat an earlier one (same prompt and answer)
+    n_repeats: int = 0
 
     @property
     def too_few_items(self) -> bool:
@@ -120,6 +122,12 @@ class CapabilityResult:
     def hedges(self) -> list[str]:
         """Plain-language qualifiers on any data verdict drawn from this capability."""
         out = []
+        if self.n_repeats:
+            out.append(
+                f"{self.n_repeats} of the {self.n_items + self.n_repeats} eval items repeated an earlier item "
+                f"(the same prompt and answer) and were counted once: the measurement rests on {self.n_items} "
+                "distinct items."
+            )
         if self.n_base_failing:
             out.append(
                 f"{self.n_base_failing} of the {self.n_items} eval items already fail on the base "
@@ -176,6 +184,7 @@ class CapabilityResult:
             low_base_threshold=self.low_base_threshold,
             low_base_score=self.low_base_score,
             min_items=self.min_items,
+            n_repeats=self.n_repeats,
             n_weakly_held=len(self.weakly_held_items),
             mean_base_margin=self.mean_base_margin,
             hedges=self.hedges(),

@@ -114,7 +114,7 @@ class VerdictThresholds:
 class Hedge:
     """A qualifier on the verdict: ``code`` names it, ``figures`` are the numbers it cites.
 
-    Codes: ``base_failing``, ``low_base``, ``weakly_held``, ``proxy_metric`` (from the capability),
+    Codes: ``repeated_items``, ``base_failing``, ``low_base``, ``weakly_held``, ``proxy_metric`` (from the capability),
     ``engine_disagreement``, ``no_cross_check``, ``gated``, ``no_target`` (from the attribution),
     ``checks_skipped`` (from the audit).
     """
@@ -393,6 +393,8 @@ def _hedges(cap: Capability | None, attribution: Attribution | None,
             thresholds: VerdictThresholds) -> tuple[Hedge, ...]:
     out: list[Hedge] = []
     if cap is not None:
+        if cap.n_repeats:
+            out.append(Hedge("repeated_items", {"n_repeats": cap.n_repeats, "n_items": cap.n_items}))
         if cap.n_base_failing:
             out.append(Hedge("base_failing", {"n_base_failing": cap.n_base_failing, "n_items": cap.n_items}))
         if cap.low_base_score:

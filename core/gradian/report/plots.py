@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from gradian.redact import terminal_safe
 from gradian.report.schema import Capability, ClusterRow, Report, ReportFinding
 
 if TYPE_CHECKING:
@@ -22,6 +23,12 @@ __all__ = ["PLOT_NAMES", "draw_plots", "flagged_steps"]
 
 PLOT_NAMES = ("capability", "clusters", "scores", "training")
 _HARM, _HELP, _REST, _FLAG = "#c0392b", "#2e86c1", "#95a5a6", "#e67e22"
+
+
+def _label(text: object) -> str:
+    """A user's string as plot text: control characters shown as escapes, ``$`` kept literal
+    (matplotlib would read ``$...$`` as mathtext)."""
+    return terminal_safe(text).replace("$", r"\$")
 
 
 def _figure(width: float = 7.0, height: float = 3.6) -> "Figure":
@@ -46,8 +53,8 @@ def _capability_plot(cap: Capability) -> bytes:
     ax.errorbar([1], [tuned], yerr=[[max(0.0, tuned - (base + lo))], [max(0.0, base + hi - tuned)]],
                 color="black", capsize=8, lw=1.5)
     ax.axhline(base, color=_REST, ls=":", lw=1)
-    ax.set_ylabel(str(cap.metric))
-    ax.set_title(f"{cap.name}: delta {cap.delta:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] "
+    ax.set_ylabel(_label(cap.metric))
+    ax.set_title(f"{_label(cap.name)}: delta {cap.delta:+.4f}, 95% CI [{lo:+.4f}, {hi:+.4f}] "
                  f"({cap.status})", fontsize=9)
     return _png(fig)
 
@@ -56,7 +63,7 @@ def _clusters_plot(clusters: Sequence[ClusterRow], accused: str | None) -> bytes
     rows = list(clusters)[:15]
     fig = _figure(7.0, max(2.2, 0.38 * len(rows) + 1.0))
     ax = fig.add_subplot()
-    names = [f"{c.cluster}: {str(c.label)[:40]}" if c.label else str(c.cluster) for c in rows][::-1]
+    names = [_label(f"{c.cluster}: {str(c.label)[:40]}" if c.label else c.cluster) for c in rows][::-1]
     values = [float(c.signed_influence) for c in rows][::-1]
     colors = [_HARM if str(c.cluster) == accused else (_REST if c.signed_influence < 0 else _HELP)
               for c in rows][::-1]

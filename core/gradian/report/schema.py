@@ -369,6 +369,9 @@ class Capability(_Block):
         "fewer items than min_items: status is the bootstrap's reading of too few items to call any change "
         "significant, and the gate refuses attribution"))
     min_items: int | None = field(default=None, metadata=_optional("evaluation.min_items when it was measured"))
+    n_repeats: int = field(default=0, metadata=_help(
+        "eval items left out because they repeat an earlier item (the same prompt and answer); n_items counts "
+        "the distinct ones"))
     ci_level: float = 0.95
     n_bootstrap: int = 2000
     seed: int = 1234

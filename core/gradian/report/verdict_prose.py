@@ -124,6 +124,11 @@ def _base_failing(n_base_failing: int, n_items: int | None) -> str:
             "example can be blamed for those, and they are counted apart.")
 
 
+def _repeated_items(n_repeats: int, n_items: int) -> str:
+    return (f"{n_repeats} of {n_repeats + n_items} eval items repeat an earlier item (the same prompt and "
+            f"answer) and count once: the measurement rests on {n_items} distinct items.")
+
+
 def _low_base(base: float) -> str:
     return (f"The base model scored only {base:.4g} before training: the capability was mostly absent "
             "to begin with, so a data explanation accounts for little.")
@@ -168,6 +173,7 @@ def _checks_skipped(n_skipped: int, n_checks: int) -> str:
 
 #: each hedge code's wording, called with the hedge's figures as keyword arguments
 _HEDGE_WORDS: dict[str, Callable[..., str]] = {
+    "repeated_items": _repeated_items,
     "base_failing": _base_failing,
     "low_base": _low_base,
     "weakly_held": _weakly_held,

@@ -40,6 +40,21 @@ def _load_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise RunRecordError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
+    except UnicodeDecodeError as err:
+        raise RunRecordError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start}); the file is "
+                             "damaged: write it again or remove it from the run folder") from None
+    except RecursionError:
+        raise RunRecordError(f"{path}: nested too deeply to be a trainer's file; remove it from the "
+                             "run folder") from None
+
+
+def _load_object(path: Path) -> dict[str, Any]:
+    """A JSON file that must hold an object (a trainer's state, an adapter config)."""
+    data = _load_json(path)
+    if not isinstance(data, dict):
+        raise RunRecordError(f"{path}: holds a JSON {type(data).__name__}, not an object; the file is "
+                             "damaged: write it again or remove it from the run folder")
+    return data
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -103,7 +118,7 @@ def read_run_dir(path: str | Path) -> RunRecord:
     record = RunRecord(source=str(run_dir))
     own = run_dir / "gradian_run.json"
     if own.is_file():
-        record = RunRecord.from_dict(_load_json(own))
+        record = RunRecord.from_dict(_load_json(own), where=str(own))
         record.source = str(run_dir)
 
     raw_args: dict[str, Any] = {}
@@ -117,7 +132,7 @@ def read_run_dir(path: str | Path) -> RunRecord:
         raw_args = _read_pickled_args(run_dir, record)
 
     state_path = _find_in_run(run_dir, "trainer_state.json")
-    state: dict[str, Any] = _load_json(state_path) if state_path else {}
+    state: dict[str, Any] = _load_object(state_path) if state_path else {}
     if state:
         # trainer_state.json records a few arguments itself; explicit args files win. Its
         # max_steps is the trainer's plan (derived from epochs when the user set none), not the
@@ -148,7 +163,7 @@ def read_run_dir(path: str | Path) -> RunRecord:
     adapter = find_adapter_dir(run_dir)
     if adapter is not None:
         record.adapter_dir = str(adapter)
-        record.lora = LoraSettings.from_adapter_config(_load_json(adapter / "adapter_config.json"))
+        record.lora = LoraSettings.from_adapter_config(_load_object(adapter / "adapter_config.json"))
     elif record.adapter_dir and not Path(record.adapter_dir).is_absolute():
         record.adapter_dir = str(run_dir / record.adapter_dir)
     record.checkpoints = [str(p) for p in list_checkpoints(run_dir) if (p / "adapter_config.json").is_file()]

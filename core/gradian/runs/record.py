@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Mapping
+
+from gradian.errors import RunRecordError
 
 __all__ = [
     "TrainerConfig",
@@ -265,20 +267,24 @@ class RunRecord:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunRecord":
+    def from_dict(cls, data: Mapping[str, Any], where: str = "run record") -> "RunRecord":
+        """The record ``to_dict`` wrote. Every section and field is type-checked: a wrong type
+        is a ``RunRecordError`` naming ``where`` (the file) and the key."""
+        data = _section(data, where, "")
+        logs = _section(data.get("logs") or {}, where, "logs")
+        steps = _list(logs.get("steps") or [], where, "logs.steps")
         return cls(
-            config=_dataclass_from(TrainerConfig, data.get("config") or {}),
-            lora=_dataclass_from(LoraSettings, data.get("lora") or {}),
-            logs=TrainingLogs(
-                steps=[_dataclass_from(LogStep, s) for s in (data.get("logs") or {}).get("steps", [])]
-            ),
-            adapter_dir=data.get("adapter_dir"),
-            dataset=_dataclass_from(DatasetRef, data.get("dataset") or {}),
-            source=data.get("source"),
-            checkpoints=list(data.get("checkpoints") or []),
-            planned_steps=_as_int(data.get("planned_steps")),
-            inferred=dict(data.get("inferred") or {}),
-            notes=list(data.get("notes") or []),
+            config=_dataclass_from(TrainerConfig, data.get("config") or {}, where, "config"),
+            lora=_dataclass_from(LoraSettings, data.get("lora") or {}, where, "lora"),
+            logs=TrainingLogs(steps=[_dataclass_from(LogStep, s, where, f"logs.steps[{k}]") for k, s in enumerate(steps)]),
+            adapter_dir=_typed(data.get("adapter_dir"), str, where, "adapter_dir"),
+            dataset=_dataclass_from(DatasetRef, data.get("dataset") or {}, where, "dataset"),
+            source=_typed(data.get("source"), str, where, "source"),
+            checkpoints=[_typed(c, str, where, f"checkpoints[{k}]")
+                         for k, c in enumerate(_list(data.get("checkpoints") or [], where, "checkpoints"))],
+            planned_steps=_as_int(_typed(data.get("planned_steps"), int, where, "planned_steps")),
+            inferred={str(k): str(v) for k, v in _section(data.get("inferred") or {}, where, "inferred").items()},
+            notes=[str(n) for n in _list(data.get("notes") or [], where, "notes")],
         )
 
     def write_json(self, path: str | Path) -> None:
@@ -287,9 +293,79 @@ class RunRecord:
         write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
 
-def _dataclass_from(cls: type, data: Mapping[str, Any]) -> Any:
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+def _kind(value: Any) -> str:
+    kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+             dict: "an object", type(None): "null"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+def _bad(where: str, key: str, value: Any, wanted: str) -> RunRecordError:
+    shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+    name = f"'{key}'" if key else "the file"
+    return RunRecordError(
+        f"{where}: {name} is {_kind(value)} ({shown}); it must be {wanted}. The file is damaged or was "
+        "not written by Gradian: delete it (the trainer's own files are read instead) or write it again "
+        "with `gradian train`"
+    )
+
+
+def _section(data: Any, where: str, key: str) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise _bad(where, key, data, "an object")
+    return data
+
+
+def _list(data: Any, where: str, key: str) -> list[Any]:
+    if not isinstance(data, list):
+        raise _bad(where, key, data, "a list")
+    return data
+
+
+def _typed(value: Any, kind: type, where: str, key: str) -> Any:
+    """``value`` if it is ``None`` or of ``kind`` (an int where a float is wanted too); else an error."""
+    if value is None:
+        return None
+    ok = (isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))) or (
+        kind is float and isinstance(value, int) and not isinstance(value, bool))
+    if not ok:
+        raise _bad(where, key, value, {bool: "true or false", int: "an integer", float: "a number",
+                                       str: "a string", list: "a list", dict: "an object"}[kind])
+    return value
+
+
+def _field_kind(annotation: Any) -> type | None:
+    """The one builtin a dataclass field holds (``int | None`` -> int); ``None`` for ``Any``."""
+    text = str(annotation).replace(" ", "")
+    for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
+        if text in (name, f"{name}|None"):
+            return kind
+    if text.startswith("list[") or text.startswith("list|") or text == "list":
+        return list
+    if text.startswith("dict["):
+        return dict
+    return None
+
+
+def _dataclass_from(cls: type, data: Any, where: str = "run record", key: str = "") -> Any:
+    data = _section(data, where, key)
+    values = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        kind = _field_kind(f.type)
+        value = data[f.name]
+        if kind is not None:
+            _typed(value, kind, where, f"{key}.{f.name}" if key else f.name)
+        if kind is list and value is not None:
+            for k, item in enumerate(value):
+                _typed(item, str, where, f"{key}.{f.name}[{k}]")
+        values[f.name] = value
+    missing = [f.name for f in fields(cls) if f.name not in values
+               and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise RunRecordError(f"{where}: '{key}' has no '{missing[0]}'; the file is damaged: delete it (the "
+                             "trainer's own files are read instead) or write it again with `gradian train`")
+    return cls(**values)
 
 
 # -- trainer argument normalization -----------------------------------------------------------

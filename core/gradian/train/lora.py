@@ -208,9 +208,14 @@ def _load_model(name: str, config: Any, backend: str) -> Any:
     if backend == "unsloth":
         return _load_unsloth(name, config)
     try:
-        return AutoModelForCausalLM.from_pretrained(name, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"cannot load base model '{name}' ({err}); check base_model") from None
+    from gradian.model_loading import check_finite_weights
+
+    check_finite_weights(model, f"base model '{name}'", "its weights are damaged: copy or download the base "
+                         "model again (base_model)")
+    return model
 
 
 def _load_unsloth(name: str, config: Any) -> Any:
