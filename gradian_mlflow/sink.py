@@ -247,29 +247,20 @@ def work_started_ms(report: "Report | Mapping[str, Any]", now_ms: int, started_a
 
 
 def _params(report: Report) -> dict[str, str]:
+    """The child run's parameters: Gradian's version and config hash, the engines and the query,
+    the engine's own settings as it describes them (``manifest.engine_state.params``), the metric."""
     manifest = report.manifest
     attribution = report.attribution
-    config = manifest.config if isinstance(manifest, (AttributeManifest, CounterfactualManifest)) else {}
-    engine_config = config.get("engine") or {}
     state = manifest.engine_state if isinstance(manifest, AttributeManifest) else None
-    fitted = (state.settings if state is not None else None) or {}
-    engine = attribution.engine if attribution is not None else None
-    raw = {
+    raw: dict[str, Any] = {
         "gradian.version": manifest.gradian_version if isinstance(
             manifest, (AttributeManifest, DiagnoseManifest, CounterfactualManifest)) else None,
         "gradian.config_hash": manifest.config_hash if isinstance(
             manifest, (AttributeManifest, CounterfactualManifest)) else None,
-        "engine": engine,
+        "engine": attribution.engine if attribution is not None else None,
         "cross_check": attribution.cross_check if attribution is not None else None,
         "query_signal": attribution.query_signal if attribution is not None else None,
-        "damping": engine_config.get("lambda_override") or engine_config.get("lambda_scale"),
-        "damping_kind": ("absolute" if engine_config.get("lambda_override") is not None
-                         else "scale" if engine else None),
-        "fisher": fitted.get("fisher"),
-        # what ekfac/kfac order the rows by (relatif or none); the curvature-free engines have no choice
-        "ranking": engine_config.get("normalize_train") if fitted.get("fisher") else None,
-        # only when not the final adapter alone, so runs of the default keep their parameter set
-        "checkpoints": fitted.get("checkpoints"),
+        **(state.params if state is not None else {}),
         "metric": report.capability.metric if report.capability is not None else None,
     }
     return {k: str(v)[:500] for k, v in raw.items() if v is not None}
@@ -450,7 +441,8 @@ def log_diagnosis(
     """Log ``report`` (a ``Report`` or its report.json dict) and ``files`` as a child run; returns its run id.
 
     ``rankings`` is a pandas DataFrame with one row per training example, written as
-    ``rankings.parquet``. PNG files among ``files`` go under ``plots/``. ``started_at`` (seconds
+    ``rankings.parquet`` (and its accused rows as ``accused.parquet``) unless ``files`` already
+    holds a ``rankings.parquet``, which is then logged as it is. PNG files among ``files`` go under ``plots/``. ``started_at`` (seconds
     since the epoch) is when the work began, if the caller knows better than the report. ``into_run``: a run
     already open for this work (the ``mlflow run`` project run) that becomes the child instead of a
     new one, when it lives in the source's experiment.
@@ -508,7 +500,8 @@ def _log_into(client: Any, run_id: str, source_id: str, report: Report, *, kind:
     for path in map(Path, files):
         dest = ArtifactKeys.PLOTS if path.suffix == ".png" else ArtifactKeys.ROOT
         call(f"logging {path.name}", lambda: client.log_artifact(run_id, str(path), artifact_path=dest))
-    if rankings is not None:
+    logged = {Path(f).name for f in files}
+    if rankings is not None and "rankings.parquet" not in logged:  # tables written with the report go as they are
         with tempfile.TemporaryDirectory() as tmp:
             target = Path(tmp) / "rankings.parquet"
             rankings.to_parquet(target, index=False)

@@ -163,6 +163,7 @@ def _manifest_without_times(index):
     manifest = json.loads((index.root / "manifest.json").read_text())
     for key in ("created_at", "build_seconds", "checksum"):
         manifest.pop(key)
+    manifest.pop("repairs", None)  # what this build repaired: the resumed one did, the clean one did not
     return manifest
 
 

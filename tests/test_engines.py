@@ -266,3 +266,24 @@ def test_tracin_fit_loads_checkpoints_as_adapters_on_one_base(tmp_path, tiny_lor
     record.checkpoints = [str(final)]
     one = engine.fit(index, cfg.engine, dataclasses.replace(context, run=record))
     assert one.meta.get("equivalent_to") == "graddot"
+
+
+def test_each_engine_describes_the_settings_its_run_is_logged_by():
+    """What the MLflow child run's parameters and the overflow message name comes from the engine,
+    so neither the pipeline nor the sink knows engine-specific keys."""
+    import dataclasses
+
+    from gradian.config import EngineConfig
+    from gradian.engines import get_engine
+
+    cfg = EngineConfig()
+    assert get_engine("graddot").describe(cfg) == {} and get_engine("graddot").damping_setting(cfg) is None
+    assert get_engine("datainf").describe(cfg) == {"damping": 0.1, "damping_kind": "scale"}
+    absolute = dataclasses.replace(cfg, lambda_override=1e-3)
+    assert get_engine("datainf").describe(absolute) == {"damping": 1e-3, "damping_kind": "absolute"}
+    assert get_engine("datainf").damping_setting(absolute)[0] == "engine.lambda_override"
+    assert get_engine("ekfac").describe(cfg) == {"damping": 0.1, "damping_kind": "scale", "fisher": "empirical",
+                                                 "ranking": "relatif"}
+    everything = dataclasses.replace(cfg, checkpoints="all", fisher="true", normalize_train="none")
+    assert get_engine("kfac").describe(everything) == {"damping": 0.1, "damping_kind": "scale", "fisher": "true",
+                                                       "ranking": "none", "checkpoints": "all"}

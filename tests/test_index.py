@@ -201,3 +201,82 @@ def test_an_adapter_of_dora_modules_only_is_refused_naming_them():
     config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], use_dora=True, task_type="CAUSAL_LM")
     with pytest.raises(ModelLoadError, match=r"no LoRA blocks found.*model\.layers\.0\.self_attn\.q_proj"):
         wrap_peft_model(get_peft_model(build_tiny_base("llama"), config).eval())
+
+
+# -- repairs: said, kept on the index, recorded in the manifest ------------------------------------
+
+
+def _flip(path, at=-3):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_repaired_chunk_is_said_and_recorded_in_the_manifest(tmp_path, gm64, chat_tokenizer):
+    dataset = dataset_from_rows(_rows(10))
+    config = _config(tmp_path)
+    clean = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
+    assert clean.repairs == [] and clean.manifest["repairs"] == []
+    norms = clean.root / "chunks" / "00001.norms.npy"
+    original = norms.read_bytes()
+    _flip(norms)
+    lines: list[str] = []
+    repaired = GradientIndex.build(gm64, chat_tokenizer, dataset, config, log=lines.append)
+    assert not repaired.cache_hit and norms.read_bytes() == original
+    (record,) = repaired.repairs
+    assert record["file"] == str(norms) and record["chunk"] == 1
+    assert record["problem"] == "damaged (its bytes do not match the sha256 recorded when it was written)"
+    assert record["action"].startswith("recomputed")
+    assert repaired.repaired == [f"{norms} was {record['problem']}: {record['action']}"]
+    assert lines == [f"repaired index {repaired.index_id}: chunks/00001.norms.npy was {record['problem']}: "
+                     f"{record['action']}"]
+    stored = json.loads((repaired.root / "manifest.json").read_text())
+    assert stored["repairs"] == [record]
+    GradientIndex.open(repaired.root).verify()  # the manifest that records it still checks out
+    # a later build with nothing to repair says nothing; the record stays in the store's history
+    again = GradientIndex.build(gm64, chat_tokenizer, dataset, config, log=lines.append)
+    assert again.cache_hit and again.repairs == [] and len(lines) == 1
+    assert again.manifest["repairs"] == [record]
+
+
+def test_a_repair_on_a_cache_hit_rewrites_the_manifest_and_without_log_warns(tmp_path, gm64, chat_tokenizer, caplog):
+    dataset = dataset_from_rows(_rows(6))
+    config = _config(tmp_path)
+    clean = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
+    ids = clean.root / "example_ids.json"
+    _flip(ids, at=5)
+    with caplog.at_level("WARNING", logger="gradian.index"):
+        fixed = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
+    assert fixed.cache_hit and fixed.example_ids == dataset.ids
+    assert [r["file"] for r in fixed.repairs] == [str(ids)]
+    assert fixed.repairs[0]["action"] == "written again from the dataset"
+    assert [r.getMessage() for r in caplog.records] == [
+        f"repaired index {fixed.index_id}: example_ids.json was damaged (its bytes do not match the sha256 "
+        "recorded when it was written): written again from the dataset"]
+    assert GradientIndex.open(fixed.root).manifest["repairs"] == fixed.repairs
+
+
+def test_a_damaged_manifest_is_recorded_in_the_rebuilt_one(tmp_path, gm64, chat_tokenizer):
+    dataset = dataset_from_rows(_rows(6))
+    config = _config(tmp_path)
+    clean = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
+    path = clean.root / "manifest.json"
+    path.write_text(path.read_text().replace('"n_examples": 6', '"n_examples": 7'))
+    rebuilt = GradientIndex.build(gm64, chat_tokenizer, dataset, config)
+    (record,) = rebuilt.repairs
+    assert record["file"] == str(path) and record["problem"] == "damaged (its content does not match its checksum)"
+    assert "whole index was rebuilt" in record["action"]
+    assert GradientIndex.open(rebuilt.root).manifest["repairs"] == [record]
+
+
+def test_the_repair_summary_shows_a_few_and_points_at_the_manifest(tmp_path):
+    from gradian.index.build import MAX_REPAIRS, repair_summary
+
+    root = tmp_path / "index" / "abc"
+    repairs = [{"file": str(root / "chunks" / f"{k:05d}.npy"), "problem": "missing", "action": "recomputed"}
+               for k in range(5)]
+    line = repair_summary("abc", root, repairs)
+    assert line == ("repaired index abc: chunks/00000.npy was missing: recomputed; chunks/00001.npy was missing: "
+                    "recomputed; chunks/00002.npy was missing: recomputed; and 2 more (listed under 'repairs' in "
+                    f"{root / 'manifest.json'})")
+    assert "\n" not in line and MAX_REPAIRS >= 100

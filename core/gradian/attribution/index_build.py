@@ -3,7 +3,8 @@
 Interface: ``index_from_config(config, force=False, progress=None, shard=None, log=None) -> IndexBuild``
 loads the dataset, the tokenizer and the model for gradients, seeds torch, turns a projection on
 when the full index would pass ``grads.max_index_gb`` (said through ``log``; see
-``gradian.index.sizing``), and returns the stored index with the model, the tokenizer and the
+``gradian.index.sizing``), says through ``log`` what the build repaired when it found a stored
+file damaged (``GradientIndex.build``; ``index.repairs`` holds the records), and returns the stored index with the model, the tokenizer and the
 config it was built under (the query must be built with the same ones). With ``shard`` (a
 ``gradian.distributed.ShardGroup``) every rank calls it, computes on its own device
 (``cuda:LOCAL_RANK`` under ``device: auto``) and writes its share of the chunks.
@@ -66,6 +67,6 @@ def index_from_config(config: Any, *, force: bool = False, progress: Callable[[i
     if auto is not None and log is not None:
         log(auto.message())
     index = GradientIndex.build(model, tokenizer, dataset, config, force=force, progress=progress, shard=shard,
-                                extra_manifest={"projection_auto": auto.manifest()} if auto else None)
+                                extra_manifest={"projection_auto": auto.manifest()} if auto else None, log=log)
     return IndexBuild(index, model, tokenizer, dataset, cache_hit=index.cache_hit, config=config,
                       projection_auto=auto)

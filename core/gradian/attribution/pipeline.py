@@ -111,7 +111,7 @@ def run_attribution(
     from gradian.config.loader import validate_for_dataset
     from gradian.data import load_dataset
     from gradian.engines import equivalent_engines, rank_correlation
-    from gradian.engines.registry import resolve_cross_check, whole_gradient_engines
+    from gradian.engines.registry import get_engine, independent_cross_check, resolve_cross_check, whole_gradient_engines
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients, skipped_modules_finding
     from gradian.index import GradientIndex
@@ -181,14 +181,16 @@ def run_attribution(
         collector = _curvature_collector(gm, cfg.engine.name, cross_check)
         with collector or contextlib.nullcontext():
             index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=force, progress=progress,
-                                        extra_manifest={"projection_auto": auto.manifest()} if auto else None)
+                                        extra_manifest={"projection_auto": auto.manifest()} if auto else None,
+                                        log=log)
         index_seconds = time.time() - t0
         items, scope, notes, finding_ids = select_query_items(eval_items, dataset.examples)
         qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
                                   scope=scope, notes=notes, finding_ids=finding_ids)
         log(f"fitting and scoring with {cfg.engine.name}" + (f" and {cross_check}" if cross_check and cross_check != "none" else ""))
         t0 = time.time()
-        main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log, collector)
+        tokenized = _Tokenized(dataset, tokenizer, cfg.grads.max_seq_length)  # shared by every fit below
+        main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
         fit_seconds = {cfg.engine.name: round(time.time() - t0, 3)}
         main = _score(cfg, main_state, qg, gm, tokenizer, items)
         item_scores = np.asarray(main.scores, dtype=np.float64)
@@ -201,16 +203,16 @@ def run_attribution(
         cross_note = None
         if cross_check and cross_check != "none":
             t0 = time.time()
-            cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log, collector)
+            cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
             same = equivalent_engines(main_state, cross_state)
             if same:
                 # an engine agrees with itself: pick one that ranks by another method
-                other = _independent_cross_check(cfg.engine.name, main_state)
+                other = independent_cross_check(cfg.engine.name, main_state)
                 cross_note = (f"cross-check {cross_check} is not independent of {cfg.engine.name} ({same}); "
                               f"cross-checking with {other} instead")
                 log(cross_note)
                 cross_check = other
-                cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log, collector)
+                cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
             fit_seconds[cross_check] = round(time.time() - t0, 3)
             cross = _score(cfg, cross_state, qg, gm, tokenizer, items)
             cross_scores = _mean_over_items(cross.scores)
@@ -258,6 +260,7 @@ def run_attribution(
             bytes=index.disk_bytes(),
             bytes_per_example=round(index.disk_bytes() / max(index.n, 1), 1),
             build_seconds=round(index_seconds, 3),
+            repaired=list(index.repaired),
         )
         manifest.index_manifest = index.manifest
         manifest.damping = main.damping
@@ -265,6 +268,8 @@ def run_attribution(
             engine=main_state.engine, state_id=main_state.state_id, cache_hit=main_state.cache_hit,
             settings=main_state.meta.get("settings", {}), fit_seconds=round(main_state.fit_seconds, 3),
             stage_seconds=fit_seconds, repaired=main_state.repaired,
+            params=get_engine(main_state.engine).describe(dataclasses.replace(cfg.engine, name=main_state.engine),
+                                                          main_state),
         )
         manifest.clustering = ClusteringSummary.from_json(
             {k: v for k, v in assignment.to_dict().items() if k != "labels"}, "manifest.clustering")
@@ -294,8 +299,6 @@ def run_attribution(
         # one all-or-nothing write: a full disk leaves no report without its tables
         files = write_report(report_obj, out_dir, rankings=rankings, logs=run.logs if run is not None else None,
                              extra_files=tables)
-        # accused.parquet stays out of the returned list, as before (the sink writes its own)
-        files = [f for f in files if f.name != "accused.parquet"]
     return AttributionOutcome(report=report, rankings=rankings, capability=cap, files=files, run=run,
                               report_obj=report_obj)
 
@@ -422,15 +425,34 @@ def _curvature_collector(gm: Any, engine: str, cross_check: str | None) -> Any:
     return None
 
 
+class _Tokenized:
+    """The training rows tokenized once, on first use, for every fit that reads the model."""
+
+    def __init__(self, dataset: Any, tokenizer: Any, max_seq_length: int | None) -> None:
+        self._args = dataset, tokenizer, max_seq_length
+        self._rows: list[Any] | None = None
+
+    def rows(self) -> list[Any]:
+        if self._rows is None:
+            from gradian.data import tokenize_examples
+
+            dataset, tokenizer, max_seq_length = self._args
+            self._rows = tokenize_examples(dataset.examples, tokenizer, max_seq_length)
+        return self._rows
+
+
 def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any,
-         progress: Progress | None, log: Callable[[str], None], collected: Any = None) -> Any:
+         progress: Progress | None, log: Callable[[str], None], collected: Any = None,
+         tokenized: _Tokenized | None = None) -> Any:
     """The engine's fitted state on ``index`` (from the cache beside it when fitted before)."""
     from gradian.attribution.checkpoints import fit_context
     from gradian.engines import fit_engine, get_engine
 
     engine_cfg = dataclasses.replace(cfg.engine, name=engine)
-    context = fit_context(cfg, gm, tokenizer, dataset, run, collected=collected, progress=progress, log=log,
-                          needs_model=get_engine(engine).needs_model)
+    needs_model = get_engine(engine).needs_model
+    rows = tokenized.rows() if tokenized is not None and needs_model else None
+    context = fit_context(cfg, gm, tokenizer, dataset, run, tokenized=rows, collected=collected, progress=progress,
+                          log=log, needs_model=needs_model)
     state = fit_engine(engine, index, engine_cfg, context, cache_dir=cfg.cache_dir)
     if state.state_id:
         log(f"{engine}: fitted state {state.state_id}" + (" (cached)" if state.cache_hit else f" in {state.fit_seconds:.1f} s"))
@@ -461,10 +483,11 @@ def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any) -
 
 
 def _check_finite_scores(scores: Any, engine_cfg: Any) -> None:
-    """Non-finite scores are refused before anything is ranked or written, naming the damping key.
+    """Non-finite scores are refused before anything is ranked or written, naming the setting.
 
     With finite gradients (the adapter's weights are checked on load) a NaN or inf score comes from
-    the inverse curvature: a damping so small that dividing by it overflows.
+    the inverse curvature: a damping so small that dividing by it overflows (the engine names its
+    damping key, ``Engine.damping_setting``); without curvature, from the gradients themselves.
     """
     values = np.asarray(scores, dtype=np.float64)
     bad = int(values.size - np.isfinite(values).sum())
@@ -472,17 +495,13 @@ def _check_finite_scores(scores: Any, engine_cfg: Any) -> None:
         return
     from gradian.engines import get_engine
 
-    if get_engine(engine_cfg.name).curvature == "none":  # no damping: the gradients themselves overflowed
+    setting = get_engine(engine_cfg.name).damping_setting(engine_cfg)
+    if setting is None:  # no damping: the gradients themselves overflowed
         raise ConfigError(
             f"{engine_cfg.name} gave {bad} of {values.size} influence scores that are NaN or infinite: the "
             "per-example gradients overflowed; compute them at full precision (dtype: float32). Nothing was written"
         )
-    if engine_cfg.lambda_override is not None:
-        key, value = "engine.lambda_override", engine_cfg.lambda_override
-        fix = "raise it, or remove it to damp by engine.lambda_scale"
-    else:
-        key, value = "engine.lambda_scale", engine_cfg.lambda_scale
-        fix = "raise it (0.1 is the default)"
+    key, value, fix = setting
     raise ConfigError(
         f"{engine_cfg.name} gave {bad} of {values.size} influence scores that are NaN or infinite with "
         f"{key}={value!r}: the damping is too small for these gradients, so inverting the curvature "
@@ -493,15 +512,6 @@ def _check_finite_scores(scores: Any, engine_cfg: Any) -> None:
 def _mean_over_items(scores: Any) -> np.ndarray:
     values = np.asarray(scores, dtype=np.float64)
     return values.mean(axis=1) if values.ndim == 2 else values
-
-
-def _independent_cross_check(engine: str, state: Any) -> str:
-    """A cross-check that ranks by another method than ``engine``: curvature vs none."""
-    from gradian.engines import get_engine
-
-    if get_engine(engine).curvature == "none" or state.meta.get("equivalent_to"):
-        return "datainf"
-    return "graddot"
 
 
 def item_harm(item_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

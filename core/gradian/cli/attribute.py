@@ -37,6 +37,7 @@ def attribute_command(
     distributed: Optional[bool] = typer.Option(None, "--distributed/--no-distributed", help=DISTRIBUTED_HELP + "; under torchrun the index is built first, then rank 0 alone runs the rest"),
 ) -> None:
     """Attribute a capability regression to training examples and write the merged report."""
+    import contextlib
     import tempfile
 
     from rich.console import Console
@@ -80,18 +81,24 @@ def attribute_command(
         return
     if shard is None:
         record = read_run(cfg, trust_run_dataset)
-    out_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="gradian-attribute-"))
-    with index_progress(console) as progress:
-        outcome = run_attribution(
-            cfg, capability=capability, cross_check=cross_check, run=record, force=force and shard is None,
-            out_dir=out_dir,
-            progress=progress, log=lambda message: console.print(f"[dim]{shown(message)}[/]", highlight=False),
-        )
-    print_summary(Console(), outcome.report_obj if outcome.report_obj is not None else outcome.report)
-    if out is not None:
-        Console().print(f"wrote {out / 'report.html'} (and report.json, report.md, rankings.parquet)", highlight=False)
-    publish_to_source(outcome.run, outcome.report, "attribute", outcome.files, rankings=outcome.rankings,
-                      no_log=no_log, console=Console(), into_run=into_run)
+    # without --out the report is written to a temporary folder for the sink, and removed after
+    with contextlib.ExitStack() as stack:
+        out_dir = out if out is not None else Path(stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="gradian-attribute-")))
+        with index_progress(console) as progress:
+            outcome = run_attribution(
+                cfg, capability=capability, cross_check=cross_check, run=record, force=force and shard is None,
+                out_dir=out_dir,
+                progress=progress,
+                log=lambda message: console.print(f"[dim]{shown(message)}[/]", highlight=False, soft_wrap=True),
+            )
+        report = outcome.report_obj if outcome.report_obj is not None else outcome.report
+        print_summary(Console(), report)
+        if out is not None:
+            Console().print(f"wrote {out / 'report.html'} (and report.json, report.md, rankings.parquet)", highlight=False)
+        # the tables were written with the report (outcome.files): the sink logs those files as they are
+        publish_to_source(outcome.run, report, "attribute", outcome.files, no_log=no_log, console=Console(),
+                          into_run=into_run)
 
 
 def print_summary(console: Any, report: "Report | Mapping[str, Any]") -> None:

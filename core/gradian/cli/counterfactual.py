@@ -96,10 +96,11 @@ def counterfactual_command(
         before=accused_capability.to_json() if accused_capability else None, planted=planted, run=record,
         log=lambda message: console.print(f"[dim]{shown(message)}[/]", highlight=False),
     )
-    print_counterfactual(Console(), outcome.report)
+    written = outcome.report_obj if outcome.report_obj is not None else outcome.report
+    print_counterfactual(Console(), written)
     Console().print(f"wrote {out_dir / 'report.html'} (and report.json, report.md, the retrained run in {out_dir / 'run'})",
                     highlight=False)
-    publish_to_source(record, outcome.report, "counterfactual", outcome.files, no_log=no_log, console=Console(), into_run=into_run)
+    publish_to_source(record, written, "counterfactual", outcome.files, no_log=no_log, console=Console(), into_run=into_run)
 
 
 def print_counterfactual(console: Any, report: "Report | Mapping[str, Any]") -> None:

@@ -80,8 +80,11 @@ def diagnose_command(
     if not no_log and record is not None and has_report_sink(record.source) and not files:
         import tempfile
 
-        files = list(write_diagnosis(report, tempfile.mkdtemp(prefix="gradian-diagnose-")))
-    publish_to_source(record, report, "diagnose", files, no_log=no_log, console=console, into_run=into_run)
+        with tempfile.TemporaryDirectory(prefix="gradian-diagnose-") as staging:  # for the sink only
+            files = list(write_diagnosis(report, staging))
+            publish_to_source(record, report, "diagnose", files, no_log=no_log, console=console, into_run=into_run)
+    else:
+        publish_to_source(record, report, "diagnose", files, no_log=no_log, console=console, into_run=into_run)
     if fail_on is not None and result.at_least(fail_on.lower()):
         n = len(result.at_least(fail_on.lower()))
         Console(stderr=True).print(f"[bold red]{n} finding(s) at or above {fail_on.lower()}: failing (--fail-on).[/]",

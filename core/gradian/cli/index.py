@@ -67,7 +67,9 @@ def index_command(
 def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "ShardGroup | None") -> tuple[Any, Any]:
     """``(IndexBuild, RunRecord | None)``: the run read (by rank 0 first, so the others find its
     downloads in the cache) and the index built, on this rank's share when ``shard`` is given;
-    the progress bar is rank 0's alone."""
+    the progress bar is rank 0's alone, and so are the notes on stderr (an automatic projection,
+    and ``note: repaired index <id>: <file> was <problem>: <action>`` when the build found stored
+    files damaged and recomputed them)."""
     import contextlib
 
     from rich.console import Console
@@ -86,7 +88,9 @@ def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "Sh
         cfg = fill_from_run(cfg, record)
     bar = index_progress(Console(stderr=True)) if main else contextlib.nullcontext(None)
     with bar as progress:
-        note = (lambda message: Console(stderr=True).print(f"note: {message}", highlight=False)) if main else None
+        # one line each, as written (a repair names files, whose paths may hold brackets)
+        note = (lambda message: Console(stderr=True).print(f"note: {message}", highlight=False, markup=False,
+                                                           soft_wrap=True)) if main else None
         return index_from_config(cfg, force=force, progress=progress, shard=shard, log=note), record
 
 
@@ -102,7 +106,8 @@ def _index_report(index: Any, verb: str, started_at: float | None = None) -> dic
         verdict=Verdict(kind="inconclusive", summary=summary),
         manifest=IndexManifest(
             index=IndexSummary(index_id=index.index_id, n_examples=index.n, bytes=size,
-                               bytes_per_example=round(size / max(index.n, 1), 1)),
+                               bytes_per_example=round(size / max(index.n, 1), 1),
+                               repaired=list(getattr(index, "repaired", []))),
             index_manifest=index.manifest,
             started_at=started_at,
             seconds=round(time.time() - started_at, 3) if started_at is not None else None,

@@ -310,6 +310,25 @@ class Engine(ABC):
         """Whether a state fitted with ``settings`` is stored beside the index (``persist_state``)."""
         return self.persist_state
 
+    def damping_setting(self, config: Any) -> tuple[str, Any, str] | None:
+        """``(config key, value, how to change it)`` of the damping this engine's inverse adds, or
+        None for an engine without curvature: what a message about overflowing scores names."""
+        if self.curvature == "none":
+            return None
+        if getattr(config, "lambda_override", None) is not None:
+            return "engine.lambda_override", config.lambda_override, "raise it, or remove it to damp by engine.lambda_scale"
+        return "engine.lambda_scale", getattr(config, "lambda_scale", None), "raise it (0.1 is the default)"
+
+    def describe(self, config: Any, state: EngineState | None = None) -> dict[str, Any]:
+        """The settings a run of this engine is known by, as flat name -> value (a tracking store
+        logs them as parameters): the damping for an engine with curvature, plus what the engine
+        adds (``fisher``, ``ranking``, ``checkpoints`` for the Kronecker family)."""
+        setting = self.damping_setting(config)
+        if setting is None:
+            return {}
+        key, value, _ = setting
+        return {"damping": value, "damping_kind": "absolute" if key == "engine.lambda_override" else "scale"}
+
     def fit(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
         """Compute what scoring needs once per index; the default keeps only the gradients."""
         return EngineState(self.name, train)

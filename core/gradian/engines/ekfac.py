@@ -291,6 +291,14 @@ class _KroneckerEngine(Engine):
                  + (f"{override:g} (absolute)" if override is not None else f"{scale:g} x each matrix's mean eigenvalue")]
         return Preconditioned(pre, damping=damping, notes=notes)
 
+    def describe(self, config: Any, state: EngineState | None = None) -> dict[str, Any]:
+        settings = (state.meta.get("settings") if state is not None else None) or self.settings(config)
+        out = super().describe(config, state) | {"fisher": settings.get("fisher"),
+                                                 "ranking": getattr(config, "normalize_train", "relatif")}
+        if settings.get("checkpoints"):  # only when not the final adapter alone
+            out["checkpoints"] = settings["checkpoints"]
+        return out
+
     def ranks_by_self_influence(self, config: Any) -> bool:
         normalize = getattr(config, "normalize_train", "relatif")
         if normalize not in TRAIN_NORMALIZATIONS:

@@ -12,11 +12,11 @@ import importlib
 from typing import Iterable
 
 from gradian.config.engines import engine_entry, engine_names
-from gradian.engines.base import Engine
+from gradian.engines.base import Engine, EngineState
 from gradian.errors import ConfigError
 
 __all__ = ["get_engine", "engine_class", "available_engines", "engine_summaries", "needs_whole_gradients",
-           "whole_gradient_engines", "resolve_cross_check"]
+           "whole_gradient_engines", "resolve_cross_check", "independent_cross_check"]
 
 _LOADED: dict[str, type[Engine]] = {}
 
@@ -83,3 +83,11 @@ def resolve_cross_check(engine: str, cross_check: str | None) -> str | None:
         raise ConfigError(f"cross-check '{cross_check}' is not a known engine; choose auto, none or one of "
                           f"{', '.join(available_engines())}")
     return cross_check
+
+
+def independent_cross_check(engine: str, state: EngineState) -> str:
+    """A cross-check that ranks by another method than ``engine`` (whose fitted ``state`` an
+    equivalent cross-check agreed with): curvature against none."""
+    if get_engine(engine).curvature == "none" or state.meta.get("equivalent_to"):
+        return "datainf"
+    return "graddot"

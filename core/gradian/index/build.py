@@ -9,6 +9,12 @@ runs those steps in one process and returns a ``BuiltIndex``; the sharded build
 (``gradian.index.sharded``) runs the same steps over several. Chunk records
 (``write_chunk_record``, ``chunk_records``, ``remove_chunk_records``) hold a chunk's manifest entry
 beside it until the manifest takes it in. ``index_root(cache_dir)`` is where stores live.
+
+Repairs: whatever ``prepare_build`` finds damaged or left over and replaces or removes is one
+repair record, ``{"file", "problem", "action", "at"}`` (``"chunk"`` too for a chunk's file), in
+``BuildPlan.repairs`` and ``BuiltIndex.repairs``, and appended to the manifest's ``repairs`` list
+(the latest ``MAX_REPAIRS`` kept), so the store itself says it was repaired. ``repair_note`` is
+one record in words, ``repair_summary`` the one line a command prints for a build's records.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ import numpy as np
 from gradian.atomic import write_bytes_atomic, write_text_atomic
 from gradian.errors import DiskFullError, IndexMismatchError
 from gradian.index.integrity import (
-    chunk_problems,
-    ids_problem,
+    chunk_faults,
+    ids_fault,
     manifest_checksum,
     npy_bytes,
     read_manifest,
@@ -40,21 +46,57 @@ from gradian.index.integrity import (
 from gradian.index.manifest import index_id, index_identity, tokenizer_fingerprint
 from gradian.sizes import format_size
 
-__all__ = ["BuildPlan", "BuildTarget", "BuiltIndex", "build_local", "build_lock", "build_target", "chunk_records",
-           "compute_chunks", "finish_build", "index_root", "prepare_build", "remove_chunk_records", "start_build",
-           "write_chunk_record"]
+__all__ = ["BuildPlan", "BuildTarget", "BuiltIndex", "MAX_REPAIRS", "build_local", "build_lock", "build_target",
+           "chunk_records", "compute_chunks", "finish_build", "index_root", "prepare_build", "remove_chunk_records",
+           "repair_note", "repair_summary", "start_build", "write_chunk_record"]
 
 
 @dataclass
 class BuiltIndex:
     """What a build leaves: the store's folder and manifest, the chunks whose bytes were checked
-    or written by it, the files it repaired, and whether everything came from the cache."""
+    or written by it, what it repaired (repair records, see the module's docstring), and whether
+    everything came from the cache."""
 
     root: Path
     manifest: dict[str, Any]
     verified: set[int]
-    repaired: list[str]
+    repairs: list[dict[str, Any]]
     cache_hit: bool
+
+    @property
+    def repaired(self) -> list[str]:
+        """This build's repairs in words, one a file (``repair_note``)."""
+        return [repair_note(r) for r in self.repairs]
+
+
+#: repair records a manifest keeps, the latest (a disk that damaged every chunk is not listed whole)
+MAX_REPAIRS = 100
+
+
+def _repair(path: Path, problem: str, action: str, chunk: int | None = None) -> dict[str, Any]:
+    record: dict[str, Any] = {"file": str(path), "problem": problem, "action": action}
+    if chunk is not None:
+        record["chunk"] = chunk
+    record["at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    return record
+
+
+def repair_note(repair: dict[str, Any], root: Path | None = None) -> str:
+    """One repair record in words: ``<file> was <problem>: <action>``, the file relative to
+    ``root`` when it lies under it."""
+    path = Path(repair["file"])
+    if root is not None and path.is_relative_to(root):
+        path = path.relative_to(root)
+    return f"{path} was {repair['problem']}: {repair['action']}"
+
+
+def repair_summary(index_id: str, root: Path, repairs: list[dict[str, Any]], shown: int = 3) -> str:
+    """The line a command prints after a build that repaired ``repairs``: which files, what was
+    wrong and what was done, the first ``shown`` of them (the manifest lists them all)."""
+    notes = [repair_note(r, root) for r in repairs]
+    more = len(notes) - shown
+    tail = f"; and {more} more (listed under 'repairs' in {root / 'manifest.json'})" if more > 0 else ""
+    return f"repaired index {index_id}: " + "; ".join(notes[:shown]) + tail
 
 
 _STORAGE = {"float32": np.float32, "float16": np.float16}
@@ -101,11 +143,12 @@ class BuildTarget:
 @dataclass
 class BuildPlan:
     """What ``prepare_build`` found: the manifest to build under, the chunks already whole, what it
-    repaired, and the stored manifest itself when every chunk is whole and it is complete."""
+    repaired (repair records), and the stored manifest itself when every chunk is whole and it is
+    complete."""
 
     manifest: dict[str, Any]
     good: set[int]
-    repaired: list[str]
+    repairs: list[dict[str, Any]]
     cached: dict[str, Any] | None
 
 
@@ -137,20 +180,23 @@ def prepare_build(target: BuildTarget) -> BuildPlan:
 
     The chunks counted whole are those the stored manifest records, or a chunk record beside its
     files records (what a sharded build's ranks leave until rank 0 commits), with every byte as
-    recorded. Writes example_ids.json when it is missing or damaged, and nothing else; the caller
-    writes the manifest (``start_build``). On a cache hit, chunk records left by a commit that was cut
-    short are removed.
+    recorded. Writes example_ids.json when it is missing or damaged; the caller writes the
+    manifest (``start_build``), except on a cache hit: then chunk records left by a commit that was
+    cut short are removed, and the stored manifest is written again when something was repaired,
+    so its ``repairs`` list says so. Every repair is a record in ``BuildPlan.repairs`` and in the
+    manifest's ``repairs`` (after those of earlier builds of the store).
     """
     root = target.root
-    repaired = _remove_leftovers(root)
+    repairs = _remove_leftovers(root)
     manifest_path = root / "manifest.json"
     stored: dict[str, Any] | None = None
     if manifest_path.is_file():
         try:
             stored = read_manifest(root)
-        except IndexMismatchError:
+        except IndexMismatchError as err:
             # without a trustworthy manifest no chunk can be checked: start over
-            repaired.append(f"{manifest_path} (unreadable: the whole index was rebuilt)")
+            repairs.append(_repair(manifest_path, _manifest_fault(root, err),
+                                   "the whole index was rebuilt (no chunk could be checked without it)"))
             shutil.rmtree(root)
             stored = None
     if stored is not None:
@@ -180,9 +226,10 @@ def prepare_build(target: BuildTarget) -> BuildPlan:
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **target.extra_manifest,
     }
-    if ids_problem(root / "example_ids.json", manifest):
-        if stored is not None and (root / "example_ids.json").exists():
-            repaired.append(f"{root / 'example_ids.json'} was damaged: written again")
+    ids_wrong = ids_fault(root / "example_ids.json", manifest)
+    if ids_wrong:
+        if stored is not None:
+            repairs.append(_repair(root / "example_ids.json", ids_wrong, "written again from the dataset"))
         write_bytes_atomic(root / "example_ids.json", ids_bytes)
 
     # which stored chunks are whole: recorded (in the manifest, else beside the chunk when the
@@ -190,20 +237,37 @@ def prepare_build(target: BuildTarget) -> BuildPlan:
     recorded = chunk_records(root, n_chunks) if stored is not None else {}
     recorded.update({k: record for k, record in enumerate(stored.get("chunks") or [])
                      if k < n_chunks and record is not None} if stored is not None else {})
-    problems = chunk_problems(root, recorded)
-    good = set(recorded) - set(problems)
+    faults = chunk_faults(root, recorded)
+    good = set(recorded) - set(faults)
     for k in good:
         manifest["chunks"][k] = recorded[k]
-    repaired += [f"{problems[k]}: computed again" for k in sorted(problems)]
+    repairs += [_repair(faults[k][0], faults[k][1], f"recomputed (chunk {k}: its data and norms files)", chunk=k)
+                for k in sorted(faults)]
     (root / "chunks").mkdir(parents=True, exist_ok=True)
     for path in (root / "chunks").glob("*.npy"):
         if int(path.name[:5]) not in good:
             path.unlink()
     manifest["n_chunks_done"] = len(good)
+    # the repairs of earlier builds of this store stay on record, this build's after them
+    history = list(stored.get("repairs") or []) if stored is not None else []
+    manifest["repairs"] = (history + repairs)[-MAX_REPAIRS:]
     cached = stored if (stored is not None and stored.get("status") == "complete" and len(good) == n_chunks) else None
     if cached is not None:
         remove_chunk_records(root)
-    return BuildPlan(manifest=manifest, good=good, repaired=repaired, cached=cached)
+        if repairs:
+            cached["repairs"] = manifest["repairs"]
+            write_manifest(manifest_path, cached)
+    return BuildPlan(manifest=manifest, good=good, repairs=repairs, cached=cached)
+
+
+def _manifest_fault(root: Path, err: Exception) -> str:
+    """What ``read_manifest``'s error says is wrong with the manifest, without its path and the
+    rebuild hint: ``damaged (its content does not match its checksum)`` and the like."""
+    text = str(err).split("; run `", 1)[0]
+    for prefix in (f"{root / 'manifest.json'} is ", f"{root} "):
+        if text.startswith(prefix):
+            return text[len(prefix):]
+    return text
 
 
 def start_build(target: BuildTarget, manifest: dict[str, Any]) -> list[Any]:
@@ -370,13 +434,13 @@ def remove_chunk_records(root: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _remove_leftovers(root: Path) -> list[str]:
-    """Delete the ``.tmp`` files a killed atomic write leaves beside its target."""
+def _remove_leftovers(root: Path) -> list[dict[str, Any]]:
+    """Delete the ``.tmp`` files a killed atomic write leaves beside its target; a repair record each."""
     removed = []
     for pattern in (".*.tmp", "chunks/.*.tmp"):
         for path in root.glob(pattern):
             path.unlink(missing_ok=True)
-            removed.append(f"{path} (left by an interrupted write, removed)")
+            removed.append(_repair(path, "left by an interrupted write", "removed"))
     return removed
 
 
@@ -404,7 +468,7 @@ def build_local(target: BuildTarget, force: bool = False,
                 shutil.rmtree(target.root)
             plan = prepare_build(target)
             if plan.cached is not None:
-                return BuiltIndex(target.root, plan.cached, plan.good, plan.repaired, cache_hit=True)
+                return BuiltIndex(target.root, plan.cached, plan.good, plan.repairs, cache_hit=True)
             tokenized = start_build(target, plan.manifest)
             manifest = plan.manifest
             manifest_path = target.root / "manifest.json"
@@ -425,4 +489,4 @@ def build_local(target: BuildTarget, force: bool = False,
 
             compute_chunks(target, todo, tokenized, record)
             finish_build(target, manifest, time.perf_counter() - started)
-            return BuiltIndex(target.root, manifest, plan.good | set(todo), plan.repaired, cache_hit=False)
+            return BuiltIndex(target.root, manifest, plan.good | set(todo), plan.repairs, cache_hit=False)

@@ -4,7 +4,9 @@ Interface: ``sha256_bytes`` / ``sha256_file`` / ``npy_bytes`` (what a chunk's re
 taken over), ``manifest_checksum``, ``write_manifest`` / ``read_manifest`` (a manifest whose own
 checksum does not match is an ``IndexMismatchError``), ``file_problem`` / ``chunk_problem`` /
 ``chunk_problems`` / ``ids_problem`` (``None`` when a file is as recorded, else what is wrong with
-it, in words), ``refuse_mismatch`` (a stored identity that differs from the one expected) and
+it, in words, the file's path first), ``file_fault`` / ``chunk_fault`` / ``chunk_faults`` /
+``ids_fault`` (the same without the path, or as ``(path, what is wrong)``: the repair records of a
+build), ``refuse_mismatch`` (a stored identity that differs from the one expected) and
 ``rebuild_hint`` (the command that rebuilds a store). Both the reader (``gradian.index.store``)
 and the build steps (``gradian.index.build``) check files through these.
 """
@@ -24,8 +26,9 @@ from gradian.atomic import write_text_atomic
 from gradian.errors import IndexCorruptError, IndexMismatchError
 from gradian.index.manifest import FORMAT_VERSION, first_difference
 
-__all__ = ["chunk_problem", "chunk_problems", "file_problem", "ids_problem", "manifest_checksum", "npy_bytes",
-           "read_manifest", "rebuild_hint", "refuse_mismatch", "sha256_bytes", "sha256_file", "write_manifest"]
+__all__ = ["chunk_fault", "chunk_faults", "chunk_problem", "chunk_problems", "file_fault", "file_problem", "ids_fault",
+           "ids_problem", "manifest_checksum", "npy_bytes", "read_manifest", "rebuild_hint", "refuse_mismatch",
+           "sha256_bytes", "sha256_file", "write_manifest"]
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -89,46 +92,74 @@ def rebuild_hint(manifest: dict[str, Any] | None) -> str:
             "whole index")
 
 
-def file_problem(path: Path, sha256: str, size: int, hash_data: bool = True) -> str | None:
-    """Why ``path`` is not the file recorded (missing, wrong size, other bytes), or ``None``."""
+def file_fault(path: Path, sha256: str, size: int, hash_data: bool = True) -> str | None:
+    """What is wrong with ``path`` (``missing``, ``damaged (...)``), without its name, or ``None``."""
     if not path.is_file():
-        return f"{path} is missing"
+        return "missing"
     actual = path.stat().st_size
     if actual != size:
-        return f"{path} is damaged ({actual} bytes, {size} were written: truncated or overwritten)"
+        return f"damaged ({actual} bytes, {size} were written: truncated or overwritten)"
     if hash_data and sha256_file(path) != sha256:
-        return f"{path} is damaged (its bytes do not match the sha256 recorded when it was written)"
+        return "damaged (its bytes do not match the sha256 recorded when it was written)"
     return None
 
 
-def chunk_problem(root: Path, k: int, record: dict[str, Any] | None, hash_data: bool) -> str | None:
+def file_problem(path: Path, sha256: str, size: int, hash_data: bool = True) -> str | None:
+    """Why ``path`` is not the file recorded (missing, wrong size, other bytes), or ``None``."""
+    fault = file_fault(path, sha256, size, hash_data)
+    return f"{path} is {fault}" if fault else None
+
+
+def chunk_fault(root: Path, k: int, record: dict[str, Any], hash_data: bool) -> tuple[Path, str] | None:
+    """``(file, what is wrong)`` for the first file of recorded chunk ``k`` not as recorded (the
+    norms file first), or ``None``."""
     data, norms = root / "chunks" / f"{k:05d}.npy", root / "chunks" / f"{k:05d}.norms.npy"
+    fault = file_fault(norms, record["norms_sha256"], record["norms_bytes"])
+    if fault:
+        return norms, fault
+    fault = file_fault(data, record["sha256"], record["bytes"], hash_data=hash_data)
+    return (data, fault) if fault else None
+
+
+def chunk_problem(root: Path, k: int, record: dict[str, Any] | None, hash_data: bool) -> str | None:
     if record is None:
-        return f"{data} was never completed"
-    return (file_problem(norms, record["norms_sha256"], record["norms_bytes"])
-            or file_problem(data, record["sha256"], record["bytes"], hash_data=hash_data))
+        return f"{root / 'chunks' / f'{k:05d}.npy'} was never completed"
+    found = chunk_fault(root, k, record, hash_data)
+    return f"{found[0]} is {found[1]}" if found else None
 
 
-def chunk_problems(root: Path, records: dict[int, dict[str, Any]]) -> dict[int, str]:
-    """``{chunk: problem}`` for the chunks in ``records`` whose files are not as recorded, every
-    byte hashed. Threads: hashlib releases the GIL on large buffers, so this runs at the speed of
-    the disk or of several cores' sha256, not one."""
+def chunk_faults(root: Path, records: dict[int, dict[str, Any]]) -> dict[int, tuple[Path, str]]:
+    """``{chunk: (file, what is wrong)}`` for the chunks in ``records`` whose files are not as
+    recorded, every byte hashed. Threads: hashlib releases the GIL on large buffers, so this runs
+    at the speed of the disk or of several cores' sha256, not one."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not records:
         return {}
     workers = max(1, min(len(records), os.cpu_count() or 1, 8))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        found = dict(zip(records, pool.map(lambda k: chunk_problem(root, k, records[k], hash_data=True), records)))
-    return {k: problem for k, problem in found.items() if problem}
+        found = dict(zip(records, pool.map(lambda k: chunk_fault(root, k, records[k], hash_data=True), records)))
+    return {k: fault for k, fault in found.items() if fault}
+
+
+def chunk_problems(root: Path, records: dict[int, dict[str, Any]]) -> dict[int, str]:
+    """``{chunk: problem}`` for the chunks in ``records`` whose files are not as recorded, every
+    byte hashed (``chunk_faults``, in words)."""
+    return {k: f"{path} is {fault}" for k, (path, fault) in chunk_faults(root, records).items()}
+
+
+def ids_fault(path: Path, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with example_ids.json, without its name, or ``None``."""
+    if not path.is_file():
+        return "missing"
+    if sha256_file(path) != manifest["example_ids_sha256"]:
+        return "damaged (its bytes do not match the sha256 recorded when it was written)"
+    return None
 
 
 def ids_problem(path: Path, manifest: dict[str, Any]) -> str | None:
-    if not path.is_file():
-        return f"{path} is missing"
-    if sha256_file(path) != manifest["example_ids_sha256"]:
-        return f"{path} is damaged (its bytes do not match the sha256 recorded when it was written)"
-    return None
+    fault = ids_fault(path, manifest)
+    return f"{path} is {fault}" if fault else None
 
 
 def refuse_mismatch(root: Path, stored: dict[str, Any], given: dict[str, Any]) -> None:

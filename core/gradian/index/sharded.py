@@ -94,7 +94,7 @@ def _lead(target: BuildTarget, shard: "ShardGroup", force: bool,
     if plan.cached is not None:
         shard.broadcast({"kind": "cached", "index_id": target.index_id, "identity": target.identity,
                          "manifest": plan.cached})
-        return BuiltIndex(target.root, plan.cached, plan.good, plan.repaired, cache_hit=True)
+        return BuiltIndex(target.root, plan.cached, plan.good, plan.repairs, cache_hit=True)
 
     todo = [k for k in range(target.n_chunks) if k not in plan.good]
     shard.broadcast({"kind": "build", "index_id": target.index_id, "identity": target.identity, "todo": todo})
@@ -134,7 +134,7 @@ def _lead(target: BuildTarget, shard: "ShardGroup", force: bool,
     shard.broadcast({"kind": "complete", "manifest": manifest})
     if progress:
         progress(target.n, target.n)
-    return BuiltIndex(target.root, manifest, set(range(target.n_chunks)), plan.repaired, cache_hit=False)
+    return BuiltIndex(target.root, manifest, set(range(target.n_chunks)), plan.repairs, cache_hit=False)
 
 
 def _follow(target: BuildTarget, shard: "ShardGroup") -> BuiltIndex:

@@ -33,8 +33,12 @@ found before any score is produced:
 - ``build`` of inputs already indexed hashes every file; a damaged chunk is discarded and
   computed again (the store is content-addressed, so the same inputs give the same numbers), a
   damaged manifest discards the whole store, and ``.tmp`` files left by a killed write are
-  removed. Two builds of one index id take turns on the lock: the second finds the first one's
-  work and returns it as a cache hit.
+  removed. Every such repair is said (``log``, else a warning on the ``gradian.index`` logger,
+  which Python prints on stderr when logging is not set up), kept as ``index.repairs`` (records
+  ``{file, problem, action, at}``; ``index.repaired`` in words) and appended to the manifest's
+  ``repairs`` list, so the store, and the report that embeds its manifest, say so too. Two
+  builds of one index id take turns on the lock: the second finds the first one's work and
+  returns it as a cache hit.
 
 Disk space: before a build computes anything, the bytes of the chunks still to compute are
 compared with the free space of the cache folder, and a build that cannot fit stops there
@@ -50,13 +54,14 @@ is never served.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 
 from gradian.errors import IndexCorruptError, IndexMismatchError
-from gradian.index.build import BuiltIndex, build_local, build_target, index_root
+from gradian.index.build import BuiltIndex, build_local, build_target, index_root, repair_note, repair_summary
 from gradian.index.integrity import chunk_problem, chunk_problems, file_problem, ids_problem, read_manifest, rebuild_hint, refuse_mismatch
 from gradian.index.sharded import build_sharded
 
@@ -66,6 +71,8 @@ if TYPE_CHECKING:
 __all__ = ["GradientIndex", "index_root"]
 
 _STORAGE = {"float32": np.float32, "float16": np.float16}
+
+_log = logging.getLogger("gradian.index")
 
 
 class GradientIndex:
@@ -80,8 +87,9 @@ class GradientIndex:
         self._verified: set[int] = set()
         #: True when ``build`` found every chunk stored and intact (no gradient computed)
         self.cache_hit = False
-        #: files ``build`` found damaged or left over and replaced or removed
-        self.repaired: list[str] = []
+        #: what ``build`` found damaged or left over and replaced or removed: one record a file,
+        #: ``{"file", "problem", "action", "at"}`` (and ``"chunk"`` for a chunk's file)
+        self.repairs: list[dict[str, Any]] = []
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -109,6 +117,11 @@ class GradientIndex:
         if problem:
             raise IndexCorruptError(f"{problem}; {rebuild_hint(manifest)}")
         return index
+
+    @property
+    def repaired(self) -> list[str]:
+        """``repairs`` in words, one a file: ``<file> was <problem>: <action>``."""
+        return [repair_note(r) for r in self.repairs]
 
     @property
     def index_id(self) -> str:
@@ -211,7 +224,8 @@ class GradientIndex:
     @classmethod
     def build(cls, gm: Any, tokenizer: Any, dataset: Any, config: Any, *, cache_dir: str | Path | None = None,
               force: bool = False, progress: Callable[[int, int], None] | None = None,
-              shard: "ShardGroup | None" = None, extra_manifest: dict[str, Any] | None = None) -> "GradientIndex":
+              shard: "ShardGroup | None" = None, extra_manifest: dict[str, Any] | None = None,
+              log: Callable[[str], None] | None = None) -> "GradientIndex":
         """Index ``dataset`` under ``gm`` (a ``GradientModel``) with ``config`` (a ``GradianConfig``).
 
         Returns the stored index: straight from the cache when these inputs were indexed before
@@ -226,6 +240,10 @@ class GradientIndex:
 
         ``extra_manifest``: more keys for the manifest of a fresh build (e.g. ``projection_auto``,
         the decision of ``gradian.index.sizing.auto_projection``); not part of the identity.
+
+        ``log(line)`` is told, in one line (``repair_summary``), what the build repaired, if
+        anything: the damaged or leftover files, what was wrong with each and what was done. Without
+        ``log`` that line is a warning on the ``gradian.index`` logger.
         """
         target = build_target(gm, tokenizer, dataset, config, cache_dir)
         target.extra_manifest = dict(extra_manifest or {})
@@ -233,12 +251,19 @@ class GradientIndex:
             built = build_sharded(target, shard, force=force, progress=progress)
         else:
             built = build_local(target, force=force, progress=progress)
-        return cls._built(built)
+        index = cls._built(built)
+        if index.repairs:
+            line = repair_summary(index.index_id, index.root, index.repairs)
+            if log is not None:
+                log(line)
+            else:
+                _log.warning(line)
+        return index
 
     @classmethod
     def _built(cls, built: BuiltIndex) -> "GradientIndex":
         index = cls(built.root, built.manifest)
         index._verified.update(built.verified)
         index.cache_hit = built.cache_hit
-        index.repaired = built.repaired
+        index.repairs = list(built.repairs)
         return index

@@ -630,6 +630,9 @@ class IndexSummary(_Block):
     bytes_per_example: float
     path: str | None = field(default=None, metadata=_optional())
     build_seconds: float | None = field(default=None, metadata=_optional())
+    repaired: list[str] = field(default_factory=list, metadata=_help(
+        "files of the stored index found damaged, missing or left over by this run and recomputed or "
+        "removed, in words (the index manifest's 'repairs' keeps every build's records)"))
     extra: dict[str, Any] = _extra()
 
 
@@ -645,6 +648,9 @@ class EngineStateSummary(_Block):
     stage_seconds: dict[str, float] = field(default_factory=dict)
     repaired: str | None = field(default=None, metadata=_optional(
         "what was wrong with the stored state that was fitted again to replace it"))
+    params: dict[str, Any] = field(default_factory=dict, metadata=_help(
+        "the settings this engine's run is known by (Engine.describe: damping and its kind, the Fisher, the "
+        "ranking, ...), logged as tracking parameters"))
     extra: dict[str, Any] = _extra()
 
 
