@@ -167,8 +167,29 @@ def _hash_tree(folder: Path) -> dict[str, str]:
     }
 
 
-def _cached_download(artifact_uri: str, cache_dir: Path, only: re.Pattern | None = None) -> Path:
-    """Download a folder (adapter files only when ``only`` is given) into a verified cache."""
+def _cache_damage(recorded: Any, artifact_uri: str, found: dict[str, str]) -> str | None:
+    """What is wrong with a cached download against its marker, in words; None when it is whole."""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict):
+        return "its record of the files is damaged"
+    if recorded.get("uri") != artifact_uri:
+        return f"it was downloaded from {recorded.get('uri')}"
+    files = recorded["files"]
+    for name in sorted(set(files) | set(found)):
+        if name not in found:
+            return f"{name} is missing"
+        if name not in files:
+            return f"{name} was added"
+        if files[name] != found[name]:
+            return f"{name} does not match the sha256 recorded when it was downloaded"
+    return None
+
+
+def _cached_download(artifact_uri: str, cache_dir: Path, only: re.Pattern | None = None,
+                     notes: list[str] | None = None) -> Path:
+    """Download a folder (adapter files only when ``only`` is given) into a verified cache.
+
+    A cached copy whose files no longer match the sha256 recorded at download is downloaded
+    again, and ``notes`` gets a line saying which file and what was wrong."""
     from mlflow.artifacts import download_artifacts, list_artifacts
 
     key = hashlib.sha256(artifact_uri.encode()).hexdigest()[:16]
@@ -179,9 +200,11 @@ def _cached_download(artifact_uri: str, cache_dir: Path, only: re.Pattern | None
             recorded = json.loads(marker.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             recorded = None  # a damaged marker: the folder cannot be trusted
-        if (isinstance(recorded, dict) and recorded.get("uri") == artifact_uri
-                and recorded.get("files") == _hash_tree(target)):
+        damage = _cache_damage(recorded, artifact_uri, _hash_tree(target))
+        if damage is None:
             return target
+        if notes is not None:
+            notes.append(f"repaired the cached download of {artifact_uri} in {target}: {damage}; downloaded it again")
         shutil.rmtree(target)  # damaged or stale: fetch again
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=cache_dir))
@@ -375,13 +398,15 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
 
     final, checkpoints = find_adapters(client, run, files)
     if final is not None:
-        adapter_dir = _cached_download(final.artifact_uri, run_cache / "adapters", only=_ADAPTER_FILES)
+        adapter_dir = _cached_download(final.artifact_uri, run_cache / "adapters", only=_ADAPTER_FILES,
+                                       notes=record.notes)
         if not (adapter_dir / "adapter_config.json").is_file():
             raise RunRecordError(f"run {run_id}: {final.artifact_uri} lost its adapter_config.json while downloading")
         record.adapter_dir = str(adapter_dir)
         record.lora = LoraSettings.from_adapter_config(json.loads((adapter_dir / "adapter_config.json").read_text()))
         record.checkpoints = [
-            str(_cached_download(c.artifact_uri, run_cache / "adapters", only=_ADAPTER_FILES)) for c in checkpoints
+            str(_cached_download(c.artifact_uri, run_cache / "adapters", only=_ADAPTER_FILES, notes=record.notes))
+            for c in checkpoints
         ]
         if not record.logs.steps:
             state = adapter_dir / "trainer_state.json"

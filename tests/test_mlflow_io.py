@@ -102,9 +102,14 @@ def test_read_hf_style_run(tracking, adapter_dir, data_file, tmp_path):
     # the cache is reused when intact, and refetched when a file was damaged
     again = read_mlflow_run(run_id, cache_dir=tmp_path / "cache", trust_run_dataset=True)
     assert again.adapter_dir == record.adapter_dir
+    assert not [n for n in again.notes if "repaired" in n]
     Path(record.adapter_dir, "adapter_config.json").write_text("{}")
     healed = read_mlflow_run(run_id, cache_dir=tmp_path / "cache", trust_run_dataset=True)
     assert json.loads(Path(healed.adapter_dir, "adapter_config.json").read_text())["r"] == 4
+    # and it says so: which file, what was wrong, that it was downloaded again
+    (said,) = [n for n in healed.notes if n.startswith("repaired the cached download")]
+    assert (f"in {record.adapter_dir}: adapter_config.json does not match the sha256 recorded when it was "
+            "downloaded; downloaded it again") in said
 
 
 def test_adapter_from_logged_model_like_the_hf_callback(tracking, adapter_dir, tmp_path):
@@ -438,8 +443,11 @@ def test_a_damaged_download_marker_means_download_again(tmp_path, marker):
     assert (first / "adapter_config.json").read_text() == '{"r": 8}'
     (first / _MARKER).write_bytes(marker)
     (first / "adapter_config.json").write_text('{"r": 999}')  # what a damaged cache would hand out
-    again = _cached_download(str(source), cache)
+    notes: list[str] = []
+    again = _cached_download(str(source), cache, notes=notes)
     assert again == first and (again / "adapter_config.json").read_text() == '{"r": 8}'
+    assert notes == [f"repaired the cached download of {source} in {first}: its record of the files is damaged; "
+                     "downloaded it again"]
 
 
 def test_a_damaged_sqlite_store_is_one_line_exit_3(tmp_path):

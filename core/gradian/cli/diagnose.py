@@ -64,11 +64,6 @@ def diagnose_command(
     # with --json, stdout carries the JSON alone; everything else goes to stderr
     console = Console(stderr=as_json)
     record = diagnosis.inputs.run
-    from gradian.cli.output import shown
-    from gradian.redact import redact
-
-    for note in (record.notes if record is not None else []):
-        Console(stderr=True).print(f"[yellow]note:[/] {shown(redact(str(note)))}", highlight=False, soft_wrap=True)
     if as_json:
         print_json(report)
     else:

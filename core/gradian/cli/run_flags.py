@@ -54,7 +54,17 @@ def read_run(cfg: Any, trust_run_dataset: bool = False) -> "RunRecord | None":
     options = {"trust_run_dataset": True} if trust_run_dataset else {}
     if cfg.dataset:
         options["dataset_given"] = True
-    return resolve_run(resolve_run_ref(cfg.run), cache_dir=cfg.cache_dir, **options)
+    record = resolve_run(resolve_run_ref(cfg.run), cache_dir=cfg.cache_dir, **options)
+    # what the reader had to say about the run's files (a refused pickle, a cached download repaired)
+    if record is not None and record.notes:
+        from rich.console import Console
+
+        from gradian.cli.output import shown
+        from gradian.redact import redact
+
+        for note in record.notes:
+            Console(stderr=True).print(f"[yellow]note:[/] {shown(redact(str(note)))}", highlight=False, soft_wrap=True)
+    return record
 
 
 def publish_to_source(record: "RunRecord | None", report: Any, kind: str, files: Sequence[Path] = (), *,
