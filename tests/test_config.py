@@ -150,3 +150,23 @@ def test_run_names_the_training_run_and_run_dir_is_still_read(tmp_path):
     assert load_config(overrides={"run": "out/run"}).run == "out/run"
     with pytest.raises(ConfigError, match="both 'run_dir' and 'run' are set"):
         load_config(write(tmp_path, "run_dir: a\nrun: b\n"))
+
+
+def test_the_verdict_section_is_read_checked_and_reaches_the_decision(tmp_path):
+    from gradian.config import load_config
+    from gradian.errors import ConfigError
+    from gradian.report.decision import decide_verdict
+    from gradian.report.schema import Attribution
+
+    config = tmp_path / "gradian.yaml"
+    config.write_text("verdict:\n  data_min_share: 0\n")
+    with pytest.raises(ConfigError, match=r"'verdict\.data_min_share' is 0(\.0)?; it must lie in \(0, 1\]"):
+        load_config(config)
+    config.write_text("verdict:\n  config_min_severity: severe\n")
+    with pytest.raises(ConfigError, match=r"'verdict\.config_min_severity' is 'severe'; it must be one of critical"):
+        load_config(config)
+    attribution = Attribution(engine="ekfac", cross_check="datainf", engine_agreement_spearman=0.7)
+    hedges = lambda cfg: {h.code for h in decide_verdict(None, [], attribution, cfg.verdict).hedges}  # noqa: E731
+    assert "engine_disagreement" in hedges(load_config())  # 0.7 is below the default 0.8
+    config.write_text("verdict:\n  engine_agreement_moderate: 0.6\n")
+    assert "engine_disagreement" not in hedges(load_config(config))

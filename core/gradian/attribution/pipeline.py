@@ -283,6 +283,7 @@ def run_attribution(
         findings,
         attribution,
         manifest,
+        thresholds=cfg.verdict,
         assignment=assignment,
         skipped=skipped,
     )
@@ -323,17 +324,17 @@ def _cluster_in_space(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) ->
     topic holds the harm (not lumpy), the groups the harmful rows form among themselves
     (``gradian.cluster.harm_groups``) if those are lumpy."""
     from gradian.cluster import harm_groups
-    from gradian.report import VerdictThresholds, assess_lumpiness, cluster_table
+    from gradian.report import assess_lumpiness, cluster_table
 
     assignment, clusters, features = _topic_clusters(cfg, dataset, index, scores)
-    if assess_lumpiness(clusters, VerdictThresholds()).get("lumpy"):
+    if assess_lumpiness(clusters, cfg.verdict).get("lumpy"):
         return assignment, clusters, features
     grouped = harm_groups(dataset.examples, scores, cfg.clustering, seed=cfg.seed, base=assignment)
     if grouped is None:
         return assignment, clusters, features
     grouped_clusters = cluster_table(scores, dataset.ids, grouped, dataset.examples,
                                      cfg.clustering.top_examples_per_cluster)
-    if assess_lumpiness(grouped_clusters, VerdictThresholds()).get("lumpy"):
+    if assess_lumpiness(grouped_clusters, cfg.verdict).get("lumpy"):
         return grouped, grouped_clusters, features
     return assignment, clusters, features
 
@@ -345,7 +346,7 @@ def _topic_clusters(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> t
     flat one, then the larger harm share per share of rows); the reason names both.
     """
     from gradian.cluster import DEFAULT_GRADIENT_DIM, cluster_examples, gradient_features
-    from gradian.report import VerdictThresholds, assess_lumpiness, cluster_table
+    from gradian.report import assess_lumpiness, cluster_table
 
     space = cfg.clustering.space
     top_k = cfg.clustering.top_examples_per_cluster
@@ -366,7 +367,7 @@ def _topic_clusters(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> t
         assignment = cluster_examples(dataset.examples, cfg.clustering, seed=cfg.seed,
                                       gradient_vectors=features, space=option)
         clusters = table(assignment)
-        tried[option] = (assignment, clusters, assess_lumpiness(clusters, VerdictThresholds()))
+        tried[option] = (assignment, clusters, assess_lumpiness(clusters, cfg.verdict))
     keep = max(tried, key=lambda option: _lumpiness_rank(tried[option][2]))
     assignment, clusters, lump = tried[keep]
     other = tried["gradient" if keep == "text" else "text"][2]
@@ -382,9 +383,9 @@ def _accused_set(cfg: Any, index: Any, ids: list[str], scores: np.ndarray, assig
                  clusters: list[dict[str, Any]], features: Any) -> Any:
     """The accused set inside the cluster the lumpiness test singles out, or None when none is."""
     from gradian.cluster import DEFAULT_GRADIENT_DIM, gradient_features, refine_accused
-    from gradian.report import VerdictThresholds, assess_lumpiness
+    from gradian.report import assess_lumpiness
 
-    lump = assess_lumpiness(clusters, VerdictThresholds())
+    lump = assess_lumpiness(clusters, cfg.verdict)
     if not lump.get("lumpy"):
         return None
     cluster = str(lump["cluster"])

@@ -19,7 +19,7 @@ __all__ = ["build_diagnosis_report", "diagnosis_report", "render_diagnosis_markd
 
 def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None = None,
                            audit_config: Mapping[str, Any] | None = None,
-                           started_at: float | None = None) -> Report:
+                           started_at: float | None = None, thresholds: Any = None) -> Report:
     """The typed report: ``inputs`` (paths, base model, max_seq_length) go to the manifest;
     ``started_at`` (seconds since the epoch) dates the work and gives its duration."""
     import time
@@ -31,7 +31,7 @@ def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None
         capability=None,
         findings=[ReportFinding.of(f) for f in result.findings],
         attribution=None,
-        verdict=Verdict.from_json(result.verdict(), "verdict"),
+        verdict=Verdict.from_json(result.verdict(thresholds), "verdict"),
         skipped=[SkippedCheckRow.from_json(s.to_dict(), "skipped[]") for s in result.skipped],
         manifest=DiagnoseManifest(
             gradian_version=__version__,
@@ -46,9 +46,10 @@ def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None
 
 
 def diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None = None,
-                     audit_config: Mapping[str, Any] | None = None, started_at: float | None = None) -> dict[str, Any]:
+                     audit_config: Mapping[str, Any] | None = None, started_at: float | None = None,
+                     thresholds: Any = None) -> dict[str, Any]:
     """``build_diagnosis_report(...).to_json()``: the dict diagnose.json holds."""
-    return build_diagnosis_report(result, inputs, audit_config, started_at).to_json()
+    return build_diagnosis_report(result, inputs, audit_config, started_at, thresholds).to_json()
 
 
 def render_diagnosis_markdown(report: Mapping[str, Any]) -> str:

@@ -47,8 +47,8 @@ class AuditResult:
             out[f.severity] += 1
         return out
 
-    def verdict(self) -> dict[str, Any]:
-        return audit_verdict(self)
+    def verdict(self, thresholds: Any = None) -> dict[str, Any]:
+        return audit_verdict(self, thresholds)
 
 
 def run_audit(
@@ -113,15 +113,16 @@ def _run_one(check: Check, ctx: AuditContext, result: AuditResult) -> None:
         result.findings.append(finding)
 
 
-def audit_verdict(result: AuditResult) -> dict[str, Any]:
+def audit_verdict(result: AuditResult, thresholds: Any = None) -> dict[str, Any]:
     """The report's ``verdict`` for an audit alone, decided by ``gradian.report.decision.decide_verdict``
     with no capability and no attribution: the critical findings lead, else the high ones name the
     kind of cause (``config``, ``data``, ``mixed``), else ``inconclusive``. Skipped checks are hedged.
+    ``thresholds`` is the config's ``verdict`` section (its defaults when None).
     """
     from gradian.report.decision import Hedge, decide_verdict
     from gradian.report.verdict import verdict_block
 
-    decision = decide_verdict(None, result.findings, None)
+    decision = decide_verdict(None, result.findings, None, thresholds)
     if result.skipped:
         skipped = Hedge("checks_skipped", {"n_skipped": len(result.skipped),
                                            "n_checks": len(result.skipped) + len(result.ran)})

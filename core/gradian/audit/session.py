@@ -99,5 +99,5 @@ def diagnose(cfg: Any, max_seq_length: int | None = None, run: Any = None) -> Di
         config=cfg.audit,
     )
     report = diagnosis_report(result, inputs=inputs.manifest(), audit_config=config_to_dict(cfg).get("audit"),
-                              started_at=started)
+                              started_at=started, thresholds=cfg.verdict)
     return Diagnosis(inputs=inputs, result=result, report=report)

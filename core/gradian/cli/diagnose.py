@@ -67,7 +67,7 @@ def diagnose_command(
     if as_json:
         print_json(report)
     else:
-        _print_result(result)
+        _print_result(result, report["verdict"])
     files: list[Path] = []
     if out is not None:
         files = list(write_diagnosis(report, out))
@@ -87,10 +87,10 @@ def diagnose_command(
         raise typer.Exit(code=1)
 
 
-def _print_result(result: Any) -> None:
+def _print_result(result: Any, verdict: dict[str, Any]) -> None:
+    """The findings and skipped checks as tables, and ``verdict`` (the report's) in words."""
     from gradian.cli.output import print_line, print_table
 
-    verdict = result.verdict()
     critical = result.at_least("critical")
     if critical:
         print_line(f"{len(critical)} critical issue(s) invalidate or dominate this run: fix these first.", "bold red")

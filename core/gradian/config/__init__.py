@@ -21,10 +21,12 @@ from gradian.config.schema import (
     TrainConfig,
 )
 from gradian.config.audit import AuditConfig
+from gradian.config.verdict import VerdictConfig
 from gradian.config.engines import engine_entry, engine_names
 
 __all__ = [
     "AuditConfig",
+    "VerdictConfig",
     "ClusteringConfig",
     "EngineConfig",
     "EvaluationConfig",

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from gradian.config.audit import AuditConfig
 from gradian.config.engines import BUILTIN_ENGINES
+from gradian.config.verdict import VerdictConfig
 
 __all__ = [
     "GradsConfig",
@@ -134,6 +135,7 @@ class GradianConfig:
     clustering: ClusteringConfig = field(default_factory=ClusteringConfig, metadata={"help": "How training examples are grouped in the report"})
     train: TrainConfig = field(default_factory=TrainConfig, metadata={"help": "The optional `gradian train` path; does not affect attribution"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "Thresholds of the audit checks"})
+    verdict: VerdictConfig = field(default_factory=VerdictConfig, metadata={"help": "Thresholds of the verdict"})
 
 
 #: allowed values of the enumerated fields, by dotted key (``engine.name``: ``gradian.config.engines``)

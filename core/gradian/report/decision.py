@@ -42,6 +42,7 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Sequence, Union
 
+from gradian.config.verdict import VerdictConfig as VerdictThresholds
 from gradian.findings import Finding, severity_rank
 from gradian.report.schema import (
     Accused,
@@ -69,42 +70,6 @@ VerdictRule = Literal["critical", "no_target", "no_regression", "not_attributed"
                       "flat_data", "unexplained"]
 
 _CONFIG_CATEGORIES = ("config", "dynamics")
-
-
-@dataclass(frozen=True)
-class VerdictThresholds:
-    """Every number the verdict depends on, with its default and why."""
-
-    data_min_share: float = field(default=0.5, metadata={"help": (
-        "The accused cluster must carry at least this share of the harm: the larger of its share of "
-        "all negative scores and its share of the net harm of the net-harmful clusters")})
-    data_min_rate_ratio: float = field(default=5.0, metadata={"help": (
-        "Its mean score per example must be at least this many times the rest's (infinite when the "
-        "rest is net helpful); a cluster that wins only on size is not lumpy")})
-    data_max_cluster_fraction: float = field(default=0.5, metadata={"help": (
-        "A cluster holding more than this share of the dataset is the dataset, not a subset to blame")})
-    engine_agreement_moderate: float = field(default=0.8, metadata={"help": (
-        "Cross-check Spearman below this raises attribution.engine_disagreement (medium) and a hedge")})
-    engine_agreement_low: float = field(default=0.5, metadata={"help": (
-        "Below this the engine disagreement finding is high: at least one engine's approximation fails")})
-    config_min_severity: str = field(default="medium", metadata={"help": (
-        "Config/dynamics findings at least this severe make a flat distribution a config verdict")})
-    mixed_config_min_severity: str = field(default="high", metadata={"help": (
-        "Config/dynamics findings at least this severe turn a lumpy data verdict into mixed")})
-    overlap_top_k: int = field(default=5, metadata={"help": (
-        "How many top harmful examples are compared with the data findings' rows")})
-
-    def __post_init__(self) -> None:
-        for name in ("data_min_share", "data_max_cluster_fraction"):
-            value = getattr(self, name)
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"VerdictThresholds.{name}={value!r} must lie in (0, 1]")
-        if self.data_min_rate_ratio < 1.0:
-            raise ValueError(f"VerdictThresholds.data_min_rate_ratio={self.data_min_rate_ratio!r} must be >= 1")
-        if not self.engine_agreement_low <= self.engine_agreement_moderate:
-            raise ValueError("VerdictThresholds.engine_agreement_low must not exceed engine_agreement_moderate")
-        severity_rank(self.config_min_severity)
-        severity_rank(self.mixed_config_min_severity)
 
 
 # -- the decision, as data ---------------------------------------------------------------------
