@@ -15,7 +15,7 @@ def explain_command(
     report: Path = typer.Option(..., "--report", help="The folder `gradian attribute --out` wrote (or its report.json)"),
     item: Optional[str] = typer.Option(None, "--item", help="The eval item to build the query from (default: the item the row hurts most)"),
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config to use instead of the one the report recorded"),
-    engine: Optional[str] = typer.Option(None, "--engine", help="Score the tokens against the query gradient (graddot, the default) or DataInf's preconditioned query (datainf)"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="Score the tokens against the query gradient (graddot, the default) or an engine's own preconditioned query on its fitted state (datainf, ekfac, kfac)"),
     words: int = typer.Option(8, "--words", help="How many of the most harmful words to list"),
     as_json: bool = typer.Option(False, "--json", help="Print the explanation as JSON"),
 ) -> None:

@@ -160,7 +160,7 @@ def measure_localization(root: str | Path, base_model: str | Path | None = None,
     if not (root / "run" / "adapter").is_dir():
         log("fine-tuning")
         train_lora(root / "gradian.yaml", root / "run")
-    from gradian.explain.session import SPAN_ENGINE
+    from gradian.explain.session import SPAN_ENGINE, span_engine_state
 
     engine = engine or SPAN_ENGINE
     cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu"})
@@ -192,12 +192,13 @@ def measure_localization(root: str | Path, base_model: str | Path | None = None,
     mean_query = build_query_gradient(gm, tokenizer, list(items.values()), "contrastive", cfg.grads, scope="regressed")
     rows, hits = [], {"single_item": 0, "mean_of_items": 0}
     measured = [p for p in info["planted"] if p["country"] in items]
+    state = span_engine_state(gm, tokenizer, index, cfg, engine, dataset)  # once for every row
     for p in measured:
         example = dataset.examples[p["row"]]
         found = {}
         for name, qg in (("single_item", per_item[p["country"]]), ("mean_of_items", mean_query)):
             exp = explain_example(gm, tokenizer, index, example, qg.vectors, cfg, item_id=items[p["country"]].item_id,
-                                  signal=qg.signal, row=p["row"], engine=engine)
+                                  signal=qg.signal, row=p["row"], engine=engine, state=state)
             top = exp.span.text if exp.span else ""
             found[name] = {"top_span": top, "hit": top == p["planted_sentence"], "token_sum": exp.token_sum,
                            "score": exp.score, "signal": qg.signal}
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
                                      description="Measure how often the span drill-down finds a buried wrong sentence")
     parser.add_argument("--out", required=True, help="Folder for the scenario, the fine-tune and localization.json")
     parser.add_argument("--base-model", default=None, help="A tinyworld base model (default: the cached one)")
-    parser.add_argument("--engine", default=None, help="Direction the spans are scored against: graddot (the default) or datainf")
+    parser.add_argument("--engine", default=None, help="Engine whose preconditioned query the spans are scored against: graddot (the default), datainf, ...")
     parser.add_argument("--seed", type=int, default=0, help="Another draw of wrong capitals and padding (0: the published run)")
     args = parser.parse_args(argv)
     result = measure_localization(args.out, args.base_model, engine=args.engine, seed=args.seed)

@@ -1,30 +1,49 @@
 """The preconditioned query as a direction in LoRA weight space.
 
 An engine scores training example ``j`` as ``score_j = sum_l <r_l, g_j^(l)>``: the stored gradient
-of its loss against the preconditioned query ``r`` (``r = q`` for ``graddot``; DataInf's
-``r = (1/lam) [q - (1/n) sum_i (g_i . q)/(lam + |g_i|^2) g_i]`` per block, with DataInf's own
-damping ``block_damping``). The span drill-down needs ``r`` as a direction in weight space:
-stored gradients may be randomly projected (``g = P x``), and ``<P x, r> = <x, P^T r>``, so
+of its loss against the engine's preconditioned query ``r`` (``r = q`` for ``graddot``, DataInf's
+per-block inverse, EK-FAC's and K-FAC's damped Kronecker inverse per LoRA matrix). The span
+drill-down does not re-derive any of them: it asks the engine for ``r`` through
+``Engine.precondition`` on the engine's fitted state over the stored gradients, the state
+``gradian.engines.fit_engine`` keeps beside the index (the one ``gradian attribute`` fitted, loaded
+from the cache; fitted again through the same path only when it is missing). So a row's span score
+is the engine's own score of that row, for every engine, in one code path.
+
+Spans differentiate the final model, so the direction is the engine's over the final adapter. An
+engine whose score sums over the run's saved checkpoints is fitted here on the final adapter
+alone (no checkpoint indexer): ``ekfac`` / ``kfac`` with ``engine.checkpoints: all`` get their
+``checkpoints: final`` fit (the same state id an attribution on the final adapter stores), and
+``tracin`` its final-adapter term with weight 1, which its fitted state declares to be
+``graddot`` (``EngineState.meta["equivalent_to"]``) and is preconditioned as graddot. The notes
+say the row's score is then that part, not the sum over checkpoints.
+
+Stored gradients may be randomly projected (``g = P x``), and ``<P x, r> = <x, P^T r>``, so
 ``P^T r`` is taken by differentiating the projection (it is linear) instead of re-deriving each
 projection family's transpose.
 
-Interface: ``query_direction(gm, train, query, engine, engine_config, projector) ->
-QueryDirection`` (``{id(linear): tensor shaped like its weight}``, and the engine actually used).
-Engines without a closed-form ``r`` here (the Kronecker and TracIn families) fall back to DataInf,
-and the note says so.
+Interface: ``query_direction(gm, train, query, engine, engine_config, projector, state=None, *,
+context=None, cache_dir=None) -> QueryDirection`` (``{id(linear): tensor shaped like its weight}``,
+the engine, and ``r`` in the index's space); ``preconditioned_query(...)`` the ``r`` alone;
+``span_state(engine, train, engine_config, context, cache_dir)`` the fitted state spans use.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import numpy as np
 
-__all__ = ["DIRECT_ENGINES", "QueryDirection", "preconditioned_query", "query_direction"]
+__all__ = ["DIRECT_ENGINES", "QueryDirection", "final_adapter_config", "preconditioned_query", "query_direction",
+           "span_state"]
 
-#: engines whose preconditioned query is formed here exactly
-DIRECT_ENGINES = ("datainf", "graddot")
+#: the built-in engines whose span direction is their own preconditioned query over the final
+#: adapter, so a row's span score is exactly the engine's score of it (``ekfac`` / ``kfac`` with
+#: ``engine.checkpoints: final``). ``tracin`` also works, as its final-adapter term (see the
+#: module doc), and so does any engine a plugin registers: it has ``precondition`` too.
+DIRECT_ENGINES = ("datainf", "ekfac", "graddot", "kfac")
 
 
 @dataclass
@@ -46,40 +65,83 @@ class QueryDirection:
         raise IndexError(f"row {row} is not in the index ({train.n} rows)")
 
 
-def preconditioned_query(train: Any, query: Mapping[str, np.ndarray], engine: str,
-                         engine_config: Any) -> tuple[dict[str, np.ndarray], str, list[str]]:
-    """``({block: r [width]}, engine used, notes)`` for one query ``{block: [width]}``."""
-    blocks = list(train.block_names)
-    q = {b: np.asarray(query[b], dtype=np.float64).reshape(-1) for b in blocks}
-    notes: list[str] = []
-    if engine == "graddot":
-        if getattr(engine_config, "normalize_query", False):
-            total = float(np.sqrt(sum((v ** 2).sum() for v in q.values())))
-            q = {b: v / max(total, 1e-300) for b, v in q.items()}
-        return q, "graddot", notes
-    if engine != "datainf":
-        notes.append(f"span scores use DataInf's preconditioner: {engine} has no closed-form direction here")
-    from gradian.engines.datainf import block_damping
+def final_adapter_config(engine_config: Any) -> Any:
+    """``engine_config`` with ``checkpoints: final`` (the final adapter alone), unchanged when it is."""
+    if getattr(engine_config, "checkpoints", "final") == "final":
+        return engine_config
+    if dataclasses.is_dataclass(engine_config) and not isinstance(engine_config, type):
+        return dataclasses.replace(engine_config, checkpoints="final")
+    out = copy.copy(engine_config)
+    out.checkpoints = "final"
+    return out
 
-    norms = train.sq_norms()
-    lam = block_damping(norms, {b: len(q[b]) for b in blocks}, engine_config.lambda_scale,
-                        engine_config.lambda_override)
-    acc = {b: np.zeros_like(q[b]) for b in blocks}
-    for start, chunk in train.iter_chunks():
-        for b in blocks:
-            g = np.asarray(chunk[b], dtype=np.float64)
-            coef = (g @ q[b]) / (lam[b] + norms[b][start : start + g.shape[0]])
-            acc[b] += coef @ g
-    n = int(train.n)
-    return {b: (q[b] - acc[b] / n) / lam[b] for b in blocks}, "datainf", notes
+
+def span_state(engine: str, train: Any, engine_config: Any, context: Any = None, cache_dir: Any = None) -> Any:
+    """The fitted ``EngineState`` of ``engine`` over the final adapter's gradients ``train``.
+
+    ``gradian.engines.fit_engine`` with the final-adapter config: loaded from ``cache_dir`` when
+    it was fitted before (what ``gradian attribute`` stored), else fitted and stored. ``context``
+    (a ``FitContext``) is what a fit that reads the model needs; its checkpoint indexer is dropped,
+    so nothing is fitted under another adapter.
+    """
+    from gradian.engines import fit_engine
+
+    if context is not None and getattr(context, "checkpoints", None) is not None:
+        context = dataclasses.replace(context, checkpoints=None)
+    return fit_engine(engine, train, final_adapter_config(engine_config), context, cache_dir=cache_dir)
+
+
+def preconditioned_query(train: Any, query: Mapping[str, np.ndarray], engine: str, engine_config: Any,
+                         state: Any = None, *, context: Any = None,
+                         cache_dir: Any = None) -> tuple[dict[str, np.ndarray], str, list[str]]:
+    """``({block: r [width]}, engine, notes)`` for one query ``{block: [width]}``.
+
+    ``r`` is ``engine``'s ``precondition`` of the query on ``state`` (its fitted state over
+    ``train``; ``span_state(engine, train, engine_config, context, cache_dir)`` when not given).
+    """
+    from gradian.engines import get_engine
+    from gradian.engines.base import as_query_matrix, check_widths
+
+    blocks = list(train.block_names)
+    config = final_adapter_config(engine_config)
+    if state is None:
+        state = span_state(engine, train, engine_config, context, cache_dir)
+    if state.engine != engine:
+        raise ValueError(f"the fitted state is {state.engine}'s, not {engine}'s")
+    q, _ = as_query_matrix(query, blocks)
+    if any(v.shape[0] != 1 for v in q.values()):
+        raise ValueError("spans are scored against one query {block: [width]}, not a query matrix")
+    check_widths(train, q)
+    owner = get_engine(engine)
+    notes: list[str] = []
+    if owner.settings(engine_config) != owner.settings(config):
+        notes.append(f"{engine} here is fitted on the final adapter alone: with engine.checkpoints "
+                     f"{getattr(engine_config, 'checkpoints', '?')} its score sums fits under every saved "
+                     "checkpoint, which the final model's tokens cannot split, so the row's score is the "
+                     "final adapter's part")
+    equivalent = state.meta.get("equivalent_to")
+    if equivalent and equivalent != engine:
+        # TracIn over the final adapter alone: its state says it is graddot; precondition it as that
+        notes.append(f"{engine}: spans are scored against the final adapter's term alone, with weight 1 "
+                     f"({equivalent}: the query gradient itself); {engine}'s own score sums that term over the "
+                     "run's saved checkpoints, each under its own adapter and learning rate, when it saved any")
+        owner = get_engine(equivalent)
+    pre = owner.precondition(state, q, config)
+    notes[:0] = list(pre.notes)
+    if owner.ranks_by_self_influence(config):
+        notes.append(f"{engine} ranks rows by RelatIF; spans split the row's influence score, not its rank value")
+    r = {b: np.asarray(pre.direction[b], dtype=np.float64)[0] for b in blocks}
+    return r, engine, notes
 
 
 def query_direction(gm: Any, train: Any, query: Mapping[str, np.ndarray], engine: str, engine_config: Any,
-                    projector: Any = None) -> QueryDirection:
+                    projector: Any = None, state: Any = None, *, context: Any = None,
+                    cache_dir: Any = None) -> QueryDirection:
     """The preconditioned query mapped back to every LoRA Linear's weight (see the module doc)."""
     import torch
 
-    r, used, notes = preconditioned_query(train, query, engine, engine_config)
+    r, used, notes = preconditioned_query(train, query, engine, engine_config, state, context=context,
+                                          cache_dir=cache_dir)
     per_linear: dict[int, Any] = {}
     for block in gm.blocks:
         vector = torch.as_tensor(r[block.name], dtype=torch.float64)

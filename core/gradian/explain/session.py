@@ -12,6 +12,9 @@ Interface:
 - ``explain_top_accused(gm, tokenizer, train, dataset, qg, item_scores, accused_ids, cfg, k)``:
   the same for the top ``k`` rows of an accused set, each against the item it hurts most (the
   attribution pipeline puts these in ``attribution.spans``);
+- ``span_engine_state(gm, tokenizer, train, cfg, engine, dataset)``: the engine's fitted state the
+  direction is preconditioned with (from the cache beside the index when attribute stored it);
+  resolve it once and pass it as ``state=`` when explaining many rows;
 - ``explain_from_report(report_dir, example_id, item_id=None, config=None)``: everything loaded
   from a ``gradian attribute --out`` folder (what ``gradian explain`` runs).
 """
@@ -24,16 +27,18 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from gradian.errors import ConfigError
-from gradian.explain.direction import query_direction
+from gradian.explain.direction import query_direction, span_state
 from gradian.explain.spans import SpanExplanation, score_example_spans
 from gradian.report.schema import AnalysisInputs, AttributeManifest, CapabilityItem, CounterfactualManifest, Report
 
-__all__ = ["SPAN_ENGINE", "explain_example", "explain_from_report", "explain_top_accused", "item_signal"]
+__all__ = ["SPAN_ENGINE", "explain_example", "explain_from_report", "explain_top_accused", "item_signal",
+           "span_engine_state"]
 
 #: the direction spans are scored against by default. Measured on the buried-sentence scenario
-#: (``gradian.explain.buried``, two draws, 72 planted rows): the plain query gradient puts the
-#: planted sentence on top for 66 rows (92%), DataInf's preconditioned query for 60 (83%); the
-#: preconditioner amplifies low-curvature directions that single uncertain tokens also excite.
+#: (``gradian.explain.buried``, docs/report.md): the plain query gradient puts the planted sentence
+#: on top for 53 of 60 rows of the first draw and 51 of 52 of the second, DataInf's preconditioned
+#: query for 52 of the first draw's 60; the preconditioner amplifies low-curvature directions that
+#: single uncertain tokens also excite.
 SPAN_ENGINE = "graddot"
 
 
@@ -48,16 +53,45 @@ def item_signal(item: Any, requested: str) -> str:
     return requested
 
 
+def span_engine_state(gm: Any, tokenizer: Any, train: Any, cfg: Any, engine: str | None = None,
+                      dataset: Any = None, log: Callable[[str], None] | None = None) -> Any:
+    """The fitted state of ``engine`` (``SPAN_ENGINE`` by default) over the index ``train``, on the final adapter.
+
+    Loaded from ``cfg.cache_dir`` when it was stored before (``gradian attribute`` stores the
+    Kronecker engines' states there); otherwise fitted through ``gradian.engines.fit_engine``, with
+    the passes over the model a curvature fit needs when ``dataset`` (the indexed training set) is
+    given. Engines that fit on the stored gradients alone (graddot, DataInf) need no dataset.
+    """
+    import dataclasses
+
+    from gradian.engines import FitContext, get_engine
+
+    engine = engine or SPAN_ENGINE
+    engine_cfg = dataclasses.replace(cfg.engine, name=engine)
+    context = FitContext(grads=cfg.grads, seed=cfg.seed, cache_dir=cfg.cache_dir, log=log)
+    if dataset is not None and get_engine(engine).needs_model:
+        from gradian.data import tokenize_examples
+        from gradian.grads.collectors import ModelPasses
+
+        tokenized = tokenize_examples(dataset.examples, tokenizer, cfg.grads.max_seq_length)
+        context = dataclasses.replace(context, passes=ModelPasses(gm, tokenized, tokenizer.pad_token_id, cfg.grads))
+    state = span_state(engine, train, engine_cfg, context, cache_dir=cfg.cache_dir)
+    if log is not None and state.state_id:
+        log(f"{engine}: fitted state {state.state_id}" + (" (cached)" if state.cache_hit else f" in {state.fit_seconds:.1f} s"))
+    return state
+
+
 def explain_example(gm: Any, tokenizer: Any, train: Any, example: Any, query: Mapping[str, np.ndarray], cfg: Any,
                     *, item_id: str = "", signal: str = "", row: int | None = None,
-                    engine: str | None = None) -> SpanExplanation:
+                    engine: str | None = None, state: Any = None, dataset: Any = None) -> SpanExplanation:
     """Token, word and sentence contributions of ``example`` to ``query``.
 
     ``engine`` is whose direction the tokens are scored against: ``SPAN_ENGINE`` (``graddot``, the
-    query gradient itself) by default, or ``datainf`` for the DataInf-preconditioned query (other
-    names use DataInf's, with a note). ``train`` is the gradient index (the preconditioner reads
-    it); ``row`` the example's row in it, to record that engine's score of the row beside the
-    token sum.
+    query gradient itself) by default, or any engine's preconditioned query (``datainf``,
+    ``ekfac``, ...), which the engine computes itself (``Engine.precondition``) on ``state``, its
+    fitted state over ``train`` (``span_engine_state(..., dataset=dataset)`` when not given).
+    ``train`` is the gradient index; ``row`` the example's row in it, to record that engine's score
+    of the row beside the token sum.
     """
     import dataclasses
 
@@ -65,19 +99,27 @@ def explain_example(gm: Any, tokenizer: Any, train: Any, example: Any, query: Ma
 
     engine = engine or SPAN_ENGINE
     engine_cfg = dataclasses.replace(cfg.engine, name=engine)
-    direction = query_direction(gm, train, query, engine, engine_cfg, make_projector(cfg.grads))
+    if state is None:
+        state = span_engine_state(gm, tokenizer, train, cfg, engine, dataset)
+    direction = query_direction(gm, train, query, engine, engine_cfg, make_projector(cfg.grads), state)
     score = direction.score_of(train, row) if row is not None else None
     return score_example_spans(gm, tokenizer, example, direction, cfg.grads, item_id=item_id, signal=signal,
                                score=score)
 
 
 def explain_top_accused(gm: Any, tokenizer: Any, train: Any, dataset: Any, qg: Any, item_scores: np.ndarray,
-                        accused_ids: Sequence[str], cfg: Any, k: int = 3, engine: str | None = None) -> list[SpanExplanation]:
-    """The harmful span of the first ``k`` accused rows (most harmful first), each against its worst item."""
+                        accused_ids: Sequence[str], cfg: Any, k: int = 3, engine: str | None = None,
+                        state: Any = None) -> list[SpanExplanation]:
+    """The harmful span of the first ``k`` accused rows (most harmful first), each against its worst item.
+
+    ``state``: ``engine``'s fitted state over ``train`` when the caller holds it (fitted once here otherwise)."""
+    accused_ids = list(accused_ids)[:k]
+    if state is None and accused_ids:
+        state = span_engine_state(gm, tokenizer, train, cfg, engine, dataset)
     position = {eid: i for i, eid in enumerate(dataset.ids)}
     examples = dataset.by_id()
     out = []
-    for eid in list(accused_ids)[:k]:
+    for eid in accused_ids:
         row = position[eid]
         if qg.per_item is not None and item_scores.ndim == 2 and item_scores.shape[1] > 1:
             j = int(np.argmin(item_scores[row]))
@@ -86,7 +128,7 @@ def explain_top_accused(gm: Any, tokenizer: Any, train: Any, dataset: Any, qg: A
         else:
             query, item = qg.vectors, (qg.item_ids[0] if len(qg.item_ids) == 1 else "all query items")
         out.append(explain_example(gm, tokenizer, train, examples[eid], query, cfg, item_id=item,
-                                   signal=qg.signal, row=row, engine=engine))
+                                   signal=qg.signal, row=row, engine=engine, state=state))
     return out
 
 
@@ -98,6 +140,9 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
     The model, data, engine and gradient settings come from the report's manifest (or
     ``config``); the index is reopened from the cache (rebuilt when missing). The query item is
     ``item_id``, else the row's ``worst_item`` in rankings.parquet, else the first regressed item.
+    ``engine`` is whose direction the tokens are scored against (``SPAN_ENGINE`` by default; the
+    report's own engine, ``attribution.engine``, to split the score the report ranked by): its
+    fitted state is the one the attribution stored beside the index, fitted again when missing.
     """
     from gradian.config import load_config
     from gradian.counterfactual import load_report
@@ -145,8 +190,9 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
     qg = build_query_gradient(gm, tokenizer, [query_item], item_signal(query_item, cfg.evaluation.query_signal),
                               cfg.grads, scope="item")
     log(f"scoring the tokens of {example_id} against item {query_item.item_id} ({qg.signal})")
-    return explain_example(gm, tokenizer, index, examples[example_id], qg.vectors, cfg,
-                           item_id=query_item.item_id, signal=qg.signal, row=dataset.ids.index(example_id), engine=engine)
+    state = span_engine_state(gm, tokenizer, index, cfg, engine, dataset, log=log)
+    return explain_example(gm, tokenizer, index, examples[example_id], qg.vectors, cfg, item_id=query_item.item_id,
+                           signal=qg.signal, row=dataset.ids.index(example_id), engine=engine, state=state)
 
 
 def _report_overrides(report: Report) -> dict[str, Any]:
