@@ -52,6 +52,8 @@ __all__ = ["read_mlflow_run", "MlflowRunSource", "RUN_SOURCE", "AdapterLocation"
 
 #: the run tag naming the base model (set by ``train_and_log`` and ``GradianCallback``)
 BASE_MODEL_TAG = "gradian.base_model"
+#: params that name the base model in runs logged by the HF and TRL callbacks, most specific first
+_BASE_MODEL_PARAMS = ("base_model_name_or_path", "model_name_or_path", "_name_or_path")
 
 _LOG_METRICS = ("loss", "grad_norm", "learning_rate", "epoch", "eval_loss")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -416,6 +418,13 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
     fill_config_from_logs(record)
     if not record.lora.base_model and run.data.tags.get(BASE_MODEL_TAG):
         record.lora.base_model = run.data.tags[BASE_MODEL_TAG]
+    if not record.lora.base_model:  # a run logged with params only (the HF / TRL callback's defaults)
+        for key in _BASE_MODEL_PARAMS:
+            value = (run.data.params.get(key) or "").strip()
+            if value and value.lower() not in ("none", "null"):
+                record.lora.base_model = value
+                record.inferred["base_model"] = f"the run's param {key}"
+                break
     found = _dataset_from_inputs(run, run_cache, trust=trust_run_dataset)
     record.dataset = found.dataset
     if record.dataset.path is None:

@@ -498,3 +498,41 @@ def test_a_run_logged_without_its_learning_rate_gets_it_from_the_logged_rates(tm
     assert record.config.learning_rate == pytest.approx(peak, rel=0.02)
     assert record.config.lr_scheduler_type == "linear" and record.config.warmup_steps == warmup
     assert "fitted to 100 logged learning rates" in record.inferred["learning_rate"]
+
+
+def _params_only_run(mlflow, base: str) -> str:
+    """A run as the HF / TRL callback logs it by default: params and metrics, no artifact."""
+    with mlflow.start_run() as run:
+        mlflow.log_params({**HF_PARAMS, "_name_or_path": base, "max_length": "64", "packing": "False",
+                           "completion_only_loss": "None"})
+        for step in range(1, 5):
+            mlflow.log_metrics({"loss": 2.0 - 0.1 * step, "learning_rate": 2e-4, "grad_norm": 1.0}, step=step)
+    return run.info.run_id
+
+
+def test_a_params_only_run_names_its_base_model_and_the_audit_uses_its_tokenizer(tracking, tiny_lora_dirs, tmp_path):
+    """No artifacts, no --base-model: the base model (and so the tokenizer) comes from the run's
+    ``_name_or_path`` param; one that is not a folder here is named in the skip lines with the flag."""
+    import mlflow
+
+    from gradian.config import load_config
+    from gradian.audit.session import diagnose
+    from gradian_mlflow.source import read_mlflow_run
+
+    base, _ = tiny_lora_dirs
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"what is {i} ?", "completion": f"{i}"}) + "\n" for i in range(8)))
+    run_id = _params_only_run(mlflow, str(base))
+    record = read_mlflow_run(run_id, cache_dir=tmp_path / "cache")
+    assert record.lora.base_model == str(base) and record.inferred["base_model"] == "the run's param _name_or_path"
+    assert record.config.max_seq_length == 64
+    cfg = load_config(None, {"run": f"mlflow:{run_id}", "dataset": str(data), "cache_dir": str(tmp_path / "cache")})
+    result = diagnose(cfg).result
+    assert not [s for s in result.skipped if "tokenizer" in s.reason], result.skipped
+    assert "data.truncated" in result.ran
+
+    elsewhere = _params_only_run(mlflow, "/models/not-here/qwen")
+    cfg = load_config(None, {"run": f"mlflow:{elsewhere}", "dataset": str(data), "cache_dir": str(tmp_path / "cache")})
+    reasons = {s.reason for s in diagnose(cfg).result.skipped if "tokenizer" in s.reason}
+    assert reasons == {"no tokenizer: the run's param _name_or_path names /models/not-here/qwen, which is not a "
+                       "folder on this machine (pass --base-model DIR, or set `tokenizer` in the config)"}

@@ -85,15 +85,15 @@ def _from_report(inputs: RecordedInputs | None) -> dict[str, Any]:
             "eval_dataset": inputs.eval_dataset.path if inputs.eval_dataset else None}
 
 
-def tokenizer_source(cfg: Any, base_given: bool = True) -> tuple[str | None, str, bool]:
+def tokenizer_source(cfg: Any, base_given: bool = True, base_origin: str | None = None) -> tuple[str | None, str, bool]:
     """``(name, origin, given)`` of the tokenizer for ``cfg``: ``tokenizer``, else ``base_model``,
     else the base in the adapter's ``adapter_config.json``. ``origin`` is the key or flag that named
     it; ``given`` whether the user named it (``base_given``: ``base_model`` came from the user, not
-    from a run record). Reads nothing but that ``adapter_config.json``."""
+    from a run record, which ``base_origin`` then describes). Reads nothing but that ``adapter_config.json``."""
     if cfg.tokenizer:
         return cfg.tokenizer, "tokenizer (config)", True
     if cfg.base_model:
-        origin = "--base-model" if base_given else "the run's adapter_config.json base_model_name_or_path"
+        origin = "--base-model" if base_given else (base_origin or "the run's adapter_config.json base_model_name_or_path")
         return cfg.base_model, origin, base_given
     if cfg.adapter_path and (Path(cfg.adapter_path) / "adapter_config.json").is_file():
         from gradian.model_loading import read_adapter_config
@@ -125,6 +125,8 @@ def resolve_inputs(cfg: Any, run: Any = None, report_inputs: RecordedInputs | No
                 break
     given_base = bool(cfg.base_model)
     cfg = dataclasses.replace(cfg, **updates) if updates else cfg
-    name, origin, given = tokenizer_source(cfg, base_given=given_base)
+    base_origin = (run.inferred.get("base_model") if run is not None and origins.get("base_model") == "run"
+                   and isinstance(getattr(run, "inferred", None), dict) else None)
+    name, origin, given = tokenizer_source(cfg, base_given=given_base, base_origin=base_origin)
     return ResolvedInputs(config=cfg, run=run, origins=origins, tokenizer_name=name, tokenizer_origin=origin,
                           tokenizer_given=given)

@@ -138,7 +138,7 @@ def run_attribution(
     dataset = diagnosis.inputs.dataset or load_dataset(cfg.dataset)
     validate_for_dataset(cfg, len(dataset), dataset.path)
 
-    log(f"loading {cfg.base_model} with the adapter {cfg.adapter_path}")
+    log(f"loading {cfg.base_model or 'the base model its adapter_config.json names'} with the adapter {cfg.adapter_path}")
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
     left_out = skipped_modules_finding(gm.skipped, len(gm.blocks))
     if left_out is not None:

@@ -38,7 +38,7 @@ def _rate_figures(ctx: AuditContext) -> tuple[float, float, float, str]:
         raise CheckSkipped("the run did not record learning_rate")
     scale = run.lora.scaling
     if scale is None:
-        raise CheckSkipped("LoRA r and alpha are unknown (no adapter_config.json in the run)")
+        raise CheckSkipped("LoRA r and alpha are unknown (no adapter_config.json in the run: pass --adapter DIR or --run OUTPUT_DIR)")
     label = "alpha/sqrt(r)" if run.lora.use_rslora else "alpha/r"
     return lr, scale, run.effective_lora_lr, label
 
@@ -72,7 +72,7 @@ def _epochs(ctx: AuditContext) -> float | None:
 def attention_only_targets(ctx: AuditContext) -> CheckOutcome:
     targets = _run(ctx).lora.target_modules
     if not targets:
-        raise CheckSkipped("target_modules unknown (no adapter_config.json in the run)")
+        raise CheckSkipped("target_modules unknown (no adapter_config.json in the run: pass --adapter DIR or --run OUTPUT_DIR)")
     if any(t in ("all-linear", "all_linear") for t in targets):
         return None
     short = {t.rsplit(".", 1)[-1] for t in targets}
@@ -127,7 +127,7 @@ def base_model_mismatch(ctx: AuditContext) -> CheckOutcome:
 def capacity_vs_data(ctx: AuditContext) -> CheckOutcome:
     r = _run(ctx).lora.r
     if not r:
-        raise CheckSkipped("LoRA rank unknown (no adapter_config.json in the run)")
+        raise CheckSkipped("LoRA rank unknown (no adapter_config.json in the run: pass --adapter DIR or --run OUTPUT_DIR)")
     n = ctx.n_examples
     if not n:
         raise CheckSkipped("dataset size unknown (pass --dataset)")
@@ -185,7 +185,7 @@ def grad_clip_disabled(ctx: AuditContext) -> CheckOutcome:
 def high_lora_dropout(ctx: AuditContext) -> CheckOutcome:
     dropout = _run(ctx).lora.dropout
     if dropout is None:
-        raise CheckSkipped("lora_dropout unknown (no adapter_config.json in the run)")
+        raise CheckSkipped("lora_dropout unknown (no adapter_config.json in the run: pass --adapter DIR or --run OUTPUT_DIR)")
     n = ctx.n_examples
     if not n:
         raise CheckSkipped("dataset size unknown (pass --dataset)")

@@ -31,6 +31,8 @@ class AuditContext:
     #: the base model the user says the adapter belongs to (for config.base_model_mismatch)
     base_model: str | None = None
     config: AuditConfig = field(default_factory=AuditConfig)
+    #: why there is no tokenizer when the run named a base model this machine does not have
+    tokenizer_missing: str | None = None
     #: id of the check being run; set by the runner so ``finding`` can stamp it
     current_check: str = ""
     _tokenized: Any = field(default=None, repr=False)
@@ -43,7 +45,7 @@ class AuditContext:
             if need == "dataset" and self.dataset is None:
                 return "no training dataset (pass --dataset)"
             if need == "tokenizer" and self.tokenizer is None:
-                return "no tokenizer (pass --base-model, or set `tokenizer` in the config)"
+                return self.tokenizer_missing or "no tokenizer (pass --base-model, or set `tokenizer` in the config)"
             if need == "run" and self.run is None:
                 return "no training run (pass --run with the trainer's output directory)"
             if need == "logs":

@@ -60,12 +60,14 @@ def run_audit(
     base_model: str | None = None,
     config: AuditConfig | None = None,
     checks: Iterable[str] | None = None,
+    tokenizer_missing: str | None = None,
 ) -> AuditResult:
     """Run the audit checks (all, or the ids in ``checks``) over whichever inputs are given.
 
     ``dataset``/``eval_dataset`` are ``gradian.data.Dataset``; ``tokenizer`` a fast HF tokenizer;
     ``run`` a ``gradian.runs.RunRecord``. ``max_seq_length`` defaults to the run's recorded value.
     ``base_model`` is what the adapter is being analyzed against (for config.base_model_mismatch).
+    ``tokenizer_missing`` says why no tokenizer is given although the run named one (skip lines).
     """
     if max_seq_length is None and run is not None:
         max_seq_length = run.config.max_seq_length
@@ -77,6 +79,7 @@ def run_audit(
         max_seq_length=max_seq_length,
         base_model=base_model,
         config=config if config is not None else AuditConfig(),
+        tokenizer_missing=tokenizer_missing,
     )
     selected = all_checks() if checks is None else [get_check(c) for c in checks]
     result = AuditResult()

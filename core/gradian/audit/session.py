@@ -25,6 +25,8 @@ class AuditInputs:
     tokenizer_name: str | None
     base_model: str | None
     max_seq_length: int | None
+    #: why there is no tokenizer although the run named a base model (the skip lines say it)
+    tokenizer_missing: str | None = None
 
     def manifest(self) -> dict[str, Any]:
         def ds(d: Any) -> dict[str, Any] | None:
@@ -64,6 +66,10 @@ def load_audit_inputs(cfg: Any, max_seq_length: int | None = None, run: Any = No
     # the audit loads no weights: a tokenizer found through the run is read only from a local folder
     usable = resolved.tokenizer_given or resolved.tokenizer_is_local
     tokenizer_name = resolved.tokenizer_name if usable else None
+    missing = None
+    if resolved.tokenizer_name and not usable:
+        missing = (f"no tokenizer: {resolved.tokenizer_origin} names {resolved.tokenizer_name}, which is not a "
+                   "folder on this machine (pass --base-model DIR, or set `tokenizer` in the config)")
     tokenizer = (load_tokenizer(tokenizer_name, cfg.trust_remote_code, resolved.tokenizer_origin)
                  if tokenizer_name else None)
     if max_seq_length is None and run is not None:
@@ -76,6 +82,7 @@ def load_audit_inputs(cfg: Any, max_seq_length: int | None = None, run: Any = No
         tokenizer_name=tokenizer_name,
         base_model=cfg.base_model or None,
         max_seq_length=max_seq_length,
+        tokenizer_missing=missing,
     )
 
 
@@ -97,6 +104,7 @@ def diagnose(cfg: Any, max_seq_length: int | None = None, run: Any = None) -> Di
         max_seq_length=max_seq_length,
         base_model=inputs.base_model,
         config=cfg.audit,
+        tokenizer_missing=inputs.tokenizer_missing,
     )
     report = diagnosis_report(result, inputs=inputs.manifest(), audit_config=config_to_dict(cfg).get("audit"),
                               started_at=started, thresholds=cfg.verdict)
