@@ -16,7 +16,8 @@ What is logged (artifact keys in ``ArtifactKeys``):
   ``gradian.capability``; the summary as the run description; a back-link tag on the source run;
 - metrics under ``capability.*``, ``attribution.*``, ``audit.*``, ``index.*``;
 - the report files, ``manifest.json``, ``rankings.parquet`` (every example, ``accused`` marking the
-  accused set), ``accused.parquet`` (the accused set's rows alone, when the verdict names one), the clusters and
+  accused set), ``accused.parquet`` (the accused set's rows alone, when the verdict names one),
+  ``rankings_top.csv`` (the most harmful rows, which the UI previews as a table), the clusters and
   findings tables through ``log_table`` (previewed and compared by the UI), PNG plots.
 
 A child run Gradian creates is closed FAILED on every way out short of SIGKILL: an error (the
@@ -71,6 +72,8 @@ class ArtifactKeys:
     MANIFEST = "gradian/manifest.json"
     RANKINGS = "gradian/rankings.parquet"
     ACCUSED = "gradian/accused.parquet"
+    #: the most harmful rows as CSV: the artifact viewer previews CSV, not Parquet
+    RANKINGS_TOP = "gradian/rankings_top.csv"
     CLUSTERS_TABLE = "gradian/clusters.json"
     FINDINGS_TABLE = "gradian/findings.json"
     PLOTS = "gradian/plots"
@@ -510,10 +513,33 @@ def _log_into(client: Any, run_id: str, source_id: str, report: Report, *, kind:
                 accused_rows = Path(tmp) / "accused.parquet"
                 rankings[rankings["accused"]].sort_values("score").to_parquet(accused_rows, index=False)
                 call("logging accused.parquet", lambda: client.log_artifact(run_id, str(accused_rows), artifact_path=ArtifactKeys.ROOT))
+    table = rankings
+    if table is None:
+        given = next((Path(f) for f in files if Path(f).name == "rankings.parquet"), None)
+        if given is not None:
+            import pandas as pd
+
+            table = pd.read_parquet(given)
+    if table is not None and len(table):
+        with tempfile.TemporaryDirectory() as tmp:
+            top = Path(tmp) / Path(ArtifactKeys.RANKINGS_TOP).name
+            top.write_bytes(top_rows_csv(table))
+            call("logging rankings_top.csv", lambda: client.log_artifact(run_id, str(top), artifact_path=ArtifactKeys.ROOT))
     call("tagging the source run", lambda: client.set_tag(source_id, "gradian.diagnosis_run_id", run_id))
     call("tagging the source run", lambda: client.set_tag(source_id, f"gradian.diagnosis.{kind}", run_id))
     if close:
         call("closing the diagnosis run", lambda: client.set_terminated(run_id, "FINISHED"))
+
+
+#: rows of rankings_top.csv
+TOP_ROWS = 100
+
+
+def top_rows_csv(rankings: Any, k: int = TOP_ROWS) -> bytes:
+    """The ``k`` most harmful rows of a rankings frame (by ``harm_rank`` when it has one, else by
+    ``score``), as UTF-8 CSV with a header."""
+    order = "harm_rank" if "harm_rank" in rankings.columns else "score"
+    return rankings.sort_values(order, kind="stable").head(k).to_csv(index=False).encode("utf-8")
 
 
 def run_url(run_id: str) -> str | None:

@@ -216,6 +216,10 @@ def test_log_diagnosis_as_child_run(tracking, adapter_dir, data_file, tmp_path):
     local = mlflow.artifacts.download_artifacts(run_id=child, artifact_path="gradian/rankings.parquet",
                                                 dst_path=str(tmp_path / "dl"))
     assert pd.read_parquet(local)["score"].tolist() == [-1.0, 0.5]
+    # the most harmful rows also as CSV, which the artifact viewer previews
+    top = mlflow.artifacts.download_artifacts(run_id=child, artifact_path="gradian/rankings_top.csv",
+                                              dst_path=str(tmp_path / "dl"))
+    assert pd.read_csv(top)["example_id"].tolist() == ["a-0", "b-1"]
 
 
 def test_child_runs_are_named_for_what_they_hold():
