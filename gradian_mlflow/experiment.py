@@ -3,8 +3,10 @@
 MLflow 3's UI has two faces, GenAI (traces, evaluations) and model training (runs, metrics,
 nested runs). An experiment records which one it is in the tag ``mlflow.experimentKind``
 (``custom_model_development`` is what the UI calls "Machine learning"), and the UI's
-experiment settings show and edit it. Gradian sets that tag only on an experiment it creates; an
-experiment that already exists is the user's and keeps its tags.
+experiment settings show and edit it. Gradian sets that tag on an experiment it creates, and on
+the experiment of a run it logs a diagnosis under when the tag is unset and the experiment holds no
+traces (``mark_training_experiment``: a training callback's experiment, which would otherwise open
+in the GenAI face); a kind the user set is never changed.
 
 The UI of recent releases (3.17 checked) also keeps one switch for the whole browser, GenAI or
 model training (in local storage, GenAI until the user flips it), and opens every experiment in
@@ -21,7 +23,8 @@ from gradian_mlflow.client import call, get_client
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "run_url", "training_view_url", "use_training_experiment"]
+__all__ = ["EXPERIMENT_KIND_TAG", "MODEL_TRAINING_KIND", "mark_training_experiment", "run_url", "training_view_url",
+           "use_training_experiment"]
 
 #: the experiment tag MLflow 3's UI reads for the experiment's kind
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
@@ -52,6 +55,23 @@ def use_training_experiment(name: str) -> str:
         experiment_id = call(f"creating experiment '{name}'", create)
     mlflow.set_experiment(experiment_id=experiment_id)
     return experiment_id
+
+
+def mark_training_experiment(client: "MlflowClient", experiment_id: str) -> bool:
+    """Tag ``experiment_id`` as model training when it has no kind yet and holds no traces; True
+    when it was tagged. An experiment whose traces cannot be listed is left as it is."""
+    experiment = call(f"reading experiment {experiment_id}", lambda: client.get_experiment(experiment_id))
+    if EXPERIMENT_KIND_TAG in (experiment.tags or {}):
+        return False
+    try:
+        traces = client.search_traces(locations=[experiment_id], max_results=1, include_spans=False)
+    except Exception:  # noqa: BLE001 -- a store without traces support: say nothing about its kind
+        return False
+    if len(traces):
+        return False
+    call(f"marking experiment {experiment_id} as model training",
+         lambda: client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND))
+    return True
 
 
 def training_view_url(ui_url: str, experiment_id: str, run_id: str | None = None) -> str:

@@ -454,6 +454,9 @@ def log_diagnosis(
     client = client or get_client(existing_store=True)
     source_id = parse_run_ref(source_run)
     source = call(f"reading source run {source_id}", lambda: client.get_run(source_id))
+    from gradian_mlflow.experiment import mark_training_experiment
+
+    mark_training_experiment(client, source.info.experiment_id)  # so the UI opens it where the runs are
     tags = _tags(report, source_id, kind)
     with sigterm_raises():
         run_id, created = _open_child(client, source, tags, into_run, run_name=child_run_name(report, kind),

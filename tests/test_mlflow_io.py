@@ -210,6 +210,8 @@ def test_log_diagnosis_as_child_run(tracking, adapter_dir, data_file, tmp_path):
     assert run.data.tags["gradian.verdict"] == "data" and run.data.tags["gradian.index_id"] == "idx123"
     assert run.data.tags["mlflow.note.content"].startswith("Cluster poison")
     assert source.data.tags["gradian.diagnosis_run_id"] == child
+    # the training run's experiment had no kind and no traces: it now opens in the training view
+    assert client.get_experiment(source.info.experiment_id).tags["mlflow.experimentKind"] == "custom_model_development"
     names = {a.path for a in client.list_artifacts(child, "gradian")}
     assert {"gradian/report.md", "gradian/manifest.json", "gradian/rankings.parquet",
             "gradian/clusters.json", "gradian/findings.json"} <= names
@@ -540,3 +542,29 @@ def test_a_params_only_run_names_its_base_model_and_the_audit_uses_its_tokenizer
     reasons = {s.reason for s in diagnose(cfg).result.skipped if "tokenizer" in s.reason}
     assert reasons == {"no tokenizer: the run's param _name_or_path names /models/not-here/qwen, which is not a "
                        "folder on this machine (pass --base-model DIR, or set `tokenizer` in the config)"}
+
+
+def test_an_experiment_kind_the_user_set_or_one_with_traces_is_left_alone(tracking):
+    import mlflow
+    from mlflow import MlflowClient
+
+    from gradian_mlflow.experiment import mark_training_experiment
+
+    client = MlflowClient()
+    chosen = client.create_experiment("genai-by-choice", tags={"mlflow.experimentKind": "genai_development"})
+    assert not mark_training_experiment(client, chosen)
+    assert client.get_experiment(chosen).tags["mlflow.experimentKind"] == "genai_development"
+    traced = client.create_experiment("with-traces")
+    mlflow.set_experiment(experiment_id=traced)
+
+    @mlflow.trace
+    def answer(question: str) -> str:
+        return question.upper()
+
+    answer("hello")
+    mlflow.flush_trace_async_logging() if hasattr(mlflow, "flush_trace_async_logging") else None
+    assert not mark_training_experiment(client, traced)
+    assert "mlflow.experimentKind" not in client.get_experiment(traced).tags
+    plain = client.create_experiment("plain")
+    assert mark_training_experiment(client, plain) and not mark_training_experiment(client, plain)
+    assert client.get_experiment(plain).tags["mlflow.experimentKind"] == "custom_model_development"
