@@ -498,6 +498,9 @@ def _log_into(client: Any, run_id: str, source_id: str, report: Report, *, kind:
     params = [Param(k, v) for k, v in sorted(_resolved_params(client, run_id, _params(report)).items())]
     tag_list = [RunTag(k, v) for k, v in tags.items()] + [RunTag("mlflow.parentRunId", source_id)]
     call("logging metrics", lambda: client.log_batch(run_id, metrics=metrics, params=params, tags=tag_list))
+    datasets = dataset_inputs(report)
+    if datasets:
+        call("logging the datasets as the run's inputs", lambda: client.log_inputs(run_id, datasets=datasets))
     call("logging the manifest", lambda: client.log_dict(run_id, report.manifest.to_json(), ArtifactKeys.MANIFEST))
     call("logging the findings table", lambda: client.log_table(run_id, data=_findings_table(report), artifact_file=ArtifactKeys.FINDINGS_TABLE))
     clusters = _clusters_table(report)
@@ -532,6 +535,32 @@ def _log_into(client: Any, run_id: str, source_id: str, report: Report, *, kind:
     call("tagging the source run", lambda: client.set_tag(source_id, f"gradian.diagnosis.{kind}", run_id))
     if close:
         call("closing the diagnosis run", lambda: client.set_terminated(run_id, "FINISHED"))
+
+
+#: the input tag MLflow reads a dataset's role from, and Gradian's two roles
+DATA_CONTEXT_TAG = "mlflow.data.context"
+
+
+def dataset_inputs(report: Report) -> list[Any]:
+    """The training data and the eval set the report analyzed, as MLflow dataset inputs (name,
+    digest from the file's sha256, source path, row count as the profile; context ``training`` /
+    ``evaluation``), so the child run's "Datasets" show what it read."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = getattr(report.manifest, "inputs", None)
+    out = []
+    for ref, context in ((getattr(inputs, "dataset", None), "training"), (getattr(inputs, "eval_dataset", None), "evaluation")):
+        if ref is None or not ref.path:
+            continue
+        dataset = Dataset(
+            name=Path(ref.path).name,
+            digest=(ref.sha256 or "")[:16] or "unknown",
+            source_type="local",
+            source=json.dumps({"uri": str(ref.path)}),
+            profile=json.dumps({"num_rows": ref.n_examples}) if ref.n_examples is not None else None,
+        )
+        out.append(DatasetInput(dataset=dataset, tags=[InputTag(DATA_CONTEXT_TAG, context)]))
+    return out
 
 
 #: rows of rankings_top.csv

@@ -568,3 +568,23 @@ def test_an_experiment_kind_the_user_set_or_one_with_traces_is_left_alone(tracki
     plain = client.create_experiment("plain")
     assert mark_training_experiment(client, plain) and not mark_training_experiment(client, plain)
     assert client.get_experiment(plain).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_the_child_run_lists_the_data_it_read_as_dataset_inputs(tracking, adapter_dir, data_file, tmp_path):
+    import mlflow
+    from mlflow import MlflowClient
+
+    from gradian.report.schema import AnalysisInputs, DatasetRef
+    from gradian_mlflow.sink import log_diagnosis
+
+    source_id = log_hf_style_run(mlflow, adapter_dir, data_file)
+    report = Report.of(REPORT)
+    report.manifest.inputs = AnalysisInputs(
+        dataset=DatasetRef(path=str(data_file), sha256="ab" * 32, n_examples=48),
+        eval_dataset=DatasetRef(path=str(tmp_path / "eval.jsonl"), sha256="cd" * 32, n_examples=16))
+    child = log_diagnosis(report, source_id, kind="attribute")
+    inputs = MlflowClient().get_run(child).inputs.dataset_inputs
+    seen = {(d.dataset.name, d.dataset.digest, {t.key: t.value for t in d.tags}["mlflow.data.context"],
+             json.loads(d.dataset.source)["uri"], json.loads(d.dataset.profile)["num_rows"]) for d in inputs}
+    assert seen == {(data_file.name, "ab" * 8, "training", str(data_file), 48),
+                    ("eval.jsonl", "cd" * 8, "evaluation", str(tmp_path / "eval.jsonl"), 16)}
