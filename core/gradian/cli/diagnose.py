@@ -8,13 +8,16 @@ gate CI before a training run; bad input exits 2 through ``gradian.cli.main``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import typer
 
 from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
 from gradian.errors import ConfigError
 from gradian.findings import SEVERITIES
+
+if TYPE_CHECKING:
+    from gradian.report.schema import Verdict
 
 __all__ = ["register"]
 
@@ -44,6 +47,7 @@ def diagnose_command(
     from gradian.audit.session import diagnose
     from gradian.config import load_config
     from gradian.cli.run_flags import publish_to_source, read_run, run_reference
+    from gradian.report.schema import Report
     from gradian.runs import has_report_sink
 
     if fail_on is not None and fail_on.lower() not in SEVERITIES:
@@ -67,7 +71,7 @@ def diagnose_command(
     if as_json:
         print_json(report)
     else:
-        _print_result(result, report["verdict"])
+        _print_result(result, Report.of(report).verdict)
     files: list[Path] = []
     if out is not None:
         files = list(write_diagnosis(report, out))
@@ -87,7 +91,7 @@ def diagnose_command(
         raise typer.Exit(code=1)
 
 
-def _print_result(result: Any, verdict: dict[str, Any]) -> None:
+def _print_result(result: Any, verdict: "Verdict") -> None:
     """The findings and skipped checks as tables, and ``verdict`` (the report's) in words."""
     from gradian.cli.output import print_line, print_table
 
@@ -101,7 +105,7 @@ def _print_result(result: Any, verdict: dict[str, Any]) -> None:
                     styles=[_STYLE.get(f.severity, "") for f in result.findings])
     else:
         print_line("No check fired.", "green")
-    print_line(f"Verdict ({verdict['kind']}): {verdict['summary']}", "bold")
+    print_line(f"Verdict ({verdict.kind}): {verdict.summary}", "bold")
     if result.skipped:
         print_table(f"Skipped checks ({len(result.skipped)})", ("check", "why"),
                     [(s.id, s.reason) for s in result.skipped])
