@@ -541,23 +541,37 @@ def _log_into(client: Any, run_id: str, source_id: str, report: Report, *, kind:
 DATA_CONTEXT_TAG = "mlflow.data.context"
 
 
+def _file_digest(path: str) -> str:
+    import hashlib
+
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
 def dataset_inputs(report: Report) -> list[Any]:
     """The training data and the eval set the report analyzed, as MLflow dataset inputs (name,
     digest from the file's sha256, source path, row count as the profile; context ``training`` /
-    ``evaluation``), so the child run's "Datasets" show what it read."""
+    ``evaluation``), so the child run's "Datasets" show what it read. A counterfactual's training
+    data is the kept rows it retrained on."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     inputs = getattr(report.manifest, "inputs", None)
+    training = getattr(inputs, "kept_dataset", None) or getattr(inputs, "dataset", None)
     out = []
-    for ref, context in ((getattr(inputs, "dataset", None), "training"), (getattr(inputs, "eval_dataset", None), "evaluation")):
-        if ref is None or not ref.path:
+    for ref, context in ((training, "training"), (getattr(inputs, "eval_dataset", None), "evaluation")):
+        path = ref if isinstance(ref, str) else getattr(ref, "path", None)
+        if not path:
             continue
+        sha = (getattr(ref, "sha256", None) if not isinstance(ref, str) else None) or _file_digest(str(path))
+        rows = None if isinstance(ref, str) else getattr(ref, "n_examples", None)
         dataset = Dataset(
-            name=Path(ref.path).name,
-            digest=(ref.sha256 or "")[:16] or "unknown",
+            name=Path(str(path)).name,
+            digest=sha[:16] or "unknown",
             source_type="local",
-            source=json.dumps({"uri": str(ref.path)}),
-            profile=json.dumps({"num_rows": ref.n_examples}) if ref.n_examples is not None else None,
+            source=json.dumps({"uri": str(path)}),
+            profile=json.dumps({"num_rows": rows}) if rows is not None else None,
         )
         out.append(DatasetInput(dataset=dataset, tags=[InputTag(DATA_CONTEXT_TAG, context)]))
     return out

@@ -588,3 +588,21 @@ def test_the_child_run_lists_the_data_it_read_as_dataset_inputs(tracking, adapte
              json.loads(d.dataset.source)["uri"], json.loads(d.dataset.profile)["num_rows"]) for d in inputs}
     assert seen == {(data_file.name, "ab" * 8, "training", str(data_file), 48),
                     ("eval.jsonl", "cd" * 8, "evaluation", str(tmp_path / "eval.jsonl"), 16)}
+
+
+def test_a_counterfactual_report_gives_the_kept_rows_and_the_eval_file_as_inputs(tmp_path):
+    from gradian.report.schema import CounterfactualInputs, CounterfactualManifest, DatasetRef, Report, Verdict
+    from gradian_mlflow.sink import dataset_inputs
+
+    evals = tmp_path / "eval.jsonl"
+    evals.write_text('{"prompt": "q", "completion": "a"}\n')
+    inputs = CounterfactualInputs(dataset=DatasetRef(path="train.jsonl", sha256="ab" * 32, n_examples=848),
+                                  kept_dataset=DatasetRef(path="kept.jsonl", sha256="cd" * 32, n_examples=800),
+                                  eval_dataset=str(evals), base_model=None, adapter_before=None, adapter_after=None,
+                                  capability="capitals", seed=0)
+    report = Report(verdict=Verdict(kind="data", summary=""), manifest=CounterfactualManifest(inputs=inputs))
+    import hashlib
+
+    seen = [(d.dataset.name, d.dataset.digest, d.tags[0].value) for d in dataset_inputs(report)]
+    assert seen == [("kept.jsonl", "cd" * 8, "training"),
+                    ("eval.jsonl", hashlib.sha256(evals.read_bytes()).hexdigest()[:16], "evaluation")]
