@@ -42,25 +42,11 @@ def train_file(tmp_path):
     ("tracin", {"engine.normalize_query": True}),  # no checkpoints: the final adapter's term, as graddot
 ])
 def test_token_contributions_sum_to_the_engines_score(tmp_path, tiny_lora_dirs, train_file, engine, extra):
-    from gradian.config import load_config
-    from gradian.data import load_dataset
     from gradian.engines import score
     from gradian.explain import explain_example
-    from gradian.grads import load_model_for_gradients
-    from gradian.index import GradientIndex
-    from gradian.model_loading import load_tokenizer
-    from gradian.query import QueryItem, build_query_gradient
 
-    base, adapter = tiny_lora_dirs
-    cfg = load_config(overrides={"base_model": str(base), "adapter_path": str(adapter), "dataset": str(train_file),
-                                 "cache_dir": str(tmp_path / "cache"), "dtype": "float64", "device": "cpu",
-                                 "engine.name": engine, "grads.batch_size": 4, "grads.chunk_size": 5, **extra})
-    data = load_dataset(train_file)
-    gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
-    tokenizer = load_tokenizer(str(base))
-    index = GradientIndex.build(gm, tokenizer, data, cfg)
-    item = QueryItem([{"role": "user", "content": "what is the capital of tokyo ?"}], "paris", "hello", True, "q0")
-    qg = build_query_gradient(gm, tokenizer, [item], "contrastive", cfg.grads, scope="item")
+    cfg, data, gm, tokenizer, index, qg = _tiny_setup(tmp_path, tiny_lora_dirs, train_file,
+                                                      **{"engine.name": engine, **extra})
     expected = score(index, qg.vectors, cfg.engine).scores
     for row in (0, 5, 11):
         exp = explain_example(gm, tokenizer, index, data.examples[row], qg.vectors, cfg, item_id="q0",

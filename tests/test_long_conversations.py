@@ -1,10 +1,10 @@
 """Long conversations: the loss-mask spans of many-turn rows in linear time, identical to rendering
-every prefix (the reference method, kept below as it was) for any chat template."""
+every prefix (the per-prefix method the module keeps, ``_exact_spans``) for any chat template."""
 
 from __future__ import annotations
 
 import copy
-from typing import Any, Sequence
+from typing import Any
 
 import pytest
 
@@ -13,48 +13,21 @@ from gradian.data import tokenize as tokenize_module
 from gradian.data.rows import Example
 from gradian.errors import DatasetError
 
-# -- the reference: the per-turn method as it was before the windowed one --------------------------
+# -- the reference: every assistant turn placed by rendering its prefixes ---------------------------
 
 
-def _reference_render(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
-    if not messages:
-        return ""
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt)
+#: the module's own function, before any test patches it
+_render_example = tokenize_module.render_example
 
 
 def reference_render_example(tokenizer: Any, example: Example) -> tuple[str, list[tuple[int, int]], bool, bool]:
-    """``render_example`` before the windowed method: both prefixes of every assistant turn rendered."""
-    if not example.is_chat:
-        return (example.text or "") + (tokenizer.eos_token or ""), [], True, True
-    if not tokenize_module.has_chat_template(tokenizer):
-        text = "\n".join(t["content"] for t in example.messages) + (tokenizer.eos_token or "")
-        return text, [], True, True
-    messages = example.messages
+    """``render_example`` with every row placed by the per-prefix method (``_exact_spans``, the code
+    rows of up to 32 assistant turns still take), whatever its length."""
+    if not example.is_chat or not tokenize_module.has_chat_template(tokenizer):
+        return _render_example(tokenizer, example)
     try:
-        full = _reference_render(tokenizer, messages, generation_prompt=False)
-        spans: list[tuple[int, int]] = []
-        stable = True
-        cursor = 0
-        for i, turn in enumerate(messages):
-            if turn["role"] != "assistant":
-                continue
-            before = _reference_render(tokenizer, messages[:i], generation_prompt=True)
-            last = i == len(messages) - 1
-            through = full if last else _reference_render(tokenizer, messages[: i + 1], generation_prompt=False)
-            if full.startswith(before) and full.startswith(through) and len(through) >= len(before):
-                spans.append((len(before), len(through)))
-                cursor = len(through)
-                continue
-            stable = False
-            start = full.find(turn["content"], cursor) if turn["content"] else -1
-            if start < 0:
-                continue
-            end = start + len(turn["content"])
-            eos = tokenizer.eos_token or ""
-            if eos and full.startswith(eos, end):
-                end += len(eos)
-            spans.append((start, end))
-            cursor = end
+        full = tokenize_module._render(tokenizer, example.messages, generation_prompt=False)
+        spans, stable = tokenize_module._exact_spans(tokenizer, example.messages, full)
     except Exception as err:
         raise DatasetError(
             f"example {example.id}: the tokenizer's chat template failed to render it ({err})"
