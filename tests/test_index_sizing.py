@@ -1,5 +1,7 @@
-"""An index too big for ``grads.max_index_gb`` gets a projection (announced and recorded), or, under
-an engine that needs whole gradients, a clear error; a small one is left alone."""
+"""Under ``engine.store: index``, an index too big for ``grads.max_index_gb`` gets a projection
+(announced and recorded), or, under an engine that needs whole gradients, a clear error; a small
+one is left alone. (Under the default ``engine.store: auto`` it is streamed instead:
+tests/test_stream.py.)"""
 
 from __future__ import annotations
 
@@ -83,7 +85,7 @@ def test_the_attribute_lane_projects_the_index_and_the_query_alike(tmp_path, tin
                              for i in range(12)))
     overrides = {"base_model": str(base_dir), "adapter_path": str(adapter_dir), "dataset": str(train),
                  "cache_dir": str(tmp_path / "cache"), "clustering.method": "none", "engine.name": "datainf",
-                 "grads.chunk_size": 8}
+                 "grads.chunk_size": 8, "engine.store": "index"}
     probe = load_config(overrides=overrides)
     from gradian.grads import load_model_for_gradients
 

@@ -22,6 +22,7 @@ from gradian.errors import ModelLoadError
 from gradian.grads import fingerprint_path, wrap_peft_model
 from gradian.grads.collectors import KroneckerCollector, ModelPasses
 from gradian.index import GradientIndex
+from gradian.index.stream import GradientStream
 
 if TYPE_CHECKING:
     from gradian.config import GradianConfig
@@ -48,6 +49,25 @@ class CheckpointSet:
     tokenized: Sequence[Any]
     collected: KroneckerCollector | None = None
     log: Callable[[str], None] | None = None
+    #: ``index`` (each checkpoint's gradients written to its own index) or ``stream`` (recomputed
+    #: under the checkpoint's adapter in each pass, nothing written), as the final adapter's
+    store: str = "index"
+
+    def _gradients(self, view: GradientModel, collect: bool) -> tuple[TrainGradients, KroneckerCollector | None]:
+        """The training set's gradients under ``view``, and the Kronecker sums of their first pass."""
+        full = self.config
+        if self.store == "stream":
+            stream = GradientStream(view, self.tokenizer, self.dataset, full, tokenized=self.tokenized)
+            if not collect:
+                return stream, None
+            with KroneckerCollector(view) as collector:
+                stream.prime()
+            return stream, collector
+        if not collect:
+            return GradientIndex.build(view, self.tokenizer, self.dataset, full), None
+        with KroneckerCollector(view) as collector:
+            index = GradientIndex.build(view, self.tokenizer, self.dataset, full)
+        return index, collector
 
     def index(self, paths: Sequence[str], verb: str, each: Callable[[CheckpointGradients], None] | None = None,
               final: TrainGradients | None = None, collect: bool = False) -> list[CheckpointGradients]:
@@ -80,12 +100,7 @@ class CheckpointSet:
                 else:
                     if self.log:
                         self.log(f"{verb} under {label}")
-                    collector = None
-                    if collect:
-                        with KroneckerCollector(view) as collector:
-                            index = GradientIndex.build(view, self.tokenizer, self.dataset, full)
-                    else:
-                        index = GradientIndex.build(view, self.tokenizer, self.dataset, full)
+                    index, collector = self._gradients(view, collect)
                     checkpoint = CheckpointGradients(weight=weight, train=index, label=label, view=view,
                                                      passes=ModelPasses(view, self.tokenized, pad_id, full.grads),
                                                      collected=collector)
@@ -100,7 +115,7 @@ class CheckpointSet:
 def fit_context(config: GradianConfig, gm: GradientModel, tokenizer: Any, dataset: Dataset, run: RunRecord | None,
                 *, tokenized: Sequence[Any] | None = None, collected: KroneckerCollector | None = None,
                 progress: Callable[[int, int], None] | None = None, log: Callable[[str], None] | None = None,
-                needs_model: bool = True) -> FitContext:
+                needs_model: bool = True, store: str = "index") -> FitContext:
     """The ``FitContext`` of an engine fit on ``dataset`` under ``gm``: the curvature passes over
     ``tokenized`` (tokenized here when not given), the checkpoint indexer and the run. An engine
     whose fit reads only the stored gradients (``needs_model`` false) gets neither pass nor indexer."""
@@ -111,7 +126,8 @@ def fit_context(config: GradianConfig, gm: GradientModel, tokenizer: Any, datase
                           cache_dir=config.cache_dir, progress=progress, log=log)
     if tokenized is None:
         tokenized = tokenize_examples(dataset.examples, tokenizer, config.grads.max_seq_length)
-    checkpoints = CheckpointSet(gm, tokenizer, dataset, config, run, tokenized, collected=collected, log=log)
+    checkpoints = CheckpointSet(gm, tokenizer, dataset, config, run, tokenized, collected=collected, log=log,
+                                store=store)
     return FitContext(passes=ModelPasses(gm, tokenized, tokenizer.pad_token_id, config.grads), collected=collected,
                       checkpoints=checkpoints, grads=config.grads, run=run, seed=config.seed,
                       cache_dir=config.cache_dir, progress=progress, log=log)

@@ -115,7 +115,7 @@ def run_attribution(
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients, skipped_modules_finding
     from gradian.index import GradientIndex
-    from gradian.index.sizing import auto_projection
+    from gradian.index.stream import GradientStream, choose_store, training_gradients
     from gradian.model_loading import check_attention_kernel, load_tokenizer
     from gradian.query import build_query_gradient, select_query_items
     from gradian.report import build_report, top_examples, write_report
@@ -172,24 +172,32 @@ def run_attribution(
     rankings = None
     assignment = None
     if allowed:
-        cfg, auto = auto_projection(cfg, gm, len(dataset), whole_gradient_engines([cfg.engine.name, cross_check]))
-        if auto is not None:
-            log(f"note: {auto.message()}")
+        cfg, choice = choose_store(cfg, gm, tokenizer, dataset, whole_gradient_engines([cfg.engine.name, cross_check]))
+        if choice.projection is not None:
+            log(f"note: {choice.projection.message()}")
             manifest.config, manifest.config_hash = config_to_dict(cfg), config_hash(cfg)
-        log("indexing per-example gradients")
+        elif cfg.engine.store == "auto":
+            log(f"note: {choice.message()}")
+        tokenized = _Tokenized(dataset, tokenizer, cfg.grads.max_seq_length)  # shared by every pass below
         t0 = time.time()
         collector = _curvature_collector(gm, cfg.engine.name, cross_check)
         with collector or contextlib.nullcontext():
-            index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=force, progress=progress,
-                                        extra_manifest={"projection_auto": auto.manifest()} if auto else None,
-                                        log=log)
+            if choice.store == "stream":
+                log("streaming per-example gradients (recomputed in each pass, nothing written)"
+                    + ("; a first pass for the norms and the Kronecker factors" if collector else ""))
+                stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized.rows(), progress=progress)
+                if collector is not None:
+                    stream.prime()
+                index: GradientIndex | GradientStream = stream
+            else:
+                log("indexing per-example gradients")
+                index = training_gradients(gm, tokenizer, dataset, cfg, choice, force=force, progress=progress, log=log)
         index_seconds = time.time() - t0
         items, scope, notes, finding_ids = select_query_items(eval_items, dataset.examples)
         qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
                                   scope=scope, notes=notes, finding_ids=finding_ids)
         log(f"fitting and scoring with {cfg.engine.name}" + (f" and {cross_check}" if cross_check and cross_check != "none" else ""))
         t0 = time.time()
-        tokenized = _Tokenized(dataset, tokenizer, cfg.grads.max_seq_length)  # shared by every fit below
         main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
         fit_seconds = {cfg.engine.name: round(time.time() - t0, 3)}
         main = _score(cfg, main_state, qg, gm, tokenizer, items)
@@ -255,12 +263,14 @@ def run_attribution(
         # attribution.no_capability_target (no eval set) is raised by the verdict synthesis
         manifest.index = IndexSummary(
             index_id=index.index_id,
-            path=str(index.root),
+            path=str(index.root) if index.root is not None else None,
             n_examples=index.n,
             bytes=index.disk_bytes(),
             bytes_per_example=round(index.disk_bytes() / max(index.n, 1), 1),
             build_seconds=round(index_seconds, 3),
             repaired=list(index.repaired),
+            store=index.store,
+            passes=getattr(index, "passes", None),
         )
         manifest.index_manifest = index.manifest
         manifest.damping = main.damping
@@ -453,7 +463,7 @@ def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: An
     needs_model = get_engine(engine).needs_model
     rows = tokenized.rows() if tokenized is not None and needs_model else None
     context = fit_context(cfg, gm, tokenizer, dataset, run, tokenized=rows, collected=collected, progress=progress,
-                          log=log, needs_model=needs_model)
+                          log=log, needs_model=needs_model, store=getattr(index, "store", "index"))
     state = fit_engine(engine, index, engine_cfg, context, cache_dir=cfg.cache_dir)
     if state.state_id:
         log(f"{engine}: fitted state {state.state_id}" + (" (cached)" if state.cache_hit else f" in {state.fit_seconds:.1f} s"))

@@ -38,11 +38,7 @@ def gradient_features(train: Any, rows: Sequence[int] | None = None, dim: int = 
     widths: dict[str, int] = {}
     projections: dict[str, np.ndarray] = {}
     out: np.ndarray | None = None
-    for start, chunk in train.iter_chunks():
-        size = len(next(iter(chunk.values()))) if chunk else 0
-        local = wanted[(wanted >= start) & (wanted < start + size)]
-        if not len(local):
-            continue
+    for slots, chunk in _wanted_chunks(train, wanted, rows is None):
         if out is None:
             widths = {b: int(chunk[b].shape[1]) for b in blocks}
             total = sum(widths.values())
@@ -52,20 +48,39 @@ def gradient_features(train: Any, rows: Sequence[int] | None = None, dim: int = 
                 projections = {b: (rng.standard_normal((widths[b], dim)) / np.sqrt(dim)).astype(np.float32)
                                for b in blocks}
             out = np.zeros((len(wanted), width), dtype=np.float64)
-        take = local - start
-        parts = {b: np.asarray(chunk[b][take], dtype=np.float64) for b in blocks}
+        parts = {b: np.asarray(chunk[b], dtype=np.float64) for b in blocks}
         norms = np.sqrt(sum(np.einsum("ij,ij->i", v, v) for v in parts.values()))
         if projections:
             y = sum((parts[b].astype(np.float32) @ projections[b]).astype(np.float64) for b in blocks)
         else:
             y = np.concatenate([parts[b] for b in blocks], axis=1)
         y = np.divide(y, norms[:, None], out=np.zeros_like(y), where=norms[:, None] > 0)
-        # rows of ``wanted`` in this chunk, in the order they were asked for
-        slots = np.flatnonzero((wanted >= start) & (wanted < start + size))
         out[slots] = y
     if out is None:
         return np.zeros((len(wanted), 0))
     return _unit_rows(out)
+
+
+def _wanted_chunks(train: Any, wanted: np.ndarray, every: bool) -> Any:
+    """``(slots, {block: [rows, width]})``: the gradients of ``wanted[slots]``, a chunk at a time.
+
+    From one pass over the chunks; but a stream (gradients recomputed from the model) asked for
+    some rows computes only those (``rows``), one chunk's share at a time."""
+    if not every and getattr(train, "store", None) == "stream":
+        # grouped by chunk as a pass would give them, so each product has the same operands
+        size = max(int(train.target.chunk_size), 1)
+        for k in sorted(set((wanted // size).tolist())):
+            slots = np.flatnonzero(wanted // size == k)
+            yield slots, train.rows(wanted[slots])
+        return
+    for start, chunk in train.iter_chunks():
+        size = len(next(iter(chunk.values()))) if chunk else 0
+        mask = (wanted >= start) & (wanted < start + size)
+        if not mask.any():
+            continue
+        # rows of ``wanted`` in this chunk, in the order they were asked for
+        slots = np.flatnonzero(mask)
+        yield slots, {b: v[wanted[slots] - start] for b, v in chunk.items()}
 
 
 def _unit_rows(matrix: np.ndarray) -> np.ndarray:

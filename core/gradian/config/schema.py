@@ -45,7 +45,7 @@ class GradsConfig:
     projection_seed: int = _f(0, "Seed of the projection; part of the index id")
     storage_dtype: str = _f("float32", "float32 or float16 (halves the index on disk)")
     chunk_size: int = _f(256, "Examples per chunk of the memory-mapped store")
-    max_index_gb: Optional[float] = _f(100.0, "Largest full-width index in GiB: above it a random projection is turned on (announced, recorded in the manifest), or, under ekfac/kfac, the run stops naming the ways out; null never projects on its own")
+    max_index_gb: Optional[float] = _f(100.0, "Largest full-width index in GiB. Under engine.store auto a bigger one is not written: the gradients are streamed instead. Under engine.store index a random projection is turned on (announced, recorded in the manifest), or, under ekfac/kfac, the run stops naming the ways out; null sets no limit")
 
 
 @dataclass
@@ -59,6 +59,7 @@ class EngineConfig:
     fisher_samples: int = _f(1, "Label draws averaged by the true Fisher")
     fisher_seed: int = _f(0, "Seed of the true Fisher's label draws; part of the fitted state's id")
     checkpoints: str = _f("final", "Adapters ekfac/kfac are fitted and scored under: final (the trained adapter) or all (every saved checkpoint-N, summed with the learning rate at each, as TracIn does; falls back to final when the run saved none)")
+    store: str = _f("auto", "Where the training gradients come from: index (written to the on-disk index once, read by every pass), stream (recomputed from the model in each pass, nothing written; the same numbers the index would hold), or auto (the index when it fits grads.max_index_gb and the free disk of cache_dir, the stream otherwise; the run says which)")
     normalize_train: str = _f("relatif", "How ekfac/kfac order the rows: relatif (each row's influence divided by the square root of its self-influence, so rows with large gradients do not crowd the top) or none (raw influence); the scores, cluster harm and loss figures stay influence in loss units either way")
 
 
@@ -152,6 +153,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine.fisher": ("empirical", "true"),
     "engine.checkpoints": ("final", "all"),
     "engine.normalize_train": ("none", "relatif"),
+    "engine.store": ("auto", "index", "stream"),
     "evaluation.metric": ("exact_match", "contains", "not_contains", "loglik"),
     "evaluation.query_signal": ("auto", "contrastive", "target"),
     "clustering.method": ("auto", "hdbscan", "kmeans", "declared", "none"),

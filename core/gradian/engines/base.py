@@ -44,6 +44,9 @@ __all__ = [
     "as_query_matrix",
     "check_widths",
     "compute_dtype",
+    "dot_pass",
+    "train_rows",
+    "train_widths",
     "gradient_dot",
     "sum_over_checkpoints",
 ]
@@ -100,6 +103,14 @@ class InMemoryGradients:
 
     def sq_norms(self) -> dict[str, np.ndarray]:
         return {k: np.einsum("ij,ij->i", v, v, dtype=np.float64) for k, v in self._blocks.items()}
+
+    @property
+    def widths(self) -> dict[str, int]:
+        return {k: int(v.shape[1]) for k, v in self._blocks.items()}
+
+    def rows(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        take = np.asarray(list(indices), dtype=np.int64)
+        return {k: v[take] for k, v in self._blocks.items()}
 
 
 @dataclass
@@ -343,8 +354,23 @@ class Engine(ABC):
         return False
 
     def self_influence(self, state: EngineState, pre: Preconditioned) -> np.ndarray:
-        """``g_j^T H^-1 g_j`` of every training row ``[n]``, under the damping ``pre`` used."""
-        raise NotImplementedError(f"engine '{self.name}' has no self-influence")
+        """``g_j^T H^-1 g_j`` of every training row ``[n]``, under the damping ``pre`` used: one pass
+        of ``self_influence_rows`` by default."""
+        own_rows = self.self_influence_rows(state, pre)
+        if own_rows is None:
+            raise NotImplementedError(f"engine '{self.name}' has no self-influence")
+        out = np.zeros(state.train.n, dtype=np.float64)
+        for start, chunk in state.train.iter_chunks():
+            part = own_rows(chunk)
+            out[start: start + len(part)] = part
+        return out
+
+    def self_influence_rows(self, state: EngineState,
+                            pre: Preconditioned) -> Callable[[dict[str, np.ndarray]], np.ndarray] | None:
+        """A function of one chunk ``{block: [rows, width]}`` giving its rows' self-influence
+        ``[rows]``, so the scoring pass computes it while each row's gradient is at hand (a stream
+        makes no second pass for it); None for an engine without one."""
+        return None
 
     def score_under(self, state: EngineState, query: Mapping[str, Any], config: Any) -> EngineResult:
         """Score every training row of ``state`` against ``query``: the shared inner products with
@@ -353,11 +379,23 @@ class Engine(ABC):
         q, single = as_query_matrix(query, train.block_names)
         check_widths(train, q)
         pre = self.precondition(state, q, config)
-        scores, _ = gradient_dot(train, pre.direction)
+        own_rows = self.self_influence_rows(state, pre) if self.ranks_by_self_influence(config) else None
+        own_parts: list[tuple[int, np.ndarray]] = []
+
+        def each(start: int, chunk: dict[str, np.ndarray]) -> None:  # in the scoring pass itself
+            assert own_rows is not None
+            own_parts.append((start, own_rows(chunk)))
+
+        scores = dot_pass(train, pre.direction, each if own_rows is not None else None)
         notes = list(pre.notes)
         ranking = None
         if self.ranks_by_self_influence(config):
-            own = self.self_influence(state, pre)
+            if own_rows is not None:
+                own = np.zeros(train.n, dtype=np.float64)
+                for start, part in own_parts:
+                    own[start: start + len(part)] = part
+            else:
+                own = self.self_influence(state, pre)
             ranking = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]
             if notes:
                 notes[0] += RELATIF_NOTE
@@ -385,15 +423,46 @@ def sum_over_checkpoints(parts: Sequence[tuple[float, EngineResult]]) -> tuple[n
     return total, ranked
 
 
-def check_widths(train: TrainGradients, query: dict[str, np.ndarray]) -> None:
+def train_widths(train: TrainGradients) -> dict[str, int]:
+    """``{block: stored width}``: from the container's ``widths`` when it has them (an index, a
+    stream, arrays in memory), else from its first chunk."""
+    known = getattr(train, "widths", None)
+    if isinstance(known, Mapping):
+        return {str(b): int(w) for b, w in known.items()}
+    for _, chunk in train.iter_chunks():
+        return {b: int(v.shape[1]) for b, v in chunk.items()}
+    return {}
+
+
+def train_rows(train: TrainGradients, indices: Sequence[int]) -> dict[str, np.ndarray]:
+    """``{block: [len(indices), width]}`` of some training rows, in the order asked: through the
+    container's ``rows`` when it has one (a stream then computes only those rows' batches), else
+    picked out of a pass over its chunks."""
+    fetch = getattr(train, "rows", None)
+    if callable(fetch):
+        return dict(fetch(indices))
+    wanted = np.asarray(list(indices), dtype=np.int64)
+    out: dict[str, np.ndarray] = {}
     for start, chunk in train.iter_chunks():
+        size = len(next(iter(chunk.values())))
+        slots = np.flatnonzero((wanted >= start) & (wanted < start + size))
         for b, g in chunk.items():
-            if g.shape[1] != query[b].shape[1]:
-                raise IndexMismatchError(
-                    f"block '{b}': training gradients are {g.shape[1]} wide but the query is "
-                    f"{query[b].shape[1]}; build both with the same projection settings"
-                )
-        return
+            if b not in out:
+                out[b] = np.zeros((len(wanted), g.shape[1]), dtype=g.dtype)
+            out[b][slots] = g[wanted[slots] - start]
+    missing = wanted[(wanted < 0) | (wanted >= train.n)]
+    if len(missing):
+        raise IndexError(f"row {int(missing[0])} is not in the training gradients ({train.n} rows)")
+    return out
+
+
+def check_widths(train: TrainGradients, query: dict[str, np.ndarray]) -> None:
+    for b, width in train_widths(train).items():
+        if b in query and width != query[b].shape[1]:
+            raise IndexMismatchError(
+                f"block '{b}': training gradients are {width} wide but the query is "
+                f"{query[b].shape[1]}; build both with the same projection settings"
+            )
 
 
 def compute_dtype(array: np.ndarray) -> Any:
@@ -409,10 +478,21 @@ def gradient_dot(train: TrainGradients, query: Mapping[str, Any], normalize_quer
     if normalize_query:
         total = np.sqrt(sum((v ** 2).sum(axis=1) for v in q.values()))
         q = {b: v / np.maximum(total, 1e-300)[:, None] for b, v in q.items()}
-    scores = np.zeros((train.n, next(iter(q.values())).shape[0]), dtype=np.float64)
+    return dot_pass(train, q), single
+
+
+def dot_pass(train: TrainGradients, direction: Mapping[str, np.ndarray],
+             each: Callable[[int, dict[str, np.ndarray]], None] | None = None) -> np.ndarray:
+    """``[n, queries]``: ``sum_l <direction_l, g_j^(l)>`` for every row, in one pass over ``train``
+    (``direction`` is ``{block: [queries, width]}``); ``each(start, chunk)`` runs on every chunk of
+    that pass, for what else the pass computes while the gradients are at hand."""
+    blocks = train.block_names
+    scores = np.zeros((train.n, next(iter(direction.values())).shape[0]), dtype=np.float64)
     for start, chunk in train.iter_chunks():
         for b in blocks:
             g = chunk[b]
             dt = compute_dtype(g)
-            scores[start : start + g.shape[0]] += g.astype(dt, copy=False) @ q[b].T.astype(dt)
-    return scores, single
+            scores[start : start + g.shape[0]] += g.astype(dt, copy=False) @ direction[b].T.astype(dt)
+        if each is not None:
+            each(start, chunk)
+    return scores

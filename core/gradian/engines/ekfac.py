@@ -24,7 +24,7 @@ labels of the supervised positions from the model's own predictions, seeded by
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from gradian.engines.base import (
     Preconditioned,
     TrainGradients,
     sum_over_checkpoints,
+    train_widths,
 )
 from gradian.engines.kronecker import KroneckerEigen, KroneckerFactors, corrected_eigenvalues, damped_inverse, eigendecompose
 from gradian.errors import ConfigError
@@ -157,7 +158,7 @@ class _KroneckerEngine(Engine):
         settings = self.settings(config)
         layers = passes.layers
         n_examples = passes.n_examples
-        widths = _train_widths(train)
+        widths = train_widths(train)
         for block, dim in passes.block_dims.items():
             if widths.get(block) != dim:
                 raise ConfigError(
@@ -305,9 +306,9 @@ class _KroneckerEngine(Engine):
             raise ConfigError(f"engine.normalize_train '{normalize}' is not one of {', '.join(TRAIN_NORMALIZATIONS)}")
         return bool(normalize == "relatif")
 
-    def self_influence(self, state: EngineState, pre: Preconditioned) -> np.ndarray:
+    def self_influence_rows(self, state: EngineState, pre: Preconditioned) -> Any:
         assert pre.damping is not None
-        return self_influence(state, pre.damping)
+        return self_influence_rows(state, pre.damping)
 
 
 def layer_eigen(state: EngineState, key: str) -> KroneckerEigen:
@@ -320,27 +321,33 @@ def self_influence(state: EngineState, damping: Mapping[str, float]) -> np.ndarr
 
     Each row's matrix gradient is rotated into the layer's eigenbasis, ``R = Q_S^T G Q_A``, and
     ``sum R^2 / (Lambda + lambda_l)`` is summed over the LoRA matrices: the same inverse as scoring
-    applies to the query, applied to the row itself. One read of the index.
+    applies to the query, applied to the row itself. One pass over the training gradients.
     """
     train = state.train
-    layers = state.meta["layers"]
+    of_chunk = self_influence_rows(state, damping)
     out = np.zeros(train.n, dtype=np.float64)
-    eigen = {layer["key"]: layer_eigen(state, layer["key"]) for layer in layers}
     for start, chunk in train.iter_chunks():
+        part = of_chunk(chunk)
+        out[start: start + len(part)] = part
+    return out
+
+
+def self_influence_rows(state: EngineState, damping: Mapping[str, float]) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
+    """The self-influence of one chunk's rows ``[rows]`` (see ``self_influence``)."""
+    layers = state.meta["layers"]
+    eigen = {layer["key"]: layer_eigen(state, layer["key"]) for layer in layers}
+
+    def of_chunk(chunk: dict[str, np.ndarray]) -> np.ndarray:
         rows = next(iter(chunk.values())).shape[0]
+        out = np.zeros(rows, dtype=np.float64)
         for layer in layers:
             key, o, i, off = layer["key"], layer["out"], layer["in"], layer["offset"]
             g = np.asarray(chunk[layer["block"]][:, off: off + o * i], dtype=np.float64).reshape(rows, o, i)
             rotated = eigen[key].rotate(g)
-            out[start: start + rows] += np.einsum("boi,oi->b", rotated * rotated,
-                                                  1.0 / (eigen[key].eigenvalues + damping[key]))
-    return out
+            out += np.einsum("boi,oi->b", rotated * rotated, 1.0 / (eigen[key].eigenvalues + damping[key]))
+        return out
 
-
-def _train_widths(train: TrainGradients) -> dict[str, int]:
-    for _, chunk in train.iter_chunks():
-        return {b: int(v.shape[1]) for b, v in chunk.items()}
-    return {}
+    return of_chunk
 
 
 class EKFACEngine(_KroneckerEngine):

@@ -58,11 +58,12 @@ class QueryDirection:
 
     def score_of(self, train: Any, row: int) -> float:
         """The engine's score of training row ``row``: ``sum_l <r_l, g_row^(l)>``."""
-        for start, chunk in train.iter_chunks():
-            size = len(next(iter(chunk.values())))
-            if start <= row < start + size:
-                return float(sum(np.asarray(chunk[b][row - start], dtype=np.float64) @ v for b, v in self.stored.items()))
-        raise IndexError(f"row {row} is not in the index ({train.n} rows)")
+        from gradian.engines.base import train_rows
+
+        if not 0 <= row < train.n:
+            raise IndexError(f"row {row} is not in the index ({train.n} rows)")
+        got = train_rows(train, [row])
+        return float(sum(np.asarray(got[b][0], dtype=np.float64) @ v for b, v in self.stored.items()))
 
 
 def final_adapter_config(engine_config: Any) -> Any:

@@ -148,7 +148,7 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
     from gradian.counterfactual import load_report
     from gradian.data import load_dataset
     from gradian.grads import load_model_for_gradients
-    from gradian.index import GradientIndex
+    from gradian.index.stream import choose_store, training_gradients
     from gradian.model_loading import load_tokenizer
     from gradian.paths import ensure_writable_dir
     from gradian.query import QueryItem, build_query_gradient
@@ -185,8 +185,12 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
     log(f"loading {cfg.base_model} with the adapter {cfg.adapter_path}")
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
-    log("opening the gradient index")
-    index = GradientIndex.build(gm, tokenizer, dataset, cfg)
+    from gradian.engines.registry import whole_gradient_engines
+
+    cfg, choice = choose_store(cfg, gm, tokenizer, dataset, whole_gradient_engines([engine or SPAN_ENGINE]))
+    log("opening the gradient index" if choice.store == "index" else f"note: {choice.message()}")
+    # a stream writes nothing: the row's score and the fitted state read only the rows they need
+    index = training_gradients(gm, tokenizer, dataset, cfg, choice, log=log)
     qg = build_query_gradient(gm, tokenizer, [query_item], item_signal(query_item, cfg.evaluation.query_signal),
                               cfg.grads, scope="item")
     log(f"scoring the tokens of {example_id} against item {query_item.item_id} ({qg.signal})")

@@ -152,7 +152,10 @@ class BuildPlan:
     cached: dict[str, Any] | None
 
 
-def build_target(gm: Any, tokenizer: Any, dataset: Any, config: Any, cache_dir: str | Path | None) -> BuildTarget:
+def build_target(gm: Any, tokenizer: Any, dataset: Any, config: Any, cache_dir: str | Path | None,
+                 make_dirs: bool = True) -> BuildTarget:
+    """What a build of ``dataset`` under ``gm`` indexes, and where; ``make_dirs`` false leaves the
+    disk untouched (a stream computes the same id without writing anything)."""
     from gradian.grads import gradient_widths
 
     widths = gradient_widths(gm, config.grads)
@@ -170,7 +173,8 @@ def build_target(gm: Any, tokenizer: Any, dataset: Any, config: Any, cache_dir: 
     )
     the_id = index_id(identity)
     parent = index_root(cache_dir or config.cache_dir)
-    parent.mkdir(parents=True, exist_ok=True)
+    if make_dirs:
+        parent.mkdir(parents=True, exist_ok=True)
     return BuildTarget(root=parent / the_id, lock=parent / f".{the_id}.lock", index_id=the_id, identity=identity,
                    blocks=blocks, total_width=offset, gm=gm, tokenizer=tokenizer, dataset=dataset, config=config)
 

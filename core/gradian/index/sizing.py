@@ -74,6 +74,7 @@ def auto_projection(config: Any, gm: Any, n: int, whole: Sequence[str]) -> tuple
     if whole:
         raise ConfigError(
             f"{size}, and {' and '.join(whole)} fit curvature on whole gradients, so it cannot be projected: "
+            "set engine.store: stream (or auto) to recompute the gradients in each pass and write nothing, "
             "narrow grads.module_filter (e.g. the last layers), use grads.storage_dtype: float16, raise "
             "grads.max_index_gb if the disk holds it, or use engine.name: datainf (with --cross-check graddot "
             "or none), which is then projected automatically")

@@ -78,6 +78,8 @@ _log = logging.getLogger("gradian.index")
 class GradientIndex:
     """An opened gradient store (read-only, memory-mapped chunk by chunk)."""
 
+    store = "index"
+
     def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
         self.root = Path(root)
         self.manifest = manifest
@@ -191,6 +193,28 @@ class GradientIndex:
             stacked = np.concatenate(parts, axis=0) if parts else np.zeros((0, len(self.block_names)))
             self._norms = {name: stacked[:, j] for j, name in enumerate(self.block_names)}
         return self._norms
+
+    @property
+    def widths(self) -> dict[str, int]:
+        return {b["name"]: int(b["width"]) for b in self.manifest["blocks"]}
+
+    def rows(self, indices: Any) -> dict[str, np.ndarray]:
+        """``{block: [len(indices), width]}`` of the rows asked for, in that order, read from their
+        chunks (each chunk checked against its sha256 first, as ``iter_chunks`` does)."""
+        self._verify_data()
+        wanted = np.asarray(list(indices), dtype=np.int64)
+        bad = wanted[(wanted < 0) | (wanted >= self.n)]
+        if len(bad):
+            raise IndexError(f"row {int(bad[0])} is not in the index ({self.n} rows)")
+        size = int(self.manifest["chunk_size"])
+        out = {b["name"]: np.zeros((len(wanted), int(b["width"])), dtype=_STORAGE[self.manifest["storage_dtype"]])
+               for b in self.manifest["blocks"]}
+        for k in sorted(set((wanted // size).tolist())):
+            data = np.load(self._chunk_path(k), mmap_mode="r")
+            slots = np.flatnonzero(wanted // size == k)
+            for b in self.manifest["blocks"]:
+                out[b["name"]][slots] = data[wanted[slots] - k * size, b["offset"]: b["offset"] + b["width"]]
+        return out
 
     def block(self, name: str) -> np.ndarray:
         """One block's ``[n, width]`` gradients, read into memory (float32)."""

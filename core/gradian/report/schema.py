@@ -633,6 +633,11 @@ class IndexSummary(_Block):
     repaired: list[str] = field(default_factory=list, metadata=_help(
         "files of the stored index found damaged, missing or left over by this run and recomputed or "
         "removed, in words (the index manifest's 'repairs' keeps every build's records)"))
+    store: str = field(default="index", metadata=_help(
+        "where the training gradients came from: index (written once to the on-disk index, read by each "
+        "pass) or stream (recomputed from the model in each pass, nothing written)"))
+    passes: int | None = field(default=None, metadata=_optional(
+        "full passes over the training set that recomputed its gradients (stream only)"))
     extra: dict[str, Any] = _extra()
 
 

@@ -1,0 +1,260 @@
+"""Training gradients streamed from the model: what the index would hold, recomputed in each pass.
+
+Interface:
+
+- ``GradientStream(gm, tokenizer, dataset, config, tokenized=None)`` is a ``TrainGradients``
+  (``n``, ``block_names``, ``widths``, ``iter_chunks()``, ``sq_norms()``, ``rows(indices)``) that
+  writes nothing: every pass over it captures the per-example gradients again, chunk by chunk,
+  exactly as an index build of the same inputs computes them (each chunk in batches that start at
+  its first row, the values rounded to ``grads.storage_dtype``), so an engine scores the same
+  numbers from a stream as from the index. Its ``index_id`` is the id that index would have, so a
+  fitted engine state is stored, found and reused under the same id whichever store produced it.
+  ``passes`` counts the full passes made; ``prime()`` makes one (inside a ``KroneckerCollector``
+  it gathers the Kronecker factors too) and keeps the squared norms.
+- ``choose_store(config, gm, tokenizer, dataset, whole) -> (config, StoreChoice)`` reads
+  ``engine.store``: ``index``, ``stream``, or ``auto`` (the index when it is stored already, or
+  when the full-width index fits ``grads.max_index_gb`` and the free disk of ``cache_dir``; the
+  stream otherwise). Under ``index`` an index over the limit is projected as before
+  (``gradian.index.sizing.auto_projection``).
+- ``training_gradients(gm, tokenizer, dataset, config, choice, ...)``: the built index or a stream.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from gradian.index.build import _STORAGE, build_target
+from gradian.index.sizing import AutoProjection, auto_projection, index_bytes
+from gradian.sizes import format_size
+
+if TYPE_CHECKING:
+    from gradian.index.store import GradientIndex
+
+__all__ = ["STORES", "GradientStream", "StoreChoice", "choose_store", "training_gradients"]
+
+#: the values of ``engine.store``
+STORES = ("auto", "index", "stream")
+
+
+class GradientStream:
+    """Per-example training gradients recomputed from ``gm`` in every pass (see the module doc)."""
+
+    store = "stream"
+    cache_hit = False
+    root: Path | None = None
+
+    def __init__(self, gm: Any, tokenizer: Any, dataset: Any, config: Any, tokenized: Sequence[Any] | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.gm, self.tokenizer, self.dataset, self.config = gm, tokenizer, dataset, config
+        self.target = build_target(gm, tokenizer, dataset, config, None, make_dirs=False)
+        self._tokenized = list(tokenized) if tokenized is not None else None
+        self._norms: dict[str, np.ndarray] | None = None
+        self._projector: Any = None
+        self.progress = progress
+        self.passes = 0
+        self.pass_seconds: list[float] = []
+        self.rows_computed = 0
+        self.repairs: list[dict[str, Any]] = []
+        self.repaired: list[str] = []
+
+    # -- what it is ---------------------------------------------------------------------------
+
+    @property
+    def index_id(self) -> str:
+        return self.target.index_id
+
+    @property
+    def n(self) -> int:
+        return self.target.n
+
+    @property
+    def block_names(self) -> list[str]:
+        return [b["name"] for b in self.target.blocks]
+
+    @property
+    def widths(self) -> dict[str, int]:
+        return {b["name"]: int(b["width"]) for b in self.target.blocks}
+
+    @property
+    def example_ids(self) -> list[str]:
+        return list(self.dataset.ids)
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """What an index manifest says of its inputs and layout, for the report: no chunk is stored."""
+        grads = self.config.grads
+        return {
+            "index_id": self.index_id,
+            "store": "stream",
+            "identity": self.target.identity,
+            "blocks": self.target.blocks,
+            "skipped_modules": list(getattr(self.gm, "skipped", [])),
+            "n_examples": self.n,
+            "chunk_size": self.target.chunk_size,
+            "n_chunks": self.target.n_chunks,
+            "total_width": self.target.total_width,
+            "storage_dtype": grads.storage_dtype,
+            "sources": {"dataset": str(getattr(self.dataset, "path", "")), "base_model": self.config.base_model,
+                        "adapter_path": self.config.adapter_path},
+            "passes": self.passes,
+            "pass_seconds": [round(s, 3) for s in self.pass_seconds],
+        }
+
+    def disk_bytes(self) -> int:
+        return 0
+
+    @property
+    def tokenized(self) -> list[Any]:
+        if self._tokenized is None:
+            from gradian.data import tokenize_examples
+
+            self._tokenized = tokenize_examples(self.dataset.examples, self.tokenizer, self.config.grads.max_seq_length)
+        return self._tokenized
+
+    # -- passes -------------------------------------------------------------------------------
+
+    def iter_chunks(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """``(start row, {block: [rows, width]})`` for every chunk, captured now."""
+        started = time.perf_counter()
+        norms: list[dict[str, np.ndarray]] = []
+        for k in range(self.target.n_chunks):
+            rows = self._chunk(k)
+            if self._norms is None:
+                norms.append({b: np.einsum("ij,ij->i", v.astype(np.float64), v.astype(np.float64)) for b, v in rows.items()})
+            if self.progress is not None:
+                self.progress(min((k + 1) * self.target.chunk_size, self.n), self.n)
+            yield k * self.target.chunk_size, rows
+        self.passes += 1
+        self.pass_seconds.append(time.perf_counter() - started)
+        if self._norms is None:
+            self._norms = {b: np.concatenate([part[b] for part in norms]) if norms else np.zeros(0)
+                           for b in self.block_names}
+
+    def prime(self) -> None:
+        """One full pass, keeping the squared norms (and, inside a ``KroneckerCollector``, its factors)."""
+        for _ in self.iter_chunks():
+            pass
+
+    def sq_norms(self) -> dict[str, np.ndarray]:
+        if self._norms is None:
+            self.prime()
+        assert self._norms is not None
+        return self._norms
+
+    def rows(self, indices: Sequence[int]) -> dict[str, np.ndarray]:
+        """``{block: [len(indices), width]}`` of the rows asked for, in that order: each computed in
+        the batch of its chunk an index build computes it in, so the values are the stored ones."""
+        wanted = [int(i) for i in indices]
+        for i in wanted:
+            if not 0 <= i < self.n:
+                raise IndexError(f"row {i} is not in the training set ({self.n} rows)")
+        size, batch = self.target.chunk_size, int(self.config.grads.batch_size)
+        starts = sorted({(i // size) * size + ((i % size) // batch) * batch for i in wanted})
+        got: dict[int, dict[str, np.ndarray]] = {}
+        for first in starts:
+            end = min(first + batch, (first // size) * size + size, self.n)
+            part = self._capture(first, end)
+            for j in range(end - first):
+                got[first + j] = {b: v[j] for b, v in part.items()}
+        names = self.block_names
+        return {b: np.stack([got[i][b] for i in wanted]) if wanted else np.zeros((0, self.widths[b]))
+                for b in names}
+
+    def _chunk(self, k: int) -> dict[str, np.ndarray]:
+        first = k * self.target.chunk_size
+        return self._capture(first, first + self.target.chunk_rows(k))
+
+    def _capture(self, first: int, end: int) -> dict[str, np.ndarray]:
+        """Rows ``first..end`` (batches from ``first``, inside one chunk) under this stream's adapter,
+        in the index's storage dtype."""
+        from gradian.grads import iter_example_gradients, make_projector
+
+        grads = self.config.grads
+        if self._projector is None:
+            self._projector = make_projector(grads) or False
+        model = self.gm.model
+        previous = getattr(model, "active_adapter", None)
+        own = getattr(self.gm, "adapter_name", None)
+        switch = hasattr(model, "set_adapter") and own is not None and previous != own
+        if switch:
+            model.set_adapter(own)
+        try:
+            parts = [batch for _, batch in iter_example_gradients(
+                self.gm, self.tokenized[first:end], grads, self.tokenizer.pad_token_id,
+                projector=self._projector or None)]
+        finally:
+            if switch and isinstance(previous, str):
+                model.set_adapter(previous)
+        self.rows_computed += end - first
+        storage = _STORAGE[grads.storage_dtype]
+        return {b: np.concatenate([part[b] for part in parts], axis=0).astype(storage) for b in self.block_names}
+
+
+@dataclass(frozen=True)
+class StoreChoice:
+    """Where the training gradients of a run come from, and why."""
+
+    store: str
+    reason: str
+    projection: AutoProjection | None = None
+
+    def message(self) -> str:
+        word = "streaming the training gradients" if self.store == "stream" else "indexing the training gradients"
+        return f"{word}: {self.reason}"
+
+
+def _free_disk(path: Path) -> int:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return int(shutil.disk_usage(candidate).free)
+    return 0
+
+
+def choose_store(config: Any, gm: Any, tokenizer: Any, dataset: Any, whole: Sequence[str]) -> tuple[Any, StoreChoice]:
+    """``(config, choice)`` for ``engine.store`` (see the module doc); ``whole`` are the engines
+    that fit curvature on whole gradients, which an index may not project."""
+    mode = getattr(config.engine, "store", "index")
+    if mode == "stream":
+        return config, StoreChoice("stream", "engine.store is stream (recomputed in each pass, nothing written)")
+    if mode == "index":
+        config, auto = auto_projection(config, gm, len(dataset), whole)
+        return config, StoreChoice("index", "engine.store is index", auto)
+    grads = config.grads
+    target = build_target(gm, tokenizer, dataset, config, None, make_dirs=False)
+    if (target.root / "manifest.json").is_file():
+        return config, StoreChoice("index", f"index {target.index_id} is stored already")
+    full = index_bytes(gm, grads, len(dataset))
+    limit = None if grads.max_index_gb is None else int(grads.max_index_gb * 2**30)
+    if limit is not None and full > limit:
+        return config, StoreChoice("stream", (
+            f"the index would take {format_size(full)}, over grads.max_index_gb ({format_size(limit)}), so the "
+            "gradients are recomputed in each pass and nothing is written; raise grads.max_index_gb, or set "
+            "engine.store: index, to write it"))
+    free = _free_disk(target.root.parent)
+    if full > free:
+        return config, StoreChoice("stream", (
+            f"the index would take {format_size(full)} and the disk of cache_dir has {format_size(free)} free, so "
+            "the gradients are recomputed in each pass and nothing is written; point cache_dir at a bigger disk to "
+            "write it"))
+    return config, StoreChoice("index", f"the index takes {format_size(full)}, within grads.max_index_gb and the free disk")
+
+
+def training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: Any, choice: StoreChoice, *,
+                       force: bool = False, progress: Callable[[int, int], None] | None = None,
+                       log: Callable[[str], None] | None = None,
+                       tokenized: Sequence[Any] | None = None) -> "GradientIndex | GradientStream":
+    """The training gradients ``choice`` names: the index built (or found) in ``config.cache_dir``,
+    or a stream that writes nothing."""
+    if choice.store == "stream":
+        return GradientStream(gm, tokenizer, dataset, config, tokenized=tokenized, progress=progress)
+    from gradian.index.store import GradientIndex
+
+    extra = {"projection_auto": choice.projection.manifest()} if choice.projection is not None else None
+    return GradientIndex.build(gm, tokenizer, dataset, config, force=force, progress=progress,
+                               extra_manifest=extra, log=log)
