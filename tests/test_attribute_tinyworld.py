@@ -31,25 +31,6 @@ pytest.importorskip("torch")
 PLANTED_CLUSTER = "0"
 
 
-@pytest.fixture(scope="module")
-def attributed(tinyworld_run, tmp_path_factory):
-    """``attributed(name) -> (run, outcome, out_dir)``: one attribution per scenario per module."""
-    from gradian.attribution import run_attribution
-
-    done: dict[str, tuple] = {}
-
-    def attribute(name: str):
-        if name not in done:
-            run = tinyworld_run(name)
-            out = tmp_path_factory.mktemp(f"report-{name}")
-            cfg = run.config(**{"evaluation.query_signal": "contrastive"})
-            outcome = run_attribution(cfg, capability="capitals", out_dir=out)
-            done[name] = (run, outcome, out)
-        return done[name]
-
-    return attribute
-
-
 def _harm_figures(rankings, planted: set[int]) -> dict[str, float]:
     """AUC of planted vs clean with harm = -(the ranking), precision in the top k, median harm percentile."""
     from sklearn.metrics import roc_auc_score

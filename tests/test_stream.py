@@ -213,21 +213,18 @@ def test_a_bad_store_is_refused_naming_the_key():
         load_config(overrides={"engine.store": "disk"})
 
 
-def test_attribute_streams_end_to_end_with_the_index_runs_rankings(tinyworld_run, tmp_path):
+def test_attribute_streams_end_to_end_with_the_index_runs_rankings(attributed, tmp_path):
     """``gradian attribute`` with ``engine.store: stream`` on the poisoned tinyworld fine-tune: the
-    same rankings, accused set and verdict as from the index, the report says it streamed, and no
-    index is written."""
+    same rankings, accused set and verdict as the index-based attribution of the same run (the
+    shared ``attributed`` one), the report says it streamed, and no index is written."""
     from gradian.attribution import run_attribution
 
-    run = tinyworld_run("poison_capitals")
-    outcomes = {}
-    for store in ("index", "stream"):
-        cfg = run.config(**{"evaluation.query_signal": "contrastive", "engine.store": store,
-                            "cache_dir": str(tmp_path / store)})
-        notes: list[str] = []
-        outcomes[store] = (run_attribution(cfg, capability="capitals", out_dir=tmp_path / f"out-{store}",
-                                           log=notes.append), notes)
-    (indexed, _), (streamed, notes) = outcomes["index"], outcomes["stream"]
+    run, indexed, _ = attributed("poison_capitals")
+    assert indexed.report["manifest"]["index"]["store"] == "index"
+    cfg = run.config(**{"evaluation.query_signal": "contrastive", "engine.store": "stream",
+                        "cache_dir": str(tmp_path / "stream")})
+    notes: list[str] = []
+    streamed = run_attribution(cfg, capability="capitals", out_dir=tmp_path / "out-stream", log=notes.append)
     assert any(n.startswith("streaming per-example gradients") for n in notes), notes
     summary = streamed.report["manifest"]["index"]
     assert summary["store"] == "stream" and summary["bytes"] == 0 and summary["passes"] >= 3

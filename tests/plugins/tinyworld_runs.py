@@ -4,7 +4,9 @@
   of either world: a bestiary one is trained on the bestiary's base). The first
   call for a scenario writes its files (``write_scenario``) and fine-tunes it with ``train_lora``
   and the scenario's own settings (about 20 s on 2 CPU cores for the baseline's 4 epochs, a minute for 12);
-  later calls in the session return the same run. ``TinyworldRun.config(**overrides)`` loads the
+  later calls in the session return the same run.
+- ``attributed``: ``attributed(name) -> (run, outcome, out_dir)``, the scenario attributed once per
+  session with every default but the contrastive query (``run_attribution(..., out_dir=...)``). ``TinyworldRun.config(**overrides)`` loads the
   scenario's ``gradian.yaml`` with its index cache inside the scenario directory, so every test
   attributing the same run with the same settings gets a cache hit on the gradient index.
 """
@@ -72,3 +74,22 @@ class _TinyworldRuns:
 @pytest.fixture(scope="session")
 def tinyworld_run(tinyworld_base, tmp_path_factory):
     return _TinyworldRuns(tinyworld_base, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def attributed(tinyworld_run, tmp_path_factory):
+    """``attributed(name) -> (run, outcome, out_dir)``: one attribution per scenario per session."""
+    from gradian.attribution import run_attribution
+
+    done: dict[str, tuple] = {}
+
+    def attribute(name: str):
+        if name not in done:
+            run = tinyworld_run(name)
+            out = tmp_path_factory.mktemp(f"report-{name}")
+            cfg = run.config(**{"evaluation.query_signal": "contrastive"})
+            outcome = run_attribution(cfg, capability="capitals", out_dir=out)
+            done[name] = (run, outcome, out)
+        return done[name]
+
+    return attribute

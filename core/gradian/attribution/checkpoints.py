@@ -21,8 +21,7 @@ from gradian.engines.tracin import checkpoint_learning_rates
 from gradian.errors import ModelLoadError
 from gradian.grads import fingerprint_path, wrap_peft_model
 from gradian.grads.collectors import KroneckerCollector, ModelPasses
-from gradian.index import GradientIndex
-from gradian.index.stream import GradientStream
+from gradian.index.stream import StoreChoice, capture_training_gradients
 
 if TYPE_CHECKING:
     from gradian.config import GradianConfig
@@ -52,22 +51,6 @@ class CheckpointSet:
     #: ``index`` (each checkpoint's gradients written to its own index) or ``stream`` (recomputed
     #: under the checkpoint's adapter in each pass, nothing written), as the final adapter's
     store: str = "index"
-
-    def _gradients(self, view: GradientModel, collect: bool) -> tuple[TrainGradients, KroneckerCollector | None]:
-        """The training set's gradients under ``view``, and the Kronecker sums of their first pass."""
-        full = self.config
-        if self.store == "stream":
-            stream = GradientStream(view, self.tokenizer, self.dataset, full, tokenized=self.tokenized)
-            if not collect:
-                return stream, None
-            with KroneckerCollector(view) as collector:
-                stream.prime()
-            return stream, collector
-        if not collect:
-            return GradientIndex.build(view, self.tokenizer, self.dataset, full), None
-        with KroneckerCollector(view) as collector:
-            index = GradientIndex.build(view, self.tokenizer, self.dataset, full)
-        return index, collector
 
     def index(self, paths: Sequence[str], verb: str, each: Callable[[CheckpointGradients], None] | None = None,
               final: TrainGradients | None = None, collect: bool = False) -> list[CheckpointGradients]:
@@ -100,7 +83,9 @@ class CheckpointSet:
                 else:
                     if self.log:
                         self.log(f"{verb} under {label}")
-                    index, collector = self._gradients(view, collect)
+                    index, collector = capture_training_gradients(
+                        view, self.tokenizer, self.dataset, full, StoreChoice(self.store, "as the final adapter's"),
+                        collect=collect, tokenized=self.tokenized)
                     checkpoint = CheckpointGradients(weight=weight, train=index, label=label, view=view,
                                                      passes=ModelPasses(view, self.tokenized, pad_id, full.grads),
                                                      collected=collector)

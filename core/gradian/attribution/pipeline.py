@@ -20,7 +20,6 @@ Order and what each step hands on:
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from dataclasses import dataclass, field
@@ -114,8 +113,7 @@ def run_attribution(
     from gradian.engines.registry import get_engine, independent_cross_check, resolve_cross_check, whole_gradient_engines
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients, skipped_modules_finding
-    from gradian.index import GradientIndex
-    from gradian.index.stream import GradientStream, choose_store, training_gradients
+    from gradian.index.stream import capture_training_gradients, choose_store
     from gradian.model_loading import check_attention_kernel, load_tokenizer
     from gradian.query import build_query_gradient, select_query_items
     from gradian.report import build_report, top_examples, write_report
@@ -180,18 +178,16 @@ def run_attribution(
             log(f"note: {choice.message()}")
         tokenized = _Tokenized(dataset, tokenizer, cfg.grads.max_seq_length)  # shared by every pass below
         t0 = time.time()
-        collector = _curvature_collector(gm, cfg.engine.name, cross_check)
-        with collector or contextlib.nullcontext():
-            if choice.store == "stream":
-                log("streaming per-example gradients (recomputed in each pass, nothing written)"
-                    + ("; a first pass for the norms and the Kronecker factors" if collector else ""))
-                stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized.rows(), progress=progress)
-                if collector is not None:
-                    stream.prime()
-                index: GradientIndex | GradientStream = stream
-            else:
-                log("indexing per-example gradients")
-                index = training_gradients(gm, tokenizer, dataset, cfg, choice, force=force, progress=progress, log=log)
+        collect = bool(whole_gradient_engines([cfg.engine.name, None if cross_check == "none" else cross_check]))
+        if choice.store == "stream":
+            log("streaming per-example gradients (recomputed in each pass, nothing written)"
+                + ("; a first pass for the norms and the Kronecker factors" if collect else ""))
+        else:
+            log("indexing per-example gradients")
+        # Kronecker factors gathered in the gradients' first pass, when a Kronecker engine will need them
+        index, collector = capture_training_gradients(gm, tokenizer, dataset, cfg, choice, collect=collect, force=force,
+                                                      progress=progress, log=log,
+                                                      tokenized=tokenized.rows() if choice.store == "stream" else None)
         index_seconds = time.time() - t0
         items, scope, notes, finding_ids = select_query_items(eval_items, dataset.examples)
         qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
@@ -424,16 +420,6 @@ def _query_items(cap: Any, eval_set: Any) -> list[Any]:
         )
         for item in cap.items
     ]
-
-
-def _curvature_collector(gm: Any, engine: str, cross_check: str | None) -> Any:
-    """Kronecker factors gathered during the index build, when a Kronecker engine will need them."""
-    from gradian.engines.registry import whole_gradient_engines
-    from gradian.grads.collectors import KroneckerCollector
-
-    if whole_gradient_engines([engine, None if cross_check == "none" else cross_check]):
-        return KroneckerCollector(gm)
-    return None
 
 
 class _Tokenized:

@@ -64,11 +64,12 @@ def gradient_features(train: Any, rows: Sequence[int] | None = None, dim: int = 
 def _wanted_chunks(train: Any, wanted: np.ndarray, every: bool) -> Any:
     """``(slots, {block: [rows, width]})``: the gradients of ``wanted[slots]``, a chunk at a time.
 
-    From one pass over the chunks; but a stream (gradients recomputed from the model) asked for
-    some rows computes only those (``rows``), one chunk's share at a time."""
-    if not every and getattr(train, "store", None) == "stream":
-        # grouped by chunk as a pass would give them, so each product has the same operands
-        size = max(int(train.target.chunk_size), 1)
+    A subset is read through the container's ``rows`` when it has one and says its ``chunk_size``
+    (an index reads only those chunks; a stream computes only those rows), grouped by chunk as a
+    pass would give them, so each product below has the same operands either way; otherwise, and
+    for every row, from one pass over the chunks."""
+    size = getattr(train, "chunk_size", None)
+    if not every and callable(getattr(train, "rows", None)) and isinstance(size, int) and size > 0:
         for k in sorted(set((wanted // size).tolist())):
             slots = np.flatnonzero(wanted // size == k)
             yield slots, train.rows(wanted[slots])

@@ -45,6 +45,7 @@ __all__ = [
     "check_widths",
     "compute_dtype",
     "dot_pass",
+    "row_pass",
     "train_rows",
     "train_widths",
     "gradient_dot",
@@ -359,11 +360,7 @@ class Engine(ABC):
         own_rows = self.self_influence_rows(state, pre)
         if own_rows is None:
             raise NotImplementedError(f"engine '{self.name}' has no self-influence")
-        out = np.zeros(state.train.n, dtype=np.float64)
-        for start, chunk in state.train.iter_chunks():
-            part = own_rows(chunk)
-            out[start: start + len(part)] = part
-        return out
+        return row_pass(state.train, own_rows)
 
     def self_influence_rows(self, state: EngineState,
                             pre: Preconditioned) -> Callable[[dict[str, np.ndarray]], np.ndarray] | None:
@@ -390,12 +387,7 @@ class Engine(ABC):
         notes = list(pre.notes)
         ranking = None
         if self.ranks_by_self_influence(config):
-            if own_rows is not None:
-                own = np.zeros(train.n, dtype=np.float64)
-                for start, part in own_parts:
-                    own[start: start + len(part)] = part
-            else:
-                own = self.self_influence(state, pre)
+            own = _gathered(train.n, own_parts) if own_rows is not None else self.self_influence(state, pre)
             ranking = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]
             if notes:
                 notes[0] += RELATIF_NOTE
@@ -479,6 +471,19 @@ def gradient_dot(train: TrainGradients, query: Mapping[str, Any], normalize_quer
         total = np.sqrt(sum((v ** 2).sum(axis=1) for v in q.values()))
         q = {b: v / np.maximum(total, 1e-300)[:, None] for b, v in q.items()}
     return dot_pass(train, q), single
+
+
+def _gathered(n: int, parts: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
+    """``[n]`` float64 from per-chunk ``(start, values)``."""
+    out = np.zeros(n, dtype=np.float64)
+    for start, part in parts:
+        out[start: start + len(part)] = part
+    return out
+
+
+def row_pass(train: TrainGradients, of_chunk: Callable[[dict[str, np.ndarray]], np.ndarray]) -> np.ndarray:
+    """``[n]``: ``of_chunk`` (one value per row of a chunk) over every chunk of one pass."""
+    return _gathered(train.n, [(start, of_chunk(chunk)) for start, chunk in train.iter_chunks()])
 
 
 def dot_pass(train: TrainGradients, direction: Mapping[str, np.ndarray],

@@ -36,6 +36,7 @@ from gradian.engines.base import (
     FitContext,
     Preconditioned,
     TrainGradients,
+    row_pass,
     sum_over_checkpoints,
     train_widths,
 )
@@ -323,13 +324,7 @@ def self_influence(state: EngineState, damping: Mapping[str, float]) -> np.ndarr
     ``sum R^2 / (Lambda + lambda_l)`` is summed over the LoRA matrices: the same inverse as scoring
     applies to the query, applied to the row itself. One pass over the training gradients.
     """
-    train = state.train
-    of_chunk = self_influence_rows(state, damping)
-    out = np.zeros(train.n, dtype=np.float64)
-    for start, chunk in train.iter_chunks():
-        part = of_chunk(chunk)
-        out[start: start + len(part)] = part
-    return out
+    return row_pass(state.train, self_influence_rows(state, damping))
 
 
 def self_influence_rows(state: EngineState, damping: Mapping[str, float]) -> Callable[[dict[str, np.ndarray]], np.ndarray]:

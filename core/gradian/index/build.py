@@ -47,8 +47,8 @@ from gradian.index.manifest import index_id, index_identity, tokenizer_fingerpri
 from gradian.sizes import format_size
 
 __all__ = ["BuildPlan", "BuildTarget", "BuiltIndex", "MAX_REPAIRS", "build_local", "build_lock", "build_target",
-           "chunk_records", "compute_chunks", "finish_build", "index_root", "prepare_build", "remove_chunk_records",
-           "repair_note", "repair_summary", "start_build", "write_chunk_record"]
+           "capture_rows", "chunk_records", "compute_chunks", "finish_build", "index_root", "prepare_build", "remove_chunk_records",
+           "repair_note", "repair_summary", "start_build", "stored_norms", "write_chunk_record"]
 
 
 @dataclass
@@ -307,24 +307,40 @@ def compute_chunks(target: BuildTarget, todo: list[int], tokenized: list[Any],
     bit of a float32 sum): a resumed build and every rank of a sharded one store exactly what a
     single uninterrupted build stores.
     """
-    from gradian.grads import iter_example_gradients, make_projector
+    from gradian.grads import make_projector
 
     grads = target.config.grads
     storage = _STORAGE[grads.storage_dtype]
     projector = make_projector(grads)
-    names = [b["name"] for b in target.blocks]
-    pad_id = target.tokenizer.pad_token_id
     for k in todo:
         first = k * target.chunk_size
-        parts = [batch for _, batch in iter_example_gradients(
-            target.gm, tokenized[first : first + target.chunk_rows(k)], grads, pad_id, projector=projector)]
-        rows = {b: np.concatenate([part[b] for part in parts], axis=0) for b in names}
+        rows = capture_rows(target, tokenized[first : first + target.chunk_rows(k)], projector)
         try:
             written(k, _write_chunk(target.root, k, rows, storage))
         except OSError as err:
             if err.errno not in _DISK_FULL:
                 raise
             raise _disk_filled_up(target, todo, k) from None
+
+
+def capture_rows(target: BuildTarget, rows: list[Any], projector: Any) -> dict[str, np.ndarray]:
+    """``{block: [len(rows), width]}``: the per-example gradients of ``rows`` (tokenized, batched
+    from the first) under ``target.gm``, in the store's dtype: what a chunk holds. The index build
+    and a stream (``gradian.index.stream``) both capture through it, so they hold the same numbers."""
+    from gradian.grads import iter_example_gradients
+
+    grads = target.config.grads
+    parts = [batch for _, batch in iter_example_gradients(target.gm, rows, grads, target.tokenizer.pad_token_id,
+                                                          projector=projector)]
+    storage = _STORAGE[grads.storage_dtype]
+    return {b["name"]: np.concatenate([part[b["name"]] for part in parts], axis=0).astype(storage)
+            for b in target.blocks}
+
+
+def stored_norms(rows: dict[str, np.ndarray], storage: Any) -> dict[str, np.ndarray]:
+    """``{block: [rows]}`` float64 squared norms of the values as stored in ``storage``."""
+    return {b: np.einsum("ij,ij->i", v, v, dtype=np.float64)
+            for b, v in ((b, rows[b].astype(storage).astype(np.float64)) for b in rows)}
 
 
 #: errnos of a write refused for space: the disk is full, or the user's quota is
@@ -397,8 +413,7 @@ def _write_chunk(root: Path, k: int, rows: dict[str, np.ndarray], storage: Any) 
     """Write chunk ``k`` (norms first, data last) and return its manifest record: row count, and
     the sha256 and size of both files, hashed from the bytes written."""
     data = np.concatenate([rows[b].astype(storage) for b in rows], axis=1)
-    norms = np.stack([np.einsum("ij,ij->i", v, v, dtype=np.float64)
-                      for v in (rows[b].astype(storage).astype(np.float64) for b in rows)], axis=1)
+    norms = np.stack(list(stored_norms(rows, storage).values()), axis=1)
     data_bytes, norms_bytes = npy_bytes(data), npy_bytes(norms)
     write_bytes_atomic(root / "chunks" / f"{k:05d}.norms.npy", norms_bytes)
     write_bytes_atomic(root / "chunks" / f"{k:05d}.npy", data_bytes)

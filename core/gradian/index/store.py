@@ -195,6 +195,10 @@ class GradientIndex:
         return self._norms
 
     @property
+    def chunk_size(self) -> int:
+        return int(self.manifest["chunk_size"])
+
+    @property
     def widths(self) -> dict[str, int]:
         return {b["name"]: int(b["width"]) for b in self.manifest["blocks"]}
 
@@ -206,7 +210,7 @@ class GradientIndex:
         bad = wanted[(wanted < 0) | (wanted >= self.n)]
         if len(bad):
             raise IndexError(f"row {int(bad[0])} is not in the index ({self.n} rows)")
-        size = int(self.manifest["chunk_size"])
+        size = self.chunk_size
         out = {b["name"]: np.zeros((len(wanted), int(b["width"])), dtype=_STORAGE[self.manifest["storage_dtype"]])
                for b in self.manifest["blocks"]}
         for k in sorted(set((wanted // size).tolist())):

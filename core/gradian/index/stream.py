@@ -16,7 +16,9 @@ Interface:
   when the full-width index fits ``grads.max_index_gb`` and the free disk of ``cache_dir``; the
   stream otherwise). Under ``index`` an index over the limit is projected as before
   (``gradian.index.sizing.auto_projection``).
-- ``training_gradients(gm, tokenizer, dataset, config, choice, ...)``: the built index or a stream.
+- ``training_gradients(gm, tokenizer, dataset, config, choice, ...)``: the built index or a stream;
+  ``capture_training_gradients(..., collect=True)`` also gathers the Kronecker sums of their first
+  pass (the index build's, or a stream's first pass, made then).
 """
 
 from __future__ import annotations
@@ -29,18 +31,17 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from gradian.index.build import _STORAGE, build_target
+from gradian.grads import make_projector
+from gradian.grads.collectors import KroneckerCollector
+from gradian.index.build import _STORAGE, build_target, capture_rows, stored_norms
 from gradian.index.sizing import AutoProjection, auto_projection, index_bytes
 from gradian.sizes import format_size
 
 if TYPE_CHECKING:
     from gradian.index.store import GradientIndex
 
-__all__ = ["STORES", "GradientStream", "StoreChoice", "choose_store", "training_gradients"]
-
-#: the values of ``engine.store``
-STORES = ("auto", "index", "stream")
-
+__all__ = ["GradientStream", "StoreChoice", "capture_training_gradients", "choose_store",
+           "training_gradients"]
 
 class GradientStream:
     """Per-example training gradients recomputed from ``gm`` in every pass (see the module doc)."""
@@ -55,7 +56,7 @@ class GradientStream:
         self.target = build_target(gm, tokenizer, dataset, config, None, make_dirs=False)
         self._tokenized = list(tokenized) if tokenized is not None else None
         self._norms: dict[str, np.ndarray] | None = None
-        self._projector: Any = None
+        self._projector = make_projector(config.grads)
         self.progress = progress
         self.passes = 0
         self.pass_seconds: list[float] = []
@@ -80,6 +81,10 @@ class GradientStream:
     @property
     def widths(self) -> dict[str, int]:
         return {b["name"]: int(b["width"]) for b in self.target.blocks}
+
+    @property
+    def chunk_size(self) -> int:
+        return self.target.chunk_size
 
     @property
     def example_ids(self) -> list[str]:
@@ -126,7 +131,7 @@ class GradientStream:
         for k in range(self.target.n_chunks):
             rows = self._chunk(k)
             if self._norms is None:
-                norms.append({b: np.einsum("ij,ij->i", v.astype(np.float64), v.astype(np.float64)) for b, v in rows.items()})
+                norms.append(stored_norms(rows, _STORAGE[self.config.grads.storage_dtype]))
             if self.progress is not None:
                 self.progress(min((k + 1) * self.target.chunk_size, self.n), self.n)
             yield k * self.target.chunk_size, rows
@@ -154,7 +159,7 @@ class GradientStream:
         for i in wanted:
             if not 0 <= i < self.n:
                 raise IndexError(f"row {i} is not in the training set ({self.n} rows)")
-        size, batch = self.target.chunk_size, int(self.config.grads.batch_size)
+        size, batch = self.chunk_size, int(self.config.grads.batch_size)
         starts = sorted({(i // size) * size + ((i % size) // batch) * batch for i in wanted})
         got: dict[int, dict[str, np.ndarray]] = {}
         for first in starts:
@@ -173,11 +178,6 @@ class GradientStream:
     def _capture(self, first: int, end: int) -> dict[str, np.ndarray]:
         """Rows ``first..end`` (batches from ``first``, inside one chunk) under this stream's adapter,
         in the index's storage dtype."""
-        from gradian.grads import iter_example_gradients, make_projector
-
-        grads = self.config.grads
-        if self._projector is None:
-            self._projector = make_projector(grads) or False
         model = self.gm.model
         previous = getattr(model, "active_adapter", None)
         own = getattr(self.gm, "adapter_name", None)
@@ -185,15 +185,12 @@ class GradientStream:
         if switch:
             model.set_adapter(own)
         try:
-            parts = [batch for _, batch in iter_example_gradients(
-                self.gm, self.tokenized[first:end], grads, self.tokenizer.pad_token_id,
-                projector=self._projector or None)]
+            rows = capture_rows(self.target, self.tokenized[first:end], self._projector)
         finally:
             if switch and isinstance(previous, str):
                 model.set_adapter(previous)
         self.rows_computed += end - first
-        storage = _STORAGE[grads.storage_dtype]
-        return {b: np.concatenate([part[b] for part in parts], axis=0).astype(storage) for b in self.block_names}
+        return rows
 
 
 @dataclass(frozen=True)
@@ -258,3 +255,22 @@ def training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: Any, choic
     extra = {"projection_auto": choice.projection.manifest()} if choice.projection is not None else None
     return GradientIndex.build(gm, tokenizer, dataset, config, force=force, progress=progress,
                                extra_manifest=extra, log=log)
+
+
+def capture_training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: Any, choice: StoreChoice, *,
+                               collect: bool, force: bool = False, progress: Callable[[int, int], None] | None = None,
+                               log: Callable[[str], None] | None = None, tokenized: Sequence[Any] | None = None,
+                               ) -> tuple["GradientIndex | GradientStream", KroneckerCollector | None]:
+    """``training_gradients``, with (``collect``) the Kronecker sums of their first pass: the index
+    build's own passes, or a stream's first pass (made here, which also keeps its squared norms),
+    so an empirical-Fisher fit needs no pass of its own."""
+    collector = KroneckerCollector(gm) if collect else None
+    if collector is None:
+        return training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
+                                  tokenized=tokenized), None
+    with collector:
+        train = training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
+                                   tokenized=tokenized)
+        if isinstance(train, GradientStream):
+            train.prime()
+    return train, collector
