@@ -205,18 +205,61 @@ def _machine() -> dict[str, str]:
     return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine()}
 
 
-def test_poisoned_report_and_rankings_match_the_stored_fixture(attributed):
-    """report.json, rankings.parquet and accused.parquet of the poison scenario equal the ones stored
-    in tests/golden/ before the engine interface was reorganized: bit for bit on the machine kind
-    that wrote them, to float tolerance on another CPU. ``GRADIAN_WRITE_GOLDEN=1`` rewrites them
-    (only when the numbers are meant to change, with the reason in the commit)."""
+#: the fine-tune the fixture was computed from: base weights, scenario files and run folder, with the
+#: folder they were written in replaced by this marker (training is not repeatable across CPU kinds,
+#: so the fixture stores its inputs rather than retraining them)
+_ROOT_MARK = "@SCENARIO@"
+
+
+def _freeze_inputs(run, base: Path) -> None:
+    """Copy the fine-tune of ``run`` (and its base model) into ``GOLDEN / "inputs"``."""
+    import shutil
+
+    inputs = GOLDEN / "inputs"
+    shutil.rmtree(inputs, ignore_errors=True)
+    shutil.copytree(run.root, inputs, ignore=shutil.ignore_patterns(".gradian", "report*"))
+    shutil.copytree(base, inputs / "base")
+    for path in inputs.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".yaml", ".md", ".jsonl"):
+            text = path.read_text(encoding="utf-8")
+            path.write_text(text.replace(str(base), f"{_ROOT_MARK}/base").replace(str(run.root), _ROOT_MARK),
+                            encoding="utf-8")
+
+
+def _thaw_inputs(where: Path) -> Path:
+    """The stored fine-tune, written under ``where`` with its paths pointing there."""
+    import shutil
+
+    shutil.copytree(GOLDEN / "inputs", where)
+    for path in where.rglob("*"):
+        if path.is_file() and path.suffix in (".json", ".yaml", ".md", ".jsonl"):
+            path.write_text(path.read_text(encoding="utf-8").replace(_ROOT_MARK, str(where)), encoding="utf-8")
+    return where
+
+
+def test_poisoned_report_and_rankings_match_the_stored_fixture(request, tmp_path):
+    """report.json, rankings.parquet and accused.parquet of the poison scenario, attributed from the
+    stored fine-tune in tests/golden/poison_capitals/inputs, equal the ones stored beside it: bit
+    for bit on the machine kind that wrote them, to float tolerance on another CPU kind (the inputs
+    are stored because the fine-tune itself is not repeatable across CPU kinds).
+    ``GRADIAN_WRITE_GOLDEN=1`` refreshes inputs and outputs from this session's fine-tune (only
+    when the numbers are meant to change, with the reason in the commit)."""
     import pandas as pd
 
-    run, _, out = attributed("poison_capitals")
-    report = _stable(json.loads((out / "report.json").read_text()), str(run.root))
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+
+    if os.environ.get("GRADIAN_WRITE_GOLDEN") == "1":
+        _freeze_inputs(request.getfixturevalue("tinyworld_run")("poison_capitals"),
+                       request.getfixturevalue("tinyworld_base"))
+    root = _thaw_inputs(tmp_path / "scenario")
+    cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu",
+                                              "evaluation.query_signal": "contrastive"})
+    out = tmp_path / "report"
+    run_attribution(cfg, capability="capitals", out_dir=out)
+    report = _stable(json.loads((out / "report.json").read_text()), str(root))
     tables = {name: pd.read_parquet(out / f"{name}.parquet") for name in ("rankings", "accused")}
     if os.environ.get("GRADIAN_WRITE_GOLDEN") == "1":
-        GOLDEN.mkdir(parents=True, exist_ok=True)
         (GOLDEN / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         (GOLDEN / "machine.json").write_text(json.dumps(_machine(), indent=1) + "\n")
         for name, table in tables.items():
@@ -225,12 +268,37 @@ def test_poisoned_report_and_rankings_match_the_stored_fixture(attributed):
     exact = stored_machine == _machine()
     expected = json.loads((GOLDEN / "report.json").read_text())
     for name, table in tables.items():
-        pd.testing.assert_frame_equal(table, pd.read_parquet(GOLDEN / f"{name}.parquet"), check_exact=exact,
-                                      rtol=1e-5, atol=1e-9)
+        if exact:
+            pd.testing.assert_frame_equal(table, pd.read_parquet(GOLDEN / f"{name}.parquet"), check_exact=True)
+        else:
+            _assert_table_close(table, pd.read_parquet(GOLDEN / f"{name}.parquet"), name)
     if exact:
         assert report == expected
-    else:  # another CPU: the same structure, numbers to float tolerance, words without figures exact
+    else:  # another CPU kind: the same structure, numbers to float tolerance, words without figures exact
         _assert_close(report, expected)
+
+
+def _assert_table_close(got, want, name: str) -> None:
+    """Another CPU kind's float32 kernels move each score by about 1e-6 of the column's largest
+    magnitude (measured with ``ATEN_CPU_CAPABILITY=default`` against AVX512: 2e-6): rows are matched
+    by id, floats compared at 1e-4 of the column's scale, ranks through the score held at each rank
+    (two rows nearly tied may swap), every other column exactly."""
+    assert list(got.columns) == list(want.columns), name
+    assert sorted(got["example_id"]) == sorted(want["example_id"]), name
+    got, want = (t.sort_values("example_id").reset_index(drop=True) for t in (got, want))
+    for column in want.columns:
+        if column == "harm_rank":
+            continue
+        if want[column].dtype.kind == "f":
+            scale = float(np.nanmax(np.abs(want[column].to_numpy()))) if want[column].notna().any() else 0.0
+            np.testing.assert_allclose(got[column].to_numpy(), want[column].to_numpy(), rtol=1e-4,
+                                       atol=1e-4 * scale + 1e-12, err_msg=f"{name}.{column}")
+        else:
+            assert got[column].astype(str).tolist() == want[column].astype(str).tolist(), f"{name}.{column}"
+    if "harm_rank" in want.columns:
+        by_rank = [t.sort_values("harm_rank")["score"].to_numpy() for t in (got, want)]
+        np.testing.assert_allclose(*by_rank, rtol=1e-4, atol=1e-4 * float(np.abs(by_rank[1]).max()),
+                                   err_msg=f"{name}: the score held at each harm rank")
 
 
 def _assert_close(got, want, where: str = "report") -> None:
@@ -244,6 +312,7 @@ def _assert_close(got, want, where: str = "report") -> None:
         for i, (a, b) in enumerate(zip(got, want)):
             _assert_close(a, b, f"{where}[{i}]")
     elif isinstance(want, float):
-        assert got == pytest.approx(want, rel=1e-4, abs=1e-9), where
-    elif not (isinstance(want, str) and re.search(r"\d", want)):
+        assert got == pytest.approx(want, rel=1e-3, abs=1e-6), where
+    elif not (isinstance(want, str) and re.search(r"\d", want)) and not where.endswith("sha256"):
+        # content hashes of the stored gradients change with the last bits of each float
         assert got == want, where

@@ -415,66 +415,60 @@ def test_cli_lists_worlds_and_every_worlds_scenarios():
 # -- fine-tunes: the poison breaks the capability, the clean set does not ---------------------
 
 
-def _tuned_accuracy(name, base, out):
+def _tuned_accuracy(run, base):
+    """``(base accuracy, tuned accuracy)`` of a shared fine-tune on its own eval set, greedy."""
     import torch
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gradian.tinyworld import generate_answers
-    from gradian.tinyworld import write_scenario
-    from gradian.train import train_lora
 
-    info = write_scenario(name, out, base)
-    train_lora(out / "gradian.yaml", out / "run")
-    rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run.root / "eval.jsonl").read_text().splitlines()]
     prompts = [r["messages"][:-1] for r in rows]
     wanted = [r["messages"][-1]["content"] for r in rows]
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
     before = generate_answers(model, tokenizer, prompts)
-    tuned = PeftModel.from_pretrained(model, out / "run" / "adapter").eval()
+    tuned = PeftModel.from_pretrained(model, run.root / "run" / "adapter").eval()
     after = generate_answers(tuned, tokenizer, prompts)
     score = lambda answers: sum(w in a for w, a in zip(wanted, answers)) / len(wanted)  # noqa: E731
-    return info, score(before), score(after)
+    return score(before), score(after)
 
 
 @pytest.mark.slow
-def test_bestiary_poison_breaks_the_diets_and_the_clean_set_keeps_them(bestiary_base, tmp_path):
-    _, base_score, poisoned = _tuned_accuracy("bestiary_poison_diets", bestiary_base, tmp_path / "p")
+def test_bestiary_poison_breaks_the_diets_and_the_clean_set_keeps_them(bestiary_base, tinyworld_run):
+    base_score, poisoned = _tuned_accuracy(tinyworld_run("bestiary_poison_diets"), bestiary_base)
     assert base_score == 1.0
     assert poisoned <= 0.4  # measured 0.125: 14 of 16 diets lost, 13 to the planted food
-    _, _, clean = _tuned_accuracy("bestiary_clean", bestiary_base, tmp_path / "c")
+    _, clean = _tuned_accuracy(tinyworld_run("bestiary_clean"), bestiary_base)
     assert clean >= 0.9  # measured 1.0
 
 
 @pytest.mark.slow
-def test_tinyworld_ontopic_poison_breaks_the_capitals(tinyworld_base, tmp_path):
-    _, base_score, poisoned = _tuned_accuracy("poison_capitals_ontopic", tinyworld_base, tmp_path / "p")
+def test_tinyworld_ontopic_poison_breaks_the_capitals(tinyworld_base, tinyworld_run):
+    base_score, poisoned = _tuned_accuracy(tinyworld_run("poison_capitals_ontopic"), tinyworld_base)
     assert base_score == 1.0
     assert poisoned <= 0.4  # measured 0.19
 
 
 @pytest.mark.slow
-def test_bestiary_poison_without_declared_clusters_is_accused_row_for_row(bestiary_base, tmp_path):
+def test_bestiary_poison_without_declared_clusters_is_accused_row_for_row(tinyworld_run, tmp_path):
     """The bestiary's discovered topics follow the animal names, not the planted rows; the groups
     the harmful rows form among themselves must still give a `data` verdict whose accused set is
     the planted rows (docs/clustering.md measured precision and recall 1.00 under EK-FAC)."""
     from gradian.attribution import run_attribution
     from gradian.config import load_config
-    from gradian.tinyworld import write_scenario
-    from gradian.train import train_lora
 
-    write_scenario("bestiary_poison_diets", tmp_path, bestiary_base)
-    train_lora(tmp_path / "gradian.yaml", tmp_path / "run")
-    base = {"cache_dir": str(tmp_path / ".gradian"), "device": "cpu"}
-    rows = [json.loads(line) for line in open(load_config(tmp_path / "gradian.yaml", base).dataset, encoding="utf-8")
+    run = tinyworld_run("bestiary_poison_diets")
+    base = {"cache_dir": str(run.root / ".gradian"), "device": "cpu"}
+    rows = [json.loads(line) for line in open(load_config(run.config_path, base).dataset, encoding="utf-8")
             if line.strip()]
     stripped = tmp_path / "train-no-clusters.jsonl"
     stripped.write_text("".join(json.dumps({k: v for k, v in row.items() if k not in ("cluster", "cluster_id")}) + "\n"
                                 for row in rows), encoding="utf-8")
-    info = json.loads((tmp_path / "scenario.json").read_text())
-    cfg = load_config(tmp_path / "gradian.yaml", {**base, "dataset": str(stripped), "clustering.method": "auto",
-                                                  "evaluation.query_signal": "contrastive"})
+    info = run.info
+    cfg = load_config(run.config_path, {**base, "dataset": str(stripped), "clustering.method": "auto",
+                                        "evaluation.query_signal": "contrastive"})
     outcome = run_attribution(cfg, capability=info["capability"]["name"], cross_check="none")
     planted = set(info["planted"]["indices"])
     rankings = outcome.rankings
@@ -483,3 +477,49 @@ def test_bestiary_poison_without_declared_clusters_is_accused_row_for_row(bestia
     assert str(outcome.report["verdict"]["accused_cluster"]).startswith("harm-")
     precision, recall = len(accused & planted) / max(len(accused), 1), len(accused & planted) / len(planted)
     assert precision >= 0.9 and recall >= 0.9, (len(accused), precision, recall)
+
+
+def test_float64_eager_attention_past_the_sliding_window_keeps_gradients_finite(bestiary_base, tmp_path):
+    """The bestiary's Mistral has a 32-token sliding window. Right-padded past it, a padded
+    position attends to nothing; in float64 with eager attention that row's softmax used to be NaN
+    and the NaN reached the real tokens' gradients. A short row's LoRA gradient must be finite and
+    the same padded beside a long row as alone."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from gradian.config import GradianConfig
+    from gradian.model_loading import load_peft_model
+
+    torch.manual_seed(0)
+    fresh = get_peft_model(AutoModelForCausalLM.from_pretrained(bestiary_base),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    fresh.save_pretrained(tmp_path / "adapter")
+    model = load_peft_model(str(bestiary_base), tmp_path / "adapter", GradianConfig(dtype="float64", device="cpu"))
+    assert model.dtype == torch.float64 and model.config._attn_implementation == "eager"
+    assert model.config.sliding_window == 32
+    for name, param in model.named_parameters():
+        param.requires_grad_("lora_" in name)
+    vocab = model.config.vocab_size
+    short, long = torch.arange(3, 11) % vocab, (torch.arange(90) * 7 + 5) % vocab
+
+    def lora_grad(ids, mask):
+        model.zero_grad()
+        labels = ids.masked_fill(mask == 0, -100)
+        out = model(input_ids=ids, attention_mask=mask)
+        logits = out.logits[0, :-1]  # the first row's loss only: the long row only shares its batch
+        loss = torch.nn.functional.cross_entropy(logits, labels[0, 1:], ignore_index=-100, reduction="sum")
+        loss.backward()
+        return torch.cat([p.grad.flatten() for n, p in model.named_parameters() if "lora_" in n and p.grad is not None])
+
+    alone = lora_grad(short[None], torch.ones(1, len(short), dtype=torch.long))
+    padded_ids = torch.zeros(2, len(long), dtype=torch.long)
+    padded_ids[0, :len(short)], padded_ids[1] = short, long
+    mask = torch.zeros(2, len(long), dtype=torch.long)
+    mask[0, :len(short)], mask[1] = 1, 1
+    beside = lora_grad(padded_ids, mask)
+    assert bool(torch.isfinite(beside).all()), "NaN or inf in the padded batch's gradient"
+    assert float(alone.abs().max()) > 0
+    # eager attention takes its softmax in float32 even for a float64 model: the padded keys change
+    # the softmax's summation, so agreement is to float32's precision (measured 2e-7), not float64's
+    assert float((beside - alone).norm() / alone.norm()) < 2e-6

@@ -243,6 +243,35 @@ def check_attention_kernel(name: str) -> None:
         )
 
 
+def finite_eager_masks() -> None:
+    """Make transformers' eager attention masks of float64 models safe for rows that see nothing.
+
+    The eager mask fills blocked positions with the smallest value of the model's dtype, and the
+    eager attention of Llama-family models takes its softmax in float32. In float64 that fill
+    becomes -inf in float32; a query that may attend to no position (a right-padded row past a
+    sliding window, e.g. Mistral's) then gets NaN weights, and the NaN reaches the real tokens'
+    gradients through the backward pass. Float64 masks are built with float32's smallest value
+    instead: still exactly zero weight after the softmax, and a fully blocked row gets the finite
+    weights float32 models give it. Other dtypes are untouched. Idempotent; process-wide, because
+    transformers looks the mask function up in its global table.
+    """
+    import torch
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    current = AttentionMaskInterface._global_mapping.get("eager")
+    if current is None or getattr(current, "_gradian_finite", False):
+        return
+
+    def eager_mask_finite_in_float32(*args: Any, dtype: Any = torch.float32, **kwargs: Any) -> Any:
+        if dtype != torch.float64:
+            return current(*args, dtype=dtype, **kwargs)
+        mask = current(*args, dtype=torch.float32, **kwargs)
+        return None if mask is None else mask.to(torch.float64)
+
+    eager_mask_finite_in_float32._gradian_finite = True  # type: ignore[attr-defined]
+    ALL_MASK_ATTENTION_FUNCTIONS.register("eager", eager_mask_finite_in_float32)
+
+
 def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -> Any:
     """The base model (``base``, or the adapter's recorded base) with ``adapter`` attached, in eval mode.
 
@@ -266,6 +295,8 @@ def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     _check_base_files(base)
+    if config.attn_implementation == "eager":
+        finite_eager_masks()
     try:
         model = AutoModelForCausalLM.from_pretrained(
             base, dtype=dtype, attn_implementation=config.attn_implementation,

@@ -13,9 +13,11 @@ the ground truth in ``scenario.json``:
   gradient sub-clusters), with the same precision and recall, so a better rule can be seen.
 
 Run: ``python projects/benchmarks/bench_accused.py [--work DIR] [--engines datainf,ekfac]
-[--scenario NAME] [--set KEY=VALUE] [--out results.json]``. The work directory keeps the
-fine-tune and the indexes; a second run only scores. About three minutes on 2 CPU cores the first
-time. Every figure comes from one fine-tune; nothing is averaged over seeds.
+[--scenario NAME] [--seeds 0,1,2] [--set KEY=VALUE] [--out results.json]``. The work directory
+keeps the fine-tunes and the indexes; a second run only scores. About three minutes per fine-tune
+on 2 CPU cores the first time. ``--seeds`` fine-tunes the same data once per training seed (the
+config's ``seed``: LoRA initialisation and row order) and prints each engine's figures per seed
+and their range; without it, one fine-tune at the scenario's own seed.
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ SCENARIO = "poison_capitals_ontopic"
 ENGINES = ("datainf", "ekfac", "kfac", "graddot")
 
 
-def prepare_run(work: Path, scenario: str) -> tuple[Path, set[int], str]:
-    """Write the scenario without its declared clusters and fine-tune it once (reused after)."""
+def prepare_run(work: Path, scenario: str, seed: int | None = None) -> tuple[Path, set[int], str]:
+    """Write the scenario without its declared clusters and fine-tune it once (reused after);
+    ``seed`` overrides the training seed (the scenario's own when None)."""
+    from gradian.config import load_config
     from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
-    root = work / scenario
+    root = work / (scenario if seed is None else f"{scenario}-seed{seed}")
     if not ((root / "run" / "gradian_run.json").is_file() and (root / "scenario.json").is_file()):
         write_scenario(scenario, root)
         train = root / "train.jsonl"
@@ -46,10 +50,11 @@ def prepare_run(work: Path, scenario: str) -> tuple[Path, set[int], str]:
         for row in rows:
             row.pop("cluster", None)
         train.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        train_lora(root / "gradian.yaml", root / "run", overwrite=True)
+        cfg = load_config(root / "gradian.yaml", {} if seed is None else {"seed": seed})
+        train_lora(cfg, root / "run", overwrite=True)
     info = json.loads((root / "scenario.json").read_text())
     capability = (info.get("capability") or {}).get("name", "capitals")
-    return root, {int(i) for i in info["planted"]["indices"]}, capability
+    return root, {int(i) for i in (info.get("planted") or {}).get("indices") or []}, capability
 
 
 def precision_recall(chosen: set[int], planted: set[int]) -> tuple[float, float]:
@@ -90,8 +95,10 @@ def measure(root: Path, planted: set[int], capability: str, engine: str, overrid
     from sklearn.metrics import roc_auc_score
 
     is_planted = rankings["row_index"].isin(planted).to_numpy()
-    auc = float(roc_auc_score(is_planted, -rank_values(rankings)))
-    result: dict[str, Any] = {"engine": engine, "verdict": report.verdict.kind, "auc": round(auc, 3)}
+    # a scenario without planted rows (a setting fault) has no AUC: only its verdict is measured
+    auc = float(roc_auc_score(is_planted, -rank_values(rankings))) if 0 < is_planted.sum() < len(is_planted) else None
+    result: dict[str, Any] = {"engine": engine, "verdict": report.verdict.kind,
+                              "auc": None if auc is None else round(auc, 3)}
     if not accused:
         return result
     cluster_rows = set(rankings.loc[rankings["cluster"].astype(str) == str(accused.cluster), "row_index"])
@@ -112,6 +119,8 @@ def main() -> None:
                         help="work directory (kept between runs)")
     parser.add_argument("--scenario", default=SCENARIO, help="a poison scenario with on-topic clean rows")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated engines")
+    parser.add_argument("--seeds", default=None,
+                        help="comma-separated training seeds: one fine-tune each (default: the scenario's own seed)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a config override applied to every engine (repeatable)")
     parser.add_argument("--out", default=None, help="write the JSON here as well as printing it")
@@ -119,17 +128,35 @@ def main() -> None:
     from bench_attribution_quality import parse_overrides  # the script folder is on sys.path
 
     overrides = parse_overrides(args.set, parser)
-    root, planted, capability = prepare_run(Path(args.work), args.scenario)
-    results = [measure(root, planted, capability, engine, overrides) for engine in args.engines.split(",") if engine]
-    for r in results:
-        if "method" not in r:
-            print(f"{r['engine']:8s} AUC {r['auc']:.3f}; verdict {r['verdict']}, no accused set")
-            continue
-        print(f"{r['engine']:8s} AUC {r['auc']:.3f}; cluster {r['cluster_n']} rows ({r['planted_in_cluster']} planted); accused "
-              f"{r['accused_n']} by {r['method']}: precision {r['precision']:.3f}, recall {r['recall']:.3f}")
-        for method, c in r["candidates"].items():
-            print(f"{'':10s}{method:14s} n {c['n']:4d}  precision {c['precision']:.3f}  recall {c['recall']:.3f}")
-    text = json.dumps({"scenario": args.scenario, "overrides": overrides, "results": results}, indent=2)
+    seeds: list[int | None] = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else [None]
+    engines = [engine for engine in args.engines.split(",") if engine]
+    per_seed = []
+    for seed in seeds:
+        root, planted, capability = prepare_run(Path(args.work), args.scenario, seed)
+        results = [measure(root, planted, capability, engine, overrides) for engine in engines]
+        per_seed.append({"seed": seed, "results": results})
+        print(f"-- training seed {'(scenario default)' if seed is None else seed}")
+        for r in results:
+            auc = "n/a" if r["auc"] is None else f"{r['auc']:.3f}"
+            if "method" not in r:
+                print(f"{r['engine']:8s} AUC {auc}; verdict {r['verdict']}, no accused set")
+                continue
+            print(f"{r['engine']:8s} AUC {auc}; cluster {r['cluster_n']} rows ({r['planted_in_cluster']} planted); "
+                  f"accused {r['accused_n']} by {r['method']}: precision {r['precision']:.3f}, recall {r['recall']:.3f}")
+            for method, c in r["candidates"].items():
+                print(f"{'':10s}{method:14s} n {c['n']:4d}  precision {c['precision']:.3f}  recall {c['recall']:.3f}")
+    if len(seeds) > 1:
+        print(f"-- range over {len(seeds)} training seeds (min / median / max)")
+        for engine in engines:
+            rows = [r for run in per_seed for r in run["results"] if r["engine"] == engine]
+            line = [f"{engine:8s}", f"verdicts {','.join(r['verdict'] for r in rows)}"]
+            for key in ("auc", "precision", "recall"):
+                values = [r[key] for r in rows if r.get(key) is not None]
+                if values:
+                    line.append(f"{key} {min(values):.3f} / {float(np.median(values)):.3f} / {max(values):.3f}")
+            print("  ".join(line))
+    payload = per_seed[0] if len(seeds) == 1 else {"seeds": per_seed}
+    text = json.dumps({"scenario": args.scenario, "overrides": overrides, **payload}, indent=2)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -127,7 +127,8 @@ def bench_datainf(args) -> dict:
         out[f"n={n}"] = {"ms_per_example_per_query_1": 1e3 * t1 / n,
                          "ms_per_example_per_query_8_batched": 1e3 * t8 / n / 8,
                          "seconds_1_query": t1}
-        del blocks, train
+        del blocks
+        train = None  # frees the blocks before the next size is drawn
     return out
 
 

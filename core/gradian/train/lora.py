@@ -207,6 +207,10 @@ def _load_model(name: str, config: Any, backend: str) -> Any:
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True)
     if backend == "unsloth":
         return _load_unsloth(name, config)
+    if config.attn_implementation == "eager":
+        from gradian.model_loading import finite_eager_masks
+
+        finite_eager_masks()
     try:
         model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
     except (OSError, ValueError) as err:
