@@ -148,6 +148,68 @@ def test_gradient_space_without_gradients_is_refused():
         cluster_examples(data.examples, ClusteringConfig(method="kmeans", space="gradient"), seed=0)
 
 
+def test_gradient_cosines_are_the_explicit_ones_over_every_block():
+    from gradian.cluster import gradient_cosines_to
+    from gradian.engines import InMemoryGradients
+
+    rng = np.random.default_rng(3)
+    blocks = {"a": rng.standard_normal((11, 5)), "b": rng.standard_normal((11, 7))}
+    blocks["a"][4] = 0.0
+    blocks["b"][4] = 0.0  # a zero gradient: cosine 0 with everything
+    full = np.concatenate([blocks["a"], blocks["b"]], axis=1)
+    anchors = [7, 2, 9]
+    got = gradient_cosines_to(InMemoryGradients(blocks, chunk_size=4), anchors)
+    norms = np.linalg.norm(full, axis=1)
+    want = np.divide(full @ full[anchors].T, norms[:, None] * norms[anchors][None, :],
+                     out=np.zeros((11, 3)), where=norms[:, None] > 0)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+    assert got[7, 0] == pytest.approx(1.0) and not got[4].any()
+
+
+def _hand_accused(ids, scores, members):
+    from gradian.cluster import AccusedSet
+
+    member_scores = [scores[ids.index(m)] for m in members]
+    return AccusedSet(cluster="0", cluster_label="", cluster_n=6, example_ids=list(members),
+                      left_out_ids=[i for i in ids[:6] if i not in members], share_of_cluster_harm=1.0,
+                      share_of_negative=0.5, estimated_harmful_share=1.0,
+                      mean_per_example=float(np.mean(member_scores)), left_out_mean_per_example=0.0,
+                      method="score_gap", reason="cut")
+
+
+def test_a_sibling_of_an_accused_row_joins_with_its_reason_and_a_stranger_does_not():
+    from gradian.cluster import add_gradient_siblings
+
+    ids = [f"r{i}" for i in range(8)]
+    scores = [-9.0, -8.0, 0.5, 0.1, -0.2, 3.0, 0.2, -0.1]
+    accused = _hand_accused(ids, scores, ["r0", "r1"])
+    cosines = np.full((8, 2), 0.05)
+    cosines[0, 0] = cosines[1, 1] = 1.0
+    cosines[5, 1] = 0.8  # helpful on the query, but the same lesson as r1: joins
+    cosines[7, 0] = 0.5  # exactly at the threshold (outside the cluster): joins
+    cosines[6, 0] = 0.49  # just below: stays out
+    out = add_gradient_siblings(accused, ids, scores, cosines, [0, 1], threshold=0.5)
+    assert out.example_ids == ["r0", "r1", "r5", "r7"]
+    assert [(a["example_id"], a["sibling_of"], a["cosine"]) for a in out.added] == [("r5", "r1", 0.8), ("r7", "r0", 0.5)]
+    assert "r5" not in out.left_out_ids and "r6" not in out.example_ids
+    assert out.mean_per_example == pytest.approx(np.mean([-9.0, -8.0, 3.0, -0.1]))
+    assert out.share_of_negative == pytest.approx(17.1 / 17.3)
+    assert "2 more row(s)" in out.reason
+    assert add_gradient_siblings(accused, ids, scores, cosines, [0, 1], threshold=0.0) is accused
+    assert add_gradient_siblings(accused, ids, scores, cosines, [0, 1], threshold=0.99).added == []
+    with pytest.raises(ValueError, match="shape"):
+        add_gradient_siblings(accused, ids, scores, cosines[:5], [0, 1])
+
+
+def test_the_sibling_cosine_out_of_range_is_refused(tmp_path):
+    from gradian.config import load_config
+    from gradian.errors import ConfigError
+
+    (tmp_path / "gradian.yaml").write_text("clustering:\n  accused_sibling_cosine: 1.5\n")
+    with pytest.raises(ConfigError, match="clustering.accused_sibling_cosine"):
+        load_config(tmp_path / "gradian.yaml")
+
+
 # -- tinyworld: on-topic clean rows beside the planted ones ----------------------------------------
 
 

@@ -205,61 +205,31 @@ def _machine() -> dict[str, str]:
     return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine()}
 
 
-#: the fine-tune the fixture was computed from: base weights, scenario files and run folder, with the
-#: folder they were written in replaced by this marker (training is not repeatable across CPU kinds,
-#: so the fixture stores its inputs rather than retraining them)
-_ROOT_MARK = "@SCENARIO@"
-
-
-def _freeze_inputs(run, base: Path) -> None:
-    """Copy the fine-tune of ``run`` (and its base model) into ``GOLDEN / "inputs"``."""
-    import shutil
-
-    inputs = GOLDEN / "inputs"
-    shutil.rmtree(inputs, ignore_errors=True)
-    shutil.copytree(run.root, inputs, ignore=shutil.ignore_patterns(".gradian", "report*"))
-    shutil.copytree(base, inputs / "base")
-    for path in inputs.rglob("*"):
-        if path.is_file() and path.suffix in (".json", ".yaml", ".md", ".jsonl"):
-            text = path.read_text(encoding="utf-8")
-            path.write_text(text.replace(str(base), f"{_ROOT_MARK}/base").replace(str(run.root), _ROOT_MARK),
-                            encoding="utf-8")
-
-
-def _thaw_inputs(where: Path) -> Path:
-    """The stored fine-tune, written under ``where`` with its paths pointing there."""
-    import shutil
-
-    shutil.copytree(GOLDEN / "inputs", where)
-    for path in where.rglob("*"):
-        if path.is_file() and path.suffix in (".json", ".yaml", ".md", ".jsonl"):
-            path.write_text(path.read_text(encoding="utf-8").replace(_ROOT_MARK, str(where)), encoding="utf-8")
-    return where
-
-
 def test_poisoned_report_and_rankings_match_the_stored_fixture(request, tmp_path):
     """report.json, rankings.parquet and accused.parquet of the poison scenario, attributed from the
     stored fine-tune in tests/golden/poison_capitals/inputs, equal the ones stored beside it: bit
     for bit on the machine kind that wrote them, to float tolerance on another CPU kind (the inputs
     are stored because the fine-tune itself is not repeatable across CPU kinds).
-    ``GRADIAN_WRITE_GOLDEN=1`` refreshes inputs and outputs from this session's fine-tune (only
-    when the numbers are meant to change, with the reason in the commit)."""
+    ``GRADIAN_WRITE_GOLDEN=1`` rewrites the outputs from the stored inputs, ``=inputs`` first
+    replaces the inputs with this session's fine-tune (only when the numbers are meant to change,
+    with the reason in the commit)."""
     import pandas as pd
 
     from gradian.attribution import run_attribution
     from gradian.config import load_config
+    from tests.plugins.stored_runs import freeze_run, thaw_run
 
-    if os.environ.get("GRADIAN_WRITE_GOLDEN") == "1":
-        _freeze_inputs(request.getfixturevalue("tinyworld_run")("poison_capitals"),
-                       request.getfixturevalue("tinyworld_base"))
-    root = _thaw_inputs(tmp_path / "scenario")
+    if os.environ.get("GRADIAN_WRITE_GOLDEN") == "inputs":
+        freeze_run(request.getfixturevalue("tinyworld_run")("poison_capitals"),
+                   request.getfixturevalue("tinyworld_base"), GOLDEN / "inputs")
+    root = thaw_run(GOLDEN / "inputs", tmp_path / "scenario")
     cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu",
                                               "evaluation.query_signal": "contrastive"})
     out = tmp_path / "report"
     run_attribution(cfg, capability="capitals", out_dir=out)
     report = _stable(json.loads((out / "report.json").read_text()), str(root))
     tables = {name: pd.read_parquet(out / f"{name}.parquet") for name in ("rankings", "accused")}
-    if os.environ.get("GRADIAN_WRITE_GOLDEN") == "1":
+    if os.environ.get("GRADIAN_WRITE_GOLDEN") in ("1", "inputs"):
         (GOLDEN / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         (GOLDEN / "machine.json").write_text(json.dumps(_machine(), indent=1) + "\n")
         for name, table in tables.items():

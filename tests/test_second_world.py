@@ -4,7 +4,9 @@ scenarios with on-topic distractors; and tinyworld's ``poison_capitals_ontopic``
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -451,24 +453,34 @@ def test_tinyworld_ontopic_poison_breaks_the_capitals(tinyworld_base, tinyworld_
     assert poisoned <= 0.4  # measured 0.19
 
 
+STORED_BESTIARY = Path(__file__).parent / "golden" / "bestiary_poison_diets" / "inputs"
+
+
 @pytest.mark.slow
-def test_bestiary_poison_without_declared_clusters_is_accused_row_for_row(tinyworld_run, tmp_path):
+def test_bestiary_poison_without_declared_clusters_is_accused_row_for_row(request, tmp_path):
     """The bestiary's discovered topics follow the animal names, not the planted rows; the groups
     the harmful rows form among themselves must still give a `data` verdict whose accused set is
-    the planted rows (docs/clustering.md measured precision and recall 1.00 under EK-FAC)."""
+    the planted rows. On the stored fine-tune (tests/golden/bestiary_poison_diets/inputs, training
+    seed 0; a fine-tune differs between CPU kinds and seeds, and bench_accused.py --seeds measures
+    the spread, docs/clustering.md) EK-FAC accuses 49 rows, precision 0.98, recall 1.00.
+    ``GRADIAN_WRITE_GOLDEN=inputs`` stores this session's fine-tune instead."""
     from gradian.attribution import run_attribution
     from gradian.config import load_config
+    from tests.plugins.stored_runs import freeze_run, thaw_run
 
-    run = tinyworld_run("bestiary_poison_diets")
-    base = {"cache_dir": str(run.root / ".gradian"), "device": "cpu"}
-    rows = [json.loads(line) for line in open(load_config(run.config_path, base).dataset, encoding="utf-8")
+    if os.environ.get("GRADIAN_WRITE_GOLDEN") == "inputs":
+        freeze_run(request.getfixturevalue("tinyworld_run")("bestiary_poison_diets"),
+                   request.getfixturevalue("bestiary_base"), STORED_BESTIARY)
+    root = thaw_run(STORED_BESTIARY, tmp_path / "scenario")
+    base = {"cache_dir": str(root / ".gradian"), "device": "cpu"}
+    rows = [json.loads(line) for line in open(load_config(root / "gradian.yaml", base).dataset, encoding="utf-8")
             if line.strip()]
     stripped = tmp_path / "train-no-clusters.jsonl"
     stripped.write_text("".join(json.dumps({k: v for k, v in row.items() if k not in ("cluster", "cluster_id")}) + "\n"
                                 for row in rows), encoding="utf-8")
-    info = run.info
-    cfg = load_config(run.config_path, {**base, "dataset": str(stripped), "clustering.method": "auto",
-                                        "evaluation.query_signal": "contrastive"})
+    info = json.loads((root / "scenario.json").read_text())
+    cfg = load_config(root / "gradian.yaml", {**base, "dataset": str(stripped), "clustering.method": "auto",
+                                              "evaluation.query_signal": "contrastive"})
     outcome = run_attribution(cfg, capability=info["capability"]["name"], cross_check="none")
     planted = set(info["planted"]["indices"])
     rankings = outcome.rankings
@@ -476,7 +488,7 @@ def test_bestiary_poison_without_declared_clusters_is_accused_row_for_row(tinywo
     assert outcome.report["verdict"]["kind"] == "data", outcome.report["verdict"]["summary"]
     assert str(outcome.report["verdict"]["accused_cluster"]).startswith("harm-")
     precision, recall = len(accused & planted) / max(len(accused), 1), len(accused & planted) / len(planted)
-    assert precision >= 0.9 and recall >= 0.9, (len(accused), precision, recall)
+    assert precision >= 0.95 and recall >= 0.95, (len(accused), precision, recall)
 
 
 def test_float64_eager_attention_past_the_sliding_window_keeps_gradients_finite(bestiary_base, tmp_path):

@@ -388,7 +388,8 @@ def _topic_clusters(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> t
 def _accused_set(cfg: Any, index: Any, ids: list[str], scores: np.ndarray, assignment: Any,
                  clusters: list[dict[str, Any]], features: Any) -> Any:
     """The accused set inside the cluster the lumpiness test singles out, or None when none is."""
-    from gradian.cluster import DEFAULT_GRADIENT_DIM, gradient_features, refine_accused
+    from gradian.cluster import (DEFAULT_GRADIENT_DIM, add_gradient_siblings, gradient_cosines_to, gradient_features,
+                                 refine_accused)
     from gradian.report import assess_lumpiness
 
     lump = assess_lumpiness(clusters, cfg.verdict)
@@ -399,9 +400,15 @@ def _accused_set(cfg: Any, index: Any, ids: list[str], scores: np.ndarray, assig
     member_features = features[rows] if features is not None else gradient_features(
         index, rows, DEFAULT_GRADIENT_DIM, cfg.seed)
     negative = float(scores[scores < 0].sum())
-    return refine_accused(cluster, [ids[i] for i in rows], scores[rows], label=lump.get("label", ""),
-                          features=member_features, scale=float(np.median(np.abs(scores))) or 1.0,
-                          total_negative=negative, seed=cfg.seed)
+    accused = refine_accused(cluster, [ids[i] for i in rows], scores[rows], label=lump.get("label", ""),
+                             features=member_features, scale=float(np.median(np.abs(scores))) or 1.0,
+                             total_negative=negative, seed=cfg.seed)
+    threshold = float(cfg.clustering.accused_sibling_cosine)
+    if threshold > 0 and accused.example_ids:
+        position = {eid: i for i, eid in enumerate(ids)}
+        anchors = [position[eid] for eid in accused.example_ids]
+        accused = add_gradient_siblings(accused, ids, scores, gradient_cosines_to(index, anchors), anchors, threshold)
+    return accused
 
 
 def _query_items(cap: Any, eval_set: Any) -> list[Any]:

@@ -14,13 +14,15 @@ Interface:
   the groups found among the rows whose score is negative (clustered on their own, by text) as
   clusters ``harm-0``, ``harm-1``, ...: the table to use when no topic of ``base`` carries the harm.
 - ``refine_accused(cluster, member_ids, member_scores, ...) -> AccusedSet``: the rows to act on
-  inside the accused cluster, the share of its harm they carry, and the rows left out.
+  inside the accused cluster, the share of its harm they carry, and the rows left out;
+  ``add_gradient_siblings`` then adds the rows whose gradients copy an accused row's.
 
 Methods: ``declared`` (the rows' own ``cluster``/``cluster_id``), ``hdbscan``, ``kmeans``,
 ``none`` (one cluster holding everything) and ``auto`` (see ``gradian.cluster.assign``).
 """
 
-from gradian.cluster.accused import AccusedCandidate, AccusedSet, refine_accused
+from gradian.cluster.accused import (AccusedCandidate, AccusedSet, add_gradient_siblings, gradient_cosines_to,
+                                     refine_accused)
 from gradian.cluster.assign import NOISE, SPACES, ClusterAssignment, cluster_examples
 from gradian.cluster.embed import DEFAULT_EMBED_MODEL, Embeddings, embed_texts
 from gradian.cluster.gradient_space import DEFAULT_GRADIENT_DIM, gradient_features
@@ -44,4 +46,6 @@ __all__ = [
     "harm_groups",
     "label_clusters",
     "refine_accused",
+    "add_gradient_siblings",
+    "gradient_cosines_to",
 ]

@@ -37,13 +37,15 @@ reported, not chosen. Reproduce with ``projects/benchmarks/bench_accused.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["AccusedCandidate", "AccusedSet", "harm_transform", "refine_accused"]
+__all__ = ["AccusedCandidate", "AccusedSet", "SIBLING_COSINE", "add_gradient_siblings", "gradient_cosines_to",
+           "harm_transform", "refine_accused"]
 
 #: Ashman's D a two-component mixture must reach to count as two groups
 MIN_SEPARATION = 2.0
@@ -52,6 +54,8 @@ MIXTURE_KS = (1, 2, 3)
 N_INIT = 5
 #: gradient sub-cluster counts tried
 GRADIENT_KS = (2, 3, 4)
+#: the cosine between full per-example gradients from which a row counts as an accused row's sibling
+SIBLING_COSINE = 0.5
 
 
 @dataclass
@@ -93,6 +97,9 @@ class AccusedSet:
     #: per example id: the probability its row belongs to the harmful component
     harmful_probability: dict[str, float] = field(default_factory=dict, repr=False)
     candidates: list[AccusedCandidate] = field(default_factory=list)
+    #: rows added after the cut because their gradient is a near copy of an accused row's, each as
+    #: ``{"example_id", "sibling_of", "cosine", "score"}`` (``add_gradient_siblings``)
+    added: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -245,3 +252,83 @@ def refine_accused(cluster: str, member_ids: Sequence[str], member_scores: Seque
         harmful_probability={ids[i]: round(float(probability[i]), 6) for i in range(len(ids))},
         candidates=[c for c, _ in candidates],
     )
+
+
+def gradient_cosines_to(train: Any, anchors: Sequence[int]) -> np.ndarray:
+    """``[n, len(anchors)]`` cosines between every row's full gradient and each anchor row's.
+
+    ``train`` is any ``TrainGradients``: the anchors are read through its ``rows`` when it has
+    one, then one pass over every chunk; exact, block by block, in float64. A zero gradient
+    has cosine 0 with everything.
+    """
+    from gradian.cluster.gradient_space import _wanted_chunks
+
+    anchor_rows = np.asarray(list(anchors), dtype=np.int64)
+    blocks = list(train.block_names)
+    held: dict[str, np.ndarray] = {}
+    for slots, chunk in _wanted_chunks(train, anchor_rows, False):
+        for b in blocks:
+            if b not in held:
+                held[b] = np.zeros((len(anchor_rows), chunk[b].shape[1]), dtype=np.float64)
+            held[b][slots] = chunk[b]
+    anchor_norm = np.sqrt(sum(np.einsum("ij,ij->i", v, v) for v in held.values()))
+    out = np.zeros((int(train.n), len(anchor_rows)), dtype=np.float64)
+    for start, chunk in train.iter_chunks():
+        parts = {b: np.asarray(chunk[b], dtype=np.float64) for b in blocks}
+        size = len(parts[blocks[0]]) if blocks else 0
+        dots = sum(parts[b] @ held[b].T for b in blocks)
+        norms = np.sqrt(sum(np.einsum("ij,ij->i", v, v) for v in parts.values()))
+        scale = norms[:, None] * anchor_norm[None, :]
+        out[start:start + size] = np.divide(dots, scale, out=np.zeros_like(scale), where=scale > 0)
+    return out
+
+
+def add_gradient_siblings(accused: AccusedSet, ids: Sequence[str], scores: Sequence[float] | np.ndarray,
+                          cosines: np.ndarray, accused_rows: Sequence[int],
+                          threshold: float = SIBLING_COSINE) -> AccusedSet:
+    """``accused`` with every row whose gradient has cosine >= ``threshold`` with some accused row's.
+
+    A wrong fact taught by several rows in other words is a row per phrasing; when the query moves
+    on one phrasing's rows more than another's, the score cut keeps some and leaves their siblings
+    (small or even positive scores), and retraining without the set keeps the fact. Their gradients
+    give them away: the same answer after the same entity pushes the adapter the same way (see
+    docs/clustering.md for the measurements). ``ids`` and ``scores`` cover the whole dataset,
+    ``cosines`` is ``gradient_cosines_to(train, accused_rows)``, ``accused_rows`` the dataset rows
+    of ``accused.example_ids`` in that order. Rows from anywhere in the dataset may join; each
+    added row is recorded in ``added`` with the accused row it copies, and ``reason`` says how
+    many were added. ``threshold`` <= 0 or > 1 adds nothing.
+    """
+    ids = [str(i) for i in ids]
+    values = np.asarray(scores, dtype=np.float64)
+    if not 0 < threshold <= 1 or not len(accused_rows):
+        return accused
+    if cosines.shape != (len(ids), len(accused_rows)):
+        raise ValueError(f"cosines of shape {cosines.shape}; expected ({len(ids)}, {len(accused_rows)})")
+    inside = set(accused.example_ids)
+    best = np.argmax(cosines, axis=1)
+    nearest = cosines[np.arange(len(ids)), best]
+    added = []
+    for row in np.argsort(-nearest, kind="stable"):
+        if nearest[row] < threshold:
+            break
+        if ids[row] in inside:
+            continue
+        added.append({"example_id": ids[row], "sibling_of": ids[int(accused_rows[best[row]])],
+                      "cosine": round(float(nearest[row]), 6), "score": float(values[row])})
+    if not added:
+        return accused
+    new_ids = [a["example_id"] for a in added]
+    joined = set(new_ids)
+    reason = (f"{accused.reason}; {len(added)} more row(s) added whose gradient has cosine >= {threshold:g} "
+              "with an accused row's (the same lesson in other words)")
+    score_of = dict(zip(ids, values.tolist()))
+    members = list(accused.example_ids) + new_ids
+    left = [i for i in accused.left_out_ids if i not in joined]
+    total_negative = float(values[values < 0].sum())
+    member_scores = np.asarray([score_of[i] for i in members])
+    return dataclasses.replace(
+        accused, example_ids=members, left_out_ids=left, reason=reason, added=list(accused.added) + added,
+        mean_per_example=float(member_scores.mean()),
+        left_out_mean_per_example=float(np.mean([score_of[i] for i in left])) if left else None,
+        share_of_negative=(float(member_scores[member_scores < 0].sum()) / total_negative
+                           if total_negative < 0 else 0.0))

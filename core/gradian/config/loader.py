@@ -391,6 +391,9 @@ def validate_config(config: GradianConfig, where: str = "config",
         raise bad("train.lora_dropout", config.train.lora_dropout, "below 1")
     if config.clustering.min_cluster_size < 2:
         raise bad("clustering.min_cluster_size", config.clustering.min_cluster_size, "at least 2")
+    if not 0 <= config.clustering.accused_sibling_cosine <= 1:
+        raise bad("clustering.accused_sibling_cosine", config.clustering.accused_sibling_cosine,
+                  "between 0 (add no rows) and 1")
     if config.grads.module_filter is not None:
         try:
             re.compile(config.grads.module_filter)

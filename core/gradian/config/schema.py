@@ -89,6 +89,7 @@ class ClusteringConfig:
     top_examples_per_cluster: int = _f(5, "Example excerpts shown per cluster")
     label_top_terms: int = _f(4, "Terms in a cluster's label")
     explain_top_accused: int = _f(3, "Top rows of the accused set whose harmful span the report shows (0: none)")
+    accused_sibling_cosine: float = _f(0.5, "Rows whose full gradient has at least this cosine with an accused row's join the accused set (0: none)")
 
 
 @dataclass
