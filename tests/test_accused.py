@@ -201,12 +201,29 @@ def test_a_sibling_of_an_accused_row_joins_with_its_reason_and_a_stranger_does_n
         add_gradient_siblings(accused, ids, scores, cosines[:5], [0, 1])
 
 
-def test_the_sibling_cosine_out_of_range_is_refused(tmp_path):
+def test_only_rows_the_mixture_holds_harmful_bring_their_siblings():
+    import dataclasses
+
+    from gradian.cluster import sibling_anchors
+
+    ids = [f"r{i}" for i in range(8)]
+    scores = [-9.0, -8.0, 0.5, 0.1, -0.2, 3.0, 0.2, -0.4]
+    # r7 made the cut at its weak end, where the mixture doubts it; r3 has no figure at all
+    accused = dataclasses.replace(_hand_accused(ids, scores, ["r0", "r1", "r7", "r3"]),
+                                  harmful_probability={"r0": 1.0, "r1": 0.5, "r7": 0.03})
+    assert sibling_anchors(accused) == ["r0", "r1", "r3"]
+    assert sibling_anchors(accused, 0.9) == ["r0", "r3"]
+    assert sibling_anchors(accused, 0.0) == ["r0", "r1", "r7", "r3"]
+
+
+@pytest.mark.parametrize("key, value", [("accused_sibling_cosine", 1.5), ("accused_sibling_anchor", -0.1),
+                                        ("accused_sibling_anchor", 2)])
+def test_the_sibling_settings_out_of_range_are_refused(tmp_path, key, value):
     from gradian.config import load_config
     from gradian.errors import ConfigError
 
-    (tmp_path / "gradian.yaml").write_text("clustering:\n  accused_sibling_cosine: 1.5\n")
-    with pytest.raises(ConfigError, match="clustering.accused_sibling_cosine"):
+    (tmp_path / "gradian.yaml").write_text(f"clustering:\n  {key}: {value}\n")
+    with pytest.raises(ConfigError, match=f"clustering.{key}"):
         load_config(tmp_path / "gradian.yaml")
 
 
@@ -268,8 +285,6 @@ def test_the_mlflow_child_run_gets_the_accused_metrics():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="the accused set is right but incomplete on the on-topic poison without declared "
-                   "clusters (precision 1.00, recall 0.85): the retrain recovers 75% of the loss, not all (issue 23)")
 def test_retraining_without_the_accused_set_recovers_with_precision(tmp_path_factory, tinyworld_base):
     """``--drop accused`` on the on-topic poison: the capitals come back, and most dropped rows were planted."""
     pytest.importorskip("torch")

@@ -407,8 +407,6 @@ def test_quick_suite_end_to_end(quick_suite):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason="the accused set under every checkpoint is right (precision 0.93) but "
-                   "incomplete (recall 0.90): the retrain without it ends 2 items below the base (issue 23)")
 def test_quick_suite_accused_retrain_comes_back_within_one_item(quick_suite):
     work, statuses, _, tail, _ = quick_suite
     figures = json.loads((work / "accused" / "verdict.json").read_text())["figures"]

@@ -389,7 +389,7 @@ def _accused_set(cfg: Any, index: Any, ids: list[str], scores: np.ndarray, assig
                  clusters: list[dict[str, Any]], features: Any) -> Any:
     """The accused set inside the cluster the lumpiness test singles out, or None when none is."""
     from gradian.cluster import (DEFAULT_GRADIENT_DIM, add_gradient_siblings, gradient_cosines_to, gradient_features,
-                                 refine_accused)
+                                 refine_accused, sibling_anchors)
     from gradian.report import assess_lumpiness
 
     lump = assess_lumpiness(clusters, cfg.verdict)
@@ -404,9 +404,10 @@ def _accused_set(cfg: Any, index: Any, ids: list[str], scores: np.ndarray, assig
                              features=member_features, scale=float(np.median(np.abs(scores))) or 1.0,
                              total_negative=negative, seed=cfg.seed)
     threshold = float(cfg.clustering.accused_sibling_cosine)
-    if threshold > 0 and accused.example_ids:
+    anchor_ids = sibling_anchors(accused, float(cfg.clustering.accused_sibling_anchor))
+    if threshold > 0 and anchor_ids:
         position = {eid: i for i, eid in enumerate(ids)}
-        anchors = [position[eid] for eid in accused.example_ids]
+        anchors = [position[eid] for eid in anchor_ids]
         accused = add_gradient_siblings(accused, ids, scores, gradient_cosines_to(index, anchors), anchors, threshold)
     return accused
 

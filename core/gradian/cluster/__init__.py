@@ -22,7 +22,7 @@ Methods: ``declared`` (the rows' own ``cluster``/``cluster_id``), ``hdbscan``, `
 """
 
 from gradian.cluster.accused import (AccusedCandidate, AccusedSet, add_gradient_siblings, gradient_cosines_to,
-                                     refine_accused)
+                                     refine_accused, sibling_anchors)
 from gradian.cluster.assign import NOISE, SPACES, ClusterAssignment, cluster_examples
 from gradian.cluster.embed import DEFAULT_EMBED_MODEL, Embeddings, embed_texts
 from gradian.cluster.gradient_space import DEFAULT_GRADIENT_DIM, gradient_features
@@ -48,4 +48,5 @@ __all__ = [
     "refine_accused",
     "add_gradient_siblings",
     "gradient_cosines_to",
+    "sibling_anchors",
 ]

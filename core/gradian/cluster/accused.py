@@ -45,7 +45,7 @@ from typing import Any, Sequence
 import numpy as np
 
 __all__ = ["AccusedCandidate", "AccusedSet", "SIBLING_COSINE", "add_gradient_siblings", "gradient_cosines_to",
-           "harm_transform", "refine_accused"]
+           "harm_transform", "refine_accused", "sibling_anchors"]
 
 #: Ashman's D a two-component mixture must reach to count as two groups
 MIN_SEPARATION = 2.0
@@ -56,6 +56,8 @@ N_INIT = 5
 GRADIENT_KS = (2, 3, 4)
 #: the cosine between full per-example gradients from which a row counts as an accused row's sibling
 SIBLING_COSINE = 0.5
+#: the harmful probability an accused row needs before its siblings join
+SIBLING_ANCHOR = 0.25
 
 
 @dataclass
@@ -281,6 +283,17 @@ def gradient_cosines_to(train: Any, anchors: Sequence[int]) -> np.ndarray:
         scale = norms[:, None] * anchor_norm[None, :]
         out[start:start + size] = np.divide(dots, scale, out=np.zeros_like(scale), where=scale > 0)
     return out
+
+
+def sibling_anchors(accused: AccusedSet, minimum: float = SIBLING_ANCHOR) -> list[str]:
+    """The accused rows whose siblings may join: those the score mixture holds harmful with
+    probability >= ``minimum`` (``accused.harmful_probability``; a row it has no figure for counts
+    as sure). The rows at the weak end of the cut are where its clean rows sit; a clean row's
+    gradient siblings are clean rows on the same topic, so letting them anchor spreads the cut's
+    errors instead of its finds (see docs/clustering.md). ``minimum`` 0 keeps every row.
+    """
+    probability = accused.harmful_probability or {}
+    return [eid for eid in accused.example_ids if float(probability.get(eid, 1.0)) >= minimum]
 
 
 def add_gradient_siblings(accused: AccusedSet, ids: Sequence[str], scores: Sequence[float] | np.ndarray,

@@ -394,6 +394,9 @@ def validate_config(config: GradianConfig, where: str = "config",
     if not 0 <= config.clustering.accused_sibling_cosine <= 1:
         raise bad("clustering.accused_sibling_cosine", config.clustering.accused_sibling_cosine,
                   "between 0 (add no rows) and 1")
+    if not 0 <= config.clustering.accused_sibling_anchor <= 1:
+        raise bad("clustering.accused_sibling_anchor", config.clustering.accused_sibling_anchor,
+                  "a probability between 0 (every accused row brings its siblings) and 1")
     if config.grads.module_filter is not None:
         try:
             re.compile(config.grads.module_filter)

@@ -90,6 +90,7 @@ class ClusteringConfig:
     label_top_terms: int = _f(4, "Terms in a cluster's label")
     explain_top_accused: int = _f(3, "Top rows of the accused set whose harmful span the report shows (0: none)")
     accused_sibling_cosine: float = _f(0.5, "Rows whose full gradient has at least this cosine with an accused row's join the accused set (0: none)")
+    accused_sibling_anchor: float = _f(0.25, "Only accused rows the score mixture holds harmful with at least this probability bring siblings (0: every accused row)")
 
 
 @dataclass
