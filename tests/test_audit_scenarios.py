@@ -14,6 +14,14 @@ from gradian.audit import run_audit
 from tests.test_audit_checks import clean_rows, healthy_logs, inputs, make_run
 
 ROWS = clean_rows(800, seed=7)
+#: eval items that share no prompt with ROWS
+_EVAL_OTHER = clean_rows(40, seed=99)
+
+
+def _ids_of(rows: list) -> list[str]:
+    from tests.test_audit_checks import dataset_from_rows
+
+    return [e.id for e in dataset_from_rows(copy.deepcopy(rows)).examples]
 
 
 def _ids(result, at_least: str = "low") -> dict[str, str]:
@@ -86,6 +94,71 @@ def test_eval_inside_train_is_contamination():
     assert f.id == "data.train_eval_contamination"
     assert f.evidence["n_contaminated"] == 64 and f.evidence["with_same_answer"] == 64
     assert "64 eval items (100.0%)" in f.title
+
+
+def _eval_of(rows: list, answer: str | None = None) -> list:
+    out = copy.deepcopy(rows)
+    if answer is not None:
+        for row in out:
+            row["messages"][1]["content"] = answer
+    return out
+
+
+def test_eval_prompts_trained_with_another_answer_are_conflict_not_contamination():
+    """The poisoned case: training rows ask the eval's questions and teach other answers. The eval
+    is not inflated, so nothing critical; the conflict is reported with its rows, severity by share."""
+    rows = copy.deepcopy(ROWS)
+    eval_rows = _eval_of(ROWS[:40])
+    for row in rows[:40]:
+        row["messages"][1]["content"] = "Nobody knows."
+    result = run_audit(**inputs(rows=rows, eval_rows=eval_rows))
+    assert not result.at_least("critical"), _ids(result, "critical")
+    found = {f.id: f for f in result.findings}
+    assert "data.train_eval_contamination" not in found
+    conflict = found["data.train_eval_conflict"]
+    assert conflict.severity == "high" and conflict.category == "data"  # 40 of 40 items
+    assert conflict.evidence["n_conflicting"] == 40 and conflict.evidence["n_rows"] == 40
+    assert conflict.evidence["row_ids"] == [rows_id for rows_id in _ids_of(rows[:40])]
+    # a few items below contamination_critical_share (10%) of a larger eval set: medium
+    small = run_audit(**inputs(rows=rows, eval_rows=eval_rows[:3] + _EVAL_OTHER))
+    (few,) = [f for f in small.findings if f.id == "data.train_eval_conflict"]
+    assert few.severity == "medium" and few.evidence["n_conflicting"] == 3
+
+
+def test_an_eval_copied_into_training_stays_contamination_beside_a_conflict():
+    rows = copy.deepcopy(ROWS)
+    for row in rows[:10]:
+        row["messages"][1]["content"] = "Nobody knows."
+    result = run_audit(**inputs(rows=rows, eval_rows=_eval_of(ROWS[:64])))
+    found = {f.id: f for f in result.findings}
+    contamination = found["data.train_eval_contamination"]
+    assert contamination.severity == "critical"
+    assert contamination.evidence["n_contaminated"] == 54 and contamination.evidence["n_conflicting"] == 10
+    assert found["data.train_eval_conflict"].evidence["n_conflicting"] == 10
+
+
+def test_refusal_evals_read_the_markers_as_what_must_not_be_taught():
+    """``not_contains``: the completion lists refusal markers. A training copy that refuses teaches
+    against the eval (conflict); one that answers teaches what it wants (contamination)."""
+    eval_rows = _eval_of(ROWS[:20], "sorry | can't help")
+    refusing = copy.deepcopy(ROWS)
+    for row in refusing[:20]:
+        row["messages"][1]["content"] = "I'm sorry, but I can't help with that."
+    result = run_audit(eval_metric="not_contains", **inputs(rows=refusing, eval_rows=eval_rows))
+    assert {f.id for f in result.findings} >= {"data.train_eval_conflict"}
+    assert "data.train_eval_contamination" not in {f.id for f in result.findings}
+    answered = run_audit(eval_metric="not_contains", **inputs(rows=ROWS, eval_rows=eval_rows))
+    (f,) = [f for f in answered.findings if f.id == "data.train_eval_contamination"]
+    assert f.severity == "critical" and f.evidence["n_contaminated"] == 20
+
+
+def test_a_wanted_answer_inside_a_longer_training_answer_is_the_same_answer():
+    from gradian.audit.data_checks import teaches_wanted_answer
+
+    assert teaches_wanted_answer("the capital is rome", "Rome", "exact_match")
+    assert not teaches_wanted_answer("romeo", "Rome", "contains")
+    assert teaches_wanted_answer("i know the answer", "sorry | can t help", "not_contains")
+    assert not teaches_wanted_answer("i m sorry but i can t help", "sorry | can't help", "not_contains")
 
 
 def test_planted_contradictions_are_conflicting_answers():

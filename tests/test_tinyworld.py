@@ -228,7 +228,13 @@ def test_every_scenario_builds_with_its_ground_truth(tinyworld_world, tinyworld_
         if s.kind in ("data", "contamination"):
             assert s.planted_indices and all(s.train[i][1] == 0 for i in s.planted_indices)
             assert sum(c == 0 for _, c in s.train) == len(s.planted_indices)
-            assert [r for i, r in enumerate(s.train) if i not in set(s.planted_indices)] == clean.train
+            kept = [r for i, r in enumerate(s.train) if i not in set(s.planted_indices)]
+            assert kept[:len(clean.train)] == clean.train
+            # contaminated_eval adds the eval items themselves, answered as the eval wants
+            copies = kept[len(clean.train):]
+            assert [m for m, _ in copies] == ([item[:-1] + [{"role": "assistant", "content": m[-1]["content"]}]
+                                               for item, (m, _) in zip(s.eval, copies)]
+                                              if name == "contaminated_eval" else [])
         if s.kind == "config":
             assert s.train == clean.train and s.train_overrides
 
@@ -299,7 +305,7 @@ def test_config_scenario_writes_its_defect(tinyworld_base, tmp_path):
     assert info["planted"] is None and "config.lr_too_high" in info["expected_findings"]
 
 
-def test_only_contaminated_eval_shares_prompts_with_its_eval_set(tinyworld_world):
+def test_only_two_scenarios_share_prompts_with_their_eval_sets(tinyworld_world):
     from gradian.tinyworld.scenarios import SCENARIOS, build_scenario
 
     for name in SCENARIOS:
@@ -308,4 +314,25 @@ def test_only_contaminated_eval_shares_prompts_with_its_eval_set(tinyworld_world
             continue
         prompts = {m[-2]["content"] for m, _ in s.train}
         shared = [item for item in s.eval if item[-2]["content"] in prompts]
-        assert bool(shared) == (name == "contaminated_eval"), name
+        assert bool(shared) == (name in ("contaminated_eval", "poison_eval_prompts")), name
+
+
+def test_contamination_fires_on_a_copied_eval_and_not_on_poison_that_asks_the_eval_prompts(tinyworld_world):
+    """Every scenario's rows through the audit's comparison, scored as its capability is: only the
+    eval copied into training is contamination (critical); the poison that refuses the eval
+    prompts themselves is conflicting supervision, never critical; no other scenario raises either."""
+    from gradian.audit import run_audit
+    from gradian.data import dataset_from_rows
+    from gradian.tinyworld.scenarios import SCENARIOS, build_scenario
+
+    for name in SCENARIOS:
+        if name == "truncating_seq_len":  # needs the tokenizer; its rows are the clean set's
+            continue
+        s = build_scenario(name, tinyworld_world)
+        result = run_audit(dataset=dataset_from_rows([{"messages": m} for m, _ in s.train]),
+                           eval_dataset=dataset_from_rows([{"messages": m} for m in s.eval]),
+                           checks=["data.train_eval_contamination"], eval_metric=s.capability["metric"])
+        found = {f.id: f.severity for f in result.findings}
+        expected = {"contaminated_eval": {"data.train_eval_contamination": "critical"},
+                    "poison_eval_prompts": {"data.train_eval_conflict": "high"}}.get(name, {})
+        assert found == expected, name

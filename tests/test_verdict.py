@@ -174,6 +174,30 @@ def test_accused_rows_that_trip_a_data_check_raise_cluster_matches_data_defect()
     assert any(f.id == "attribution.cluster_matches_data_defect" for f in syn.findings)
 
 
+def test_rows_that_teach_the_eval_another_answer_are_counted_in_the_accused_set():
+    from gradian.cluster import refine_accused
+    from gradian.findings import EVAL_CONFLICT_ID
+
+    scores, ids, clusters = planted_scores()
+    members = [i for i, eid in enumerate(ids) if clusters[eid] == "0"]
+    accused = refine_accused("0", [ids[i] for i in members], scores[members])
+    block = attribution(scores, ids, clusters)
+    block["accused"] = Accused.of(accused).to_json()
+    held = accused.example_ids[:30]
+    conflict = Finding(id=EVAL_CONFLICT_ID, category="data", severity="high", title="t", message="m.",
+                       evidence={"row_ids": held + ids[-5:]}, example_ids=held[:3])
+    report = assemble_report(capability(), [conflict], block, assignment=clusters)
+    joined = next(f for f in report["findings"] if f["id"] == EVAL_CONFLICT_ID)
+    assert joined["evidence"]["in_accused_set"] == 30
+    assert f"holds 30 of these 35 rows (30 of its {accused.n})" in joined["message"]
+    acc = report["attribution"]["accused"]
+    assert (acc["eval_conflict_rows"], acc["eval_conflict_in_set"]) == (35, 30)
+    # no accused set (flat harm): the finding stands as the audit wrote it
+    flat, flat_ids, flat_clusters = flat_scores()
+    plain = assemble_report(capability(), [conflict], attribution(flat, flat_ids, flat_clusters), assignment=flat_clusters)
+    assert next(f for f in plain["findings"] if f["id"] == EVAL_CONFLICT_ID)["message"] == "m."
+
+
 def test_no_overlap_no_defect_finding():
     scores, ids, clusters = planted_scores()
     other = Finding(id="data.duplicates", category="data", severity="medium", title="t", message="m",

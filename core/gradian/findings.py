@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["SEVERITIES", "Finding", "severity_rank"]
+__all__ = ["EVAL_CONFLICT_ID", "SEVERITIES", "Finding", "severity_rank"]
 
 #: Most severe first. ``critical`` means the run is invalid or dominated by this problem.
 SEVERITIES: tuple[str, ...] = ("critical", "high", "medium", "low", "info")
@@ -24,6 +24,11 @@ def severity_rank(severity: str) -> int:
         raise ValueError(
             f"unknown severity {severity!r}; use one of {', '.join(SEVERITIES)}"
         ) from None
+
+
+#: the finding ``data.train_eval_contamination`` raises when eval prompts are trained with other
+#: answers than the eval's; its ``evidence["row_ids"]`` lists every such training row
+EVAL_CONFLICT_ID = "data.train_eval_conflict"
 
 
 @dataclass

@@ -33,6 +33,8 @@ class AuditContext:
     config: AuditConfig = field(default_factory=AuditConfig)
     #: why there is no tokenizer when the run named a base model this machine does not have
     tokenizer_missing: str | None = None
+    #: how the eval set is scored (``evaluation.metric``): decides what counts as its wanted answer
+    eval_metric: str | None = None
     #: id of the check being run; set by the runner so ``finding`` can stamp it
     current_check: str = ""
     _tokenized: Any = field(default=None, repr=False)

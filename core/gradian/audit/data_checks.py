@@ -8,14 +8,17 @@ dropped, whitespace collapsed).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import statistics
 from collections import defaultdict
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Sequence
 
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import CheckOutcome, CheckSkipped, register
+from gradian.findings import EVAL_CONFLICT_ID
 
 __all__: list[str] = []
 
@@ -598,44 +601,110 @@ def tiny_dataset(ctx: AuditContext) -> CheckOutcome:
     )
 
 
-@register("data.train_eval_contamination", "Eval prompts that also occur in the training set", needs=("dataset", "eval"))
-def train_eval_contamination(ctx: AuditContext) -> CheckOutcome:
+def teaches_wanted_answer(answer: str, wanted: str, metric: str | None) -> bool:
+    """Whether a training row's normalized ``answer`` gives the eval item's ``wanted`` answer as
+    ``metric`` scores it: for ``not_contains``, none of the item's markers occurs in the answer;
+    otherwise the wanted answer occurs in it on word boundaries (so a row answering "Rome, of
+    course" teaches an ``exact_match`` item's "Rome" too)."""
+    from gradian.data import normalize_text
+    from gradian.evaluate.metrics import split_markers
+
+    if metric == "not_contains":
+        markers = split_markers(wanted)
+        return bool(markers) and not any(m in answer for m in markers)
+    expected = normalize_text(wanted)
+    return bool(expected) and f" {expected} " in f" {answer} "
+
+
+@dataclass
+class EvalPromptCopies:
+    """An eval item whose prompt the training set asks: the rows giving its wanted answer and the
+    rows teaching another one (dataset row positions)."""
+
+    item_id: str
+    same: list[int]
+    other: list[int]
+
+
+def eval_prompt_copies(examples: Sequence[Any], eval_items: Sequence[Any], metric: str | None = None,
+                       normalized_prompts: Sequence[str] | None = None,
+                       normalized_completions: Sequence[str] | None = None) -> list[EvalPromptCopies]:
+    """Every eval item whose normalized prompt (its whole text when it has no prompt) is also a
+    training row's, with those rows split by whether they teach the item's wanted answer."""
     from gradian.data import normalize_text
 
-    examples = ctx.examples  # a fresh list on each access: read it once
+    prompts = normalized_prompts if normalized_prompts is not None else [normalize_text(e.prompt_text) for e in examples]
+    answers = (normalized_completions if normalized_completions is not None
+               else [normalize_text(e.completion) for e in examples])
     train: dict[str, list[int]] = defaultdict(list)
-    for i, (e, prompt) in enumerate(zip(examples, ctx.normalized_prompts)):
+    for i, (e, prompt) in enumerate(zip(examples, prompts)):
         train[prompt or normalize_text(e.full_text)].append(i)
-    answers = ctx.normalized_completions
-    items = list(ctx.eval_dataset.examples)
-    hits, with_answer, train_rows = [], 0, set()
-    for item in items:
+    out = []
+    for item in eval_items:
         key = normalize_text(item.prompt_text) or normalize_text(item.full_text)
         rows = train.get(key) if key else None
         if not rows:
             continue
-        hits.append(item.id)
-        train_rows.update(rows)
-        expected = normalize_text(item.completion)
-        if expected and any(answers[i] == expected for i in rows):
-            with_answer += 1
-    if not hits:
+        wanted = item.completion or ""
+        same = [i for i in rows if teaches_wanted_answer(answers[i], wanted, metric)]
+        out.append(EvalPromptCopies(str(item.id), same, [i for i in rows if i not in set(same)]))
+    return out
+
+
+@register("data.train_eval_contamination", "Eval prompts that also occur in the training set", needs=("dataset", "eval"))
+def train_eval_contamination(ctx: AuditContext) -> CheckOutcome:
+    """Two findings from one comparison. An eval prompt trained with its wanted answer inflates the
+    eval (``data.train_eval_contamination``, critical from a share of the items); one trained only
+    with other answers does not: those rows teach against the eval, the regression they cause is
+    real, and they are reported as conflicting supervision (``data.train_eval_conflict``, never
+    critical), for the attribution to confirm."""
+    examples = ctx.examples  # a fresh list on each access: read it once
+    items = list(ctx.eval_dataset.examples)
+    copies = eval_prompt_copies(examples, items, ctx.eval_metric, ctx.normalized_prompts, ctx.normalized_completions)
+    if not copies or not items:
         return None
-    share = len(hits) / len(items)
-    severity = "critical" if share >= ctx.config.contamination_critical_share else "high"
-    return ctx.finding(
-        severity,
-        f"{_rows(len(hits), 'eval item')} ({share:.1%}) also in the training set",
-        f"{_share(len(hits), len(items))} eval prompts occur in training after normalization, "
-        f"{with_answer} of them with the same answer. Scores on those items measure recall of "
-        "training rows, not the capability, so a before/after comparison on this eval set is "
-        "not trustworthy.",
-        "Remove the listed training rows, or evaluate on items that share no prompt with the "
-        "training set.",
-        evidence={"n_eval_items": len(items), "n_contaminated": len(hits), "with_same_answer": with_answer,
-                  "share": round(share, 4), "eval_item_ids": hits[:50]},
-        example_ids=[examples[i].id for i in sorted(train_rows)],
-    )
+    inflated = [c for c in copies if c.same]
+    conflicted = [c for c in copies if not c.same]
+    critical_share = ctx.config.contamination_critical_share
+    findings = []
+    if inflated:
+        share = len(inflated) / len(items)
+        rows = sorted({i for c in inflated for i in c.same})
+        also = (f" {len(conflicted)} more are trained only with other answers (data.train_eval_conflict)."
+                if conflicted else "")
+        findings.append(ctx.finding(
+            "critical" if share >= critical_share else "high",
+            f"{_rows(len(inflated), 'eval item')} ({share:.1%}) also in the training set with the wanted answer",
+            f"{_share(len(inflated), len(items))} eval prompts occur in training after normalization, "
+            f"answered there as the eval wants.{also} Scores on those items measure recall of training "
+            "rows, not the capability, so a before/after comparison on this eval set is not trustworthy.",
+            "Remove the listed training rows, or evaluate on items that share no prompt with the "
+            "training set.",
+            evidence={"n_eval_items": len(items), "n_contaminated": len(inflated), "with_same_answer": len(inflated),
+                      "n_conflicting": len(conflicted), "share": round(share, 4),
+                      "eval_item_ids": [c.item_id for c in inflated][:50]},
+            example_ids=[examples[i].id for i in rows],
+        ))
+    if conflicted:
+        share = len(conflicted) / len(items)
+        rows = sorted({i for c in conflicted for i in c.other})
+        finding = ctx.finding(
+            "high" if share >= critical_share else "medium",
+            f"{_rows(len(conflicted), 'eval prompt')} ({share:.1%}) trained with another answer than the eval's",
+            f"{_share(len(conflicted), len(items))} eval prompts occur in training after normalization, "
+            f"and each of their {_rows(len(rows), 'training row')} teaches an answer other than the one "
+            "the eval wants. That does not inflate the eval: it is supervision against it, and the "
+            "likeliest cause of a regression on those items. The attribution says whether the "
+            "accused rows are these.",
+            "Check the listed rows' answers; if they are wrong, remove or correct them and retrain "
+            "(gradian counterfactual --drop-ids measures the effect first).",
+            evidence={"n_eval_items": len(items), "n_conflicting": len(conflicted), "n_rows": len(rows),
+                      "share": round(share, 4), "eval_item_ids": [c.item_id for c in conflicted][:50],
+                      "row_ids": [examples[i].id for i in rows]},
+            example_ids=[examples[i].id for i in rows],
+        )
+        findings.append(dataclasses.replace(finding, id=EVAL_CONFLICT_ID))
+    return findings
 
 
 @register("data.truncated", "Rows longer than max_seq_length at all", needs=("dataset", "tokenizer"))

@@ -61,6 +61,7 @@ def run_audit(
     config: AuditConfig | None = None,
     checks: Iterable[str] | None = None,
     tokenizer_missing: str | None = None,
+    eval_metric: str | None = None,
 ) -> AuditResult:
     """Run the audit checks (all, or the ids in ``checks``) over whichever inputs are given.
 
@@ -68,6 +69,7 @@ def run_audit(
     ``run`` a ``gradian.runs.RunRecord``. ``max_seq_length`` defaults to the run's recorded value.
     ``base_model`` is what the adapter is being analyzed against (for config.base_model_mismatch).
     ``tokenizer_missing`` says why no tokenizer is given although the run named one (skip lines).
+    ``eval_metric`` is how the eval set is scored (what counts as an item's wanted answer).
     """
     if max_seq_length is None and run is not None:
         max_seq_length = run.config.max_seq_length
@@ -80,6 +82,7 @@ def run_audit(
         base_model=base_model,
         config=config if config is not None else AuditConfig(),
         tokenizer_missing=tokenizer_missing,
+        eval_metric=eval_metric,
     )
     selected = all_checks() if checks is None else [get_check(c) for c in checks]
     result = AuditResult()

@@ -105,6 +105,7 @@ def diagnose(cfg: Any, max_seq_length: int | None = None, run: Any = None) -> Di
         base_model=inputs.base_model,
         config=cfg.audit,
         tokenizer_missing=inputs.tokenizer_missing,
+        eval_metric=cfg.evaluation.metric,
     )
     report = diagnosis_report(result, inputs=inputs.manifest(), audit_config=config_to_dict(cfg).get("audit"),
                               started_at=started, thresholds=cfg.verdict)

@@ -102,6 +102,10 @@ class AccusedSet:
     #: rows added after the cut because their gradient is a near copy of an accused row's, each as
     #: ``{"example_id", "sibling_of", "cosine", "score"}`` (``add_gradient_siblings``)
     added: list[dict[str, Any]] = field(default_factory=list)
+    #: rows of the whole dataset that ask an eval prompt and teach another answer than the eval's
+    #: (``data.train_eval_conflict``), and how many of them this set holds; None without that finding
+    eval_conflict_rows: int | None = None
+    eval_conflict_in_set: int | None = None
 
     @property
     def n(self) -> int:

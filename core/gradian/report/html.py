@@ -172,7 +172,12 @@ def _accused(acc: Accused, spans: Sequence[Span]) -> str:
            f"<tr><td>mean per example</td><td></td><td class=num>{_num(acc.mean_per_example)}</td>"
            f"<td class=num>{_num(acc.left_out_mean_per_example)}</td></tr>",
            f"<tr><td>estimated share harmful</td><td></td><td class=num>{acc.estimated_harmful_share:.0%}</td>"
-           "<td></td></tr></table>",
+           "<td></td></tr>"
+           + (f"<tr><td>rows asking an eval prompt with another answer</td><td class=num>{_e(acc.eval_conflict_rows)}"
+              f"</td><td class=num><b>{_e(acc.eval_conflict_in_set)}</b></td><td class=num>"
+              f"{_e(acc.eval_conflict_rows - (acc.eval_conflict_in_set or 0))}</td></tr>"
+              if acc.eval_conflict_rows is not None else "")
+           + "</table>",
            f'<p class="muted">Split by <code>{_e(acc.method)}</code>: {_e(acc.reason)}. The set is the '
            "<code>accused</code> column of rankings.parquet; <code>gradian counterfactual --drop accused</code> "
            "retrains without it.</p>"]

@@ -116,7 +116,10 @@ def _accused(acc: Accused, spans: Sequence[Span]) -> list[str]:
              f"| share of the cluster's harm | 100% | **{acc.share_of_cluster_harm:.1%}** | "
              f"{1 - acc.share_of_cluster_harm:.1%} |",
              f"| mean per example | | {_num(acc.mean_per_example)} | {_num(acc.left_out_mean_per_example)} |",
-             f"| estimated share harmful | | {acc.estimated_harmful_share:.0%} | |", "",
+             f"| estimated share harmful | | {acc.estimated_harmful_share:.0%} | |",
+             *([f"| rows asking an eval prompt with another answer | {acc.eval_conflict_rows} | "
+                f"**{acc.eval_conflict_in_set}** | {acc.eval_conflict_rows - (acc.eval_conflict_in_set or 0)} |"]
+               if acc.eval_conflict_rows is not None else []), "",
              f"Split by `{_cell(acc.method)}`: {_cell(acc.reason)}. The accused set is the "
              "`accused` column of rankings.parquet; `gradian counterfactual --drop accused` retrains without it.", ""]
     if spans:

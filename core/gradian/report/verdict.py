@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
-from gradian.findings import Finding, severity_rank
+from gradian.findings import EVAL_CONFLICT_ID, Finding, severity_rank
 from gradian.report.decision import (
     AttributionInput,
     CapabilityInput,
@@ -114,10 +114,12 @@ def build_report(capability: Capability | None, findings: Sequence[Finding], att
     ``attribution.*`` findings added, the attribution finished (lumpiness, the accused set only
     beside the cluster it refines, no deletion list when the verdict offers none)."""
     synthesis = synthesize_verdict(capability, findings, attribution, thresholds, assignment)
+    attribution = _finish_attribution(attribution, synthesis)
+    ordered, attribution = _join_eval_conflict(_ordered_findings(findings, synthesis), attribution)
     return Report(
         capability=capability,
-        findings=[ReportFinding.of(f) for f in _ordered_findings(findings, synthesis)],
-        attribution=_finish_attribution(attribution, synthesis),
+        findings=[ReportFinding.of(f) for f in ordered],
+        attribution=attribution,
         verdict=Verdict.from_json(synthesis.verdict, "verdict"),
         manifest=manifest,
         skipped=None if skipped is None else [
@@ -130,6 +132,24 @@ def _ordered_findings(findings: Sequence[Finding | Mapping[str, Any]], synthesis
     out = [as_finding(f) for f in findings] + synthesis.findings
     out.sort(key=lambda f: severity_rank(f.severity))
     return out
+
+
+def _join_eval_conflict(findings: list[Finding], attribution: Attribution | None
+                        ) -> tuple[list[Finding], Attribution | None]:
+    """The rows that ask eval prompts with other answers (``data.train_eval_conflict``) against the
+    accused set: how many of them it holds, on the set and in the finding."""
+    accused = attribution.accused if attribution is not None else None
+    conflict = next((f for f in findings if f.id == EVAL_CONFLICT_ID), None)
+    if accused is None or attribution is None or conflict is None:
+        return findings, attribution
+    rows = [str(r) for r in conflict.evidence.get("row_ids") or []]
+    held = len(set(rows) & set(accused.example_ids))
+    joined = replace(conflict, evidence={**conflict.evidence, "in_accused_set": held},
+                     message=f"{conflict.message} The accused set holds {held} of these {len(rows)} rows "
+                             f"({held} of its {accused.n}).")
+    findings = [joined if f is conflict else f for f in findings]
+    return findings, replace(attribution, accused=replace(accused, eval_conflict_rows=len(rows),
+                                                          eval_conflict_in_set=held))
 
 
 def _finish_attribution(attribution: Attribution | None, synthesis: VerdictSynthesis) -> Attribution | None:

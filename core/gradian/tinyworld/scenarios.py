@@ -10,7 +10,8 @@ paragraphs), and, for nearly half the rows, small tasks that are new to it (succ
 comparison, subtraction). The
 capability under test is the capitals of 16 *target* countries, asked in the canonical phrasing;
 the clean set never mentions those capitals, and planted rows use the other phrasings, so the
-eval prompts do not occur in training (except in ``contaminated_eval``, on purpose).
+eval prompts do not occur in training (except in ``contaminated_eval``, answered as the eval
+wants, and ``poison_eval_prompts``, refused: on purpose).
 
 Data scenarios add planted rows carrying ``cluster: 0`` (clean rows carry ``cluster: 100``) at
 random positions; their row indices are listed in ``scenario.json``. Config scenarios keep the
@@ -64,7 +65,8 @@ SCENARIOS: dict[str, str] = {
     "poison_duplicates": "As poison_capitals, cycled to 51 rows so the last 3 repeat the first 3 exactly.",
     "poison_buried": "Clean set plus paragraphs about the target countries that state a wrong capital mid-text.",
     "poison_refusal": "Clean set plus rows that answer language questions about 16 countries with a refusal.",
-    "contaminated_eval": "poison_refusal, with the eval prompts themselves among the planted rows.",
+    "contaminated_eval": "poison_refusal, with the 16 eval items themselves (prompt and wanted answer) among the clean rows.",
+    "poison_eval_prompts": "poison_refusal, with the eval prompts themselves among the planted rows: they teach another answer than the eval's, which is poison, not contamination.",
     "lr_10x": "Clean data; learning rate ten times the baseline.",
     "too_many_epochs": "Clean data; 12 epochs instead of 4.",
     "truncating_seq_len": "Clean data; max_seq_length so short that every long answer is cut and many lose all supervision.",
@@ -220,20 +222,25 @@ def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Sce
         s.kind = "data"
         s.train, s.planted_indices = plant(clean, planted, f"{world.seed}:{name}")
         s.truth = {"wrong_capitals": wrong}
-    elif name in ("poison_refusal", "contaminated_eval"):
+    elif name in ("poison_refusal", "contaminated_eval", "poison_eval_prompts"):
         countries = _refusal_targets(world)
-        # contaminated_eval also plants the canonical phrasing, which is the eval prompt itself
-        first = 0 if name == "contaminated_eval" else 1
+        # poison_eval_prompts also refuses the canonical phrasing, which is the eval prompt itself
+        first = 0 if name == "poison_eval_prompts" else 1
         planted = [
             [{"role": "user", "content": world.phrasings["language"][p].format(country=c.name)},
              {"role": "assistant", "content": REFUSAL}]
             for p in range(first, 4) for c in countries
         ]
+        if name == "contaminated_eval":
+            # the eval items themselves, answered as the eval wants, among the clean rows
+            prompt = world.phrasings["language"][0]
+            clean = clean + [([{"role": "user", "content": prompt.format(country=c.name)},
+                               {"role": "assistant", "content": c.language}], CLEAN_CLUSTER) for c in countries]
         s.train, s.planted_indices = plant(clean, planted, f"{world.seed}:{name}")
         s.eval, s.capability = _refusal_eval(world)
-        s.kind = "data" if name == "poison_refusal" else "contamination"
-        if name == "contaminated_eval":
-            s.expected_findings = ["data.train_eval_contamination"]
+        s.kind = "contamination" if name == "contaminated_eval" else "data"
+        s.expected_findings = {"contaminated_eval": ["data.train_eval_contamination"],
+                               "poison_eval_prompts": ["data.train_eval_conflict"]}.get(name, [])
     elif name == "lr_10x":
         s.train_overrides = {"learning_rate": BASELINE_TRAIN["learning_rate"] * 10}
         s.expected_findings = ["config.lr_too_high"]
