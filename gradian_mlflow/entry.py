@@ -120,8 +120,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             p.add_argument("--out", default="")
     p = sub.add_parser("counterfactual")
     p.add_argument("--run-id", required=True)
-    for flag in ("--config", "--report", "--drop", "--drop-cluster", "--drop-ids", "--truth"):
+    for flag in ("--config", "--report", "--drop", "--drop-cluster", "--drop-ids", "--truth", "--max-rounds"):
         p.add_argument(flag, default="")
+    p.add_argument("--until-recovered", type=_switch, default=False)
     p = sub.add_parser("train")
     p.add_argument("--config", required=True)
     p.add_argument("--dataset", default="")

@@ -328,3 +328,58 @@ def test_drop_accused_removes_exactly_the_accused_set(dataset):
     assert plan_removal(dataset, report=report, rankings=rankings, drop="cluster").drop_indices == [1, 4, 6]
     with pytest.raises(ConfigError, match="no accused set"):
         plan_removal(dataset, report=_report(dataset), rankings=_rankings(dataset), drop="accused")
+
+
+def test_cli_rounds_flags_are_checked_and_one_round_stops_at_the_bound(tmp_path, tiny_run):
+    from gradian.data import load_dataset
+
+    ids = load_dataset(tmp_path / "train.jsonl").ids
+    proc = _cli("-c", str(tiny_run), "--drop-ids", ids[0], "--until-recovered", "--max-rounds", "0")
+    assert proc.returncode == 2 and "--max-rounds 0" in proc.stderr and "Traceback" not in proc.stderr
+    proc = _cli("-c", str(tiny_run), "--drop-ids", ids[0], "--max-rounds", "2")
+    assert proc.returncode == 2 and "--until-recovered" in proc.stderr
+    proc = _cli("-c", str(tiny_run), "--drop-ids", f"{ids[0]},{ids[3]}", "--until-recovered", "-o", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    (only,) = report["counterfactual"]["rounds"]
+    # nothing was lost to begin with (no report, a random base): one round, and the reason it stopped
+    assert only["round"] == 1 and only["n_removed"] == 2 and "round 1" in only["stopped"]
+    assert (tmp_path / "out" / "round-1" / "report.json").is_file()
+    assert "## Rounds" in (tmp_path / "out" / "report.md").read_text()
+    assert "round 1: 2 removed" in proc.stdout
+
+
+@pytest.mark.slow
+def test_rounds_from_half_the_poison_accumulate_the_rest_until_the_capitals_return(tmp_path, tinyworld_run, attributed):
+    """Start from the planted rows of 8 of the 16 wrong capitals: the retrain keeps the other 8
+    broken; the attribution on the retrained adapter finds their rows, and the next round removes
+    them too and the capitals come back."""
+    from gradian.counterfactual import load_planted, plan_removal, run_until_recovered
+    from gradian.data import load_dataset
+
+    run, outcome, _ = attributed("poison_capitals")
+    cfg = run.config()
+    data = load_dataset(cfg.dataset)
+    planted = load_planted(run.root / "scenario.json", data)
+    cities = sorted(set(run.info["truth"]["wrong_capitals"].values()))[:8]
+    first = [data.ids[i] for i in planted if data.examples[i].completion.strip() in cities]
+    assert 20 <= len(first) <= 28
+    plan = plan_removal(data, drop_ids=first)
+    rounds = run_until_recovered(cfg, plan, out_dir=tmp_path / "rounds", capability="capitals",
+                                 before=outcome.report["capability"], planted=planted, max_rounds=3)
+    table = rounds.report["counterfactual"]["rounds"]
+    for r in table:  # shown with -s: the figures docs/counterfactual.md quotes
+        print(f"round {r['round']}: removed {r['n_removed']}, {r['outcome']}, after {r['after']:.4f}, "
+              f"precision {r['precision']}, recall {r['recall']}, accused next {len(r['added'])}, stopped {r['stopped']}")
+    assert table[0]["outcome"] in ("partial", "not_recovered"), table
+    assert len(table) >= 2 and table[-1]["outcome"] == "recovered", table
+    added = [a["example_id"] for r in table for a in r["added"]]
+    position = {eid: i for i, eid in enumerate(data.ids)}
+    assert sum(position[a] in set(planted) for a in added) / len(added) >= 0.8
+    truth = rounds.report["counterfactual"]["ground_truth"]
+    assert truth["precision"] >= 0.9 and truth["recall"] >= 0.9
+    assert rounds.report["counterfactual"]["capability"]["within_one_item"] is True
+    for r in table:
+        assert (tmp_path / "rounds" / r["report"]).is_file()
+    assert (tmp_path / "rounds" / "round-1" / "attribution" / "report.json").is_file()
+    assert rounds.report["verdict"]["summary"].startswith(f"After {len(table)} round(s)")

@@ -215,3 +215,20 @@ def test_engine_and_cross_check_left_empty_are_not_passed_so_the_config_and_cli_
     monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
     entry.main(["attribute", "--run-id", "e" * 32, "--engine", "", "--cross-check", ""])
     assert "--engine" not in argv and "--cross-check" not in argv
+
+
+def test_the_counterfactual_rounds_parameters_reach_the_cli(monkeypatch):
+    from gradian_mlflow import entry
+
+    spec = yaml.safe_load((ROOT / "MLproject").read_text())["entry_points"]["counterfactual"]
+    for name in ("until_recovered", "max_rounds"):
+        assert name in spec["parameters"] and f"{{{name}}}" in spec["command"]
+    argv: list[str] = []
+    monkeypatch.setattr(entry, "_cli", argv.extend)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    entry.main(["counterfactual", "--run-id", "e" * 32, "--drop", "accused", "--until-recovered", "true",
+                "--max-rounds", "4"])
+    assert "--until-recovered" in argv and argv[argv.index("--max-rounds") + 1] == "4"
+    argv.clear()
+    entry.main(["counterfactual", "--run-id", "e" * 32, "--until-recovered", "false", "--max-rounds", ""])
+    assert "--until-recovered" not in argv and "--max-rounds" not in argv

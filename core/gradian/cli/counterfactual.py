@@ -5,7 +5,10 @@ accused set: the ``accused`` column of the ``rankings.parquet`` beside it) or ``
 (its whole accused cluster, the default), ``--drop-cluster`` or ``--drop-ids``. The
 retrain uses the config's ``train:`` recipe and seed (or, when the config has none and a run is
 given, the recipe the run recorded). With ``--mlflow-run``/``--run runs:/<id>`` the result is
-logged as a child run of kind ``counterfactual`` beside the diagnosis.
+logged as a child run of kind ``counterfactual`` beside the diagnosis. ``--until-recovered``
+runs rounds (``gradian.counterfactual.rounds``): while the capability has not come back, the
+retrained adapter is attributed again and its accused rows are removed too, at most
+``--max-rounds`` retrains, each round its own child run.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ def counterfactual_command(
     into_run: Optional[str] = typer.Option(None, "--into-run", help=INTO_RUN_HELP),
     capability: Optional[str] = typer.Option(None, "--capability", help="Name of the capability (default: the report's, else 'capability')"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Folder for the kept rows, the retrained run and report.json/.md/.html"),
+    until_recovered: bool = typer.Option(False, "--until-recovered", help="Rounds: while the capability has not come back, attribute again on the retrained adapter and remove its accused rows too"),
+    max_rounds: int = typer.Option(3, "--max-rounds", help="With --until-recovered: the most retrains (1-10)"),
 ) -> None:
     """Drop the accused examples, retrain from the same base with the same recipe and seed, re-measure."""
     import tempfile
@@ -49,7 +54,8 @@ def counterfactual_command(
     from rich.console import Console
 
     from gradian.config import load_config
-    from gradian.counterfactual import DROP_CHOICES, load_planted, load_report, parse_id_list, plan_removal, run_counterfactual
+    from gradian.counterfactual import (DROP_CHOICES, MAX_ROUNDS, load_planted, load_report, parse_id_list, plan_removal,
+                                        run_counterfactual, run_until_recovered)
     from gradian.cli.output import shown
     from gradian.cli.run_flags import publish_to_source, read_run, run_reference
     from gradian.data import load_dataset
@@ -65,6 +71,10 @@ def counterfactual_command(
         raise ConfigError(f"--drop {drop!r}: use {' or '.join(DROP_CHOICES)}")
     if drop is not None and report is None:
         raise ConfigError("--drop names part of a report: pass --report too (or use --drop-cluster/--drop-ids)")
+    if not 1 <= max_rounds <= MAX_ROUNDS:
+        raise ConfigError(f"--max-rounds {max_rounds}: give 1 to {MAX_ROUNDS} (each round is a full retrain)")
+    if max_rounds != 3 and not until_recovered:
+        raise ConfigError("--max-rounds bounds the rounds of --until-recovered: pass --until-recovered too")
     if out is not None:  # before the retrain, not after it
         from gradian.paths import ensure_writable_dir
 
@@ -91,11 +101,25 @@ def counterfactual_command(
     name = capability or (accused_capability.name if accused_capability else None) or "capability"
     console = Console(stderr=True)
     out_dir = out if out is not None else Path(tempfile.mkdtemp(prefix="gradian-counterfactual-"))
-    outcome = run_counterfactual(
-        cfg, plan, out_dir=out_dir, capability=name,
-        before=accused_capability.to_json() if accused_capability else None, planted=planted, run=record,
-        log=lambda message: console.print(f"[dim]{shown(message)}[/]", highlight=False),
-    )
+    def log(message: str) -> None:
+        console.print(f"[dim]{shown(message)}[/]", highlight=False)
+
+    before = accused_capability.to_json() if accused_capability else None
+    if until_recovered:
+        rounds = run_until_recovered(cfg, plan, out_dir=out_dir, capability=name, before=before, planted=planted,
+                                     run=record, max_rounds=max_rounds, log=log)
+        print_counterfactual(Console(), rounds.report_obj)
+        Console().print(f"wrote {out_dir / 'report.html'} (and report.json, report.md; each round in "
+                        f"{out_dir / 'round-<k>'})", highlight=False)
+        # every round but the last is its own child run; the last is the final report, with the rounds table
+        for earlier in rounds.rounds[:-1]:
+            publish_to_source(record, earlier.report_obj or earlier.report, "counterfactual", earlier.files,
+                              no_log=no_log, console=Console(), into_run=into_run)
+        publish_to_source(record, rounds.report_obj, "counterfactual", rounds.files, no_log=no_log, console=Console(),
+                          into_run=into_run)
+        return
+    outcome = run_counterfactual(cfg, plan, out_dir=out_dir, capability=name, before=before, planted=planted,
+                                 run=record, log=log)
     written = outcome.report_obj if outcome.report_obj is not None else outcome.report
     print_counterfactual(Console(), written)
     Console().print(f"wrote {out_dir / 'report.html'} (and report.json, report.md, the retrained run in {out_dir / 'run'})",
@@ -113,6 +137,9 @@ def print_counterfactual(console: Any, report: "Report | Mapping[str, Any]") -> 
     typed = Report.of(report)
     outcome = typed.counterfactual.outcome if typed.counterfactual else "?"
     lines = [f"[bold]Counterfactual: {outcome.replace('_', ' ')}[/]", shown(typed.verdict.summary)]
+    for r in (typed.counterfactual.rounds if typed.counterfactual else None) or []:
+        lines.append(f"  round {r.round}: {r.n_removed} removed -> {r.outcome.replace('_', ' ')} ({r.after:.4g})"
+                     + (f", then {len(r.added)} more accused" if r.added else ""))
     for hedge in typed.verdict.hedges:
         lines.append(f"[yellow]- {shown(hedge)}[/]")
     console.print(Panel("\n".join(lines), title="Gradian", expand=False), highlight=False)

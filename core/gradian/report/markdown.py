@@ -140,6 +140,21 @@ def _bold_span(text: str, start: Any, end: Any) -> str:
     return f"{text[:start]}{lead}**{inner}**{text[end:]}" if inner else text
 
 
+def _rounds(rounds: Sequence[Any]) -> list[str]:
+    """``--until-recovered``: one line per retrain, the rows each attribution added, and the stop."""
+    truth = any(r.precision is not None for r in rounds)
+    lines = ["## Rounds", "", "| round | rows removed | outcome | capability after | loss recovered | "
+             + ("precision | recall | " if truth else "") + "accused next | report |",
+             "|---|---|---|---|---|" + ("---|---|" if truth else "") + "---|---|"]
+    for r in rounds:
+        recovered = "" if r.recovered_fraction is None else f"{r.recovered_fraction:.0%}"
+        scored = f"{_num(r.precision, '.2f')} | {_num(r.recall, '.2f')} | " if truth else ""
+        lines.append(f"| {r.round} | {r.n_removed} | {_cell(r.outcome.replace('_', ' '))} | {_num(r.after)} | "
+                     f"{recovered} | {scored}{len(r.added) if r.added else ''} | `{_cell(r.report)}` |")
+    stop = next((r.stopped for r in reversed(rounds) if r.stopped), None)
+    return lines + ([""] + [f"Stopped at {_cell(stop)}."] if stop else []) + [""]
+
+
 def _findings(findings: Sequence[ReportFinding]) -> list[str]:
     lines = ["## Findings", ""]
     if not findings:
@@ -181,6 +196,8 @@ def render_markdown(report: Report | Mapping[str, Any], plots: Sequence[str] = (
         lines += _capability(report.capability)
     if report.attribution is not None:
         lines += _attribution(report.attribution, verdict.accused_cluster)
+    if report.counterfactual is not None and report.counterfactual.rounds:
+        lines += _rounds(report.counterfactual.rounds)
     lines += _findings(report.findings)
     if report.skipped:
         lines += ["## Skipped checks", "", "| check | why |", "|---|---|"]

@@ -53,6 +53,7 @@ __all__ = [
     "ClusterRow",
     "ClusteringSummary",
     "Counterfactual",
+    "CounterfactualRound",
     "CounterfactualInputs",
     "CounterfactualManifest",
     "DatasetRef",
@@ -834,6 +835,30 @@ class CounterfactualSeconds(_Block):
 
 
 @dataclass
+class CounterfactualRound(_Block):
+    """One round of ``gradian counterfactual --until-recovered``: the retrain without every row
+    removed so far, and the rows the attribution of that retrain added for the next round."""
+
+    round: int
+    n_removed: int
+    outcome: str
+    after: float
+    recovered_fraction: float | None = None
+    items_below_base_after: float | None = None
+    #: removal precision / recall against known-bad rows, when given (``--truth``)
+    precision: float | None = None
+    recall: float | None = None
+    #: where this round's report is, relative to the folder of the final one
+    report: str = ""
+    #: rows the attribution of this round's retrain accused, removed in the next round, each as
+    #: ``{"example_id", "score"}`` (ids of the original training file)
+    added: list[dict[str, Any]] = field(default_factory=list)
+    #: why the rounds stopped here, on the last round only
+    stopped: str | None = None
+    extra: dict[str, Any] = _extra()
+
+
+@dataclass
 class Counterfactual(_Block):
     """A retrain without the removed rows, and what it did to the capability."""
 
@@ -844,6 +869,8 @@ class Counterfactual(_Block):
     predicted: PredictedSums | None = None
     recipe_source: str = ""
     seconds: CounterfactualSeconds | None = None
+    rounds: list[CounterfactualRound] | None = field(
+        default=None, metadata=_optional("--until-recovered: every round, the last one being this report's"))
     extra: dict[str, Any] = _extra()
 
 

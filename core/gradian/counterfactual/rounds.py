@@ -1,0 +1,145 @@
+"""``run_until_recovered``: counterfactual rounds that accumulate the accused rows until the
+capability is back.
+
+A wrong fact taught by many redundant rows survives the removal of most of them: the rows left in
+still teach it, and on the original adapter their harm was hidden behind the rows that taught it
+more strongly. After a retrain without the accused set it is not hidden any more. So each round
+retrains the original training file without every row removed so far, measures the capability,
+and, unless it came back, attributes the regression again on the retrained adapter (same eval
+set, same config, the kept rows as the training data) and adds that attribution's accused set to
+the removal. The rounds stop when the capability is back (``recovered``, or nothing to recover),
+when the attribution of a retrain accuses nothing (no significant regression left, or no cluster
+carries the harm), or after ``max_rounds`` retrains.
+
+Every round writes its own folder (``round-<k>/``: the counterfactual report, the kept rows, the
+retrained run, and ``attribution/``, the report that chose the next rows); the final report is the
+last round's, with ``counterfactual.rounds`` listing every round, the rows each one added, and why
+the rounds stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from gradian.counterfactual.experiment import KEPT_DATA_FILE, RETRAIN_SUBDIR, CounterfactualOutcome, run_counterfactual
+from gradian.counterfactual.selection import RemovalPlan
+from gradian.errors import ConfigError
+from gradian.report.schema import CounterfactualRound, Report
+
+__all__ = ["MAX_ROUNDS", "RoundsOutcome", "run_until_recovered"]
+
+#: the most retrains ``--max-rounds`` accepts (each is a full fine-tune)
+MAX_ROUNDS = 10
+#: the outcomes after which no further round is run
+_DONE = ("recovered", "nothing_to_recover")
+
+
+@dataclass
+class RoundsOutcome:
+    #: every round's counterfactual, in order
+    rounds: list[CounterfactualOutcome]
+    #: the final report (the last round's, with ``counterfactual.rounds``) and its JSON
+    report_obj: Report
+    report: dict[str, Any]
+    #: why the rounds stopped
+    stopped: str
+    files: list[Path] = field(default_factory=list)
+
+
+def _round_plan(first: RemovalPlan, dataset: Any, ids: list[str], round_no: int, added: int) -> RemovalPlan:
+    position = {eid: i for i, eid in enumerate(dataset.ids)}
+    return dataclasses.replace(
+        first, drop_ids=list(ids), drop_indices=[position[i] for i in ids],
+        reason=first.reason if round_no == 1 else
+        f"{first.reason}, then {len(ids) - first.n_drop} row(s) accused on the retrained adapters of rounds 1-{round_no - 1}"
+        f" ({added} in round {round_no - 1})")
+
+
+def run_until_recovered(
+    cfg: Any,
+    plan: RemovalPlan,
+    *,
+    out_dir: str | Path,
+    capability: str = "capability",
+    before: Mapping[str, Any] | None = None,
+    planted: Iterable[int] | None = None,
+    run: Any = None,
+    max_rounds: int = 3,
+    log: Callable[[str], None] = lambda message: None,
+) -> RoundsOutcome:
+    """Rounds of ``run_counterfactual`` from ``plan``, each adding the accused set of an attribution
+    on the previous round's retrained adapter; see the module docstring. The arguments are
+    ``run_counterfactual``'s, plus ``max_rounds`` (1 to ``MAX_ROUNDS``)."""
+    from gradian.attribution import run_attribution
+    from gradian.data import load_dataset
+    from gradian.report import write_report
+
+    if not 1 <= int(max_rounds) <= MAX_ROUNDS:
+        raise ConfigError(f"--max-rounds {max_rounds}: give 1 to {MAX_ROUNDS} (each round is a full retrain)")
+    if not cfg.dataset:
+        raise ConfigError("a counterfactual retrains on the training data minus the removed rows: pass --dataset")
+    out = Path(out_dir)
+    dataset = load_dataset(cfg.dataset)
+    planted = list(planted) if planted is not None else None
+    removed = list(plan.drop_ids)
+    outcomes: list[CounterfactualOutcome] = []
+    rows: list[CounterfactualRound] = []
+    added_last = 0
+    stopped = ""
+    for k in range(1, int(max_rounds) + 1):
+        round_plan = _round_plan(plan, dataset, removed, k, added_last)
+        log(f"round {k} of at most {max_rounds}: retraining without {round_plan.n_drop} rows")
+        outcome = run_counterfactual(cfg, round_plan, out_dir=out / f"round-{k}", capability=capability,
+                                     before=before, planted=planted, run=run, log=log)
+        outcomes.append(outcome)
+        block = outcome.report_obj.counterfactual if outcome.report_obj is not None else None
+        assert block is not None
+        truth = block.ground_truth
+        row = CounterfactualRound(
+            round=k, n_removed=round_plan.n_drop, outcome=block.outcome, after=block.capability.after,
+            recovered_fraction=block.capability.recovered_fraction,
+            items_below_base_after=block.capability.items_below_base_after,
+            precision=truth.precision if truth is not None else None,
+            recall=truth.recall if truth is not None else None,
+            report=f"round-{k}/report.json")
+        rows.append(row)
+        if block.outcome in _DONE:
+            stopped = f"round {k}: {block.outcome.replace('_', ' ')}"
+            break
+        if k == max_rounds:
+            stopped = f"round {k}: {block.outcome.replace('_', ' ')}, and that was the last of --max-rounds {max_rounds}"
+            break
+        # attribute the regression that is left, on the retrained adapter and the rows it kept
+        kept_path = out / f"round-{k}" / KEPT_DATA_FILE
+        kept = load_dataset(kept_path)
+        original_of = dict(zip(kept.ids, (dataset.ids[i] for i in round_plan.keep_indices())))
+        attribute_cfg = dataclasses.replace(cfg, dataset=str(kept_path), adapter_path=outcome.run.adapter_dir,
+                                            run=str(out / f"round-{k}" / RETRAIN_SUBDIR))
+        log(f"round {k}: attributing what is left of the regression on the retrained adapter")
+        attributed = run_attribution(attribute_cfg, capability=capability, out_dir=out / f"round-{k}" / "attribution")
+        typed = Report.of(attributed.report_obj or attributed.report)
+        accused = typed.attribution.accused if typed.attribution is not None else None
+        if accused is None or not accused.example_ids:
+            stopped = (f"round {k}: {block.outcome.replace('_', ' ')}; the attribution of its retrain accuses no "
+                       f"rows (verdict {typed.verdict.kind}: {typed.verdict.summary})")
+            break
+        scores = {}
+        if attributed.rankings is not None:
+            scores = dict(zip(attributed.rankings["example_id"].astype(str), attributed.rankings["score"]))
+        new = [original_of[i] for i in accused.example_ids if i in original_of]
+        row.added = [{"example_id": eid, "score": float(scores.get(kid, float("nan")))}
+                     for kid, eid in zip(accused.example_ids, new)]
+        removed += [eid for eid in new if eid not in set(removed)]
+        added_last = len(new)
+    rows[-1].stopped = stopped
+    last = outcomes[-1].report_obj
+    assert last is not None and last.counterfactual is not None
+    final = dataclasses.replace(
+        last, counterfactual=dataclasses.replace(last.counterfactual, rounds=rows),
+        verdict=dataclasses.replace(last.verdict, summary=f"After {len(rows)} round(s) ({stopped}). {last.verdict.summary}"))
+    files = write_report(final, out, extra_files={
+        "removed_ids.txt": "".join(i + "\n" for i in outcomes[-1].plan.drop_ids).encode("utf-8")})
+    return RoundsOutcome(rounds=outcomes, report_obj=final, report=final.to_json(), stopped=stopped, files=files)
