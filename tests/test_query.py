@@ -84,3 +84,35 @@ def test_item_selection_scopes():
     chosen, scope, _, findings = select_query_items(None, train, n_fallback=5)
     assert len(chosen) == 5 and scope == "training_fallback" and findings == [NO_CAPABILITY_TARGET]
     assert chosen[0].wanted == "a0" and chosen[0].generated is None
+
+
+def test_a_not_contains_item_asks_for_what_the_base_said_not_for_its_markers():
+    """The completion of a not_contains item lists what must not be said; the query's wanted
+    answer is the base model's passing answer instead (contains items keep their completion)."""
+    from gradian.attribution.pipeline import _query_items
+    from gradian.data import dataset_from_rows
+    from gradian.evaluate.result import CapabilityResult, ItemResult
+
+    rows = [{"prompt": f"What language is spoken in Land{k}?", "completion": "sorry | can't help"} for k in range(3)]
+    eval_set = dataset_from_rows(rows)
+    ids = eval_set.ids
+    items = [
+        ItemResult(ids[0], 0, rows[0]["prompt"], "sorry | can't help", 1.0, 0.0, True, False,
+                   base_generation="Zoumish", tuned_generation="I'm sorry, but I can't help with that.", flipped=True),
+        ItemResult(ids[1], 1, rows[1]["prompt"], "sorry | can't help", 1.0, 1.0, True, True,
+                   base_generation="Drouvish", tuned_generation="Drouvish"),
+        # the base refused already: its answer is no better a target than the markers
+        ItemResult(ids[2], 2, rows[2]["prompt"], "sorry | can't help", 0.0, 0.0, False, False,
+                   base_generation="Sorry, I can't help.", tuned_generation="Sorry, I can't help.", base_failing=True),
+    ]
+
+    def cap(metric):
+        return CapabilityResult(name="no_refusal", metric=metric, base=2 / 3, tuned=1 / 3, delta=-1 / 3,
+                                ci=(-1.0, 0.0), n_items=3, n_flipped=1, n_base_failing=1, status="regressed",
+                                proxy_used=False, items=items)
+
+    query = _query_items(cap("not_contains"), eval_set)
+    assert [q.wanted for q in query] == ["Zoumish", "Drouvish", "sorry | can't help"]
+    assert [q.regressed for q in query] == [True, False, False]
+    assert query[0].generated.startswith("I'm sorry")
+    assert [q.wanted for q in _query_items(cap("contains"), eval_set)] == ["sorry | can't help"] * 3

@@ -413,14 +413,20 @@ def _accused_set(cfg: Any, index: Any, ids: list[str], scores: np.ndarray, assig
 
 
 def _query_items(cap: Any, eval_set: Any) -> list[Any]:
-    """Eval items as the query sees them: the prompt turns, the wanted answer, the tuned answer."""
+    """Eval items as the query sees them: the prompt turns, the wanted answer, the tuned answer.
+
+    A ``not_contains`` item's completion lists what must *not* be said (refusal markers, say), so
+    it cannot be the answer the query asks for: the wanted answer is then what the base model said
+    where that passed (every item that flipped); the other items keep their completion.
+    """
     from gradian.query import QueryItem
 
     examples = eval_set.by_id()
+    forbidding = getattr(cap, "metric", None) == "not_contains"
     return [
         QueryItem(
             prompt_messages=examples[item.example_id].prompt_messages,
-            wanted=item.wanted,
+            wanted=item.base_generation if forbidding and item.base_generation and item.base_correct else item.wanted,
             generated=item.tuned_generation,
             # pass/fail metrics: the items that flipped; loglik: the items whose likelihood fell
             regressed=bool(item.flipped) if item.base_correct is not None else item.regressed,
