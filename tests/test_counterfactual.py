@@ -354,7 +354,8 @@ def test_rounds_from_half_the_poison_accumulate_the_rest_until_the_capitals_retu
     """Start from the planted rows of 8 of the 16 wrong capitals: the retrain keeps the other 8
     broken; the attribution on the retrained adapter finds their rows, and the next round removes
     them too and the capitals come back."""
-    from gradian.counterfactual import load_planted, plan_removal, run_until_recovered
+    from gradian.attribution import run_until_recovered
+    from gradian.counterfactual import load_planted, plan_removal
     from gradian.data import load_dataset
 
     run, outcome, _ = attributed("poison_capitals")

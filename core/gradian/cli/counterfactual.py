@@ -6,7 +6,7 @@ accused set: the ``accused`` column of the ``rankings.parquet`` beside it) or ``
 retrain uses the config's ``train:`` recipe and seed (or, when the config has none and a run is
 given, the recipe the run recorded). With ``--mlflow-run``/``--run runs:/<id>`` the result is
 logged as a child run of kind ``counterfactual`` beside the diagnosis. ``--until-recovered``
-runs rounds (``gradian.counterfactual.rounds``): while the capability has not come back, the
+runs rounds (``gradian.attribution.rounds``): while the capability has not come back, the
 retrained adapter is attributed again and its accused rows are removed too, at most
 ``--max-rounds`` retrains, each round its own child run.
 """
@@ -54,8 +54,8 @@ def counterfactual_command(
     from rich.console import Console
 
     from gradian.config import load_config
-    from gradian.counterfactual import (DROP_CHOICES, MAX_ROUNDS, load_planted, load_report, parse_id_list, plan_removal,
-                                        run_counterfactual, run_until_recovered)
+    from gradian.attribution import MAX_ROUNDS, run_until_recovered
+    from gradian.counterfactual import DROP_CHOICES, load_planted, load_report, parse_id_list, plan_removal, run_counterfactual
     from gradian.cli.output import shown
     from gradian.cli.run_flags import publish_to_source, read_run, run_reference
     from gradian.data import load_dataset

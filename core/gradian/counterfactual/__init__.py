@@ -12,8 +12,8 @@ capability again, and reports:
   the sign changed (the data was net harmful, and is net helpful once the accused rows are gone).
 
 Public interface: ``plan_removal`` / ``load_report`` / ``parse_id_list`` -> ``RemovalPlan``; ``load_planted``;
-``run_counterfactual(cfg, plan, ...) -> CounterfactualOutcome``; ``run_until_recovered(cfg, plan,
-...) -> RoundsOutcome`` (rounds that add the accused rows of each retrain); ``retrain_config``;
+``run_counterfactual(cfg, plan, ...) -> CounterfactualOutcome`` (rounds of it, attributing each
+retrain again, are ``gradian.attribution.run_until_recovered``); ``retrain_config``;
 ``write_kept_rows``; the pure figures ``capability_recovery``, ``removal_precision``,
 ``predicted_score_sums``, ``counterfactual_outcome`` and ``OUTCOMES``; and, for checking scores
 against many retrains at once (``gradian.counterfactual.datamodel``), ``sample_subsets``,
@@ -46,19 +46,16 @@ from gradian.counterfactual.figures import (
     predicted_score_sums,
     removal_precision,
 )
-from gradian.counterfactual.rounds import MAX_ROUNDS, RoundsOutcome, run_until_recovered
 from gradian.counterfactual.selection import DROP_CHOICES, RemovalPlan, load_planted, load_report, parse_id_list, plan_removal
 from gradian.counterfactual.subset import write_kept_rows
 
 __all__ = [
     "DROP_CHOICES",
     "KEPT_DATA_FILE",
-    "MAX_ROUNDS",
     "OUTCOMES",
     "RETRAIN_SUBDIR",
     "CounterfactualOutcome",
     "RemovalPlan",
-    "RoundsOutcome",
     "capability_recovery",
     "compare_rankings",
     "counterfactual_outcome",
@@ -74,7 +71,6 @@ __all__ = [
     "removal_precision",
     "retrain_config",
     "run_counterfactual",
-    "run_until_recovered",
     "sample_subsets",
     "spearman",
     "subset_score_sums",

@@ -73,7 +73,7 @@ def run_until_recovered(
     """Rounds of ``run_counterfactual`` from ``plan``, each adding the accused set of an attribution
     on the previous round's retrained adapter; see the module docstring. The arguments are
     ``run_counterfactual``'s, plus ``max_rounds`` (1 to ``MAX_ROUNDS``)."""
-    from gradian.attribution import run_attribution
+    from gradian.attribution.pipeline import run_attribution
     from gradian.data import load_dataset
     from gradian.report import write_report
 
