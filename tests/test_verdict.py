@@ -438,6 +438,13 @@ def test_lumpiness_reasons():
     assert not lumpiness_of([], t).lumpy
     # the cluster table's rows, as report.json holds them, give the same dict
     assert assess_lumpiness([c.to_json() for c in split], t) == out.to_json()
+    # the only net-harmful cluster, holding a sliver of the harm while the harmful rows sit in a
+    # net-helpful cluster (poison_eval_prompts, one fine-tune): all of the net harm, not lumpy
+    sliver = [cluster_row("harm-2", 18, -3961.4, 0.016), cluster_row("harm-1", 329, 292810.0, 0.64),
+              cluster_row("harm-0", 473, 7047.7, 0.344)]
+    out = lumpiness_of(sliver, t)
+    assert not out.lumpy and out.net_harm_share == 1.0 and "data_min_negative_share" in out.reason
+    assert lumpiness_of(sliver, VerdictThresholds(data_min_negative_share=0.01)).lumpy
 
 
 def test_thresholds_are_validated():
@@ -445,5 +452,7 @@ def test_thresholds_are_validated():
         VerdictThresholds(data_min_share=1.5)
     with pytest.raises(ValueError, match="rate_ratio"):
         VerdictThresholds(data_min_rate_ratio=0.5)
+    with pytest.raises(ValueError, match="data_min_negative_share"):
+        VerdictThresholds(data_min_negative_share=-0.1)
     with pytest.raises(ValueError):
         VerdictThresholds(config_min_severity="severe")

@@ -24,6 +24,10 @@ class VerdictConfig:
     data_min_share: float = field(default=0.5, metadata={"help": (
         "The accused cluster must carry at least this share of the harm: the larger of its share of "
         "all negative scores and its share of the net harm of the net-harmful clusters")})
+    data_min_negative_share: float = field(default=0.1, metadata={"help": (
+        "Whatever its share of the net harm, the accused cluster must carry at least this share of "
+        "all negative scores: the only net-harmful cluster can hold a sliver of the harm when the "
+        "harmful rows sit in net-helpful clusters")})
     data_min_rate_ratio: float = field(default=5.0, metadata={"help": (
         "Its mean score per example must be at least this many times the rest's (infinite when the "
         "rest is net helpful); a cluster that wins only on size is not lumpy")})
@@ -45,6 +49,9 @@ class VerdictConfig:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise ConfigError(f"'verdict.{name}' is {value!r}; it must lie in (0, 1]")
+        if not 0.0 <= self.data_min_negative_share <= 1.0:
+            raise ConfigError(f"'verdict.data_min_negative_share' is {self.data_min_negative_share!r}; "
+                              "it must lie in [0, 1]")
         if not self.data_min_rate_ratio >= 1.0:
             raise ConfigError(f"'verdict.data_min_rate_ratio' is {self.data_min_rate_ratio!r}; it must be at least 1")
         if not self.engine_agreement_low <= self.engine_agreement_moderate:

@@ -246,6 +246,11 @@ def lumpiness_of(clusters: Sequence[ClusterRow], thresholds: VerdictThresholds) 
                       "the data, not a subset")
     elif share < thresholds.data_min_share:
         out.reason = f"the most harmful cluster ({top.cluster}) carries only {share:.0%} of the harm"
+    elif float(top.share_of_negative) < thresholds.data_min_negative_share:
+        out.reason = (f"cluster {top.cluster} is the most net-harmful but carries only "
+                      f"{float(top.share_of_negative):.1%} of all negative scores, below "
+                      f"verdict.data_min_negative_share ({thresholds.data_min_negative_share:g}): the harmful "
+                      "rows sit in clusters that are net helpful")
     elif ratio < thresholds.data_min_rate_ratio:
         out.reason = (f"cluster {top.cluster} harms at {ratio:.1f}x the rest's per-example rate, "
                       f"below {thresholds.data_min_rate_ratio:g}x: it wins on size, not on rate")
