@@ -285,5 +285,5 @@ def test_each_engine_describes_the_settings_its_run_is_logged_by():
     assert get_engine("ekfac").describe(cfg) == {"damping": 0.1, "damping_kind": "scale", "fisher": "empirical",
                                                  "ranking": "relatif"}
     everything = dataclasses.replace(cfg, checkpoints="all", fisher="true", normalize_train="none")
-    assert get_engine("kfac").describe(everything) == {"damping": 0.1, "damping_kind": "scale", "fisher": "true",
+    assert get_engine("kfac").describe(everything) == {"damping": 0.1, "damping_kind": "scale", "fisher": "sampled",
                                                        "ranking": "none", "checkpoints": "all"}

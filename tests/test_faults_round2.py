@@ -60,12 +60,13 @@ def test_a_bootstrap_too_large_for_memory_is_refused_naming_the_key_and_the_figu
     assert load_config(config).evaluation.n_bootstrap == 20000
 
 
-def test_a_yaml_boolean_for_a_choice_named_true_is_that_choice(tmp_path):
+@pytest.mark.parametrize("written", ["true", "True", "'true'", "sampled"])
+def test_the_sampled_fisher_under_its_name_its_old_name_or_a_yaml_boolean(tmp_path, written):
     from gradian.config import load_config
 
     config = tmp_path / "gradian.yaml"
-    config.write_text("engine:\n  fisher: true\n")
-    assert load_config(config).engine.fisher == "true"
+    config.write_text(f"engine:\n  fisher: {written}\n")
+    assert load_config(config).engine.fisher == "sampled"
 
 
 # -- output paths --------------------------------------------------------------------------------

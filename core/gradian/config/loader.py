@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from gradian.config.engines import engine_names
-from gradian.config.schema import CHOICES, GradianConfig
+from gradian.config.schema import CHOICE_ALIASES, CHOICES, GradianConfig
 from gradian.errors import ConfigError
 
 __all__ = [
@@ -344,6 +344,12 @@ def validate_config(config: GradianConfig, where: str = "config",
         if not 0 <= value < SEED_LIMIT:
             raise bad(key, value, f"a whole number from 0 to {SEED_LIMIT - 1} (what numpy and torch accept as a seed)")
 
+    for key, aliases in CHOICE_ALIASES.items():
+        # an earlier name of a choice, or YAML's boolean for one (`fisher: true` reads as "True")
+        value = str(_get(config, key))
+        if value in aliases or value.lower() in aliases:
+            section, _, name = key.rpartition(".")
+            setattr(_get(config, section) if section else config, name, aliases.get(value, aliases.get(value.lower())))
     for key, choices in {**CHOICES, "engine.name": tuple(engine_names())}.items():
         value = _get(config, key)
         if key == "device" and re.fullmatch(r"cuda:\d+", str(value)):

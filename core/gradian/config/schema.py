@@ -55,9 +55,9 @@ class EngineConfig:
     lambda_scale: float = _f(0.1, "Damping as a multiple of the mean curvature eigenvalue: per block, the mean squared gradient norm over the block width (datainf); per LoRA matrix (ekfac, kfac)")
     lambda_override: Optional[float] = _f(None, "Absolute damping for every block or matrix; overrides lambda_scale")
     normalize_query: bool = _f(False, "Scale the query gradient to unit norm (curvature-free engines only)")
-    fisher: str = _f("empirical", "Curvature of ekfac/kfac: empirical (training labels, deterministic) or true (labels sampled from the model)")
-    fisher_samples: int = _f(1, "Label draws averaged by the true Fisher")
-    fisher_seed: int = _f(0, "Seed of the true Fisher's label draws; part of the fitted state's id")
+    fisher: str = _f("empirical", "Curvature of ekfac/kfac: empirical (training labels, deterministic) or sampled (labels sampled from the model; `true` is accepted too)")
+    fisher_samples: int = _f(1, "Label draws averaged by the sampled Fisher")
+    fisher_seed: int = _f(0, "Seed of the sampled Fisher's label draws; part of the fitted state's id")
     checkpoints: str = _f("final", "Adapters ekfac/kfac are fitted and scored under: final (the trained adapter) or all (every saved checkpoint-N, summed with the learning rate at each, as TracIn does; falls back to final when the run saved none)")
     store: str = _f("auto", "Where the training gradients come from: index (written to the on-disk index once, read by every pass), stream (recomputed from the model in each pass, nothing written; the same numbers the index would hold), or auto (the index when it fits grads.max_index_gb and the free disk of cache_dir, the stream otherwise; the run says which)")
     normalize_train: str = _f("relatif", "How ekfac/kfac order the rows: relatif (each row's influence divided by the square root of its self-influence, so rows with large gradients do not crowd the top) or none (raw influence); the scores, cluster harm and loss figures stay influence in loss units either way")
@@ -141,6 +141,10 @@ class GradianConfig:
     verdict: VerdictConfig = field(default_factory=VerdictConfig, metadata={"help": "Thresholds of the verdict"})
 
 
+#: earlier names of a choice, still accepted and rewritten to the current one when loaded
+CHOICE_ALIASES: dict[str, dict[str, str]] = {
+    "engine.fisher": {"true": "sampled"},
+}
 #: allowed values of the enumerated fields, by dotted key (``engine.name``: ``gradian.config.engines``)
 CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda", "mps"),
@@ -152,7 +156,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grads.block_granularity": ("module", "matrix"),
     "grads.projection_kind": ("countsketch", "rademacher"),
     "grads.storage_dtype": ("float32", "float16"),
-    "engine.fisher": ("empirical", "true"),
+    "engine.fisher": ("empirical", "sampled"),
     "engine.checkpoints": ("final", "all"),
     "engine.normalize_train": ("none", "relatif"),
     "engine.store": ("auto", "index", "stream"),

@@ -17,8 +17,8 @@ eigendecomposition per factor; then (``ekfac``, not ``kfac``) the eigenvalue cor
 per-example gradients, read from the index when it holds them unchanged (empirical Fisher, no
 normalization, no projection), otherwise recomputed in a second pass.
 
-Fisher: ``empirical`` (default, deterministic) uses the training labels. ``true`` samples the
-labels of the supervised positions from the model's own predictions, seeded by
+Fisher: ``empirical`` (default, deterministic) uses the training labels. ``sampled`` (also
+accepted under its earlier name ``true``) samples the labels of the supervised positions from the model's own predictions, seeded by
 ``engine.fisher_seed`` (part of the state id), averaged over ``engine.fisher_samples`` draws.
 """
 
@@ -45,7 +45,9 @@ from gradian.errors import ConfigError
 
 __all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS", "TRAIN_NORMALIZATIONS", "layer_eigen", "self_influence"]
 
-FISHER_KINDS = ("empirical", "true")
+FISHER_KINDS = ("empirical", "sampled")
+#: earlier names of the kinds, still accepted: ``true`` (the "true Fisher", labels sampled)
+FISHER_ALIASES = {"true": "sampled"}
 #: ``engine.checkpoints``: fit under the final adapter, or under every saved checkpoint
 CHECKPOINT_MODES = ("final", "all")
 #: ``engine.normalize_train``: rank rows by raw influence, or by each row's influence divided by the
@@ -73,10 +75,11 @@ class _KroneckerEngine(Engine):
 
     def settings(self, config: Any) -> dict[str, Any]:
         fisher = getattr(config, "fisher", "empirical")
+        fisher = FISHER_ALIASES.get(fisher, fisher)
         if fisher not in FISHER_KINDS:
             raise ConfigError(f"engine.fisher '{fisher}' is not one of {', '.join(FISHER_KINDS)}")
         out: dict[str, Any] = {"fisher": fisher, "eigenvalue_correction": self.correct_eigenvalues}
-        if fisher == "true":
+        if fisher == "sampled":
             if int(config.fisher_samples) < 1:
                 raise ConfigError(f"engine.fisher_samples must be at least 1, got {config.fisher_samples}")
             out.update(fisher_samples=int(config.fisher_samples), fisher_seed=int(config.fisher_seed))
@@ -167,8 +170,8 @@ class _KroneckerEngine(Engine):
                     f"{widths.get(block)} wide instead of {dim} (grads.projection_dim is set); "
                     "set grads.projection_dim: null, or use engine.name: datainf"
                 )
-        draws = settings.get("fisher_samples", 1) if settings["fisher"] == "true" else 1
-        seed = settings.get("fisher_seed") if settings["fisher"] == "true" else None
+        draws = settings.get("fisher_samples", 1) if settings["fisher"] == "sampled" else 1
+        seed = settings.get("fisher_seed") if settings["fisher"] == "sampled" else None
         factors = {layer["key"]: KroneckerFactors.zeros(layer["out"], layer["in"]) for layer in layers}
         collected = context.collected
         reuse = (settings["fisher"] == "empirical" and collected is not None
