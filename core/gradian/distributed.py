@@ -127,9 +127,17 @@ def join_shard_group(requested: bool | None = None) -> Iterator[ShardGroup | Non
         backend = str(dist.get_backend())
     try:
         yield ShardGroup(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
-    finally:
+    except BaseException:
         if owned and dist.is_initialized():
             dist.destroy_process_group()
+        raise
+    if owned and dist.is_initialized():
+        # every rank reaches the teardown before any tears down: a rank that leaves first closes
+        # its gloo pairs (and rank 0 the rendezvous store) under a peer still using them, which
+        # can abort that peer at exit ("terminate called without an active exception"); a rank
+        # that failed is not waited for, torchrun stops the others
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def shard_device(device: str, group: ShardGroup | None) -> str:
