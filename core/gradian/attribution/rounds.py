@@ -129,9 +129,9 @@ def run_until_recovered(
         scores = {}
         if attributed.rankings is not None:
             scores = dict(zip(attributed.rankings["example_id"].astype(str), attributed.rankings["score"]))
-        new = [original_of[i] for i in accused.example_ids if i in original_of]
-        row.added = [{"example_id": eid, "score": float(scores.get(kid, float("nan")))}
-                     for kid, eid in zip(accused.example_ids, new)]
+        pairs = [(kid, original_of[kid]) for kid in accused.example_ids if kid in original_of]
+        new = [eid for _, eid in pairs]
+        row.added = [{"example_id": eid, "score": float(scores.get(kid, float("nan")))} for kid, eid in pairs]
         removed += [eid for eid in new if eid not in set(removed)]
         added_last = len(new)
     rows[-1].stopped = stopped
