@@ -607,13 +607,13 @@ def teaches_wanted_answer(answer: str, wanted: str, metric: str | None) -> bool:
     otherwise the wanted answer occurs in it on word boundaries (so a row answering "Rome, of
     course" teaches an ``exact_match`` item's "Rome" too)."""
     from gradian.data import normalize_text
-    from gradian.evaluate.metrics import split_markers
+    from gradian.evaluate.metrics import score_text, split_markers
 
-    if metric == "not_contains":
-        markers = split_markers(wanted)
-        return bool(markers) and not any(m in answer for m in markers)
-    expected = normalize_text(wanted)
-    return bool(expected) and f" {expected} " in f" {answer} "
+    # the eval's own scorer, with the row's answer in place of a generation ("contains" for every
+    # metric but not_contains); an item with nothing to match teaches nothing
+    kind = "not_contains" if metric == "not_contains" else "contains"
+    judged = split_markers(wanted) if kind == "not_contains" else normalize_text(wanted)
+    return bool(judged) and score_text(kind, answer, wanted) == 1.0
 
 
 @dataclass
