@@ -110,7 +110,8 @@ def run_attribution(
     from gradian.config.loader import validate_for_dataset
     from gradian.data import load_dataset
     from gradian.engines import equivalent_engines, rank_correlation
-    from gradian.engines.registry import get_engine, independent_cross_check, resolve_cross_check, whole_gradient_engines
+    from gradian.engines.registry import (check_projection, get_engine, independent_cross_check, resolve_cross_check,
+                                          whole_gradient_engines)
     from gradian.evaluate import evaluate_capability, gate_attribution
     from gradian.grads import load_model_for_gradients, skipped_modules_finding
     from gradian.index.stream import capture_training_gradients, choose_store
@@ -121,6 +122,7 @@ def run_attribution(
 
     started = time.time()
     cross_check = resolve_cross_check(cfg.engine.name, cross_check)
+    check_projection(cfg.grads, [cfg.engine.name, cross_check])  # before the audit, the index and the eval
     if run is None and cfg.run:
         run = resolve_run(cfg.run, cache_dir=cfg.cache_dir)
     cfg = fill_from_run(cfg, run)  # read once above, so every stage below sees this record

@@ -41,7 +41,7 @@ class GradsConfig:
     module_filter: Optional[str] = _f(None, "Regex on the full module name (e.g. 'mlp.down_proj' or 'layers\\.1[0-5]\\.'); null keeps every LoRA module")
     block_granularity: str = _f("module", "A block is a whole LoRA module (module) or each of A and B (matrix)")
     projection_dim: Optional[int] = _f(None, "Random projection width per block; null stores full gradients")
-    projection_kind: str = _f("countsketch", "Projection family: countsketch or rademacher")
+    projection_kind: str = _f("countsketch", "Projection family: countsketch or rademacher (the flattened block), or kronecker (each LoRA matrix's input and output sides projected apart, so ekfac and kfac still fit their curvature on the projected index)")
     projection_seed: int = _f(0, "Seed of the projection; part of the index id")
     storage_dtype: str = _f("float32", "float32 or float16 (halves the index on disk)")
     chunk_size: int = _f(256, "Examples per chunk of the memory-mapped store")
@@ -154,7 +154,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "grads.loss_reduction": ("mean", "sum"),
     "grads.normalization": ("none", "l2", "token_count"),
     "grads.block_granularity": ("module", "matrix"),
-    "grads.projection_kind": ("countsketch", "rademacher"),
+    "grads.projection_kind": ("countsketch", "rademacher", "kronecker"),
     "grads.storage_dtype": ("float32", "float16"),
     "engine.fisher": ("empirical", "sampled"),
     "engine.checkpoints": ("final", "all"),

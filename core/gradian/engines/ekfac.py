@@ -167,8 +167,9 @@ class _KroneckerEngine(Engine):
             if widths.get(block) != dim:
                 raise ConfigError(
                     f"engine '{self.name}' needs the full per-example gradients, but block '{block}' is stored "
-                    f"{widths.get(block)} wide instead of {dim} (grads.projection_dim is set); "
-                    "set grads.projection_dim: null, or use engine.name: datainf"
+                    f"{widths.get(block)} wide instead of {dim} (grads.projection_dim is set with a flat "
+                    "grads.projection_kind); set grads.projection_kind: kronecker (a projection that keeps the "
+                    "curvature), grads.projection_dim: null, or use engine.name: datainf"
                 )
         draws = settings.get("fisher_samples", 1) if settings["fisher"] == "sampled" else 1
         seed = settings.get("fisher_seed") if settings["fisher"] == "sampled" else None

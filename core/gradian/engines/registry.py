@@ -9,14 +9,14 @@ Only the engine asked for is imported.
 from __future__ import annotations
 
 import importlib
-from typing import Iterable
+from typing import Any, Iterable
 
 from gradian.config.engines import engine_entry, engine_names
 from gradian.engines.base import Engine, EngineState
 from gradian.errors import ConfigError
 
 __all__ = ["get_engine", "engine_class", "available_engines", "engine_summaries", "needs_whole_gradients",
-           "whole_gradient_engines", "resolve_cross_check", "independent_cross_check"]
+           "whole_gradient_engines", "resolve_cross_check", "independent_cross_check", "check_projection"]
 
 _LOADED: dict[str, type[Engine]] = {}
 
@@ -60,6 +60,22 @@ def needs_whole_gradients(name: str) -> bool:
 def whole_gradient_engines(names: "Iterable[str | None]") -> list[str]:
     """The engines among ``names`` (None skipped, each once) that need unprojected gradients."""
     return [name for name in dict.fromkeys(n for n in names if n) if needs_whole_gradients(name)]
+
+
+def check_projection(grads: Any, names: "Iterable[str | None]") -> None:
+    """Refuse, before any work, a flat projection of the index under an engine that fits Kronecker
+    curvature on it (``grads.projection_dim`` with ``projection_kind`` countsketch or rademacher);
+    the ``kronecker`` kind keeps each LoRA matrix's sides apart and is accepted."""
+    if grads.projection_dim is None or grads.projection_kind == "kronecker":
+        return
+    whole = whole_gradient_engines(names)
+    if whole:
+        raise ConfigError(
+            f"grads.projection_dim is {grads.projection_dim} with grads.projection_kind {grads.projection_kind}, "
+            f"and {' and '.join(whole)} fit Kronecker curvature on each LoRA matrix, which a flat projection mixes "
+            "up; set grads.projection_kind: kronecker (each matrix's input and output sides projected apart), "
+            "grads.projection_dim: null (full gradients, or engine.store: stream when they do not fit), or "
+            "engine.name: datainf with --cross-check graddot or none")
 
 
 def engine_summaries() -> dict[str, str]:

@@ -146,7 +146,7 @@ def query_direction(gm: Any, train: Any, query: Mapping[str, np.ndarray], engine
     per_linear: dict[int, Any] = {}
     for block in gm.blocks:
         vector = torch.as_tensor(r[block.name], dtype=torch.float64)
-        if projector is not None and projector.out_dim(block.dim) < block.dim:
+        if projector is not None and projector.block_width(block) < block.dim:
             x = torch.zeros((1, block.dim), dtype=torch.float64, requires_grad=True)
             with torch.enable_grad():
                 (full,) = torch.autograd.grad((projector.project(block.name, x)[0] * vector).sum(), x)

@@ -101,7 +101,7 @@ def explain_example(gm: Any, tokenizer: Any, train: Any, example: Any, query: Ma
     engine_cfg = dataclasses.replace(cfg.engine, name=engine)
     if state is None:
         state = span_engine_state(gm, tokenizer, train, cfg, engine, dataset)
-    direction = query_direction(gm, train, query, engine, engine_cfg, make_projector(cfg.grads), state)
+    direction = query_direction(gm, train, query, engine, engine_cfg, make_projector(cfg.grads, gm), state)
     score = direction.score_of(train, row) if row is not None else None
     return score_example_spans(gm, tokenizer, example, direction, cfg.grads, item_id=item_id, signal=signal,
                                score=score)

@@ -28,20 +28,32 @@ if TYPE_CHECKING:
     from gradian.config import GradsConfig
     from gradian.grads.model import GradientModel
 
-__all__ = ["KroneckerCollector", "ModelPasses", "lora_layers", "second_moments"]
+__all__ = ["KroneckerCollector", "ModelPasses", "lora_layers", "second_moments", "structured_projector"]
 
 
-def lora_layers(gm: "GradientModel") -> list[dict[str, Any]]:
-    """Every LoRA linear layer: its key, block, column offset inside the block and shape."""
+def lora_layers(gm: "GradientModel", projector: Any = None) -> list[dict[str, Any]]:
+    """Every LoRA linear layer: its key, block, column offset inside the block and shape, as the
+    stored gradients hold it (under a ``kronecker`` projector, each side's projected width; ``j``
+    is the layer's place in its block)."""
     out = []
     for block in gm.blocks:
         offset = 0
-        for j, (lin, (rows, cols)) in enumerate(zip(block.linears, block.shapes)):
+        shapes = projector.projected_shapes(block.name) if projector is not None else block.shapes
+        for j, (lin, (rows, cols)) in enumerate(zip(block.linears, shapes)):
             out.append({"key": f"{block.name}#{j}", "block": block.name, "offset": offset,
-                        "out": int(rows), "in": int(cols), "id": id(lin)})
+                        "out": int(rows), "in": int(cols), "id": id(lin), "j": j})
             offset += rows * cols
     return out
 
+
+def structured_projector(gm: "GradientModel", grads: "GradsConfig | None") -> Any:
+    """The ``kronecker`` projector of ``grads`` (the one that keeps Kronecker curvature), or None
+    for no projection or a flat one (which Kronecker engines refuse)."""
+    if grads is None or grads.projection_dim is None or grads.projection_kind != "kronecker":
+        return None
+    from gradian.grads.extract import make_projector
+
+    return make_projector(grads, gm)
 
 
 def _sampler(seed: int, draw: int, offset: int) -> Any:
@@ -91,9 +103,10 @@ class KroneckerCollector:
     ones the fit's own pass would make, batch for batch, when the batch size is the same.
     """
 
-    def __init__(self, gm: "GradientModel") -> None:
+    def __init__(self, gm: "GradientModel", projector: Any = None) -> None:
         self.gm = gm
-        self.layers = lora_layers(gm)
+        self.projector = projector
+        self.layers = lora_layers(gm, projector)
         self.examples = 0
         self.real_tokens = 0
         self._sums: dict[str, list[Any]] = {}  # key -> [sum x x^T, sum g g^T, tokens], torch float64
@@ -133,7 +146,7 @@ class KroneckerCollector:
         self._remove_layer_hooks()
         modules = {id(lin): lin for block in self.gm.blocks for lin in block.linears}
         for layer in self.layers:
-            self._handles.append(modules[layer["id"]].register_forward_hook(self._forward(layer["key"])))
+            self._handles.append(modules[layer["id"]].register_forward_hook(self._forward(layer)))
 
     def complete(self, n: int) -> bool:
         """Exactly ``n`` examples went through, and every layer saw every real token of them."""
@@ -151,7 +164,9 @@ class KroneckerCollector:
             self._mask = mask.bool() if mask is not None else None
             self.real_tokens += int(self._mask.sum()) if self._mask is not None else int(ids.numel())
 
-    def _forward(self, key: str) -> Any:
+    def _forward(self, layer: dict[str, Any]) -> Any:
+        key = layer["key"]
+
         def hook(module: Any, inputs: tuple, output: Any) -> None:
             if not output.requires_grad:
                 return
@@ -160,6 +175,8 @@ class KroneckerCollector:
             def on_grad(g: Any) -> None:
                 x3 = x.reshape(x.shape[0], -1, x.shape[-1])
                 g3 = g.detach().reshape(g.shape[0], -1, g.shape[-1])
+                if self.projector is not None:
+                    x3, g3 = self.projector.project_sides(layer["block"], layer["j"], x3, g3)
                 xx, gg, tokens = second_moments(x3, g3, mask)
                 # the batch's examples are counted once, by the model-level hook
                 if key in self._sums:
@@ -189,7 +206,8 @@ class ModelPasses:
         self.tokenized = list(tokenized)
         self.pad_id = pad_id
         self.grads = grads
-        self.layers = lora_layers(gm)
+        self.projector = structured_projector(gm, grads)
+        self.layers = lora_layers(gm, self.projector)
 
     @property
     def n_examples(self) -> int:
@@ -197,8 +215,14 @@ class ModelPasses:
 
     @property
     def block_dims(self) -> dict[str, int]:
-        """``{block: full width}``: what an unprojected per-example gradient of each block holds."""
+        """``{block: width}``: what a per-example gradient of each block holds in the space the
+        curvature is fitted in (the full width, or a ``kronecker`` projection's)."""
+        if self.projector is not None:
+            return {block.name: int(self.projector.block_width(block)) for block in self.gm.blocks}
         return {block.name: int(block.dim) for block in self.gm.blocks}
+
+    def _sides(self, layer: dict[str, Any], x: Any, g: Any) -> tuple[Any, Any]:
+        return self.projector.project_sides(layer["block"], layer["j"], x, g) if self.projector is not None else (x, g)
 
     def _batches(self) -> Iterator[tuple[int, TokenBatch]]:
         size = int(self.grads.batch_size) if self.grads is not None else 4
@@ -220,17 +244,18 @@ class ModelPasses:
         tokens (float64 numpy), under the training labels, or labels sampled from the model with
         ``fisher_seed`` (draw ``draw``)."""
         reduction = self.grads.loss_reduction if self.grads is not None else "mean"
-        by_id = {layer["id"]: layer["key"] for layer in self.layers}
+        by_id = {layer["id"]: layer for layer in self.layers}
         for offset, batch in self._batches():
             _, io = linear_inputs_and_output_grads(self.gm, batch, reduction,
                                                    self._labels(fisher_seed, draw, offset, batch))
             real = batch.attention_mask.bool()
             out = {}
-            for lin_id, key in by_id.items():
+            for lin_id, layer in by_id.items():
+                key = layer["key"]
                 xx = gg = None
                 tokens = 0
                 for x, g in io[lin_id]:
-                    part_x, part_g, n_tokens = second_moments(x, g, real)
+                    part_x, part_g, n_tokens = second_moments(*self._sides(layer, x, g), real)
                     xx = part_x if xx is None else xx + part_x
                     gg = part_g if gg is None else gg + part_g
                     tokens += n_tokens
@@ -253,6 +278,7 @@ class ModelPasses:
             for lin_id, layer in by_id.items():
                 acc = torch.zeros((len(batch), layer["out"], layer["in"]), dtype=torch.float64)
                 for x, g in io[lin_id]:
+                    x, g = self._sides(layer, x, g)
                     acc += torch.einsum("bto,bti->boi", g.double().cpu(), x.double().cpu())
                 out[layer["key"]] = acc.numpy()
             yield len(batch), out

@@ -18,23 +18,28 @@ from typing import Any, Iterator, Sequence
 from gradian.errors import ConfigError
 from gradian.grads.capture import capture_per_example_grads
 from gradian.grads.loss import collate
-from gradian.grads.projection import BlockProjector
+from gradian.grads.projection import BlockProjector, KroneckerProjector, projection_of
 
 __all__ = ["iter_example_gradients", "gradient_widths", "make_projector", "NORMALIZATIONS"]
 
 NORMALIZATIONS = ("none", "l2", "token_count")
 
 
-def make_projector(grads_config: Any) -> BlockProjector | None:
+def make_projector(grads_config: Any, gm: Any = None) -> BlockProjector | KroneckerProjector | None:
+    """The projection ``grads_config`` asks for (None when ``projection_dim`` is null); the
+    ``kronecker`` kind needs ``gm``, whose blocks give each LoRA matrix's shape."""
     if grads_config.projection_dim is None:
         return None
-    return BlockProjector(grads_config.projection_kind, grads_config.projection_dim, grads_config.projection_seed)
+    if grads_config.projection_kind == "kronecker" and gm is None:
+        raise ConfigError("grads.projection_kind kronecker needs the model's LoRA shapes (make_projector(grads, gm))")
+    return projection_of(grads_config.projection_kind, grads_config.projection_dim, grads_config.projection_seed,
+                         gm.blocks if gm is not None else ())
 
 
 def gradient_widths(gm: Any, grads_config: Any) -> dict[str, int]:
-    """Stored width of each block: its dim, or the projection width when that is smaller."""
-    projector = make_projector(grads_config)
-    return {b.name: (projector.out_dim(b.dim) if projector else b.dim) for b in gm.blocks}
+    """Stored width of each block: its dim, or what its projection keeps when that is smaller."""
+    projector = make_projector(grads_config, gm)
+    return {b.name: (projector.block_width(b) if projector else b.dim) for b in gm.blocks}
 
 
 def normalize_rows(grads: dict[str, Any], how: str, n_supervised: Any) -> dict[str, Any]:
@@ -53,12 +58,12 @@ def normalize_rows(grads: dict[str, Any], how: str, n_supervised: Any) -> dict[s
 
 
 def iter_example_gradients(gm: Any, tokenized: Sequence[Any], grads_config: Any, pad_id: int,
-                           start: int = 0, projector: BlockProjector | None = None,
+                           start: int = 0, projector: BlockProjector | KroneckerProjector | None = None,
                            as_numpy: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(offset, {block: [rows, width]})`` for ``tokenized[start:]`` in batches."""
     import torch
 
-    projector = projector if projector is not None else make_projector(grads_config)
+    projector = projector if projector is not None else make_projector(grads_config, gm)
     size = grads_config.batch_size
     for offset in range(start, len(tokenized), size):
         rows = tokenized[offset : offset + size]

@@ -311,7 +311,7 @@ def compute_chunks(target: BuildTarget, todo: list[int], tokenized: list[Any],
 
     grads = target.config.grads
     storage = _STORAGE[grads.storage_dtype]
-    projector = make_projector(grads)
+    projector = make_projector(grads, target.gm)
     for k in todo:
         first = k * target.chunk_size
         rows = capture_rows(target, tokenized[first : first + target.chunk_rows(k)], projector)

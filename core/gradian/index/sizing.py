@@ -73,8 +73,10 @@ def auto_projection(config: Any, gm: Any, n: int, whole: Sequence[str]) -> tuple
     size = f"the full-width index of {n} rows would take {format_size(full)}, over grads.max_index_gb ({format_size(limit)})"
     if whole:
         raise ConfigError(
-            f"{size}, and {' and '.join(whole)} fit curvature on whole gradients, so it cannot be projected: "
+            f"{size}, and {' and '.join(whole)} fit curvature on whole gradients, so it cannot be projected flat: "
             "set engine.store: stream (or auto) to recompute the gradients in each pass and write nothing, "
+            "set grads.projection_kind: kronecker with a grads.projection_dim (a compact index the curvature "
+            "is still fitted on), "
             "narrow grads.module_filter (e.g. the last layers), use grads.storage_dtype: float16, raise "
             "grads.max_index_gb if the disk holds it, or use engine.name: datainf (with --cross-check graddot "
             "or none), which is then projected automatically")

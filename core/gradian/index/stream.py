@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 import numpy as np
 
 from gradian.grads import make_projector
-from gradian.grads.collectors import KroneckerCollector
+from gradian.grads.collectors import KroneckerCollector, structured_projector
 from gradian.index.build import _STORAGE, build_target, capture_rows, stored_norms
 from gradian.index.sizing import AutoProjection, auto_projection, index_bytes
 from gradian.sizes import format_size
@@ -56,7 +56,7 @@ class GradientStream:
         self.target = build_target(gm, tokenizer, dataset, config, None, make_dirs=False)
         self._tokenized = list(tokenized) if tokenized is not None else None
         self._norms: dict[str, np.ndarray] | None = None
-        self._projector = make_projector(config.grads)
+        self._projector = make_projector(config.grads, gm)
         self.progress = progress
         self.passes = 0
         self.pass_seconds: list[float] = []
@@ -264,7 +264,7 @@ def capture_training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: An
     """``training_gradients``, with (``collect``) the Kronecker sums of their first pass: the index
     build's own passes, or a stream's first pass (made here, which also keeps its squared norms),
     so an empirical-Fisher fit needs no pass of its own."""
-    collector = KroneckerCollector(gm) if collect else None
+    collector = KroneckerCollector(gm, structured_projector(gm, config.grads)) if collect else None
     if collector is None:
         return training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
                                   tokenized=tokenized), None

@@ -170,7 +170,7 @@ def build_query_gradient(gm: Any, tokenizer: Any, items: Sequence[QueryItem], si
         raise ConfigError("no query items; the query needs at least one eval item")
     grads_config = dataclasses.replace(grads_config or GradsConfig(), normalization="none")
     used, signal_notes = resolve_signal(signal, items)
-    projector = make_projector(grads_config)
+    projector = make_projector(grads_config, gm)
     prompts = [item.prompt_messages for item in items]
     per_item = _item_gradients(gm, tokenizer, prompts, [i.wanted for i in items], grads_config, projector)
     all_notes = list(notes) + signal_notes
