@@ -1,7 +1,9 @@
 """Predicted peak memory of one gradient batch, and the index's bytes on disk, from shapes alone.
 
 Interface: ``estimate_memory(model, linears, batch, settings) -> MemoryEstimate`` (bytes, by
-component); ``index_bytes(n, widths, storage_dtype, chunk_size) -> int``; ``block_widths``.
+component); ``index_bytes(n, widths, storage_dtype, chunk_size) -> int``; ``block_widths``
+(each block's full and stored width, under a flat or a ``kronecker`` projection);
+``stream_chunk_bytes``.
 
 The count follows what ``capture_per_example_grads(strategy="hooks")`` keeps alive, with ``N =
 rows x width`` padded tokens, ``s`` the model dtype's bytes, ``H`` hidden, ``I`` intermediate,
@@ -26,9 +28,16 @@ rows x width`` padded tokens, ``s`` the model dtype's bytes, ``H`` hidden, ``I``
   cached for the whole run).
 
 The peak is the weights plus the larger of (capture: activations + hooks + gradients + the larger
-of the loss phase and the layer phase) and (after the pass: gradients + their copies). The index
-writer's host buffer (``chunk_size`` rows, float32, concatenated once, then the storage dtype
-written through a bytes buffer) is reported apart; on a CPU run it adds to the same memory.
+of the loss phase and the layer phase) and (after the pass: gradients + their copies). Two host
+buffers are reported apart (on a CPU run they add to the same memory), with ``C = chunk_size``,
+``W`` the stored width of a row and ``s'`` the storage dtype's bytes:
+
+- the index writer's (``writer_buffer``): one chunk in float32, concatenated once, then the
+  storage dtype written through a bytes buffer, ``C W (8 + 3 s')``;
+- a stream's chunk in flight (``stream_chunk``, ``engine.store: stream``): the chunk a pass is
+  done with is still referenced while the next is formed (``C W s'``), the batches' float32
+  gradients (``C W 4``), the new chunk in the storage dtype (``C W s'``) and one block's float32
+  concatenation (``C w 4``, ``w`` the widest stored block): ``C W (4 + 2 s') + 4 C w``.
 """
 
 from __future__ import annotations
@@ -38,7 +47,8 @@ from typing import Sequence
 
 from gradian.plan.shapes import DTYPE_BYTES, BatchShape, LoraLinear, ModelShape
 
-__all__ = ["CaptureSettings", "MemoryEstimate", "estimate_memory", "block_widths", "index_bytes", "NPY_HEADER_BYTES"]
+__all__ = ["CaptureSettings", "MemoryEstimate", "estimate_memory", "block_widths", "index_bytes", "NPY_HEADER_BYTES",
+           "stream_chunk_bytes", "writer_buffer_bytes"]
 
 #: np.save writes a 128-byte header for the arrays the index stores
 NPY_HEADER_BYTES = 128
@@ -86,21 +96,47 @@ class MemoryEstimate:
     peak: int
     #: host memory of the index writer's chunk buffer (adds to ``peak`` on a CPU run)
     writer_buffer: int
+    #: host memory of a stream's chunk in flight (``engine.store: stream``; adds to ``peak`` on a CPU run)
+    stream_chunk: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
 
 
 def block_widths(linears: Sequence[LoraLinear], granularity: str = "module",
-                 projection_dim: int | None = None) -> list[tuple[int, int]]:
-    """``(dim, stored width)`` of each block: a whole module, or each of A and B under ``matrix``."""
-    dims: list[int] = []
+                 projection_dim: int | None = None, projection_kind: str = "countsketch") -> list[tuple[int, int]]:
+    """``(dim, stored width)`` of each block: a whole module, or each of A and B under ``matrix``.
+
+    A flat projection (``countsketch``, ``rademacher``) stores ``min(dim, projection_dim)`` per
+    block. ``kronecker`` projects each side of every LoRA matrix apart: a matrix of shape ``(out,
+    in)`` (A is ``(r, in)``, B ``(out, r)``) stores ``min(out, w) x min(in, w)``, ``w =
+    projection_dim``, and a block the sum over its matrices.
+    """
+    out: list[tuple[int, int]] = []
     for lin in linears:
-        if granularity == "matrix":
-            dims += [lin.r * lin.in_features, lin.out_features * lin.r]
+        matrices = [(lin.r, lin.in_features), (lin.out_features, lin.r)]
+        if projection_dim and projection_kind == "kronecker":
+            w = projection_dim
+            stored = [min(o, w) * min(i, w) for o, i in matrices]
         else:
-            dims.append(lin.dim)
-    return [(d, min(d, projection_dim) if projection_dim else d) for d in dims]
+            stored = [o * i for o, i in matrices]
+        if granularity == "matrix":
+            out += [(o * i, s) for (o, i), s in zip(matrices, stored)]
+        else:
+            out.append((lin.dim, sum(stored)))
+    if projection_dim and projection_kind != "kronecker":
+        out = [(d, min(d, projection_dim)) for d, _ in out]
+    return out
+
+
+def writer_buffer_bytes(chunk_size: int, stored: int, storage_dtype: str) -> int:
+    """Host bytes of the index writer's chunk buffer: ``C W (8 + 3 s')`` (module doc)."""
+    return chunk_size * stored * (2 * 4 + 3 * DTYPE_BYTES[storage_dtype])
+
+
+def stream_chunk_bytes(chunk_size: int, stored: int, widest: int, storage_dtype: str) -> int:
+    """Host bytes of a stream's chunk in flight: ``C W (4 + 2 s') + 4 C w`` (module doc)."""
+    return chunk_size * stored * (4 + 2 * DTYPE_BYTES[storage_dtype]) + 4 * chunk_size * widest
 
 
 def index_bytes(n: int, widths: Sequence[int], storage_dtype: str, chunk_size: int) -> int:
@@ -181,7 +217,7 @@ def estimate_memory(model: ModelShape, linears: Sequence[LoraLinear], batch: Bat
     layer_backward += 3 * n * i * s
 
     out_bytes = 8 if s == 8 else 4
-    blocks = block_widths(linears, settings.block_granularity, settings.projection_dim)
+    blocks = block_widths(linears, settings.block_granularity, settings.projection_dim, settings.projection_kind)
     total_dim = sum(d for d, _ in blocks)
     stored = sum(w for _, w in blocks)
     grads = b * total_dim * out_bytes
@@ -197,9 +233,11 @@ def estimate_memory(model: ModelShape, linears: Sequence[LoraLinear], batch: Bat
             after += settings.projection_dim * widest * out_bytes
     capture = activations + hooks + grads + max(logits + loss_backward, layer_backward)
     peak = weights + adapter + cache + max(capture, after)
-    writer = settings.chunk_size * stored * (2 * 4 + 3 * DTYPE_BYTES[settings.storage_dtype])
+    writer = writer_buffer_bytes(settings.chunk_size, stored, settings.storage_dtype)
+    in_flight = stream_chunk_bytes(settings.chunk_size, stored, max((w for _, w in blocks), default=0),
+                                   settings.storage_dtype)
     return MemoryEstimate(
         weights=weights, adapter_weights=adapter, activations=activations, hook_inputs=hooks, logits=logits,
         loss_backward=loss_backward, layer_backward=layer_backward, per_example_grads=grads, after_pass=after,
-        projection_cache=cache, peak=peak, writer_buffer=writer,
+        projection_cache=cache, peak=peak, writer_buffer=writer, stream_chunk=in_flight,
     )
