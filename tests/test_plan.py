@@ -1,10 +1,12 @@
-"""`gradian plan`: the formulas, the budget proposals, the command, and predictions against a
+"""`gradian plan`: the formulas, the budget proposals, both stores of the training gradients (their
+pass counts checked against a real run of the engines), the command, and predictions against a
 measured run on the ~10M shape of projects/benchmarks/bench_plan.py."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 from typer.testing import CliRunner
@@ -23,7 +25,9 @@ from gradian.plan import (
     lora_linears,
     read_model_shape,
 )
+from gradian.plan.memory import stream_chunk_bytes, writer_buffer_bytes
 from gradian.plan.planner import HEADROOM, Budgets, PlanSettings, make_plan, parse_size, propose_settings
+from gradian.plan.stores import GIB, auto_store, curvature_cost, engine_passes
 
 SITES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SMALL = dict(model_type="llama", vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -126,37 +130,174 @@ def _plan_inputs():
     return shape, AdapterShape(16, "all-linear"), DatasetShape.uniform(20000, 1024)
 
 
-def test_proposal_for_a_disk_budget_is_float16_then_the_widest_projection_that_fits():
+#: config keys of a proposal -> ``PlanSettings`` fields
+_FIELDS = {"engine.store": "store", "engine.name": "engine", "grads.batch_size": "batch_size",
+           "grads.projection_dim": "projection_dim", "grads.module_filter": "module_filter",
+           "grads.storage_dtype": "storage_dtype", "grads.chunk_size": "chunk_size",
+           "grads.max_seq_length": "max_seq_length", "grads.max_index_gb": "max_index_gb"}
+
+
+def _applied(settings, proposal):
+    """``settings`` with the proposal's changes, priced again from scratch (no proposal)."""
+    return settings.with_changes(**{_FIELDS[k]: v for k, v in proposal.changes.items()})
+
+
+def test_a_datainf_plan_over_disk_still_gets_float16_then_the_widest_projection_that_fits():
     shape, adapter, data = _plan_inputs()
-    settings = PlanSettings(device="cuda", capture=CaptureSettings(dtype="bfloat16", attn_implementation="sdpa"))
-    plan = make_plan(shape, adapter, data, settings, Budgets(disk=parse_size("100GB")))
-    assert not plan.fits_disk and plan.fits_memory
+    settings = PlanSettings(device="cuda", engine="datainf", capture=CaptureSettings(dtype="bfloat16", attn_implementation="sdpa"))
+    budgets = Budgets(disk=parse_size("100GB"))
+    plan = make_plan(shape, adapter, data, settings, budgets)
+    assert plan.index_bytes > 100e9 and plan.fits_memory
     proposal = plan.proposal
-    assert proposal.fits and proposal.index_bytes <= 100e9
-    assert proposal.changes["grads.storage_dtype"] == "float16"
+    assert proposal.fits and proposal.index_bytes <= 100e9 and proposal.store == "index"
+    assert proposal.changes["grads.storage_dtype"] == "float16" and "engine.name" not in proposal.changes
+    assert "engine.store" not in proposal.changes
     p = proposal.changes["grads.projection_dim"]
     assert p & (p - 1) == 0  # a power of two, and the next one up would not fit
     wider = settings.with_changes(storage_dtype="float16", projection_dim=2 * p)
     assert make_plan(shape, adapter, data, wider, propose=False).index_bytes > 100e9
-    # EK-FAC (the default) reads unprojected gradients: the projected index is scored with DataInf
-    assert proposal.changes["engine.name"] == "datainf" and any("datainf" in r for r in proposal.reasons)
-    datainf = make_plan(shape, adapter, data, settings.with_changes(engine="datainf"), Budgets(disk=parse_size("100GB")))
-    assert "engine.name" not in datainf.proposal.changes
+    # the projected index is under grads.max_index_gb, so engine.store: auto writes it
+    again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
+    assert again.store == again.auto_store == "index" and again.fits and again.disk_bytes == again.index_bytes
+
+
+def test_a_projected_index_over_max_index_gb_raises_the_limit_so_auto_writes_it():
+    shape, adapter, data = read_model_shape("llama-3.1-8b"), AdapterShape(16, "all-linear"), DatasetShape.uniform(100_000, 1024)
+    settings = PlanSettings(device="cuda", engine="datainf", capture=CaptureSettings(dtype="bfloat16"))
+    budgets = Budgets(memory=parse_size("80GiB"), disk=parse_size("2TB"), host=parse_size("1TiB"))
+    proposal = make_plan(shape, adapter, data, settings, budgets).proposal
+    assert proposal.fits and "grads.projection_dim" in proposal.changes and "engine.name" not in proposal.changes
+    again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
+    assert again.index.data_bytes > 100 * GIB  # over the default limit: auto alone would stream it
+    assert proposal.changes["grads.max_index_gb"] * GIB >= again.index.data_bytes
+    assert again.store == "index" and again.disk_bytes <= budgets.disk
+
+
+def test_ekfac_over_disk_streams_at_full_width_instead_of_switching_engine():
+    """The engine is never changed for size: a Kronecker engine's index that does not fit the disk
+    becomes ``engine.store: stream`` (no projection), and the plan prices its passes."""
+    shape, adapter, data = _plan_inputs()
+    settings = PlanSettings(device="cuda", capture=CaptureSettings(dtype="bfloat16", attn_implementation="sdpa"))
+    budgets = Budgets(disk=parse_size("100GB"))
+    plan = make_plan(shape, adapter, data, settings, budgets)
+    proposal = plan.proposal
+    assert proposal.changes["engine.store"] == "stream" and proposal.store == "stream"
+    assert not {"engine.name", "grads.projection_dim"} & set(proposal.changes)
+    assert not any("datainf" in reason for reason in proposal.reasons)
+    streamed = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
+    # nothing of an index on disk: only the fitted EK-FAC state, under the budget
+    assert streamed.disk_bytes == streamed.curvature.state_bytes <= budgets.disk
+    assert streamed.stream.passes == engine_passes("ekfac").stream == 3
+    # where float16 is enough (and under grads.max_index_gb), the cheaper index is kept
+    small = DatasetShape.uniform(1000, 1024)
+    full = make_plan(shape, adapter, small, settings, propose=False)
+    disk = full.index_bytes * 3 // 4 + full.curvature.state_bytes
+    half = make_plan(shape, adapter, small, settings, Budgets(disk=disk)).proposal
+    assert half.changes == {"grads.storage_dtype": "float16"} and half.store == "index" and half.disk_bytes <= disk
 
 
 def test_a_projected_index_under_a_kronecker_engine_is_flagged():
     shape, adapter, data = _plan_inputs()
     projected = PlanSettings(projection_dim=4096, capture=CaptureSettings(projection_dim=4096))
-    assert any("refuses a projected index" in note for note in make_plan(shape, adapter, data, projected).notes)
+    assert any("refuses a flat projection" in note for note in make_plan(shape, adapter, data, projected).notes)
     datainf = projected.with_changes(engine="datainf")
     assert not any("refuses" in note for note in make_plan(shape, adapter, data, datainf).notes)
+    kronecker = PlanSettings(projection_dim=4096, capture=CaptureSettings(projection_dim=4096, projection_kind="kronecker"))
+    assert not any("refuses" in note for note in make_plan(shape, adapter, data, kronecker).notes)
+
+
+def test_block_widths_price_a_kronecker_projection_per_lora_matrix():
+    """``kronecker`` stores ``min(out, w) x min(in, w)`` of each LoRA matrix (A ``(r, in)``, B ``(out, r)``)."""
+    shape = read_model_shape(SMALL)
+    linears = lora_linears(shape, AdapterShape(4, ("k_proj", "down_proj")))
+    k, down = linears[0], linears[1]  # in 64, out 32; in 128, out 64
+    w = 40
+    expected_k = min(4, w) * min(64, w) + min(32, w) * min(4, w)
+    expected_down = min(4, w) * min(128, w) + min(64, w) * min(4, w)
+    assert block_widths(linears, "module", w, "kronecker")[:2] == [(k.dim, expected_k), (down.dim, expected_down)]
+    assert block_widths(linears, "matrix", w, "kronecker")[:2] == [(4 * 64, 4 * 40), (32 * 4, 32 * 4)]
+    # the flat kinds cap each block at w
+    assert block_widths(linears, "module", w)[:2] == [(k.dim, w), (down.dim, w)]
+    # EK-FAC's factors under it: each side at most w
+    full, projected = curvature_cost("ekfac", linears), curvature_cost("ekfac", linears, w, "kronecker")
+    assert full.factor_bytes == 8 * sum(i * i + o * o for lin in linears
+                                        for o, i in ((lin.r, lin.in_features), (lin.out_features, lin.r)))
+    assert projected.factor_bytes < full.factor_bytes
+    assert curvature_cost("datainf", linears).factor_bytes == 0
+
+
+def test_host_buffers_by_the_formulas():
+    shape = read_model_shape(SMALL)
+    linears = lora_linears(shape, AdapterShape(2, SITES))
+    for storage in ("float32", "float16"):
+        settings = CaptureSettings(storage_dtype=storage, chunk_size=64)
+        est = estimate_memory(shape, linears, BatchShape(2, 10, 6), settings)
+        widths = [w for _, w in block_widths(linears)]
+        s = 2 if storage == "float16" else 4
+        assert est.writer_buffer == writer_buffer_bytes(64, sum(widths), storage) == 64 * sum(widths) * (8 + 3 * s)
+        assert est.stream_chunk == stream_chunk_bytes(64, sum(widths), max(widths), storage)
+        assert est.stream_chunk == 64 * sum(widths) * (4 + 2 * s) + 4 * 64 * max(widths)
+
+
+def test_auto_store_is_the_runs_rule():
+    limit = 100.0
+    assert auto_store(int(limit * GIB), limit, None)[0] == "index"
+    assert auto_store(int(limit * GIB) + 1, limit, None)[0] == "stream"
+    assert auto_store(10, None, 9) == ("stream", auto_store(10, None, 9)[1]) and "disk budget" in auto_store(10, None, 9)[1]
+    assert auto_store(10, None, None)[0] == "index"
+
+
+def test_the_8b_plan_keeps_ekfac_and_fits_both_budgets():
+    """Issue 24's acceptance: llama-3.1-8b, r=16 all-linear, 100,000 rows x 1,024 tokens,
+    ``--memory 80GiB --disk 2TB``: the engine stays ekfac, the proposal fits both budgets, and the
+    host buffer fits 64 GiB, on a CPU run and on a GPU one."""
+    shape, adapter = read_model_shape("llama-3.1-8b"), AdapterShape(16, "all-linear")
+    data = DatasetShape.uniform(100_000, 1024)
+    budgets = Budgets(memory=parse_size("80GiB"), disk=parse_size("2TB"))
+    for device, dtype in (("cpu", "float32"), ("cuda", "bfloat16")):
+        settings = PlanSettings(device=device, capture=CaptureSettings(dtype=dtype))
+        plan = make_plan(shape, adapter, data, settings, budgets)
+        full = plan.values_per_example
+        assert plan.index.data_bytes == 100_000 * full * 4 > budgets.disk  # the full-width index cannot be written
+        assert plan.auto_store == plan.store == "stream"
+        proposal = plan.proposal
+        assert proposal.fits and "engine.name" not in proposal.changes, proposal
+        assert "grads.projection_dim" not in proposal.changes and proposal.changes["engine.store"] == "stream"
+        again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
+        assert again.settings.engine == "ekfac" and again.fits, (device, proposal)
+        assert again.device_peak == proposal.peak_memory <= budgets.memory
+        assert again.disk_bytes == again.curvature.state_bytes <= budgets.disk
+        assert again.host_buffer <= 64 * GIB and again.host_buffer == again.stream.host_buffer
+        if device == "cuda":
+            assert again.host_peak <= budgets.memory  # --host-memory defaults to --memory
+        # the chunk in flight by its formula, at the proposed chunk and layers
+        widths = [w for _, w in block_widths(lora_linears(shape, adapter, again.settings.module_filter))]
+        assert again.stream.host_buffer == stream_chunk_bytes(again.settings.chunk_size, sum(widths), max(widths), "float32")
+        if device == "cuda":  # a host of 64 GiB beside the 80 GiB device is honoured too
+            small = Budgets(memory=budgets.memory, disk=budgets.disk, host=parse_size("64GiB"))
+            tight = make_plan(shape, adapter, data, settings, small).proposal
+            assert tight.fits and "engine.name" not in tight.changes and tight.host_peak <= 64 * GIB
+
+
+def test_kronecker_factors_are_priced_on_the_device_and_the_host():
+    shape, adapter, data = _plan_inputs()
+    settings = PlanSettings(device="cuda", capture=CaptureSettings(dtype="bfloat16", attn_implementation="sdpa"))
+    ekfac = make_plan(shape, adapter, data, settings, propose=False)
+    datainf = make_plan(shape, adapter, data, settings.with_changes(engine="datainf"), propose=False)
+    f = ekfac.curvature.factor_bytes
+    assert f == curvature_cost("ekfac", lora_linears(shape, adapter)).factor_bytes > 0
+    assert ekfac.device_peak == ekfac.memory.peak + f and datainf.device_peak == datainf.memory.peak
+    assert ekfac.host_peak == ekfac.host_buffer + ekfac.curvature.host >= ekfac.host_buffer + 2 * f
+    # on a CPU run everything is the one memory
+    cpu = make_plan(shape, adapter, data, settings.with_changes(device="cpu"), propose=False)
+    assert cpu.device_peak == cpu.memory.peak + f + cpu.host_peak and cpu.fits_host
 
 
 def test_proposal_for_a_memory_budget_lowers_the_batch_size_to_the_largest_that_fits():
     shape, adapter, data = _plan_inputs()
-    settings = PlanSettings(batch_size=8, device="cuda", capture=CaptureSettings(dtype="bfloat16"))
+    settings = PlanSettings(batch_size=8, device="cuda", engine="datainf", capture=CaptureSettings(dtype="bfloat16"))
     budget = parse_size("24GiB")
-    proposal = propose_settings(shape, adapter, data, settings, Budgets(memory=budget))
+    proposal = propose_settings(shape, adapter, data, settings, Budgets(memory=budget, host=parse_size("1TiB")))
     size = proposal.changes["grads.batch_size"]
     assert 1 <= size < 8 and proposal.fits
     assert make_plan(shape, adapter, data, settings.with_changes(batch_size=size), propose=False).device_peak <= HEADROOM * budget
@@ -166,9 +307,10 @@ def test_proposal_for_a_memory_budget_lowers_the_batch_size_to_the_largest_that_
 def test_proposal_restricts_layers_when_one_row_does_not_fit():
     shape, adapter, _ = _plan_inputs()
     data = DatasetShape.uniform(100, 8192)
-    settings = PlanSettings(batch_size=1, max_seq_length=8192, device="cuda",
+    settings = PlanSettings(batch_size=1, max_seq_length=8192, device="cuda", engine="datainf",
                             capture=CaptureSettings(dtype="bfloat16", attn_implementation="sdpa"))
-    plan = make_plan(shape, adapter, data, settings, Budgets(memory=parse_size("12GiB")))
+    budgets = Budgets(memory=parse_size("12GiB"), host=parse_size("1TiB"))
+    plan = make_plan(shape, adapter, data, settings, budgets)
     assert not plan.fits
     assert plan.proposal.fits and list(plan.proposal.changes) == ["grads.module_filter"]
     kept = plan.proposal.changes["grads.module_filter"]
@@ -177,6 +319,11 @@ def test_proposal_restricts_layers_when_one_row_does_not_fit():
     # one layer fewer would not fit
     earlier = settings.with_changes(module_filter=kept.replace(f"({first}|", f"({first - 1}|{first}|"))
     assert make_plan(shape, adapter, data, earlier, propose=False).device_peak > HEADROOM * parse_size("12GiB")
+    # EK-FAC's factors grow with each layer too: it keeps fewer of them, and they fit
+    ekfac = make_plan(shape, adapter, data, settings.with_changes(engine="ekfac"), budgets).proposal
+    assert ekfac.fits and "engine.name" not in ekfac.changes
+    ekfac_first = int(re.search(r"\((\d+)", ekfac.changes["grads.module_filter"]).group(1))
+    assert ekfac_first > first
 
 
 def test_weights_alone_over_budget_is_reported_not_fitted():
@@ -186,26 +333,140 @@ def test_weights_alone_over_budget_is_reported_not_fitted():
     assert not proposal.fits and any("bfloat16" in reason for reason in proposal.reasons)
 
 
+def test_pass_counts_are_what_the_engines_make_on_a_real_run(tmp_path, tiny_lora_dirs, chat_tokenizer, monkeypatch):
+    """Every row differentiated is counted where it is computed (the capture of a chunk, and the
+    fit's own passes over the model), and every read of an index: one fit and one scoring of each
+    engine make the passes ``engine_passes`` says, under both stores. The Kronecker factors the
+    collector holds and the stored state are the bytes ``curvature_cost`` says, and the index
+    the plan compares with ``grads.max_index_gb`` is the one ``choose_store`` compares."""
+    pytest.importorskip("torch")
+    import gradian.grads
+    import gradian.grads.collectors as collectors
+    from gradian.attribution.checkpoints import fit_context
+    from gradian.config import load_config
+    from gradian.data import dataset_from_rows, tokenize_examples
+    from gradian.engines import get_engine
+    from gradian.engines.registry import needs_whole_gradients
+    from gradian.engines.state import fit_engine
+    from gradian.grads import load_model_for_gradients
+    from gradian.index.sizing import index_bytes as run_index_bytes
+    from gradian.index.store import GradientIndex
+    from gradian.index.stream import StoreChoice, capture_training_gradients, choose_store
+    from tests.plugins.tiny_lora import hello_query_for
+
+    rows = {"captured": 0, "model": 0, "read": 0}
+    capture, model_pass, read = gradian.grads.iter_example_gradients, collectors.linear_inputs_and_output_grads, \
+        GradientIndex.iter_chunks
+
+    def counted_capture(*args, **kwargs):
+        for offset, batch in capture(*args, **kwargs):
+            rows["captured"] += len(next(iter(batch.values())))
+            yield offset, batch
+
+    def counted_model_pass(gm, batch, *args, **kwargs):
+        rows["model"] += len(batch)
+        return model_pass(gm, batch, *args, **kwargs)
+
+    def counted_read(self):
+        for start, chunk in read(self):
+            rows["read"] += len(next(iter(chunk.values())))
+            yield start, chunk
+
+    monkeypatch.setattr(gradian.grads, "iter_example_gradients", counted_capture)
+    monkeypatch.setattr(collectors, "linear_inputs_and_output_grads", counted_model_pass)
+    monkeypatch.setattr(GradientIndex, "iter_chunks", counted_read)
+
+    base, final = tiny_lora_dirs
+    dataset = dataset_from_rows([{"prompt": f"q{i}", "completion": "answer " * (i % 3 + 1)} for i in range(6)])
+    n = len(dataset)
+    query_for = hello_query_for(chat_tokenizer)
+    shape, lora = read_model_shape(base), adapter_shape(final)
+    cases = [("ekfac", {}), ("kfac", {}), ("datainf", {}), ("graddot", {}),
+             ("ekfac", {"engine.fisher": "sampled", "engine.fisher_samples": 2}), ("ekfac", {"grads.normalization": "l2"})]
+    for k, (engine, extra) in enumerate(cases):
+        for store in ("stream", "index") if not extra else ("stream",):
+            rows.update(captured=0, model=0, read=0)
+            cfg = load_config(overrides={"dtype": "float64", "device": "cpu", "attn_implementation": "sdpa",
+                                         "cache_dir": str(tmp_path / f"{k}-{store}"), "base_model": str(base),
+                                         "engine.name": engine, "engine.store": store, "grads.batch_size": 2,
+                                         "grads.chunk_size": 4, **extra})
+            gm = load_model_for_gradients(str(base), str(final), cfg)
+            tokenized = tokenize_examples(dataset.examples, chat_tokenizer, cfg.grads.max_seq_length)
+            train, collector = capture_training_gradients(gm, chat_tokenizer, dataset, cfg, StoreChoice(store, "test"),
+                                                          collect=needs_whole_gradients(engine),
+                                                          tokenized=tokenized if store == "stream" else None)
+            context = fit_context(cfg, gm, chat_tokenizer, dataset, None, tokenized=tokenized, collected=collector,
+                                  store=store)
+            state = fit_engine(engine, train, cfg.engine, context, cache_dir=cfg.cache_dir)
+            get_engine(engine).score(state, query_for(gm), cfg.engine)
+            want = engine_passes(engine, cfg.engine.fisher, cfg.engine.fisher_samples, cfg.grads.normalization)
+            label = (engine, extra, store)
+            if store == "stream":
+                assert rows["captured"] + rows["model"] == want.stream * n and rows["read"] == 0, (label, rows)
+                assert train.passes == want.first + want.gradients, label
+            else:
+                assert rows["captured"] + rows["model"] == want.index_captures * n, (label, rows)
+                assert rows["read"] == want.index_reads * n, (label, rows)
+            if engine == "ekfac" and not extra and store == "stream":
+                # gradian attribute's default cross-check, over the same (primed) stream
+                rows.update(captured=0, model=0, read=0)
+                cross = fit_engine("datainf", train, cfg.engine, context, cache_dir=cfg.cache_dir)
+                get_engine("datainf").score(cross, query_for(gm), cfg.engine)
+                assert rows["captured"] == engine_passes("datainf", primed=True).stream * n, rows
+                # the factors the collector holds, and the state stored, by the plan's formula
+                cost = curvature_cost("ekfac", lora_linears(shape, lora))
+                held = sum(t.numel() * t.element_size() for sums in collector._sums.values() for t in sums[:2])
+                assert held == cost.factor_bytes and sum(a.nbytes for a in state.arrays.values()) == cost.state_bytes
+                # the index auto compares: the plan's figure, and the same choice at limits around it
+                full = run_index_bytes(gm, cfg.grads, n)
+                plan = make_plan(shape, lora, DatasetShape.uniform(n, 8), PlanSettings(), propose=False)
+                assert plan.index.data_bytes == full
+                for limit in (full / 2 / GIB, 2 * full / GIB):
+                    auto = load_config(overrides={"base_model": str(base), "cache_dir": str(tmp_path / "auto"),
+                                                  "grads.max_index_gb": limit})
+                    _, chosen = choose_store(auto, gm, chat_tokenizer, dataset, ["ekfac"])
+                    assert chosen.store == auto_store(full, limit, None)[0], limit
+
+
 def test_plan_command_warns_in_one_line_and_fails_only_when_asked():
     runner = CliRunner()
     args = ["plan", "--model-config", "llama-3.1-8b", "--r", "16", "--target-modules", "all-linear",
             "--n-examples", "10000", "--tokens", "1024", "--device", "cuda", "--no-calibrate",
-            "--memory", "24GiB", "--disk", "100GB"]
+            "--memory", "80GiB", "--disk", "100GB"]
     done = runner.invoke(app, args)
     assert done.exit_code == 0, done.output
     warnings = [line for line in done.output.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "grads.projection_dim" in warnings[0]
+    assert len(warnings) == 1 and "engine.store: stream" in warnings[0] and "engine.name" not in warnings[0]
+    assert "  index: " in done.output and "  stream: nothing on disk; 3 forward+backward passes" in done.output
+    assert "engine.store auto chooses the stream" in done.output
     assert runner.invoke(app, [*args, "--fail-if-over"]).exit_code == 1
-    fits = runner.invoke(app, [*args[:-4], "--memory", "200GiB", "--disk", "10TB", "--fail-if-over"])
-    assert fits.exit_code == 0 and "warning:" not in fits.output
+    roomy = ["--memory", "300GiB", "--host-memory", "600GiB", "--disk", "10TB", "--fail-if-over"]
+    fits = runner.invoke(app, [*args[:-4], *roomy])
+    assert fits.exit_code == 0 and "warning:" not in fits.output, fits.output
     as_json = runner.invoke(app, [*args, "--json"])
     assert as_json.exit_code == 0 and "warning:" in as_json.stderr
     data = json.loads(as_json.stdout)
     assert data["fits"] is False and data["proposal"]["fits"] is True
     assert data["time"] is None
+    assert data["store"] == "stream" and data["stream"]["passes"] == data["passes"]["first"] + data["passes"]["gradients"]
+    assert data["index"]["reads"] == 2 and data["cross_check"]["engine"] == "datainf"
     # 8B is not timed from a random init (no GPU here, or too large on one): said so, not failed
     timed = json.loads(runner.invoke(app, [*[a for a in args if a != "--no-calibrate"], "--json"]).stdout)
     assert timed["time"]["seconds"] is None and timed["time"]["source"].startswith("not measured: ")
+
+
+def test_plan_command_refuses_bad_flags_naming_them():
+    runner = CliRunner()
+    base = ["plan", "--model-config", "llama-3.2-1b", "--r", "16", "--target-modules", "all-linear",
+            "--n-examples", "100", "--no-calibrate"]
+    for flag, value in (("--store", "disk"), ("--engine", "magic"), ("--host-memory", "lots")):
+        done = runner.invoke(app, [*base, flag, value])
+        # the entry point prints a ConfigError's message and exits with its code
+        assert isinstance(done.exception, ConfigError) and done.exception.exit_code == 2, (flag, done.output)
+        assert flag in str(done.exception)
+    chosen = runner.invoke(app, [*base, "--store", "index", "--engine", "datainf", "--json"])
+    data = json.loads(chosen.stdout)
+    assert data["store"] == "index" and data["settings"]["engine"] == "datainf" and data["curvature"]["device"] == 0
 
 
 def test_plan_command_reads_a_dataset_and_times_a_random_init_model(tmp_path, chat_tokenizer, tiny_lora_dirs):

@@ -1,4 +1,5 @@
-"""``gradian plan``: predicted memory, disk and time of the gradient index before it is built."""
+"""``gradian plan``: predicted memory, disk and time of the training gradients (the index, or a
+stream of them) and of the engine's curvature, before anything is built."""
 
 from __future__ import annotations
 
@@ -29,13 +30,16 @@ def plan_command(
     projection_dim: Optional[int] = typer.Option(None, "--projection-dim", help="grads.projection_dim to plan for"),
     storage_dtype: Optional[str] = typer.Option(None, "--storage-dtype", help="grads.storage_dtype to plan for (float32 or float16)"),
     module_filter: Optional[str] = typer.Option(None, "--module-filter", help="grads.module_filter to plan for"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="engine.name to plan for (its passes and curvature; default: the config's)"),
+    store: Optional[str] = typer.Option(None, "--store", help="engine.store to plan for: auto, index or stream (default: the config's)"),
     memory: Optional[str] = typer.Option(None, "--memory", help="Memory per device, e.g. 24GiB or 80GB: propose settings that fit"),
-    disk: Optional[str] = typer.Option(None, "--disk", help="Disk for the index, e.g. 100GB: propose settings that fit"),
+    host_memory: Optional[str] = typer.Option(None, "--host-memory", help="Host memory of a GPU run (chunk buffers, a Kronecker fit), e.g. 64GiB (default: --memory; on a CPU run --memory holds everything)"),
+    disk: Optional[str] = typer.Option(None, "--disk", help="Disk for the index and the fitted engine state, e.g. 100GB: propose settings that fit"),
     fail_if_over: bool = typer.Option(False, "--fail-if-over", help="Exit 1 when the planned run does not fit --memory or --disk"),
     no_calibrate: bool = typer.Option(False, "--no-calibrate", help="Skip the short measured run behind the time estimate"),
     as_json: bool = typer.Option(False, "--json", help="Print the plan as JSON"),
 ) -> None:
-    """Predict peak memory per device, index size on disk and time of `gradian index`; propose settings for budgets."""
+    """Predict memory, disk and time of the training gradients under both stores (index, stream) and of the engine's curvature; propose settings for budgets."""
     import dataclasses
 
     from gradian.cli.output import print_json, print_line, print_table
@@ -45,13 +49,21 @@ def plan_command(
     from gradian.plan.planner import Budgets, PlanSettings, make_plan
     from gradian.sizes import format_size, parse_size
 
+    from gradian.engines.registry import available_engines
+    from gradian.plan.planner import STORES
+
+    if store is not None and store not in STORES:
+        raise ConfigError(f"--store '{store}' is not one of {', '.join(STORES)}")
+    if engine is not None and engine not in available_engines():
+        raise ConfigError(f"--engine '{engine}' is not a known engine; choose one of {', '.join(available_engines())}")
     cfg = load_config(config, {
         "base_model": base_model, "adapter_path": adapter, "dataset": dataset, "dtype": dtype,
         "attn_implementation": attn, "grads.batch_size": batch_size, "grads.max_seq_length": max_seq_length,
         "grads.projection_dim": projection_dim, "grads.storage_dtype": storage_dtype,
-        "grads.module_filter": module_filter,
+        "grads.module_filter": module_filter, "engine.name": engine, "engine.store": store,
     })
-    budgets = Budgets(parse_size(memory, "--memory") if memory else None, parse_size(disk, "--disk") if disk else None)
+    budgets = Budgets(parse_size(memory, "--memory") if memory else None, parse_size(disk, "--disk") if disk else None,
+                      parse_size(host_memory, "--host-memory") if host_memory else None)
     source = model_config or cfg.base_model
     if not source:
         raise ConfigError("no model to plan for: pass --base-model DIR, --model-config config.json or a preset name")
@@ -106,7 +118,9 @@ def plan_command(
 
     if as_json:
         data = dataclasses.asdict(plan)
-        data.update(device_peak=plan.device_peak, fits=plan.fits, fits_memory=plan.fits_memory, fits_disk=plan.fits_disk,
+        data.update(device_peak=plan.device_peak, host_peak=plan.host_peak, host_buffer=plan.host_buffer,
+                    disk_bytes=plan.disk_bytes, fits=plan.fits, fits_memory=plan.fits_memory,
+                    fits_host=plan.fits_host, fits_disk=plan.fits_disk,
                     time=dataclasses.asdict(estimate) if estimate else None)
         print_json(data)
     else:
@@ -144,7 +158,8 @@ def _config_dict(source: str) -> dict | None:
 
 
 def _print_plan(plan: Any, estimate: Any, print_line: Any, print_table: Any, fmt: Any) -> None:
-    m, s, mem = plan.model, plan.settings, plan.memory
+    m, s, mem, curv = plan.model, plan.settings, plan.memory, plan.curvature
+    cpu = s.device == "cpu"
     targets = plan.adapter.target_modules if isinstance(plan.adapter.target_modules, str) else ",".join(plan.adapter.target_modules)
     print_line(f"model: {m.name or m.model_type} ({m.n_parameters / 1e9:.2f}B parameters, {m.model_type}), "
                f"{s.capture.dtype} on {s.device}, {s.capture.attn_implementation} attention")
@@ -162,29 +177,70 @@ def _print_plan(plan: Any, estimate: Any, print_line: Any, print_table: Any, fmt
         ("loss backward", fmt(mem.loss_backward), "logits' gradient and one upcast chunk"),
         ("per-example grads", fmt(mem.per_example_grads), f"{w.rows} rows x {plan.values_per_example:,} float32"),
         ("capture peak", fmt(mem.peak), f"batch of {w.rows} x {w.width} tokens ({w.supervised} supervised)"),
-        ("index writer", fmt(mem.writer_buffer), f"{'same memory' if s.device == 'cpu' else 'host memory'}: "
-                                                 f"chunks of {s.chunk_size} rows"),
     ]
-    if s.device == "cpu":
-        rows.append(("device total", fmt(plan.device_peak), "capture peak + index writer"))
     if mem.projection_cache:
         rows.insert(7, ("projection", fmt(mem.projection_cache), "rademacher matrices"))
+    if curv.device:
+        rows.append(("Kronecker factors", fmt(curv.device), f"{s.engine}'s float64 sums of x x^T and g g^T, on the "
+                                                             "device from the first pass on"))
+    if cpu:
+        rows.append(("device total", fmt(plan.device_peak), "capture peak" + (" + factors" if curv.device else "")
+                     + " + host memory below"))
+    elif curv.device:
+        rows.append(("device total", fmt(plan.device_peak), "capture peak + factors"))
     print_table(f"memory per device (batch_size {s.batch_size})", ("component", "bytes", "what"), rows)
-    print_line(f"disk: index {fmt(plan.index_bytes)} ({plan.n_examples:,} x {plan.stored_per_example:,} {s.storage_dtype})")
+    chosen = {"index": " (planned)" if plan.store == "index" else "", "stream": " (planned)" if plan.store == "stream" else ""}
+    host_rows = [
+        ("index writer", fmt(plan.index.host_buffer), f"chunks of {s.chunk_size} rows{chosen['index']}"),
+        ("stream chunk", fmt(plan.stream.host_buffer), f"one chunk of {s.chunk_size} rows in flight{chosen['stream']}"),
+    ]
+    if curv.host:
+        host_rows.append((f"{s.engine} fit", fmt(curv.host), "Kronecker factors and their eigenbases"))
+    host_rows.append(("host total", fmt(plan.host_peak), f"{plan.store} buffer" + (f" + {s.engine} fit" if curv.host else "")))
+    print_table("host memory" + (" (the same memory on a CPU run)" if cpu else ""), ("component", "bytes", "what"),
+                host_rows)
+    seconds = estimate.seconds if estimate is not None else None
+
+    def about(passes: int) -> str:
+        return f", about {_duration(passes * seconds)}" if seconds is not None else ""
+
+    passes, index = plan.passes, plan.index
+    print_line(f"stores ({s.engine}, one fit and one scoring: {passes.what()}):")
+    print_line(f"  index: {fmt(index.disk_bytes)} on disk; {index.captures} forward+backward "
+               f"pass{'es' if index.captures > 1 else ''}{about(index.captures)}, then {index.reads} "
+               f"read{'s' if index.reads > 1 else ''} of the index")
+    print_line(f"  stream: nothing on disk; {plan.stream.passes} forward+backward "
+               f"pass{'es' if plan.stream.passes > 1 else ''}{about(plan.stream.passes)}")
+    if curv.state_bytes:
+        print_line(f"  {s.engine} state: {fmt(curv.state_bytes)} on disk under either store (eigenbases and eigenvalues)")
+    cross = plan.cross_check
+    if cross is not None:
+        print_line(f"  gradian attribute's cross-check {cross.engine} adds {cross.gradients} "
+                   f"pass{'es' if cross.gradients > 1 else ''} ({cross.what()}): recomputed by a stream"
+                   + (f"{about(cross.gradients + cross.model)}" if seconds is not None else "") + ", read from the index")
+    if s.store == "auto":
+        print_line(f"  engine.store auto chooses the {plan.auto_store}: {plan.auto_reason}")
+    else:
+        print_line(f"  engine.store is {s.store} (auto would choose the {plan.auto_store}: {plan.auto_reason})")
+    left = fmt(plan.disk_bytes) if plan.disk_bytes else "nothing"
+    print_line(f"disk: index {fmt(plan.index_bytes)} ({plan.n_examples:,} x {plan.stored_per_example:,} {s.storage_dtype}); "
+               f"the planned run ({plan.store}) leaves {left}")
     if estimate is not None:
         if estimate.seconds is None:
             print_line(f"time: {estimate.source}")
         else:
-            print_line(f"time: about {_duration(estimate.seconds)} ({estimate.seconds_per_token * 1e3:.3f} ms per token, "
-                       f"{estimate.source} on {estimate.device}, {estimate.measured_tokens} tokens)")
+            print_line(f"time: about {_duration(estimate.seconds)} per forward+backward pass over the data "
+                       f"({estimate.seconds_per_token * 1e3:.3f} ms per token, {estimate.source} on {estimate.device}, "
+                       f"{estimate.measured_tokens} tokens)")
     for note in plan.notes:
         print_line(f"note: {note}")
     proposal = plan.proposal
     if proposal is not None:
         if proposal.changes:
             changes = ", ".join(f"{k}={v}" for k, v in proposal.changes.items())
-            print_line(f"proposed: {changes} -> peak {fmt(proposal.peak_memory)}, index {fmt(proposal.index_bytes)}"
-                       + ("" if proposal.fits else " (still over budget)"))
+            host = f", host {fmt(proposal.host_peak)}" if proposal.host_peak else ""
+            print_line(f"proposed: {changes} -> peak {fmt(proposal.peak_memory)}{host}, {proposal.store}, "
+                       f"disk {fmt(proposal.disk_bytes)}" + ("" if proposal.fits else " (still over budget)"))
             for reason in proposal.reasons:
                 print_line(f"  - {reason}")
         elif plan.fits:
@@ -203,8 +259,10 @@ def _over_budget_line(plan: Any, fmt: Any) -> str:
     over = []
     if not plan.fits_memory:
         over.append(f"{fmt(plan.device_peak)} of memory per device (budget {fmt(plan.budgets.memory)})")
+    if not plan.fits_host:
+        over.append(f"{fmt(plan.host_peak)} of host memory (budget {fmt(plan.budgets.host_memory(plan.settings.device))})")
     if not plan.fits_disk:
-        over.append(f"{fmt(plan.index_bytes)} of disk (budget {fmt(plan.budgets.disk)})")
+        over.append(f"{fmt(plan.disk_bytes)} of disk (budget {fmt(plan.budgets.disk)})")
     fix = ""
     if plan.proposal is not None and plan.proposal.changes:
         fix = "; set " + ", ".join(f"{k}: {v}" for k, v in plan.proposal.changes.items())

@@ -1,31 +1,46 @@
 """One plan: a settings set priced over every batch of the dataset, and the settings that fit.
 
 Interface: ``make_plan(model, adapter, dataset, settings, budgets) -> Plan``: the predicted peak
-memory of the worst batch, the index's bytes on disk, whether both fit the budgets, and a
-``Proposal`` of settings that do (``propose_settings``). ``parse_size("24GiB")`` reads a budget.
-Pure functions of shapes and numbers: nothing is loaded and nothing is printed here.
+memory of the worst batch on the device and on the host, both stores of the training gradients
+priced (the index: its bytes on disk, the writer's buffer, one capture pass and then reads; the
+stream: nothing on disk, a chunk in flight, the engine's passes recomputed), the store the run
+would use (``engine.store``; ``auto`` decided as ``gradian.index.stream.choose_store`` decides,
+with the disk budget standing for the free disk), a Kronecker engine's factors and fitted state,
+whether it all fits the budgets, and a ``Proposal`` of settings that do (``propose_settings``).
+``parse_size("24GiB")`` reads a budget. Pure functions of shapes and numbers: nothing is loaded
+and nothing is printed here.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gradian.errors import ConfigError
 from gradian.sizes import format_size, parse_size
 from gradian.plan.memory import CaptureSettings, MemoryEstimate, block_widths, estimate_memory, index_bytes
-from gradian.plan.shapes import AdapterShape, BatchShape, DatasetShape, LoraLinear, ModelShape, lora_linears
+from gradian.plan.shapes import DTYPE_BYTES, AdapterShape, BatchShape, DatasetShape, LoraLinear, ModelShape, lora_linears
+from gradian.plan.stores import (GIB, CurvatureCost, IndexCost, Passes, StreamCost, auto_store, curvature_cost,
+                                 engine_passes)
 
 __all__ = ["PlanSettings", "Budgets", "Plan", "Proposal", "make_plan", "propose_settings", "parse_size",
-           "format_size", "HEADROOM"]
+           "format_size", "HEADROOM", "HOST_SHARE", "STORES"]
 
 #: share of a memory budget a proposal may fill: allocator fragmentation and the framework's own
 #: buffers (a CUDA context, kernels' workspaces) are not in the formulas
 HEADROOM = 0.9
 
+#: share of the host memory a proposal leaves to the chunk buffer (the index writer's, or a
+#: stream's chunk in flight) when the memory does not fit: the rest is the process's own
+HOST_SHARE = 0.25
+
+#: the values of ``engine.store``
+STORES = ("auto", "index", "stream")
+
 @dataclass(frozen=True)
 class PlanSettings:
-    """The settings a plan prices: what the capture and the store will be run with."""
+    """The settings a plan prices: what the capture, the store and the engine will be run with."""
 
     batch_size: int = 4
     max_seq_length: int | None = 1024
@@ -37,6 +52,15 @@ class PlanSettings:
     device: str = "cpu"
     #: the attribution engine; EK-FAC and K-FAC need the full per-example gradients, no projection
     engine: str = "ekfac"
+    #: ``engine.store``: auto, index or stream
+    store: str = "auto"
+    #: ``grads.max_index_gb``: the largest index ``auto`` writes (None: no limit)
+    max_index_gb: float | None = 100.0
+    #: ``engine.fisher`` and ``engine.fisher_samples``: a sampled Fisher makes passes of its own
+    fisher: str = "empirical"
+    fisher_samples: int = 1
+    #: the cross-check ``gradian attribute`` runs beside the engine (``auto``: the engine's own)
+    cross_check: str | None = "auto"
 
     @classmethod
     def from_config(cls, config: Any, device: str) -> "PlanSettings":
@@ -47,9 +71,12 @@ class PlanSettings:
                                   projection_dim=grads.projection_dim, projection_kind=grads.projection_kind,
                                   normalization=grads.normalization, storage_dtype=grads.storage_dtype,
                                   chunk_size=grads.chunk_size, block_granularity=grads.block_granularity)
+        engine = config.engine
         return cls(batch_size=grads.batch_size, max_seq_length=grads.max_seq_length, module_filter=grads.module_filter,
                    projection_dim=grads.projection_dim, storage_dtype=grads.storage_dtype, chunk_size=grads.chunk_size,
-                   capture=capture, device=device, engine=config.engine.name)
+                   capture=capture, device=device, engine=engine.name, store=getattr(engine, "store", "auto"),
+                   max_index_gb=grads.max_index_gb, fisher=getattr(engine, "fisher", "empirical"),
+                   fisher_samples=int(getattr(engine, "fisher_samples", 1)))
 
     def with_changes(self, **changes: Any) -> "PlanSettings":
         capture_keys = {"projection_dim", "storage_dtype", "chunk_size"}
@@ -57,26 +84,42 @@ class PlanSettings:
         return replace(self, capture=capture, **changes)
 
     def config_values(self) -> dict[str, Any]:
-        """The settings under their config keys (``grads.*``, ``engine.name``)."""
-        return {"grads.batch_size": self.batch_size, "grads.projection_dim": self.projection_dim,
-                "grads.module_filter": self.module_filter, "grads.storage_dtype": self.storage_dtype,
-                "grads.chunk_size": self.chunk_size, "grads.max_seq_length": self.max_seq_length,
+        """The settings under their config keys (``grads.*``, ``engine.*``)."""
+        return {"engine.store": self.store, "grads.batch_size": self.batch_size,
+                "grads.projection_dim": self.projection_dim, "grads.module_filter": self.module_filter,
+                "grads.storage_dtype": self.storage_dtype, "grads.chunk_size": self.chunk_size,
+                "grads.max_seq_length": self.max_seq_length, "grads.max_index_gb": self.max_index_gb,
                 "engine.name": self.engine}
 
     @property
     def needs_full_gradients(self) -> bool:
-        """The engine fits Kronecker curvature on whole per-example gradients, so no projection."""
+        """The engine fits Kronecker curvature on whole per-example gradients, so no flat projection."""
         from gradian.engines.registry import needs_whole_gradients
 
         return needs_whole_gradients(self.engine)
 
+    @property
+    def cross_check_engine(self) -> str | None:
+        """The cross-check ``gradian attribute`` runs (``cross_check`` resolved), or None."""
+        from gradian.engines.registry import resolve_cross_check
+
+        return resolve_cross_check(self.engine, self.cross_check)
+
 
 @dataclass(frozen=True)
 class Budgets:
-    """Bytes available: memory per device and disk for the index; ``None`` means unlimited."""
+    """Bytes available: memory per device, disk for the index and the engine state, and the host
+    memory of a GPU run (``None``: the memory budget); ``None`` means unlimited."""
 
     memory: int | None = None
     disk: int | None = None
+    host: int | None = None
+
+    def host_memory(self, device: str) -> int | None:
+        """The budget of host memory: on a CPU run the memory itself."""
+        if device == "cpu":
+            return self.memory
+        return self.host if self.host is not None else self.memory
 
 
 @dataclass
@@ -84,16 +127,23 @@ class Proposal:
     """Settings that fit the budgets: the changed config keys and what they cost."""
 
     changes: dict[str, Any]
+    #: peak on the device (on a CPU run, everything in the one memory)
     peak_memory: int
+    #: the index's bytes under the proposed settings, written or not
     index_bytes: int
     fits: bool
     #: why each change was made, in the order they were made
     reasons: list[str] = field(default_factory=list)
+    #: the store the run would use, and the bytes it leaves on disk (index and engine state)
+    store: str = "index"
+    disk_bytes: int = 0
+    #: host memory of a GPU run: the chunk buffer and a Kronecker fit's factors (0 on a CPU run)
+    host_peak: int = 0
 
 
 @dataclass
 class Plan:
-    """Predicted cost of indexing a dataset with one settings set."""
+    """Predicted cost of a gradient run with one settings set: the capture, both stores, the engine."""
 
     model: ModelShape
     adapter: AdapterShape
@@ -110,39 +160,82 @@ class Plan:
     memory: MemoryEstimate
     index_bytes: int
     budgets: Budgets
+    #: the engine's passes over the training set (one fit, one scoring), and the cross-check's
+    passes: Passes
+    cross_check: Passes | None
+    #: what each store costs
+    index: IndexCost
+    stream: StreamCost
+    #: a Kronecker engine's factors and fitted state (zeros otherwise)
+    curvature: CurvatureCost
+    #: the store the run would use, and why; and what ``engine.store: auto`` would choose
+    store: str
+    store_reason: str
+    auto_store: str
+    auto_reason: str
     proposal: Proposal | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
+    def host_buffer(self) -> int:
+        """The chunk buffer of the store the run would use (host memory)."""
+        return self.stream.host_buffer if self.store == "stream" else self.index.host_buffer
+
+    @property
+    def host_peak(self) -> int:
+        """Host memory beside the model: the chunk buffer and a Kronecker fit's factors and eigenbases."""
+        return self.host_buffer + self.curvature.host
+
+    @property
     def device_peak(self) -> int:
-        """Peak on the device; on a CPU run the index writer's buffer shares the same memory."""
-        return self.memory.peak + (self.memory.writer_buffer if self.settings.device == "cpu" else 0)
+        """Peak on the device: the capture, and a Kronecker engine's factors gathered there; on a
+        CPU run the host's share lives in the same memory and is added."""
+        return self.memory.peak + self.curvature.device + (self.host_peak if self.settings.device == "cpu" else 0)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes left on disk: the index (none under the stream) and a fitted engine state."""
+        return (0 if self.store == "stream" else self.index_bytes) + self.curvature.state_bytes
 
     @property
     def fits_memory(self) -> bool:
         return self.budgets.memory is None or self.device_peak <= self.budgets.memory
 
     @property
+    def fits_host(self) -> bool:
+        """A GPU run's host memory fits (always true on a CPU run: it is counted in ``device_peak``)."""
+        if self.settings.device == "cpu":
+            return True
+        budget = self.budgets.host_memory(self.settings.device)
+        return budget is None or self.host_peak <= budget
+
+    @property
     def fits_disk(self) -> bool:
-        return self.budgets.disk is None or self.index_bytes <= self.budgets.disk
+        return self.budgets.disk is None or self.disk_bytes <= self.budgets.disk
 
     @property
     def fits(self) -> bool:
-        return self.fits_memory and self.fits_disk
+        return self.fits_memory and self.fits_host and self.fits_disk
 
 
-def _cost(model: ModelShape, linears: list[LoraLinear], dataset: DatasetShape,
-          settings: PlanSettings) -> tuple[BatchShape, MemoryEstimate, int]:
+def _cost(model: ModelShape, linears: list[LoraLinear], dataset: DatasetShape, settings: PlanSettings,
+          cache: dict[Any, Any] | None = None) -> tuple[BatchShape, MemoryEstimate, int]:
     """The worst batch, its memory, and the index bytes, under ``settings``."""
     capture = replace(settings.capture, projection_dim=settings.projection_dim, storage_dtype=settings.storage_dtype,
                       chunk_size=settings.chunk_size)
-    lengths = dataset if settings.max_seq_length is None else _truncated(dataset, settings.max_seq_length)
-    # every term grows with the padded width and the supervised count, so per row count the
-    # widest batch with the most supervision bounds the rest: one estimate instead of thousands
-    bounds: dict[int, BatchShape] = {}
-    for batch in lengths.batches(settings.batch_size):
-        was = bounds.get(batch.rows, BatchShape(batch.rows, 0, 0))
-        bounds[batch.rows] = BatchShape(batch.rows, max(was.width, batch.width), max(was.supervised, batch.supervised))
+    key = (settings.batch_size, settings.max_seq_length)
+    bounds: dict[int, BatchShape] | None = cache.get(key) if cache is not None else None
+    if bounds is None:
+        lengths = dataset if settings.max_seq_length is None else _truncated(dataset, settings.max_seq_length)
+        # every term grows with the padded width and the supervised count, so per row count the
+        # widest batch with the most supervision bounds the rest: one estimate instead of thousands
+        bounds = {}
+        for batch in lengths.batches(settings.batch_size):
+            was = bounds.get(batch.rows, BatchShape(batch.rows, 0, 0))
+            bounds[batch.rows] = BatchShape(batch.rows, max(was.width, batch.width),
+                                            max(was.supervised, batch.supervised))
+        if cache is not None:
+            cache[key] = bounds
     worst, estimate = BatchShape(1, 1, 1), None
     for batch in bounds.values():
         candidate = estimate_memory(model, linears, batch, capture)
@@ -150,8 +243,77 @@ def _cost(model: ModelShape, linears: list[LoraLinear], dataset: DatasetShape,
             worst, estimate = batch, candidate
     if estimate is None:
         estimate = estimate_memory(model, linears, worst, capture)
-    widths = [w for _, w in block_widths(linears, capture.block_granularity, settings.projection_dim)]
+    widths = [w for _, w in block_widths(linears, capture.block_granularity, settings.projection_dim,
+                                         capture.projection_kind)]
     return worst, estimate, index_bytes(dataset.n, widths, settings.storage_dtype, settings.chunk_size)
+
+
+@dataclass
+class _Priced:
+    """Everything a plan or a proposal reads of one settings set."""
+
+    linears: list[LoraLinear]
+    worst: BatchShape
+    memory: MemoryEstimate
+    blocks: list[tuple[int, int]]
+    passes: Passes
+    cross_check: Passes | None
+    index: IndexCost
+    stream: StreamCost
+    curvature: CurvatureCost
+    store: str
+    store_reason: str
+    auto_store: str
+    auto_reason: str
+
+    @property
+    def host_buffer(self) -> int:
+        return self.stream.host_buffer if self.store == "stream" else self.index.host_buffer
+
+    @property
+    def host_peak(self) -> int:
+        return self.host_buffer + self.curvature.host
+
+    def device_peak(self, device: str) -> int:
+        return self.memory.peak + self.curvature.device + (self.host_peak if device == "cpu" else 0)
+
+    @property
+    def disk_bytes(self) -> int:
+        return (0 if self.store == "stream" else self.index.disk_bytes) + self.curvature.state_bytes
+
+    @property
+    def index_disk(self) -> int:
+        """Disk if the index is written: the index and the engine state."""
+        return self.index.disk_bytes + self.curvature.state_bytes
+
+
+def _price(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, settings: PlanSettings,
+           budgets: Budgets, cache: dict[Any, Any] | None = None) -> _Priced | None:
+    """``settings`` priced (None when no LoRA module is selected)."""
+    linears = lora_linears(model, adapter, settings.module_filter)
+    if not linears:
+        return None
+    worst, memory, disk = _cost(model, linears, dataset, settings, cache)
+    kind = settings.capture.projection_kind
+    blocks = block_widths(linears, settings.capture.block_granularity, settings.projection_dim, kind)
+    data = dataset.n * sum(w for _, w in blocks) * DTYPE_BYTES[settings.storage_dtype]
+    normalization = settings.capture.normalization
+    passes = engine_passes(settings.engine, settings.fisher, settings.fisher_samples, normalization)
+    cross_name = settings.cross_check_engine
+    cross = (engine_passes(cross_name, settings.fisher, settings.fisher_samples, normalization,
+                           primed=passes.first > 0) if cross_name else None)
+    auto, auto_reason = auto_store(data, settings.max_index_gb, budgets.disk)
+    if settings.store == "auto":
+        store, reason = auto, f"engine.store is auto: {auto_reason}"
+    else:
+        store, reason = settings.store, f"engine.store is {settings.store}"
+    return _Priced(
+        linears=linears, worst=worst, memory=memory, blocks=blocks, passes=passes, cross_check=cross,
+        index=IndexCost(disk_bytes=disk, data_bytes=data, host_buffer=memory.writer_buffer,
+                        captures=passes.index_captures, reads=passes.index_reads),
+        stream=StreamCost(passes=passes.stream, host_buffer=memory.stream_chunk),
+        curvature=curvature_cost(settings.engine, linears, settings.projection_dim, kind),
+        store=store, store_reason=reason, auto_store=auto, auto_reason=auto_reason)
 
 
 def _truncated(dataset: DatasetShape, limit: int) -> DatasetShape:
@@ -164,28 +326,44 @@ def _truncated(dataset: DatasetShape, limit: int) -> DatasetShape:
 def make_plan(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, settings: PlanSettings,
               budgets: Budgets = Budgets(), propose: bool = True) -> Plan:
     """Price ``settings`` over every batch of ``dataset``; with budgets, propose settings that fit."""
-    linears = lora_linears(model, adapter, settings.module_filter)
-    if not linears:
+    if settings.store not in STORES:
+        raise ConfigError(f"engine.store '{settings.store}' is not one of {', '.join(STORES)}")
+    priced = _price(model, adapter, dataset, settings, budgets)
+    if priced is None:
         raise ConfigError(
             f"no LoRA module of {model.name or model.model_type} matches target_modules {adapter.target_modules!r}"
             + (f" and grads.module_filter '{settings.module_filter}'" if settings.module_filter else "")
         )
-    worst, memory, disk = _cost(model, linears, dataset, settings)
-    blocks = block_widths(linears, settings.capture.block_granularity, settings.projection_dim)
+    blocks = priced.blocks
     lengths = _truncated(dataset, settings.max_seq_length) if settings.max_seq_length else dataset
     plan = Plan(model=model, adapter=adapter, settings=settings, n_examples=dataset.n,
                 max_tokens=max(lengths.lengths, default=0), total_tokens=sum(lengths.lengths), n_blocks=len(blocks),
                 values_per_example=sum(d for d, _ in blocks), stored_per_example=sum(w for _, w in blocks),
-                worst_batch=worst, memory=memory, index_bytes=disk, budgets=budgets)
+                worst_batch=priced.worst, memory=priced.memory, index_bytes=priced.index.disk_bytes, budgets=budgets,
+                passes=priced.passes, cross_check=priced.cross_check, index=priced.index, stream=priced.stream,
+                curvature=priced.curvature, store=priced.store, store_reason=priced.store_reason,
+                auto_store=priced.auto_store, auto_reason=priced.auto_reason)
     if not model.llama_style:
         plan.notes.append(f"model type '{model.model_type}' is not Llama-style: activations are estimated as if it were")
-    if settings.projection_dim and settings.needs_full_gradients:
-        plan.notes.append(f"engine.name {settings.engine} refuses a projected index (grads.projection_dim "
-                          f"{settings.projection_dim}): set grads.projection_dim: null, or engine.name: datainf")
-    if settings.capture.projection_kind == "rademacher" and memory.projection_cache:
-        plan.notes.append(f"rademacher projection keeps {format_size(memory.projection_cache)} of matrices on the "
+    flat = settings.capture.projection_kind != "kronecker"
+    if settings.projection_dim and flat and settings.needs_full_gradients:
+        plan.notes.append(f"engine.name {settings.engine} refuses a flat projection of the index (grads.projection_dim "
+                          f"{settings.projection_dim}): set grads.projection_dim: null (engine.store: stream when the "
+                          "index does not fit), or engine.name: datainf")
+    over_limit = settings.max_index_gb is not None and priced.index.data_bytes > settings.max_index_gb * GIB
+    if settings.store == "index" and over_limit and not settings.projection_dim:
+        plan.notes.append(
+            "engine.store is index and the index is over grads.max_index_gb: "
+            + (f"{settings.engine} stops there; set engine.store: stream or auto, or raise grads.max_index_gb"
+               if settings.needs_full_gradients
+               else "the run projects it to the widest power of two that fits"))
+    if settings.capture.projection_kind == "rademacher" and priced.memory.projection_cache:
+        plan.notes.append(f"rademacher projection keeps {format_size(priced.memory.projection_cache)} of matrices on the "
                           "device; countsketch keeps none")
-    if propose and (budgets.memory is not None or budgets.disk is not None):
+    if settings.store == "auto" and priced.auto_store == "index" and budgets.disk is None:
+        plan.notes.append("engine.store auto compares the index with the free disk of cache_dir when the run starts; "
+                          "without --disk the plan assumes it holds the index")
+    if propose and (budgets.memory is not None or budgets.disk is not None or budgets.host is not None):
         plan.proposal = propose_settings(model, adapter, dataset, settings, budgets)
     return plan
 
@@ -197,83 +375,175 @@ def _layer_filter(first: int, last: int) -> str:
 
 def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, settings: PlanSettings,
                      budgets: Budgets) -> Proposal:
-    """Settings that fit ``budgets``, changing as little as possible, in this order.
+    """Settings that fit ``budgets``, changing as little as possible, in this order. The engine
+    is never changed.
 
-    Disk: float16 storage (halves the index; scores barely move), then the widest power-of-two
-    projection that fits, then fewer layers (the last ones). Memory: the largest batch size up
-    to the configured one that fits ``HEADROOM`` of the budget, then (at batch 1) fewer layers,
-    since activations are kept only from the first layer holding a selected module; on a CPU run
-    a smaller index chunk when the writer's buffer is what does not fit.
+    Disk, when the index (and the engine's fitted state) does not fit it: float16 storage (halves
+    the index; scores barely move). Under an engine that fits Kronecker curvature on whole
+    gradients (EK-FAC, K-FAC), if that is not enough, ``engine.store: stream`` (nothing written,
+    the gradients recomputed in each of the engine's passes); under the other engines the widest
+    power-of-two projection that fits, then fewer layers (the last ones), and a
+    ``grads.max_index_gb`` that lets ``engine.store: auto`` write that index. Memory: a smaller
+    chunk, when the chunk buffer (the index writer's, or a stream's chunk in flight) is more than
+    ``HOST_SHARE`` of the host memory; the largest batch size up to the configured one that fits
+    ``HEADROOM`` of the budget; a smaller chunk still if the buffer is what does not fit; then
+    fewer layers, since activations are kept only from the first layer holding a selected module
+    (and a Kronecker engine's factors grow with each layer).
     """
+    cache: dict[Any, Any] = {}
     current = settings
     reasons: list[str] = []
+    device = settings.device
+    host_budget = budgets.host_memory(device)
 
-    def cost(s: PlanSettings) -> tuple[int, int]:
-        linears = lora_linears(model, adapter, s.module_filter)
-        if not linears:
-            return 2**62, 2**62
-        _, memory, disk = _cost(model, linears, dataset, s)
-        peak = memory.peak + (memory.writer_buffer if s.device == "cpu" else 0)
-        return peak, disk
+    def price(s: PlanSettings) -> _Priced | None:
+        return _price(model, adapter, dataset, s, budgets, cache)
+
+    def index_fits(s: PlanSettings) -> bool:
+        p = price(s)
+        return p is not None and (budgets.disk is None or p.index_disk <= budgets.disk)
+
+    def within_limit(s: PlanSettings) -> bool:
+        """The index is under ``grads.max_index_gb``, so the run writes it (under auto or index)."""
+        p = price(s)
+        return p is not None and (s.max_index_gb is None or p.index.data_bytes <= s.max_index_gb * GIB)
 
     def disk_ok(s: PlanSettings) -> bool:
-        return budgets.disk is None or cost(s)[1] <= budgets.disk
+        p = price(s)
+        return p is not None and (budgets.disk is None or p.disk_bytes <= budgets.disk)
+
+    def device_ok(s: PlanSettings) -> bool:
+        p = price(s)
+        return p is not None and (budgets.memory is None or p.device_peak(device) <= HEADROOM * budgets.memory)
+
+    def host_ok(s: PlanSettings) -> bool:
+        """The host memory fits (on a CPU run: the one memory, as ``device_ok``)."""
+        if device == "cpu":
+            return device_ok(s)
+        p = price(s)
+        return p is not None and (host_budget is None or p.host_peak <= HEADROOM * host_budget)
 
     def memory_ok(s: PlanSettings) -> bool:
-        return budgets.memory is None or cost(s)[0] <= HEADROOM * budgets.memory
+        return device_ok(s) and host_ok(s)
 
-    if not disk_ok(current) and current.storage_dtype != "float16":
-        current = current.with_changes(storage_dtype="float16")
-        reasons.append("float16 storage halves the index")
-    if not disk_ok(current):
-        widest = max((lin.dim for lin in lora_linears(model, adapter, current.module_filter)), default=1)
-        for p in (2**k for k in range(24, 5, -1)):
-            if p >= widest:
-                continue
-            trial = current.with_changes(projection_dim=p)
+    first = price(current)
+    if first is not None and budgets.disk is not None and current.store != "stream" and first.index_disk > budgets.disk:
+        half = current.with_changes(storage_dtype="float16") if current.storage_dtype != "float16" else None
+        if current.needs_full_gradients:
+            if half is not None and index_fits(half) and within_limit(half):
+                current = half
+                reasons.append("float16 storage halves the index")
+            else:
+                current = current.with_changes(store="stream")
+                reasons.append(f"the index ({format_size(first.index.disk_bytes)}) does not fit the disk budget, and "
+                               f"{settings.engine} fits its curvature on whole gradients: engine.store: stream writes "
+                               f"none and recomputes them in each of its {first.passes.stream} passes")
+        else:
+            if half is not None:
+                current = half
+                reasons.append("float16 storage halves the index")
+            if not index_fits(current):
+                widest = max((lin.dim for lin in lora_linears(model, adapter, current.module_filter)), default=1)
+                for p in (2**k for k in range(24, 5, -1)):
+                    if p >= widest:
+                        continue
+                    trial = current.with_changes(projection_dim=p)
+                    if index_fits(trial):
+                        current = trial
+                        reasons.append(f"a {p}-wide projection per block fits the disk budget")
+                        break
+            if not index_fits(current):
+                for start in range(1, model.num_layers):
+                    trial = current.with_changes(module_filter=_layer_filter(start, model.num_layers - 1))
+                    if index_fits(trial):
+                        current = trial
+                        reasons.append(f"only layers {start}..{model.num_layers - 1} are indexed (disk)")
+                        break
+            now = price(current)
+            if now is not None and current.store == "auto" and not within_limit(current) and index_fits(current):
+                limit = float(math.ceil(now.index.data_bytes / GIB))
+                current = current.with_changes(max_index_gb=limit)
+                reasons.append(f"grads.max_index_gb {limit:g} lets engine.store: auto write this "
+                               f"{format_size(now.index.data_bytes)} index (over the limit, it streams)")
+    if (current.store == "index" and current.needs_full_gradients and not current.projection_dim
+            and not within_limit(current) and index_fits(current)):
+        over = price(current)
+        assert over is not None
+        limit = float(math.ceil(over.index.data_bytes / GIB))
+        current = current.with_changes(max_index_gb=limit)
+        reasons.append(f"grads.max_index_gb {limit:g}: under engine.store: index, {settings.engine} stops at a larger "
+                       f"index than the limit, and this {format_size(over.index.data_bytes)} one fits the disk")
+    if not disk_ok(current):  # the engine's fitted state alone, or nothing above was enough
+        for start in range(1, model.num_layers):
+            trial = current.with_changes(module_filter=_layer_filter(start, model.num_layers - 1))
             if disk_ok(trial):
                 current = trial
-                reasons.append(f"a {p}-wide projection per block fits the disk budget")
-                if current.needs_full_gradients:
-                    current = current.with_changes(engine="datainf")
-                    reasons.append(f"{settings.engine} needs unprojected gradients, so a projected index is "
-                                   "scored with datainf")
-                break
-    if not disk_ok(current):
-        for first in range(1, model.num_layers):
-            trial = current.with_changes(module_filter=_layer_filter(first, model.num_layers - 1))
-            if disk_ok(trial):
-                current = trial
-                reasons.append(f"only layers {first}..{model.num_layers - 1} are indexed (disk)")
+                reasons.append(f"only layers {start}..{model.num_layers - 1} are differentiated (disk)")
                 break
 
-    if budgets.memory is not None and settings.device == "cpu":
-        while not memory_ok(current) and current.chunk_size > 16:
-            _, memory, _ = _cost(model, lora_linears(model, adapter, current.module_filter), dataset, current)
-            if memory.writer_buffer < 0.25 * budgets.memory:
-                break
-            current = current.with_changes(chunk_size=max(16, current.chunk_size // 2))
-        if current.chunk_size != settings.chunk_size:
-            reasons.append(f"index chunks of {current.chunk_size} rows keep the writer's buffer small")
-    if not memory_ok(current):
+    buffer_budget = budgets.memory if device == "cpu" else host_budget
+
+    def buffer(s: PlanSettings) -> int:
+        p = price(s)
+        return p.host_buffer if p is not None else 0
+
+    chunk, batch = current.chunk_size, current.batch_size
+    if buffer_budget is not None:
+        while not host_ok(current) and current.chunk_size > 1 and buffer(current) > HOST_SHARE * buffer_budget:
+            current = current.with_changes(chunk_size=max(1, current.chunk_size // 2))
+    if not device_ok(current):
         for size in range(current.batch_size - 1, 0, -1):
             trial = current.with_changes(batch_size=size)
-            if memory_ok(trial):
+            if device_ok(trial):
                 current = trial
-                reasons.append(f"batches of {size} fit the memory budget")
                 break
         else:
             current = current.with_changes(batch_size=1)
-    if not memory_ok(current):
-        for first in range(1, model.num_layers):
-            trial = current.with_changes(module_filter=_layer_filter(first, model.num_layers - 1))
+    if not memory_ok(current) and buffer_budget is not None:
+        size = current.chunk_size // 2
+        while size >= 1:
+            trial = current.with_changes(chunk_size=size)
             if memory_ok(trial):
                 current = trial
-                reasons.append(f"only layers {first}..{model.num_layers - 1} are differentiated (memory)")
                 break
-    peak, disk = cost(current)
+            size //= 2
+    if not memory_ok(current):
+        for start in range(1, model.num_layers):
+            trial = current.with_changes(module_filter=_layer_filter(start, model.num_layers - 1))
+            if memory_ok(trial):
+                current = trial
+                reasons.append(f"only layers {start}..{model.num_layers - 1} are differentiated (memory"
+                               + (f"; {settings.engine}'s Kronecker factors grow with each layer)"
+                                  if current.needs_full_gradients else ")"))
+                break
+    # fewer layers may leave room for larger batches and chunks again
+    while current.batch_size < batch and memory_ok(current.with_changes(batch_size=current.batch_size + 1)):
+        current = current.with_changes(batch_size=current.batch_size + 1)
+    if buffer_budget is not None:
+        while current.chunk_size < chunk:
+            trial = current.with_changes(chunk_size=min(chunk, current.chunk_size * 2))
+            if not memory_ok(trial) or buffer(trial) > HOST_SHARE * buffer_budget:
+                break
+            current = trial
+    if current.batch_size != batch:
+        reasons.append(f"batches of {current.batch_size} fit the memory budget" if memory_ok(current)
+                       else "batches of 1, the smallest")
+    final = price(current)
+    assert final is not None
+    if current.chunk_size != chunk:
+        which = "stream's chunk in flight" if final.store == "stream" else "index writer's buffer"
+        reasons.append(f"chunks of {current.chunk_size} rows keep the {which} at {format_size(final.host_buffer)} "
+                       "of host memory")
+    peak, host, disk = final.device_peak(device), final.host_peak, final.disk_bytes
     changes = {k: v for k, v in current.config_values().items() if settings.config_values()[k] != v}
-    fits = (budgets.memory is None or peak <= budgets.memory) and (budgets.disk is None or disk <= budgets.disk)
+    fits = ((budgets.memory is None or peak <= budgets.memory) and (budgets.disk is None or disk <= budgets.disk)
+            and (device == "cpu" or host_budget is None or host <= host_budget))
     if not fits and budgets.memory is not None and peak > budgets.memory and current.capture.model_bytes > 2:
         reasons.append("even so it does not fit: a bfloat16 model (dtype: bfloat16) halves the weights")
-    return Proposal(changes=changes, peak_memory=peak, index_bytes=disk, fits=fits, reasons=reasons)
+    elif not fits and final.curvature.factor_bytes:
+        layers = len({lin.layer for lin in final.linears})
+        reasons.append(f"even so it does not fit: {settings.engine}'s Kronecker factors take "
+                       f"{format_size(final.curvature.factor_bytes // max(layers, 1))} per layer on the device and "
+                       "twice that on the host")
+    return Proposal(changes=changes, peak_memory=peak, index_bytes=final.index.disk_bytes, fits=fits,
+                    reasons=reasons, store=final.store, disk_bytes=disk, host_peak=0 if device == "cpu" else host)
