@@ -368,6 +368,10 @@ def make_plan(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, s
     return plan
 
 
+def _layers_kept(first: int, last: int) -> str:
+    return f"only layer {last} is" if first == last else f"only layers {first}..{last} are"
+
+
 def _layer_filter(first: int, last: int) -> str:
     """A ``grads.module_filter`` keeping layers ``first..last``."""
     return r"\.layers\.(" + "|".join(str(k) for k in range(first, last + 1)) + r")\."
@@ -457,7 +461,7 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
                     trial = current.with_changes(module_filter=_layer_filter(start, model.num_layers - 1))
                     if index_fits(trial):
                         current = trial
-                        reasons.append(f"only layers {start}..{model.num_layers - 1} are indexed (disk)")
+                        reasons.append(f"{_layers_kept(start, model.num_layers - 1)} indexed (disk)")
                         break
             now = price(current)
             if now is not None and current.store == "auto" and not within_limit(current) and index_fits(current):
@@ -478,7 +482,7 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
             trial = current.with_changes(module_filter=_layer_filter(start, model.num_layers - 1))
             if disk_ok(trial):
                 current = trial
-                reasons.append(f"only layers {start}..{model.num_layers - 1} are differentiated (disk)")
+                reasons.append(f"{_layers_kept(start, model.num_layers - 1)} differentiated (disk)")
                 break
 
     buffer_budget = budgets.memory if device == "cpu" else host_budget
@@ -512,17 +516,24 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
             trial = current.with_changes(module_filter=_layer_filter(start, model.num_layers - 1))
             if memory_ok(trial):
                 current = trial
-                reasons.append(f"only layers {start}..{model.num_layers - 1} are differentiated (memory"
+                # a cut for the disk is superseded by this narrower one
+                reasons = [r for r in reasons if not r.startswith("only layer")]
+                reasons.append(f"{_layers_kept(start, model.num_layers - 1)} differentiated (memory"
                                + (f"; {settings.engine}'s Kronecker factors grow with each layer)"
                                   if current.needs_full_gradients else ")"))
                 break
+        else:  # none fits HEADROOM of the budget: the fewest, the closest
+            last = model.num_layers - 1
+            current = current.with_changes(module_filter=_layer_filter(last, last))
+            reasons = [r for r in reasons if not r.startswith("only layer")]
+            reasons.append(f"{_layers_kept(last, last)} differentiated (memory), the fewest")
     # fewer layers may leave room for larger batches and chunks again
     while current.batch_size < batch and memory_ok(current.with_changes(batch_size=current.batch_size + 1)):
         current = current.with_changes(batch_size=current.batch_size + 1)
     if buffer_budget is not None:
         while current.chunk_size < chunk:
             trial = current.with_changes(chunk_size=min(chunk, current.chunk_size * 2))
-            if not memory_ok(trial) or buffer(trial) > HOST_SHARE * buffer_budget:
+            if not host_ok(trial) or buffer(trial) > HOST_SHARE * buffer_budget:
                 break
             current = trial
     if current.batch_size != batch:

@@ -25,7 +25,7 @@ passes over the data; under ``index`` ``1 + model`` (the build and the fit's own
 ``gradients`` reads of the index. EK-FAC (empirical Fisher): 3 under stream, 1 and 2 reads under
 the index; K-FAC: 2, 1 and 1 read; DataInf: 3, 1 and 2 reads; gradient dot products: 1, 1 and 1
 read. A cached fit makes only the scoring pass; ``engine.checkpoints: all`` repeats the fit and
-the scoring under each checkpoint.
+the scoring under each checkpoint, and TracIn scores once per checkpoint (counted here as one).
 """
 
 from __future__ import annotations
