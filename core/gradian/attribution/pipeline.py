@@ -253,7 +253,7 @@ def run_attribution(
             accused=Accused.of(accused) if accused is not None else None,
             spans=spans,
             notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
-                  + ([cross_note] if cross_note else []),
+                  + ([cross_note] if cross_note else []) + list(getattr(index, "notes", None) or []),
             # one name whatever the engine, so runs of different engines compare
             metrics=AttributionMetrics(index_seconds=round(index_seconds, 3),
                                        fit_seconds=fit_seconds[cfg.engine.name]),

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Se
 
 import numpy as np
 
+from gradian.chunks import ChunkOutputs, fold, pass_key
 from gradian.errors import IndexMismatchError
 
 if TYPE_CHECKING:
@@ -44,7 +45,10 @@ __all__ = [
     "as_query_matrix",
     "check_widths",
     "compute_dtype",
+    "chunk_pass",
     "dot_pass",
+    "fold",
+    "pass_key",
     "row_pass",
     "train_rows",
     "train_widths",
@@ -360,7 +364,18 @@ class Engine(ABC):
         own_rows = self.self_influence_rows(state, pre)
         if own_rows is None:
             raise NotImplementedError(f"engine '{self.name}' has no self-influence")
-        return row_pass(state.train, own_rows)
+        return row_pass(state.train, own_rows, "self-influence", self.self_influence_inputs(state, pre))
+
+    def self_influence_inputs(self, state: EngineState, pre: Preconditioned) -> dict[str, Any]:
+        """What the self-influence of a row depends on besides the row (the fitted state and the
+        damping), for a resumable pass's key: the state's id and the damping by default."""
+        out: dict[str, Any] = {"engine": self.name,
+                               "damping": sorted(pre.damping.items()) if isinstance(pre.damping, dict) else repr(pre.damping)}
+        if state.state_id:
+            out["state"] = state.state_id
+        else:  # a state kept in memory only: what it holds
+            out.update({f"state.{k}": np.asarray(v) for k, v in state.arrays.items()})
+        return out
 
     def self_influence_rows(self, state: EngineState,
                             pre: Preconditioned) -> Callable[[dict[str, np.ndarray]], np.ndarray] | None:
@@ -377,17 +392,12 @@ class Engine(ABC):
         check_widths(train, q)
         pre = self.precondition(state, q, config)
         own_rows = self.self_influence_rows(state, pre) if self.ranks_by_self_influence(config) else None
-        own_parts: list[tuple[int, np.ndarray]] = []
-
-        def each(start: int, chunk: dict[str, np.ndarray]) -> None:  # in the scoring pass itself
-            assert own_rows is not None
-            own_parts.append((start, own_rows(chunk)))
-
-        scores = dot_pass(train, pre.direction, each if own_rows is not None else None)
+        # the self-influence is computed in the scoring pass itself, while each row's gradient exists
+        scores, own_in_pass = dot_pass(train, pre.direction, own_rows, self.self_influence_inputs(state, pre))
         notes = list(pre.notes)
         ranking = None
         if self.ranks_by_self_influence(config):
-            own = _gathered(train.n, own_parts) if own_rows is not None else self.self_influence(state, pre)
+            own = own_in_pass if own_in_pass is not None else self.self_influence(state, pre)
             ranking = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]
             if notes:
                 notes[0] += RELATIF_NOTE
@@ -470,7 +480,7 @@ def gradient_dot(train: TrainGradients, query: Mapping[str, Any], normalize_quer
     if normalize_query:
         total = np.sqrt(sum((v ** 2).sum(axis=1) for v in q.values()))
         q = {b: v / np.maximum(total, 1e-300)[:, None] for b, v in q.items()}
-    return dot_pass(train, q), single
+    return dot_pass(train, q)[0], single
 
 
 def _gathered(n: int, parts: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
@@ -481,23 +491,58 @@ def _gathered(n: int, parts: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
     return out
 
 
-def row_pass(train: TrainGradients, of_chunk: Callable[[dict[str, np.ndarray]], np.ndarray]) -> np.ndarray:
-    """``[n]``: ``of_chunk`` (one value per row of a chunk) over every chunk of one pass."""
-    return _gathered(train.n, [(start, of_chunk(chunk)) for start, chunk in train.iter_chunks()])
+def chunk_pass(train: TrainGradients, name: str, inputs: Mapping[str, Any],
+               of_chunk: Callable[[int, dict[str, np.ndarray]], ChunkOutputs], *, rows: Sequence[str] = (),
+               sums: Sequence[str] = ()) -> ChunkOutputs:
+    """One pass over ``train`` folding ``of_chunk`` (see ``fold``). A container that recomputes its
+    gradients (a stream) offers ``fold_chunks(key, of_chunk, rows=, sums=)`` and gets the pass's
+    content key (``pass_key(name, inputs)``), so it can keep each chunk's result and resume an
+    interrupted pass where it stopped; anything else is folded here, chunk by chunk."""
+    folder = getattr(train, "fold_chunks", None)
+    if callable(folder):
+        return dict(folder(pass_key(name, inputs), of_chunk, rows=tuple(rows), sums=tuple(sums)))
+    return fold(train.iter_chunks(), train.n, of_chunk, rows, sums)
+
+
+def _inputs_of(direction: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    return {f"direction.{b}": np.asarray(v) for b, v in direction.items()}
+
+
+def row_pass(train: TrainGradients, of_chunk: Callable[[dict[str, np.ndarray]], np.ndarray],
+             name: str = "rows", inputs: Mapping[str, Any] | None = None) -> np.ndarray:
+    """``[n]``: ``of_chunk`` (one value per row of a chunk) over every chunk of one pass; ``name``
+    and ``inputs`` identify the pass to a resumable container (see ``chunk_pass``)."""
+    if inputs is None:
+        return _gathered(train.n, [(start, of_chunk(chunk)) for start, chunk in train.iter_chunks()])
+    out = chunk_pass(train, name, inputs, lambda start, chunk: {"rows": np.asarray(of_chunk(chunk), dtype=np.float64)},
+                     rows=("rows",))
+    return out.get("rows", np.zeros(train.n, dtype=np.float64))
 
 
 def dot_pass(train: TrainGradients, direction: Mapping[str, np.ndarray],
-             each: Callable[[int, dict[str, np.ndarray]], None] | None = None) -> np.ndarray:
-    """``[n, queries]``: ``sum_l <direction_l, g_j^(l)>`` for every row, in one pass over ``train``
-    (``direction`` is ``{block: [queries, width]}``); ``each(start, chunk)`` runs on every chunk of
-    that pass, for what else the pass computes while the gradients are at hand."""
+             also: Callable[[dict[str, np.ndarray]], np.ndarray] | None = None,
+             also_inputs: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """``([n, queries], [n] or None)``: ``sum_l <direction_l, g_j^(l)>`` for every row, in one pass
+    over ``train`` (``direction`` is ``{block: [queries, width]}``), and ``also`` (one value per row
+    of a chunk, e.g. the self-influence) computed in the same pass while the gradients are at hand.
+    ``also_inputs`` is what ``also`` depends on, so a resumable container keys the pass by it."""
     blocks = train.block_names
-    scores = np.zeros((train.n, next(iter(direction.values())).shape[0]), dtype=np.float64)
-    for start, chunk in train.iter_chunks():
+    queries = next(iter(direction.values())).shape[0]
+
+    def of_chunk(start: int, chunk: dict[str, np.ndarray]) -> ChunkOutputs:
+        size = next(iter(chunk.values())).shape[0]
+        scores = np.zeros((size, queries), dtype=np.float64)
         for b in blocks:
             g = chunk[b]
             dt = compute_dtype(g)
-            scores[start : start + g.shape[0]] += g.astype(dt, copy=False) @ direction[b].T.astype(dt)
-        if each is not None:
-            each(start, chunk)
-    return scores
+            scores += g.astype(dt, copy=False) @ direction[b].T.astype(dt)
+        part = {"scores": scores}
+        if also is not None:
+            part["also"] = np.asarray(also(chunk), dtype=np.float64)
+        return part
+
+    inputs = {**_inputs_of(direction), **{f"also.{k}": v for k, v in (also_inputs or {}).items()},
+              "also": also is not None}
+    out = chunk_pass(train, "scores", inputs, of_chunk, rows=("scores", "also") if also is not None else ("scores",))
+    scores = out.get("scores", np.zeros((train.n, queries), dtype=np.float64))
+    return scores, (out.get("also", np.zeros(train.n)) if also is not None else None)

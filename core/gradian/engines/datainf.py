@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from gradian.engines.base import Engine, EngineState, Preconditioned, compute_dtype
+from gradian.engines.base import Engine, EngineState, Preconditioned, chunk_pass, compute_dtype
 from gradian.errors import ConfigError
 
 __all__ = ["DataInfEngine", "block_damping"]
@@ -62,13 +62,18 @@ class DataInfEngine(Engine):
         norms = train.sq_norms()
         lam = block_damping(norms, {b: q[b].shape[1] for b in blocks}, config.lambda_scale, config.lambda_override)
         n = train.n
-        acc = {b: np.zeros_like(q[b]) for b in blocks}
-        for start, chunk in train.iter_chunks():
+        def of_chunk(start: int, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            part = {}
             for b in blocks:
                 g = chunk[b]
                 dt = compute_dtype(g)
                 g = g.astype(dt, copy=False)
                 dots = g @ q[b].T.astype(dt)  # [rows, queries]
                 coef = dots / (lam[b] + norms[b][start : start + g.shape[0]])[:, None].astype(dt)
-                acc[b] += (coef.T @ g).astype(np.float64)
+                part[b] = (coef.T @ g).astype(np.float64)
+            return part
+
+        inputs = {**{f"query.{b}": np.asarray(q[b]) for b in blocks}, "damping": sorted(lam.items())}
+        folded = chunk_pass(train, "datainf-precondition", inputs, of_chunk, sums=blocks)
+        acc = {b: np.zeros_like(q[b]) + folded.get(b, 0.0) for b in blocks}
         return Preconditioned({b: (q[b] - acc[b] / n) / lam[b] for b in blocks}, damping=lam)

@@ -36,6 +36,7 @@ from gradian.engines.base import (
     FitContext,
     Preconditioned,
     TrainGradients,
+    chunk_pass,
     row_pass,
     sum_over_checkpoints,
     train_widths,
@@ -213,13 +214,21 @@ class _KroneckerEngine(Engine):
                         n_rows += rows
                         tick(rows)
             else:
-                for _, chunk in train.iter_chunks():
+                def of_chunk(start: int, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                     rows = next(iter(chunk.values())).shape[0]
+                    part = {"rows": np.asarray(rows, dtype=np.int64)}
                     for layer in layers:
                         cols = chunk[layer["block"]][:, layer["offset"]: layer["offset"] + layer["out"] * layer["in"]]
                         g = np.asarray(cols, dtype=np.float64).reshape(rows, layer["out"], layer["in"])
-                        sums[layer["key"]] += corrected_eigenvalues(eigen[layer["key"]], g)
-                    n_rows += rows
+                        part[layer["key"]] = corrected_eigenvalues(eigen[layer["key"]], g)
+                    return part
+
+                # one pass over the stored (or streamed) gradients, in the eigenbases just computed
+                bases = {f"{key}.{side}": getattr(e, side) for key, e in eigen.items() for side in ("q_a", "q_s")}
+                folded = chunk_pass(train, "eigenvalue-correction", bases, of_chunk, sums=("rows", *sums))
+                for key in sums:
+                    sums[key] = sums[key] + folded.get(key, 0.0)
+                n_rows = int(folded.get("rows", 0))
             corrected = {key: v / max(n_rows, 1) for key, v in sums.items()}
         arrays: dict[str, np.ndarray] = {}
         for key, e in eigen.items():

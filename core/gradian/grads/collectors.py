@@ -17,7 +17,7 @@ Interface:
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -126,6 +126,38 @@ class KroneckerCollector:
             else:
                 out[key] = (np.zeros((layer["in"], layer["in"])), np.zeros((layer["out"], layer["out"])), 0)
         return out
+
+    def part_names(self) -> list[str]:
+        """The names of what ``take`` returns: each layer's two sums and token count, and the
+        examples and real tokens seen."""
+        return [f"factor.{layer['key']}.{part}" for layer in self.layers for part in ("xx", "gg", "tokens")] + \
+            ["factor.examples", "factor.real_tokens"]
+
+    def take(self) -> dict[str, np.ndarray]:
+        """Everything gathered since the last ``take`` (float64 sums, int64 counts, named as in
+        ``part_names``), and start again from nothing: one chunk's share of the factors."""
+        out: dict[str, np.ndarray] = {}
+        for key, (xx, gg, tokens) in self.sums.items():
+            out[f"factor.{key}.xx"], out[f"factor.{key}.gg"] = xx, gg
+            out[f"factor.{key}.tokens"] = np.asarray(tokens, dtype=np.int64)
+        out["factor.examples"] = np.asarray(self.examples, dtype=np.int64)
+        out["factor.real_tokens"] = np.asarray(self.real_tokens, dtype=np.int64)
+        self._sums, self.examples, self.real_tokens = {}, 0, 0
+        return out
+
+    def restore(self, parts: Mapping[str, np.ndarray]) -> None:
+        """Hold the totals ``parts`` (``take``'s names, summed over chunks) as what was gathered."""
+        import torch
+
+        self._sums = {}
+        for layer in self.layers:
+            key = layer["key"]
+            tokens = int(parts.get(f"factor.{key}.tokens", 0))
+            if tokens:
+                self._sums[key] = [torch.from_numpy(np.array(parts[f"factor.{key}.xx"], dtype=np.float64)),
+                                   torch.from_numpy(np.array(parts[f"factor.{key}.gg"], dtype=np.float64)), tokens]
+        self.examples = int(parts.get("factor.examples", 0))
+        self.real_tokens = int(parts.get("factor.real_tokens", 0))
 
     def __enter__(self) -> "KroneckerCollector":
         self._model_handle = self.gm.model.register_forward_pre_hook(self._batch, with_kwargs=True)

@@ -9,8 +9,11 @@ Interface:
   its first row, the values rounded to ``grads.storage_dtype``), so an engine scores the same
   numbers from a stream as from the index. Its ``index_id`` is the id that index would have, so a
   fitted engine state is stored, found and reused under the same id whichever store produced it.
-  ``passes`` counts the full passes made; ``prime()`` makes one (inside a ``KroneckerCollector``
-  it gathers the Kronecker factors too) and keeps the squared norms.
+  ``passes`` counts the full passes made; ``prime(collector)`` makes one, keeping the squared
+  norms and (given the active ``KroneckerCollector``) the Kronecker factors. ``fold_chunks`` is
+  the resumable pass every engine's folded pass goes through (``gradian.engines.base.chunk_pass``):
+  each chunk's outputs are kept under ``<cache_dir>/stream/<index id>/passes/`` by
+  ``gradian.index.passes``, so an interrupted pass resumes at the first chunk it had not finished.
 - ``choose_store(config, gm, tokenizer, dataset, whole) -> (config, StoreChoice)`` reads
   ``engine.store``: ``index``, ``stream``, or ``auto`` (the index when it is stored already, or
   when the full-width index fits ``grads.max_index_gb`` and the free disk of ``cache_dir``; the
@@ -31,9 +34,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from gradian.chunks import accumulate, pass_key
 from gradian.grads import make_projector
 from gradian.grads.collectors import KroneckerCollector, structured_projector
 from gradian.index.build import _STORAGE, build_target, capture_rows, stored_norms
+from gradian.index.passes import PassProgress
 from gradian.index.sizing import AutoProjection, auto_projection, index_bytes
 from gradian.sizes import format_size
 
@@ -63,6 +68,10 @@ class GradientStream:
         self.rows_computed = 0
         self.repairs: list[dict[str, Any]] = []
         self.repaired: list[str] = []
+        #: chunks whose outputs a pass read back from an earlier, interrupted or finished run
+        self.chunks_resumed = 0
+        self.notes: list[str] = []
+        self._keep_partials = True
 
     # -- what it is ---------------------------------------------------------------------------
 
@@ -109,6 +118,8 @@ class GradientStream:
                         "adapter_path": self.config.adapter_path},
             "passes": self.passes,
             "pass_seconds": [round(s, 3) for s in self.pass_seconds],
+            "chunks_resumed": self.chunks_resumed,
+            "partials": str(self.passes_root),
         }
 
     def disk_bytes(self) -> int:
@@ -141,10 +152,67 @@ class GradientStream:
             self._norms = {b: np.concatenate([part[b] for part in norms]) if norms else np.zeros(0)
                            for b in self.block_names}
 
-    def prime(self) -> None:
-        """One full pass, keeping the squared norms (and, inside a ``KroneckerCollector``, its factors)."""
-        for _ in self.iter_chunks():
-            pass
+    def fold_chunks(self, key: str, of_chunk: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]], *,
+                    rows: Sequence[str] = (), sums: Sequence[str] = ()) -> dict[str, np.ndarray]:
+        """One pass folding ``of_chunk`` over every chunk (``gradian.engines.base.chunk_pass``),
+        resumable: each finished chunk's outputs are kept under the pass's content ``key``
+        (``gradian.index.passes``), so an interrupted pass computes only the chunks it had not
+        finished, and a finished one is not made again. Where the cache cannot be written, the pass
+        runs without keeping anything and says so in ``notes``."""
+        progress = PassProgress(self.passes_root / key, self.target.n_chunks, rows, sums)
+        todo, done, totals = progress.resume()
+        self.repaired.extend(progress.repaired)
+        out: dict[str, np.ndarray] = {}
+        for k in sorted(done):
+            accumulate(out, self.n, k * self.chunk_size, done[k], rows, ())
+        if totals is not None:
+            out.update({name: totals[name] for name in sums})
+        self.chunks_resumed += self.target.n_chunks - len(todo)
+        if not todo:
+            return out
+        started = time.perf_counter()
+        keep = self._keep_partials
+        for k in todo:
+            start = k * self.chunk_size
+            part = of_chunk(start, self._chunk(k))
+            accumulate(out, self.n, start, part, rows, sums)
+            if keep:
+                try:
+                    progress.save(k, part, out)
+                except OSError as err:
+                    keep = self._keep_partials = False
+                    self.notes.append(f"the partial results of the streamed passes cannot be kept under "
+                                      f"{self.passes_root} ({err.strerror or err}): an interrupted pass starts "
+                                      "again; point cache_dir at a writable folder to resume instead")
+            if self.progress is not None:
+                self.progress(min(start + self.chunk_size, self.n), self.n)
+        self.passes += 1
+        self.pass_seconds.append(time.perf_counter() - started)
+        return out
+
+    @property
+    def passes_root(self) -> Path:
+        """Where the streamed passes keep their partial results: beside where the index would be."""
+        return Path(self.config.cache_dir) / "stream" / self.index_id / "passes"
+
+    def prime(self, collector: KroneckerCollector | None = None) -> None:
+        """One full pass keeping the squared norms, and the Kronecker factors when ``collector`` is
+        the active collector the pass runs under (resumable, like every folded pass)."""
+        storage = _STORAGE[self.config.grads.storage_dtype]
+        norm_names = [f"norm.{b}" for b in self.block_names]
+        factor_names = collector.part_names() if collector is not None else []
+
+        def of_chunk(start: int, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            part = {f"norm.{b}": v for b, v in stored_norms(chunk, storage).items()}
+            if collector is not None:
+                part.update(collector.take())
+            return part
+
+        out = self.fold_chunks(pass_key("prime", {"factors": collector is not None}), of_chunk,
+                               rows=norm_names, sums=factor_names)
+        self._norms = {b: out.get(f"norm.{b}", np.zeros(self.n)) for b in self.block_names}
+        if collector is not None:
+            collector.restore(out)
 
     def sq_norms(self) -> dict[str, np.ndarray]:
         if self._norms is None:
@@ -272,5 +340,5 @@ def capture_training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: An
         train = training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
                                    tokenized=tokenized)
         if isinstance(train, GradientStream):
-            train.prime()
+            train.prime(collector)
     return train, collector
