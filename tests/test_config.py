@@ -79,9 +79,10 @@ def test_bad_values_name_the_field(tmp_path, text, key):
     assert key in str(err.value)
 
 
-def test_trl_backend_only_on_the_command_line(tmp_path):
-    with pytest.raises(ConfigError, match="--backend trl"):
-        load_config(write(tmp_path, "train:\n  backend: trl\n"))
+def test_trl_backend_is_a_choice_of_the_file_and_a_bad_backend_is_refused(tmp_path):
+    assert load_config(write(tmp_path, "train:\n  backend: trl\n")).train.backend == "trl"
+    with pytest.raises(ConfigError, match="train.backend"):
+        load_config(write(tmp_path, "train:\n  backend: jax\n"))
 
 
 def test_invalid_yaml_names_the_line(tmp_path):

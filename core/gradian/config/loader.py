@@ -213,13 +213,6 @@ def _reject_unknown_keys(data: Mapping[str, Any], cls: type, path: Path, prefix:
                 loc = f"{path}:{line}" if line else str(path)
                 raise ConfigError(f"{loc}: '{dotted}' must be a mapping of settings, got {value!r}")
             _reject_unknown_keys(value, section, path, prefix=dotted + ".")
-        elif dotted == "train.backend" and value == "trl":
-            line = _line_numbers.get(dotted)
-            loc = f"{path}:{line}" if line else str(path)
-            raise ConfigError(
-                f"{loc}: 'train.backend: trl' is accepted only as a flag; "
-                "remove it from the file and run `gradian train --backend trl`"
-            )
 
 
 def _dataclass_type(annotation: Any) -> type | None:

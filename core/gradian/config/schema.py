@@ -95,7 +95,7 @@ class ClusteringConfig:
 
 @dataclass
 class TrainConfig:
-    backend: str = _f("hf", "Training backend: hf or unsloth (trl only as --backend on the command line)")
+    backend: str = _f("hf", "Training backend: hf (transformers' Trainer), trl (TRL's SFTTrainer, pip install 'gradian-mlflow[train]') or unsloth")
     base_model: str = _f("", "Base model to fine-tune; empty uses the top-level base_model")
     output_dir: str = _f("runs/run", "Where the run (adapter, logs, gradian_run.json) is written")
     r: int = _f(8, "LoRA rank")
@@ -165,5 +165,5 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "clustering.method": ("auto", "hdbscan", "kmeans", "declared", "none"),
     "clustering.space": ("text", "gradient", "both", "auto"),
     "clustering.embed_backend": ("auto", "sentence-transformers", "tfidf"),
-    "train.backend": ("hf", "unsloth"),
+    "train.backend": ("hf", "trl", "unsloth"),
 }

@@ -97,12 +97,12 @@ def _trl_classes() -> dict[str, Any]:
     except Exception:  # trl missing or broken: keep the fields, run none of its code
         return {name: _InertRecord for name in _TRL_CONFIGS}
     found: dict[str, Any] = {_TRL_CONFIGS[0]: _fields_only(SFTConfig), _TRL_CONFIGS[1]: _fields_only(DPOConfig)}
-    try:
-        from trl.trainer.dpo_config import FDivergenceType
+    # an enum older TRL releases pickle into DPOConfig; newer ones no longer have it
+    import importlib
 
-        found["trl.trainer.dpo_config.FDivergenceType"] = FDivergenceType
-    except ImportError:
-        pass
+    divergence = getattr(importlib.import_module("trl.trainer.dpo_config"), "FDivergenceType", None)
+    if divergence is not None:
+        found["trl.trainer.dpo_config.FDivergenceType"] = divergence
     return found
 
 

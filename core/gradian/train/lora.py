@@ -92,7 +92,7 @@ def train_lora(
     trainer = trainer_cls(
         model=model,
         args=args,
-        train_dataset=_ListDataset(features.rows),
+        train_dataset=_train_dataset(features.rows, backend),
         data_collator=PadCollator(tokenizer.pad_token_id),
         callbacks=list(callbacks or []),
         **extra_trainer_kwargs,
@@ -144,6 +144,17 @@ def train_lora(
 
 
 # -- pieces ----------------------------------------------------------------------------------
+
+
+def _train_dataset(rows: list[dict[str, list[int]]], backend: str) -> Any:
+    """The tokenized rows as the trainer takes them: a list-backed dataset for the HF Trainer, a
+    ``datasets.Dataset`` for TRL's SFTTrainer (which refuses anything else); the same rows in the
+    same order either way."""
+    if backend == "trl":
+        import datasets
+
+        return datasets.Dataset.from_list(rows)
+    return _ListDataset(rows)
 
 
 class _ListDataset:
@@ -308,13 +319,32 @@ def _trainer_and_args(backend: str, kwargs: dict[str, Any], tokenizer: Any) -> t
 
     if backend != "trl":
         return Trainer, TrainingArguments(**kwargs), {}
-    # Not exercised by the tests (trl is not installed here). SFTTrainer gets rows we already
-    # tokenized and masked, and is told to skip its own dataset preparation, so TRL's loss mask
-    # never replaces the one every Gradian lane shares.
+    # SFTTrainer gets rows we already tokenized and masked, and is told to skip its own dataset
+    # preparation, so TRL's loss mask never replaces the one every Gradian lane shares.
     from trl import SFTConfig, SFTTrainer
 
-    args = SFTConfig(**kwargs, dataset_kwargs={"skip_prepare_dataset": True})
+    args = SFTConfig(**_hf_defaults_for(SFTConfig, kwargs), dataset_kwargs={"skip_prepare_dataset": True})
     return SFTTrainer, args, {"processing_class": tokenizer}
+
+
+def _hf_defaults_for(config_cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` plus, for every ``TrainingArguments`` field whose default ``config_cls`` changes
+    (TRL's SFTConfig turns on bfloat16 and gradient checkpointing, among others) and that the run
+    does not set, the ``TrainingArguments`` default: the trl backend trains as the hf backend does
+    unless ``train.extra`` says otherwise."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    hf = {f.name: f for f in dataclasses.fields(TrainingArguments)}
+    out = dict(kwargs)
+    for f in dataclasses.fields(config_cls):
+        base = hf.get(f.name)
+        if base is None or f.name in out or not f.init:
+            continue
+        if f.default is not dataclasses.MISSING and base.default is not dataclasses.MISSING and f.default != base.default:
+            out[f.name] = base.default
+    return out
 
 
 def _args_json(args: Any, train: Any, backend: str) -> dict[str, Any]:
