@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 
 import pytest
 from typer.testing import CliRunner
@@ -26,7 +25,8 @@ from gradian.plan import (
     read_model_shape,
 )
 from gradian.plan.memory import stream_chunk_bytes, writer_buffer_bytes
-from gradian.plan.planner import HEADROOM, Budgets, PlanSettings, make_plan, parse_size, propose_settings
+from gradian.plan.planner import (HEADROOM, KRONECKER_FLOOR, Budgets, PlanSettings, kronecker_widths, make_plan,
+                                  parse_size, propose_settings)
 from gradian.plan.stores import GIB, auto_store, curvature_cost, engine_passes
 
 SITES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -132,7 +132,8 @@ def _plan_inputs():
 
 #: config keys of a proposal -> ``PlanSettings`` fields
 _FIELDS = {"engine.store": "store", "engine.name": "engine", "grads.batch_size": "batch_size",
-           "grads.projection_dim": "projection_dim", "grads.module_filter": "module_filter",
+           "grads.projection_dim": "projection_dim", "grads.projection_kind": "projection_kind",
+           "grads.module_filter": "module_filter",
            "grads.storage_dtype": "storage_dtype", "grads.chunk_size": "chunk_size",
            "grads.max_seq_length": "max_seq_length", "grads.max_index_gb": "max_index_gb"}
 
@@ -247,36 +248,177 @@ def test_auto_store_is_the_runs_rule():
     assert auto_store(10, None, None)[0] == "index"
 
 
-def test_the_8b_plan_keeps_ekfac_and_fits_both_budgets():
+def _lora_sides(linears):
+    """``(out, in)`` of every LoRA matrix: A is ``(r, in)``, B ``(out, r)``."""
+    return [side for lin in linears for side in ((lin.r, lin.in_features), (lin.out_features, lin.r))]
+
+
+def _factor_bytes(linears, width=None):
+    """EK-FAC's float64 factors from the LoRA shapes alone: ``8 sum(in^2 + out^2)``, each side at
+    most ``width`` under a kronecker projection."""
+    cap = (lambda side: side) if width is None else (lambda side: min(side, width))
+    return 8 * sum(cap(i) ** 2 + cap(o) ** 2 for o, i in _lora_sides(linears))
+
+
+def _stored_values(linears, width):
+    """One row's stored values under a kronecker projection: ``min(out, w) x min(in, w)`` per matrix."""
+    return sum(min(o, width) * min(i, width) for o, i in _lora_sides(linears))
+
+
+def test_the_8b_plan_keeps_ekfac_and_projects_its_factors_instead_of_cutting_layers():
     """Issue 24's acceptance: llama-3.1-8b, r=16 all-linear, 100,000 rows x 1,024 tokens,
-    ``--memory 80GiB --disk 2TB``: the engine stays ekfac, the proposal fits both budgets, and the
-    host buffer fits 64 GiB, on a CPU run and on a GPU one."""
+    ``--memory 80GiB --disk 2TB``: the engine stays ekfac and every layer is kept; the full-width
+    Kronecker factors do not fit, so the proposal is the widest power-of-two kronecker projection
+    that does, priced at that width (factors, stored values, stream chunk, state), on a CPU run and
+    on a GPU one with the default host memory and with a 64 GiB host."""
     shape, adapter = read_model_shape("llama-3.1-8b"), AdapterShape(16, "all-linear")
     data = DatasetShape.uniform(100_000, 1024)
-    budgets = Budgets(memory=parse_size("80GiB"), disk=parse_size("2TB"))
-    for device, dtype in (("cpu", "float32"), ("cuda", "bfloat16")):
+    memory, disk = parse_size("80GiB"), parse_size("2TB")
+    linears = lora_linears(shape, adapter)
+    widest = max(max(side) for side in _lora_sides(linears))
+    for device, dtype, host in (("cpu", "float32", None), ("cuda", "bfloat16", None),
+                                ("cuda", "bfloat16", parse_size("64GiB"))):
+        budgets = Budgets(memory=memory, disk=disk, host=host)
+        host_budget = budgets.host_memory(device)
         settings = PlanSettings(device=device, capture=CaptureSettings(dtype=dtype))
         plan = make_plan(shape, adapter, data, settings, budgets)
         full = plan.values_per_example
-        assert plan.index.data_bytes == 100_000 * full * 4 > budgets.disk  # the full-width index cannot be written
+        assert plan.index.data_bytes == 100_000 * full * 4 > disk  # the full-width index cannot be written
         assert plan.auto_store == plan.store == "stream"
+        # at full width the factors alone are over the memory (a CPU run) or the device
+        assert plan.curvature.factor_bytes == _factor_bytes(linears) > HEADROOM * memory - plan.memory.weights
         proposal = plan.proposal
-        assert proposal.fits and "engine.name" not in proposal.changes, proposal
-        assert "grads.projection_dim" not in proposal.changes and proposal.changes["engine.store"] == "stream"
+        label = (device, host, proposal.changes)
+        assert proposal.fits and "engine.name" not in proposal.changes, label
+        assert proposal.changes["engine.store"] == "stream", label
+        assert proposal.changes["grads.projection_kind"] == "kronecker", label
+        assert "grads.module_filter" not in proposal.changes, label  # every layer kept
+        assert not any(reason.startswith("only layer") for reason in proposal.reasons), proposal.reasons
+        width = proposal.changes["grads.projection_dim"]
+        assert width & (width - 1) == 0 and KRONECKER_FLOOR <= width < widest, label
         again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
-        assert again.settings.engine == "ekfac" and again.fits, (device, proposal)
-        assert again.device_peak == proposal.peak_memory <= budgets.memory
-        assert again.disk_bytes == again.curvature.state_bytes <= budgets.disk
-        assert again.host_buffer <= 64 * GIB and again.host_buffer == again.stream.host_buffer
+        assert again.settings.engine == "ekfac" and again.fits, label
+        assert len({lin.layer for lin in lora_linears(shape, adapter, again.settings.module_filter)}) == 32
+        # everything priced at the projected width, by the formulas from the LoRA shapes
+        factors, stored = _factor_bytes(linears, width), _stored_values(linears, width)
+        assert again.curvature.factor_bytes == again.curvature.device == factors < plan.curvature.factor_bytes / 10
+        assert again.curvature.host == 2 * factors + 5 * 8 * width**2  # the widest factor's side is now w
+        assert again.stored_per_example == stored and again.values_per_example == full
+        assert again.curvature.state_bytes == factors + 8 * stored
+        assert again.index.data_bytes == 100_000 * stored * 4
+        widths = [w for _, w in block_widths(linears, "module", width, "kronecker")]
+        assert sum(widths) == stored
+        assert again.stream.host_buffer == stream_chunk_bytes(again.settings.chunk_size, stored, max(widths), "float32")
+        assert again.device_peak == proposal.peak_memory <= memory
+        assert again.disk_bytes == again.curvature.state_bytes == proposal.disk_bytes <= disk
+        assert again.host_buffer == again.stream.host_buffer <= 64 * GIB
         if device == "cuda":
-            assert again.host_peak <= budgets.memory  # --host-memory defaults to --memory
-        # the chunk in flight by its formula, at the proposed chunk and layers
-        widths = [w for _, w in block_widths(lora_linears(shape, adapter, again.settings.module_filter))]
-        assert again.stream.host_buffer == stream_chunk_bytes(again.settings.chunk_size, sum(widths), max(widths), "float32")
-        if device == "cuda":  # a host of 64 GiB beside the 80 GiB device is honoured too
-            small = Budgets(memory=budgets.memory, disk=budgets.disk, host=parse_size("64GiB"))
-            tight = make_plan(shape, adapter, data, settings, small).proposal
-            assert tight.fits and "engine.name" not in tight.changes and tight.host_peak <= 64 * GIB
+            assert again.host_peak == proposal.host_peak <= host_budget  # --host-memory defaults to --memory
+        # the next width up does not fit even at one row per batch and per chunk: this is the widest
+        wider = make_plan(shape, adapter, data, again.settings.with_changes(projection_dim=2 * width, batch_size=1,
+                                                                            chunk_size=1), budgets, propose=False)
+        assert (wider.device_peak > HEADROOM * memory
+                or (device == "cuda" and wider.host_peak > HEADROOM * host_budget)), label
+        # the reason says what the projection changes and where its accuracy is measured
+        reason = next(r for r in proposal.reasons if "grads.projection_kind: kronecker" in r)
+        for words in (f"grads.projection_dim: {width}", "model-wide side", "rank side (r=16) exact",
+                      "every layer stays attributed", "the curvature is still fitted", "random projection",
+                      "docs/validation.md"):
+            assert words in reason, (words, reason)
+
+
+def test_kronecker_widths_are_powers_of_two_from_the_floor_to_below_the_widest_side():
+    shape = read_model_shape("llama-3.1-8b")
+    linears = lora_linears(shape, AdapterShape(16, "all-linear"))  # sides 1,024 to 14,336
+    assert kronecker_widths(linears) == [8192, 4096, 2048, 1024, 512, 256]
+    assert kronecker_widths(linears, below=2048) == [1024, 512, 256]  # narrower than one configured
+    # a width no narrower than every side would project nothing: q_proj and v_proj of a 512-wide model
+    narrow = read_model_shape({**SMALL, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 8})
+    assert max(max(side) for side in _lora_sides(lora_linears(narrow, AdapterShape(4, ("q_proj",))))) == 512
+    assert kronecker_widths(lora_linears(narrow, AdapterShape(4, ("q_proj",)))) == [256]
+    assert kronecker_widths(lora_linears(read_model_shape(SMALL), AdapterShape(4, "all-linear"))) == []
+
+
+def test_projected_factor_bytes_are_the_formula_from_the_lora_shapes():
+    """At any width, ``curvature_cost`` and a plan price EK-FAC's factors as ``8 sum(min(in, w)^2 +
+    min(out, w)^2)`` over A ``(r, in)`` and B ``(out, r)`` of every module, computed here apart."""
+    shape, adapter = read_model_shape("llama-3.2-1b"), AdapterShape(16, "all-linear")
+    linears = lora_linears(shape, adapter)
+    data = DatasetShape.uniform(10, 64)
+    hand = {w: 0 for w in (256, 1024, 4096)}
+    for lin in linears:  # every module: A (16, in), B (out, 16); q/o 2048, k/v out 512, MLP 8192
+        for w in hand:
+            a = min(lin.in_features, w) ** 2 + min(lin.r, w) ** 2
+            b = min(lin.r, w) ** 2 + min(lin.out_features, w) ** 2
+            hand[w] += 8 * (a + b)
+    for w, expected in hand.items():
+        assert curvature_cost("ekfac", linears, w, "kronecker").factor_bytes == expected == _factor_bytes(linears, w)
+        settings = PlanSettings(device="cuda", projection_dim=w,
+                                capture=CaptureSettings(projection_dim=w, projection_kind="kronecker"))
+        plan = make_plan(shape, adapter, data, settings, propose=False)
+        assert plan.curvature.factor_bytes == plan.curvature.device == expected
+        assert plan.device_peak == plan.memory.peak + expected
+    # layer by layer at 4096: only the MLP's 8192-wide side is narrowed, the rank side never
+    per_layer = 8 * (2 * (2048**2 + 16**2) + 2 * (2048**2 + 16**2 + 16**2 + 512**2) + 2 * (2048**2 + 16**2)
+                     + 3 * (2048**2 + 2 * 16**2 + 4096**2))
+    assert hand[4096] == shape.num_layers * per_layer
+
+
+def test_factors_that_fit_get_no_projection():
+    """A small model's factors fit beside the capture: the proposal lowers the batch and projects nothing."""
+    shape, adapter = read_model_shape("qwen2.5-0.5b"), AdapterShape(16, "all-linear")
+    data = DatasetShape.uniform(1000, 1024)
+    settings = PlanSettings(batch_size=8, device="cuda", capture=CaptureSettings(dtype="bfloat16", attn_implementation="eager"))
+    budgets = Budgets(memory=parse_size("28GiB"), host=parse_size("128GiB"), disk=parse_size("1TB"))
+    plan = make_plan(shape, adapter, data, settings, budgets)
+    assert not plan.fits_memory
+    # at full width the factors fit beside a smaller batch, on the device and on the host
+    smaller = make_plan(shape, adapter, data, settings.with_changes(batch_size=1), budgets, propose=False)
+    assert smaller.device_peak <= HEADROOM * budgets.memory and smaller.host_peak <= HEADROOM * budgets.host
+    proposal = plan.proposal
+    assert proposal.fits and list(proposal.changes) == ["grads.batch_size"], proposal.changes
+    assert not any("projection" in reason for reason in proposal.reasons)
+    again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
+    assert again.curvature.factor_bytes == plan.curvature.factor_bytes == _factor_bytes(lora_linears(shape, adapter))
+
+
+def test_a_model_too_narrow_to_project_still_cuts_layers():
+    """Every side no wider than the floor: no width would change anything, so the layers are cut."""
+    shape, adapter = read_model_shape({**SMALL, "num_hidden_layers": 6}), AdapterShape(4, "all-linear")
+    assert kronecker_widths(lora_linears(shape, adapter)) == []  # sides of 32 to 128
+    data = DatasetShape.uniform(10, 4096)
+    settings = PlanSettings(batch_size=1, max_seq_length=4096, device="cpu")
+    budget = parse_size("2000MiB")
+    proposal = make_plan(shape, adapter, data, settings, Budgets(memory=budget)).proposal
+    # the most layers that fit: 3..5 (one more, from layer 2, would not)
+    assert proposal.fits and proposal.changes == {"grads.module_filter": r"\.layers\.(3|4|5)\."}, proposal.changes
+    more = settings.with_changes(module_filter=r"\.layers\.(2|3|4|5)\.")
+    assert make_plan(shape, adapter, data, more, propose=False).device_peak > HEADROOM * budget
+
+
+def test_a_projected_index_that_fits_is_written_again_instead_of_streamed_or_halved():
+    """The disk step chose the stream (or float16) for the full-width index; under the kronecker
+    projection the index fits the disk and grads.max_index_gb, so engine.store: auto writes it, as
+    the run's own choice would, in float32 when that fits."""
+    shape, adapter = read_model_shape("llama-3.2-1b"), AdapterShape(16, "all-linear")
+    settings = PlanSettings(device="cuda", capture=CaptureSettings(dtype="bfloat16", attn_implementation="sdpa"))
+    budgets = Budgets(memory=parse_size("24GiB"), disk=parse_size("100GB"))
+    for rows, dtype in ((3000, "float32"), (5000, "float16")):
+        data = DatasetShape.uniform(rows, 1024)
+        plan = make_plan(shape, adapter, data, settings, budgets)
+        assert plan.index.disk_bytes + plan.curvature.state_bytes > budgets.disk  # the full-width index does not fit
+        proposal = plan.proposal
+        assert proposal.fits and proposal.changes["grads.projection_kind"] == "kronecker", proposal.changes
+        assert "engine.store" not in proposal.changes and proposal.store == "index", proposal.changes
+        assert proposal.changes.get("grads.storage_dtype", "float32") == dtype
+        assert not any(reason.startswith(("the index (", "float16 storage")) for reason in proposal.reasons)
+        assert any(reason.startswith("projected, the index (") for reason in proposal.reasons), proposal.reasons
+        again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
+        assert again.store == again.auto_store == "index" and again.fits
+        assert again.index.data_bytes <= 100 * GIB and again.disk_bytes == proposal.disk_bytes <= budgets.disk
+        width = proposal.changes["grads.projection_dim"]
+        assert again.index.data_bytes == rows * _stored_values(lora_linears(shape, adapter), width) * (
+            2 if dtype == "float16" else 4)
 
 
 def test_kronecker_factors_are_priced_on_the_device_and_the_host():
@@ -319,11 +461,19 @@ def test_proposal_restricts_layers_when_one_row_does_not_fit():
     # one layer fewer would not fit
     earlier = settings.with_changes(module_filter=kept.replace(f"({first}|", f"({first - 1}|{first}|"))
     assert make_plan(shape, adapter, data, earlier, propose=False).device_peak > HEADROOM * parse_size("12GiB")
-    # EK-FAC's factors grow with each layer too: it keeps fewer of them, and they fit
-    ekfac = make_plan(shape, adapter, data, settings.with_changes(engine="ekfac"), budgets).proposal
+    # EK-FAC: even the narrowest kronecker projection of every layer does not fit (the activations
+    # are over), so it falls back to cutting layers; the factors of the layers the activations allow
+    # do not fit at full width either, so those are projected rather than cut further
+    ekfac_settings = settings.with_changes(engine="ekfac")
+    narrowest = ekfac_settings.with_changes(projection_kind="kronecker", projection_dim=KRONECKER_FLOOR)
+    assert make_plan(shape, adapter, data, narrowest, propose=False).device_peak > HEADROOM * budgets.memory
+    ekfac = make_plan(shape, adapter, data, ekfac_settings, budgets).proposal
     assert ekfac.fits and "engine.name" not in ekfac.changes
-    ekfac_first = int(re.search(r"\((\d+)", ekfac.changes["grads.module_filter"]).group(1))
-    assert ekfac_first > first
+    assert ekfac.changes["grads.module_filter"] == kept, ekfac.changes
+    assert ekfac.changes["grads.projection_kind"] == "kronecker"
+    cut = ekfac_settings.with_changes(module_filter=kept)
+    assert make_plan(shape, adapter, data, cut, propose=False).device_peak > HEADROOM * budgets.memory
+    assert any("the layers kept stay attributed" in reason for reason in ekfac.reasons), ekfac.reasons
 
 
 def test_weights_alone_over_budget_is_reported_not_fitted():
@@ -437,6 +587,7 @@ def test_plan_command_warns_in_one_line_and_fails_only_when_asked():
     assert done.exit_code == 0, done.output
     warnings = [line for line in done.output.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "engine.store: stream" in warnings[0] and "engine.name" not in warnings[0]
+    assert "grads.projection_kind: kronecker" in warnings[0] and "grads.module_filter" not in warnings[0]
     assert "  index: " in done.output and "  stream: nothing on disk; 3 forward+backward passes" in done.output
     assert "engine.store auto chooses the stream" in done.output
     assert runner.invoke(app, [*args, "--fail-if-over"]).exit_code == 1
@@ -459,7 +610,8 @@ def test_plan_command_refuses_bad_flags_naming_them():
     runner = CliRunner()
     base = ["plan", "--model-config", "llama-3.2-1b", "--r", "16", "--target-modules", "all-linear",
             "--n-examples", "100", "--no-calibrate"]
-    for flag, value in (("--store", "disk"), ("--engine", "magic"), ("--host-memory", "lots")):
+    for flag, value in (("--store", "disk"), ("--engine", "magic"), ("--host-memory", "lots"),
+                        ("--projection-kind", "flat")):
         done = runner.invoke(app, [*base, flag, value])
         # the entry point prints a ConfigError's message and exits with its code
         assert isinstance(done.exception, ConfigError) and done.exception.exit_code == 2, (flag, done.output)
@@ -467,6 +619,14 @@ def test_plan_command_refuses_bad_flags_naming_them():
     chosen = runner.invoke(app, [*base, "--store", "index", "--engine", "datainf", "--json"])
     data = json.loads(chosen.stdout)
     assert data["store"] == "index" and data["settings"]["engine"] == "datainf" and data["curvature"]["device"] == 0
+    # a proposed kronecker projection is planned as given: ekfac accepts it, priced at its width
+    projected = json.loads(runner.invoke(app, [*base, "--projection-kind", "kronecker", "--projection-dim", "256",
+                                               "--json"]).stdout)
+    linears = lora_linears(read_model_shape("llama-3.2-1b"), AdapterShape(16, "all-linear"))
+    assert projected["settings"]["capture"]["projection_kind"] == "kronecker"
+    assert not any("refuses" in note for note in projected["notes"])
+    assert projected["stored_per_example"] == _stored_values(linears, 256)
+    assert projected["curvature"]["factor_bytes"] == _factor_bytes(linears, 256)
 
 
 def test_plan_command_reads_a_dataset_and_times_a_random_init_model(tmp_path, chat_tokenizer, tiny_lora_dirs):

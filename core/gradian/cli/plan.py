@@ -28,6 +28,7 @@ def plan_command(
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="grads.batch_size to plan for"),
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="grads.max_seq_length to plan for"),
     projection_dim: Optional[int] = typer.Option(None, "--projection-dim", help="grads.projection_dim to plan for"),
+    projection_kind: Optional[str] = typer.Option(None, "--projection-kind", help="grads.projection_kind to plan for: countsketch, rademacher, or kronecker (each LoRA matrix's sides projected apart; ekfac and kfac accept it)"),
     storage_dtype: Optional[str] = typer.Option(None, "--storage-dtype", help="grads.storage_dtype to plan for (float32 or float16)"),
     module_filter: Optional[str] = typer.Option(None, "--module-filter", help="grads.module_filter to plan for"),
     engine: Optional[str] = typer.Option(None, "--engine", help="engine.name to plan for (its passes and curvature; default: the config's)"),
@@ -54,12 +55,18 @@ def plan_command(
 
     if store is not None and store not in STORES:
         raise ConfigError(f"--store '{store}' is not one of {', '.join(STORES)}")
+    from gradian.config.schema import CHOICES
+
+    kinds = CHOICES["grads.projection_kind"]
+    if projection_kind is not None and projection_kind not in kinds:
+        raise ConfigError(f"--projection-kind '{projection_kind}' is not one of {', '.join(kinds)}")
     if engine is not None and engine not in available_engines():
         raise ConfigError(f"--engine '{engine}' is not a known engine; choose one of {', '.join(available_engines())}")
     cfg = load_config(config, {
         "base_model": base_model, "adapter_path": adapter, "dataset": dataset, "dtype": dtype,
         "attn_implementation": attn, "grads.batch_size": batch_size, "grads.max_seq_length": max_seq_length,
-        "grads.projection_dim": projection_dim, "grads.storage_dtype": storage_dtype,
+        "grads.projection_dim": projection_dim, "grads.projection_kind": projection_kind,
+        "grads.storage_dtype": storage_dtype,
         "grads.module_filter": module_filter, "engine.name": engine, "engine.store": store,
     })
     budgets = Budgets(parse_size(memory, "--memory") if memory else None, parse_size(disk, "--disk") if disk else None,
@@ -165,7 +172,8 @@ def _print_plan(plan: Any, estimate: Any, print_line: Any, print_table: Any, fmt
                f"{s.capture.dtype} on {s.device}, {s.capture.attn_implementation} attention")
     print_line(f"adapter: LoRA r={plan.adapter.r} on {targets}; {plan.n_blocks} blocks, "
                f"{plan.values_per_example:,} values per example"
-               + (f", stored {plan.stored_per_example:,} (projection {s.projection_dim})" if s.projection_dim else ""))
+               + (f", stored {plan.stored_per_example:,} ({s.projection_kind} projection {s.projection_dim})"
+                  if s.projection_dim else ""))
     print_line(f"dataset: {plan.n_examples:,} examples, {plan.total_tokens:,} tokens, longest {plan.max_tokens}")
     w = plan.worst_batch
     rows = [

@@ -6,7 +6,9 @@ priced (the index: its bytes on disk, the writer's buffer, one capture pass and 
 stream: nothing on disk, a chunk in flight, the engine's passes recomputed), the store the run
 would use (``engine.store``; ``auto`` decided as ``gradian.index.stream.choose_store`` decides,
 with the disk budget standing for the free disk), a Kronecker engine's factors and fitted state,
-whether it all fits the budgets, and a ``Proposal`` of settings that do (``propose_settings``).
+whether it all fits the budgets, and a ``Proposal`` of settings that do (``propose_settings``;
+under EK-FAC and K-FAC it projects the Kronecker factors, ``grads.projection_kind: kronecker``,
+before it cuts layers).
 ``parse_size("24GiB")`` reads a budget. Pure functions of shapes and numbers: nothing is loaded
 and nothing is printed here.
 """
@@ -22,10 +24,10 @@ from gradian.sizes import format_size, parse_size
 from gradian.plan.memory import CaptureSettings, MemoryEstimate, block_widths, estimate_memory, index_bytes
 from gradian.plan.shapes import DTYPE_BYTES, AdapterShape, BatchShape, DatasetShape, LoraLinear, ModelShape, lora_linears
 from gradian.plan.stores import (GIB, CurvatureCost, IndexCost, Passes, StreamCost, auto_store, curvature_cost,
-                                 engine_passes)
+                                 engine_passes, lora_matrices)
 
 __all__ = ["PlanSettings", "Budgets", "Plan", "Proposal", "make_plan", "propose_settings", "parse_size",
-           "format_size", "HEADROOM", "HOST_SHARE", "STORES"]
+           "format_size", "HEADROOM", "HOST_SHARE", "STORES", "KRONECKER_FLOOR", "kronecker_widths"]
 
 #: share of a memory budget a proposal may fill: allocator fragmentation and the framework's own
 #: buffers (a CUDA context, kernels' workspaces) are not in the formulas
@@ -37,6 +39,14 @@ HOST_SHARE = 0.25
 
 #: the values of ``engine.store``
 STORES = ("auto", "index", "stream")
+
+#: the narrowest ``grads.projection_dim`` a proposal gives ``grads.projection_kind: kronecker``
+#: (the floor the run's own automatic projection keeps, ``gradian.index.sizing``): below it a
+#: layer cut is proposed instead
+KRONECKER_FLOOR = 256
+
+#: where the accuracy of ``grads.projection_kind: kronecker`` by width is measured
+KRONECKER_VALIDATION = 'docs/validation.md, "A compact index that keeps the curvature"'
 
 @dataclass(frozen=True)
 class PlanSettings:
@@ -78,14 +88,22 @@ class PlanSettings:
                    max_index_gb=grads.max_index_gb, fisher=getattr(engine, "fisher", "empirical"),
                    fisher_samples=int(getattr(engine, "fisher_samples", 1)))
 
+    @property
+    def projection_kind(self) -> str:
+        """``grads.projection_kind`` (held by ``capture``): countsketch, rademacher or kronecker."""
+        return self.capture.projection_kind
+
     def with_changes(self, **changes: Any) -> "PlanSettings":
-        capture_keys = {"projection_dim", "storage_dtype", "chunk_size"}
+        """A copy with ``changes`` (fields, or ``projection_kind``, which lives in ``capture``)."""
+        capture_keys = {"projection_dim", "storage_dtype", "chunk_size", "projection_kind"}
         capture = replace(self.capture, **{k: v for k, v in changes.items() if k in capture_keys})
+        changes.pop("projection_kind", None)
         return replace(self, capture=capture, **changes)
 
     def config_values(self) -> dict[str, Any]:
         """The settings under their config keys (``grads.*``, ``engine.*``)."""
         return {"engine.store": self.store, "grads.batch_size": self.batch_size,
+                "grads.projection_kind": self.projection_kind,
                 "grads.projection_dim": self.projection_dim, "grads.module_filter": self.module_filter,
                 "grads.storage_dtype": self.storage_dtype, "grads.chunk_size": self.chunk_size,
                 "grads.max_seq_length": self.max_seq_length, "grads.max_index_gb": self.max_index_gb,
@@ -377,6 +395,45 @@ def _layer_filter(first: int, last: int) -> str:
     return r"\.layers\.(" + "|".join(str(k) for k in range(first, last + 1)) + r")\."
 
 
+def kronecker_widths(linears: list[LoraLinear], below: int | None = None) -> list[int]:
+    """The ``grads.projection_dim`` a proposal tries under ``grads.projection_kind: kronecker``,
+    widest first: the powers of two from ``KRONECKER_FLOOR`` up to, not including, the widest side
+    of any LoRA matrix (a width no narrower than every side projects nothing), and under ``below``
+    (a width configured already)."""
+    widest = max((max(o, i) for o, i in lora_matrices(linears)), default=0)
+    top = widest if below is None else min(widest, below)
+    widths, p = [], KRONECKER_FLOOR
+    while p < top:
+        widths.append(p)
+        p *= 2
+    return widths[::-1]
+
+
+def _kronecker_reason(engine: str, device: str, full: _Priced, projected: _Priced, width: int, where: str,
+                      every_layer: bool, configured: int | None = None) -> str:
+    """Why ``grads.projection_kind: kronecker`` at ``width`` is proposed, in a user's words; ``full``
+    priced as configured (full width, or a wider ``configured`` kronecker width), on the same layers."""
+    factors, state = full.curvature.factor_bytes, full.curvature.state_bytes
+    if device == "cpu":
+        held = (f"{format_size(factors)} held for the whole attribution and about {format_size(2 * factors)} more for "
+                f"the fit, all in the one memory of a CPU run, {format_size(state)} of fitted state on disk")
+    else:
+        held = (f"{format_size(factors)} on the device for the whole attribution, about {format_size(2 * factors)} "
+                f"on the host for the fit, {format_size(state)} of fitted state on disk")
+    wide = sorted({side for o, i in lora_matrices(full.linears) for side in (o, i) if side > width})
+    sides = f"{wide[0]:,}" if len(wide) == 1 else f"{wide[0]:,} to {wide[-1]:,}"
+    ranks = "/".join(str(r) for r in sorted({lin.r for lin in full.linears}))
+    stored, values = sum(w for _, w in projected.blocks), sum(w for _, w in full.blocks)
+    kept = "every layer stays attributed" if every_layer else "the layers kept stay attributed"
+    at = f"at grads.projection_dim {configured}" if configured else "at full width"
+    return (f"{engine}'s Kronecker factors do not fit {where} {at} ({held}): grads.projection_kind: "
+            f"kronecker, grads.projection_dim: {width} projects each LoRA matrix's model-wide side ({sides} wide) "
+            f"onto {width} random directions and keeps its rank side (r={ranks}) exact: the factors take "
+            f"{format_size(projected.curvature.factor_bytes)}, a stored row {stored:,} values instead of {values:,}; "
+            f"{kept}, and the curvature is still fitted, in the projected space. A random projection moves the "
+            f"scores a little, less the wider it is ({KRONECKER_VALIDATION})")
+
+
 def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, settings: PlanSettings,
                      budgets: Budgets) -> Proposal:
     """Settings that fit ``budgets``, changing as little as possible, in this order. The engine
@@ -387,18 +444,28 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
     gradients (EK-FAC, K-FAC), if that is not enough, ``engine.store: stream`` (nothing written,
     the gradients recomputed in each of the engine's passes); under the other engines the widest
     power-of-two projection that fits, then fewer layers (the last ones), and a
-    ``grads.max_index_gb`` that lets ``engine.store: auto`` write that index. Memory: a smaller
-    chunk, when the chunk buffer (the index writer's, or a stream's chunk in flight) is more than
-    ``HOST_SHARE`` of the host memory; the largest batch size up to the configured one that fits
-    ``HEADROOM`` of the budget; a smaller chunk still if the buffer is what does not fit; then
-    fewer layers, since activations are kept only from the first layer holding a selected module
-    (and a Kronecker engine's factors grow with each layer).
+    ``grads.max_index_gb`` that lets ``engine.store: auto`` write that index. A Kronecker engine's
+    fitted state that does not fit the disk gets ``grads.projection_kind: kronecker`` (below)
+    before fewer layers. Memory: a smaller chunk, when the chunk buffer (the index writer's, or a
+    stream's chunk in flight) is more than ``HOST_SHARE`` of the host memory; the largest batch
+    size up to the configured one that fits ``HEADROOM`` of the budget; a smaller chunk still if
+    the buffer is what does not fit; under a Kronecker engine, ``grads.projection_kind:
+    kronecker`` at the widest power-of-two ``grads.projection_dim`` (from ``KRONECKER_FLOOR`` up
+    to below the widest side) that fits, every layer kept; then fewer layers, since activations
+    are kept only from the first layer holding a selected module (and a Kronecker engine's
+    factors grow with each layer): the most layers that fit, at full width or else at the widest
+    such projection. A projected index that now fits the disk (and, under ``auto``,
+    ``grads.max_index_gb``) is written again instead of streamed, as ``engine.store`` would
+    choose.
     """
     cache: dict[Any, Any] = {}
     current = settings
     reasons: list[str] = []
     device = settings.device
     host_budget = budgets.host_memory(device)
+    #: what the Kronecker projection was proposed for, in the order it was found
+    projected_for: list[str] = []
+    kronecker_prefix = f"{settings.engine}'s Kronecker factors do not fit"
 
     def price(s: PlanSettings) -> _Priced | None:
         return _price(model, adapter, dataset, s, budgets, cache)
@@ -429,6 +496,79 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
 
     def memory_ok(s: PlanSettings) -> bool:
         return device_ok(s) and host_ok(s)
+
+    def kronecker(s: PlanSettings, ok: Any) -> PlanSettings | None:
+        """``s`` under ``grads.projection_kind: kronecker`` at the widest width for which ``ok``
+        holds (narrower than one configured already); None when none does, or the engine has no
+        Kronecker curvature, or a flat projection is configured (the run refuses it: a note)."""
+        if not s.needs_full_gradients or (s.projection_dim and s.projection_kind != "kronecker"):
+            return None
+        p = price(s)
+        for width in kronecker_widths(p.linears if p is not None else [], s.projection_dim):
+            trial = s.with_changes(projection_kind="kronecker", projection_dim=width)
+            if ok(trial):
+                return trial
+        return None
+
+    def index_again(s: PlanSettings) -> tuple[PlanSettings, str | None]:
+        """After a ``kronecker`` projection, the disk step's choice made again: it proposed the
+        stream, or float16 storage, for the full-width index, and the projected one may fit the
+        disk and (under ``auto``) ``grads.max_index_gb``, where the run writes it (as
+        ``choose_store`` does): in the configured storage dtype, else in float16. The writer's
+        buffer gets smaller chunks when it does not fit the memory. None when nothing changes."""
+        if settings.store == "stream" or (s.store, s.storage_dtype) == (settings.store, settings.storage_dtype):
+            return s, None
+        for dtype in dict.fromkeys((settings.storage_dtype, "float16")):
+            if (s.store, s.storage_dtype) == (settings.store, dtype):
+                return s, None  # already the cheapest index that fits
+            trial = s.with_changes(store=settings.store, storage_dtype=dtype)
+            p = price(trial)
+            if p is None or p.store != "index" or not index_fits(trial):
+                continue
+            size = trial.chunk_size
+            while size > 1 and not memory_ok(trial.with_changes(chunk_size=size)):
+                size //= 2
+            trial = trial.with_changes(chunk_size=size)
+            if not memory_ok(trial):
+                continue
+            p = price(trial)
+            assert p is not None
+            fits = (f"projected, the index ({format_size(p.index.data_bytes)} in {dtype}) fits the disk budget"
+                    + (" and grads.max_index_gb" if settings.store == "auto" else ""))
+            if s.store != "stream":
+                return trial, f"{fits}: no float16 storage needed"
+            captures, reads = p.passes.index_captures, p.passes.index_reads
+            written = "which writes it" if settings.store == "auto" else "so it is written"
+            return trial, (f"{fits}: engine.store stays {settings.store}, {written}: {captures} forward+backward "
+                           f"pass{'es' if captures > 1 else ''} and {reads} read{'s' if reads > 1 else ''} of it "
+                           f"instead of {p.passes.stream} passes")
+        return s, None
+
+    def take_kronecker(s: PlanSettings, over: list[str]) -> PlanSettings:
+        """Adopt the projection of ``s`` (made for what is ``over`` its budget), replacing the reason
+        of a wider one, and choose the store again."""
+        nonlocal reasons
+        projected_for.extend(name for name in over if name not in projected_for)
+        full = price(s.with_changes(projection_kind=settings.projection_kind, projection_dim=settings.projection_dim))
+        projected = price(s)
+        assert full is not None and projected is not None and s.projection_dim
+        every_layer = s.module_filter == settings.module_filter
+        reasons = [r for r in reasons if not r.startswith(kronecker_prefix)]
+        where = (projected_for[0] if len(projected_for) == 1
+                 else ", ".join(projected_for[:-1]) + " and " + projected_for[-1])
+        reasons.append(_kronecker_reason(settings.engine, device, full, projected, s.projection_dim, where,
+                                         every_layer, settings.projection_dim))
+        s, stored = index_again(s)
+        if stored is not None:
+            reasons = [r for r in reasons if not r.startswith(("the index (", "float16 storage"))]
+            reasons.append(stored)
+        return s
+
+    def over_memory(s: PlanSettings) -> list[str]:
+        """What does not fit, in words: the memory of a CPU run, or the device and/or the host."""
+        if device == "cpu":
+            return ["the memory budget"]
+        return [name for name, ok in (("the device", device_ok(s)), ("the host", host_ok(s))) if not ok]
 
     first = price(current)
     if first is not None and budgets.disk is not None and current.store != "stream" and first.index_disk > budgets.disk:
@@ -478,12 +618,16 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
         reasons.append(f"grads.max_index_gb {limit:g}: under engine.store: index, {settings.engine} stops at a larger "
                        f"index than the limit, and this {format_size(over.index.data_bytes)} one fits the disk")
     if not disk_ok(current):  # the engine's fitted state alone, or nothing above was enough
-        for start in range(1, model.num_layers):
-            trial = current.with_changes(module_filter=_layer_filter(start, model.num_layers - 1))
-            if disk_ok(trial):
-                current = trial
-                reasons.append(f"{_layers_kept(start, model.num_layers - 1)} differentiated (disk)")
-                break
+        projected = kronecker(current, disk_ok)
+        if projected is not None:  # a Kronecker engine's state is its factors' size: projected, it fits
+            current = take_kronecker(projected, ["the disk budget"])
+        else:
+            for start in range(1, model.num_layers):
+                trial = current.with_changes(module_filter=_layer_filter(start, model.num_layers - 1))
+                if disk_ok(trial):
+                    current = trial
+                    reasons.append(f"{_layers_kept(start, model.num_layers - 1)} differentiated (disk)")
+                    break
 
     buffer_budget = budgets.memory if device == "cpu" else host_budget
 
@@ -511,22 +655,32 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
                 current = trial
                 break
             size //= 2
+    if not memory_ok(current):  # the Kronecker factors projected, every layer kept
+        projected = kronecker(current, memory_ok)
+        if projected is not None:
+            current = take_kronecker(projected, over_memory(current))
     if not memory_ok(current):
+        where = over_memory(current)
         for start in range(1, model.num_layers):
             trial = current.with_changes(module_filter=_layer_filter(start, model.num_layers - 1))
-            if memory_ok(trial):
-                current = trial
+            fitted = trial if memory_ok(trial) else kronecker(trial, memory_ok)
+            if fitted is not None:
+                current = fitted
                 # a cut for the disk is superseded by this narrower one
                 reasons = [r for r in reasons if not r.startswith("only layer")]
                 reasons.append(f"{_layers_kept(start, model.num_layers - 1)} differentiated (memory"
                                + (f"; {settings.engine}'s Kronecker factors grow with each layer)"
                                   if current.needs_full_gradients else ")"))
+                if fitted is not trial or projected_for:  # projected here, or its reason said every layer
+                    current = take_kronecker(fitted, [] if fitted is trial else where)
                 break
         else:  # none fits HEADROOM of the budget: the fewest, the closest
             last = model.num_layers - 1
             current = current.with_changes(module_filter=_layer_filter(last, last))
             reasons = [r for r in reasons if not r.startswith("only layer")]
             reasons.append(f"{_layers_kept(last, last)} differentiated (memory), the fewest")
+            if projected_for:
+                current = take_kronecker(current, [])
     # fewer layers may leave room for larger batches and chunks again
     while current.batch_size < batch and memory_ok(current.with_changes(batch_size=current.batch_size + 1)):
         current = current.with_changes(batch_size=current.batch_size + 1)
