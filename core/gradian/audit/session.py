@@ -6,6 +6,8 @@ way. Only the tokenizer is loaded, never model weights.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +51,27 @@ class Diagnosis:
     report: dict[str, Any]
 
 
+def with_adapter_settings(run: Any, adapter_path: str | None) -> Any:
+    """``run`` with its LoRA settings read from ``adapter_path``'s ``adapter_config.json`` when the
+    run recorded none (a run logged with params only, as the stock MLflow callback does, plus
+    ``--adapter DIR``); ``run.inferred['lora']`` says where they came from. A run that knows its
+    settings, or no adapter folder, leaves ``run`` as it is."""
+    import dataclasses
+
+    if run is None or run.lora.r is not None or not adapter_path:
+        return run
+    config_file = Path(adapter_path) / "adapter_config.json"
+    if not config_file.is_file():
+        return run
+    from gradian.model_loading import read_adapter_config
+    from gradian.runs import LoraSettings
+
+    lora = LoraSettings.from_adapter_config(read_adapter_config(adapter_path))
+    if lora.base_model is None:
+        lora = dataclasses.replace(lora, base_model=run.lora.base_model)
+    return dataclasses.replace(run, lora=lora, inferred={**run.inferred, "lora": f"--adapter {adapter_path}"})
+
+
 def load_audit_inputs(cfg: Any, max_seq_length: int | None = None, run: Any = None) -> AuditInputs:
     """Dataset, eval set, run record and tokenizer named by ``cfg`` (``run`` may be given ready).
 
@@ -61,6 +84,7 @@ def load_audit_inputs(cfg: Any, max_seq_length: int | None = None, run: Any = No
 
     resolved = resolve_inputs(cfg, run)
     run, filled = resolved.run, resolved.config
+    run = with_adapter_settings(run, filled.adapter_path)
     dataset = load_dataset(filled.dataset) if filled.dataset else None
     eval_dataset = load_dataset(filled.eval_dataset) if filled.eval_dataset else None
     # the audit loads no weights: a tokenizer found through the run is read only from a local folder

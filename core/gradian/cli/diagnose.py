@@ -34,6 +34,7 @@ def diagnose_command(
     trust_run_dataset: bool = typer.Option(False, "--trust-run-dataset", help=TRUST_RUN_DATASET_HELP),
     into_run: Optional[str] = typer.Option(None, "--into-run", help=INTO_RUN_HELP),
     base_model: Optional[str] = typer.Option(None, "--base-model", "-m", help="Base model id or path, used for its tokenizer only"),
+    adapter: Optional[str] = typer.Option(None, "--adapter", "-a", help="LoRA adapter folder (its adapter_config.json): the LoRA settings a run logged with params only lacks"),
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="Sequence length used in training (default: the run's)"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write diagnose.json and diagnose.md to this directory"),
     fail_on: Optional[str] = typer.Option(None, "--fail-on", help=f"Exit 1 when a finding at or above this severity fires ({', '.join(SEVERITIES)})"),
@@ -58,10 +59,14 @@ def diagnose_command(
         from gradian.paths import ensure_writable_dir
 
         ensure_writable_dir(out, "--out")
+    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+        raise ConfigError(f"--adapter {adapter}: no adapter_config.json there; pass the folder the trainer saved "
+                          "the adapter to (save_model's output_dir, or a checkpoint-N inside it)")
     run = run_reference(run, mlflow_run)
     cfg = load_config(
         config,
-        overrides={"dataset": dataset, "eval_dataset": eval_dataset, "run": run, "base_model": base_model},
+        overrides={"dataset": dataset, "eval_dataset": eval_dataset, "run": run, "base_model": base_model,
+                   "adapter_path": adapter},
     )
     diagnosis = diagnose(cfg, max_seq_length, run=read_run(cfg, trust_run_dataset))
     result, report = diagnosis.result, diagnosis.report
