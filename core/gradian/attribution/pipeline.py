@@ -232,7 +232,7 @@ def run_attribution(
             from gradian.explain import explain_top_accused
 
             log(f"locating the harmful span of the top {min(cfg.clustering.explain_top_accused, accused.n)} accused rows")
-            spans = [Span.from_json(s.to_dict(), "attribution.spans[]") for s in explain_top_accused(
+            spans = [Span.of(s) for s in explain_top_accused(
                 gm, tokenizer, index, dataset, qg, item_scores, accused.example_ids, cfg,
                 k=cfg.clustering.explain_top_accused)]
         top_harmful = _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True,
@@ -242,7 +242,7 @@ def run_attribution(
             cross_check=cross_check if cross_check and cross_check != "none" else None,
             engine_agreement_spearman=agreement,
             query_signal=qg.signal,
-            query=QuerySummary.from_json(qg.to_dict(), "attribution.query"),
+            query=QuerySummary.of(qg),
             gated=gated,
             n_examples=len(ids),
             clusters=[ClusterRow.from_json(c, "attribution.clusters[]") for c in clusters],

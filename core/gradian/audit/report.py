@@ -32,7 +32,7 @@ def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None
         findings=[ReportFinding.of(f) for f in result.findings],
         attribution=None,
         verdict=Verdict.from_json(result.verdict(thresholds), "verdict"),
-        skipped=[SkippedCheckRow.from_json(s.to_dict(), "skipped[]") for s in result.skipped],
+        skipped=[SkippedCheckRow.of(s) for s in result.skipped],
         manifest=DiagnoseManifest(
             gradian_version=__version__,
             inputs=AnalysisInputs.from_json(dict(inputs or {}), "manifest.inputs"),

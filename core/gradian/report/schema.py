@@ -414,6 +414,16 @@ class SkippedCheckRow(_Block):
     reason: str
     extra: dict[str, Any] = _extra()
 
+    @classmethod
+    def of(cls, skipped: Any) -> "SkippedCheckRow":
+        """From the audit's ``SkippedCheck`` (anything with ``id``, ``category`` and ``reason``), or
+        a row already read from JSON."""
+        if isinstance(skipped, SkippedCheckRow):
+            return skipped
+        if isinstance(skipped, Mapping):
+            return cls.from_json(skipped, "skipped[]")
+        return cls(id=str(skipped.id), category=str(skipped.category), reason=str(skipped.reason))
+
 
 @dataclass
 class QuerySummary(_Block):
@@ -427,6 +437,13 @@ class QuerySummary(_Block):
     finding_ids: list[str] = field(default_factory=list)
     item_ids: list[str] = field(default_factory=list)
     extra: dict[str, Any] = _extra()
+
+    @classmethod
+    def of(cls, query: Any) -> "QuerySummary":
+        """From a ``gradian.query.QueryGradient``: how it was built, without its vectors."""
+        return cls(signal=query.signal, requested_signal=query.requested_signal, n_items=int(query.n_items),
+                   scope=query.scope, notes=list(query.notes), finding_ids=list(query.finding_ids),
+                   item_ids=list(query.item_ids))
 
 
 @dataclass
@@ -521,6 +538,25 @@ class Span(_Block):
     span_text: str = ""
     span_score: float | None = None
     extra: dict[str, Any] = _extra()
+
+    @classmethod
+    def of(cls, explanation: Any) -> "Span":
+        """From a ``gradian.explain.SpanExplanation``: its words and sentences (not its tokens), and
+        the harmful span's offsets, text and score."""
+        def piece(p: Any) -> SpanPiece:
+            return SpanPiece(text=p.text, start=int(p.start), end=int(p.end), score=float(p.score))
+
+        span = explanation.span
+        return cls(example_id=explanation.example_id, item_id=explanation.item_id, engine=explanation.engine,
+                   signal=explanation.signal, text=explanation.text, token_sum=float(explanation.token_sum),
+                   words=[piece(w) for w in explanation.words], sentences=[piece(x) for x in explanation.sentences],
+                   span=piece(span) if span is not None else None,
+                   score=None if explanation.score is None else float(explanation.score),
+                   notes=list(explanation.notes),
+                   span_start=int(span.start) if span is not None else None,
+                   span_end=int(span.end) if span is not None else None,
+                   span_text=span.text if span is not None else "",
+                   span_score=float(span.score) if span is not None else None)
 
 
 @dataclass
@@ -776,6 +812,13 @@ class Removal(_Block):
     removed_ids: list[str]
     dataset: DatasetRef
     extra: dict[str, Any] = _extra()
+
+    @classmethod
+    def of(cls, plan: Any) -> "Removal":
+        """From a counterfactual's ``DropPlan``: why, how many, which ids, and the data file."""
+        return cls(reason=plan.reason, cluster=plan.cluster, n_examples=int(plan.n_examples),
+                   n_removed=int(plan.n_drop), n_kept=int(plan.n_keep), removed_ids=list(plan.drop_ids),
+                   dataset=DatasetRef(path=plan.dataset_path, sha256=plan.dataset_sha256))
 
 
 @dataclass

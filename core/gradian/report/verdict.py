@@ -123,7 +123,7 @@ def build_report(capability: Capability | None, findings: Sequence[Finding], att
         verdict=Verdict.from_json(synthesis.verdict, "verdict"),
         manifest=manifest,
         skipped=None if skipped is None else [
-            SkippedCheckRow.from_json(s.to_dict() if hasattr(s, "to_dict") else dict(s), "skipped[]") for s in skipped],
+            SkippedCheckRow.of(s) for s in skipped],
     )
 
 
