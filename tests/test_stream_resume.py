@@ -70,7 +70,11 @@ def _attribute(cfg, gm, tokenizer, dataset, tokenized, query, stop_after: int | 
     return stream, state, result
 
 
-def test_an_interrupted_stream_resumes_and_gives_the_uninterrupted_scores(tmp_path, tiny_lora_dirs, chat_tokenizer):
+def test_an_interrupted_stream_resumes_and_gives_the_uninterrupted_scores(tmp_path, tiny_lora_dirs, chat_tokenizer,
+                                                                          monkeypatch):
+    from gradian.index.passes import PassProgress
+
+    monkeypatch.setattr(PassProgress, "SUMS_EVERY_S", 0.0)  # keep the running sums after every chunk
     cfg, gm, dataset, tokenized, query = _inputs(tiny_lora_dirs, chat_tokenizer, tmp_path / "whole")
     whole_stream, whole_state, whole = _attribute(cfg, gm, chat_tokenizer, dataset, tokenized, query)
     assert whole_stream.passes == 3 and whole_stream.chunks_resumed == 0
@@ -123,3 +127,19 @@ def _overrides(cfg) -> dict[str, object]:
     return {"base_model": cfg.base_model, "adapter_path": cfg.adapter_path, "dtype": cfg.dtype,
             "grads.chunk_size": cfg.grads.chunk_size, "grads.batch_size": cfg.grads.batch_size,
             "engine.store": cfg.engine.store}
+
+
+def test_the_running_sums_are_kept_at_most_every_few_seconds_and_resume_from_there(tmp_path, tiny_lora_dirs,
+                                                                                  chat_tokenizer):
+    """Under the default interval the prime pass of six quick chunks keeps its sums once, after
+    the first chunk (and at the end): killed after chunk 4, it resumes after chunk 1 (0-based 0)."""
+    cfg, gm, dataset, tokenized, query = _inputs(tiny_lora_dirs, chat_tokenizer, tmp_path / "whole")
+    _, whole_state, whole = _attribute(cfg, gm, chat_tokenizer, dataset, tokenized, query)
+    cut = load_config(overrides={**_overrides(cfg), "cache_dir": str(tmp_path / "cut")})
+    with pytest.raises(Interrupted):
+        _attribute(cut, gm, chat_tokenizer, dataset, tokenized, query, stop_after=4)
+    stream, state, resumed = _attribute(cut, gm, chat_tokenizer, dataset, tokenized, query)
+    assert stream.rows_computed == (N_ROWS - CHUNK) + N_ROWS + N_ROWS, stream.rows_computed
+    assert np.array_equal(resumed.scores, whole.scores)
+    for key, value in whole_state.arrays.items():
+        assert np.array_equal(state.arrays[key], value), key

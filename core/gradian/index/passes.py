@@ -12,7 +12,8 @@ a digest of everything it computes from, ``gradian.engines.base.pass_key``):
 
 - ``rows-NNNNN.npz``: one chunk's per-row outputs (none for a pass of sums only);
 - ``sums-0.npz`` / ``sums-1.npz``: the sums folded over chunks ``0..through`` in chunk order
-  (written in turn, so the one ``progress.json`` names stays whole while the next is written);
+  (written in turn, so the one ``progress.json`` names stays whole while the next is written; at
+  most every ``SUMS_EVERY_S`` seconds, since they can be large);
 - ``progress.json``: ``through`` and the sha256 of each of those files.
 
 Every file is written atomically and checked against ``progress.json`` when read back. A pass with
@@ -54,11 +55,15 @@ def _sha(data: bytes) -> str:
 class PassProgress:
     """What one streamed pass has finished, on disk (see the module doc)."""
 
+    #: the shortest time between two writes of a pass's running sums
+    SUMS_EVERY_S = 30.0
+
     def __init__(self, root: Path, n_chunks: int, rows: Sequence[str], sums: Sequence[str]) -> None:
         self.root, self.n_chunks = Path(root), int(n_chunks)
         self.rows, self.sums = tuple(rows), tuple(sums)
         self.repaired: list[str] = []
         self._record: dict[str, Any] = {"through": -1, "rows": {}, "sums": None}
+        self._sums_saved_at = float("-inf")
 
     # -- reading back -----------------------------------------------------------------------------
 
@@ -112,8 +117,18 @@ class PassProgress:
     # -- writing ------------------------------------------------------------------------------------
 
     def save(self, k: int, part: Mapping[str, np.ndarray], totals: Mapping[str, np.ndarray]) -> None:
-        """Record chunk ``k`` as finished: its per-row outputs, and the sums through it."""
+        """Record chunk ``k`` as finished: its per-row outputs, and the sums through it.
+
+        The sums can be large (a square of each layer's width for the Kronecker factors), so they
+        are rewritten at most every ``SUMS_EVERY_S`` seconds and at the last chunk; a resumed pass
+        starts after the last chunk whose sums were kept, recomputing the few after it."""
+        import time
+
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.sums and k != self.n_chunks - 1 and time.monotonic() - self._sums_saved_at < self.SUMS_EVERY_S:
+            if self.rows:  # the rows alone do not move the resume point of a pass with sums
+                write_bytes_atomic(self.root / f"rows-{k:05d}.npz", _npz_bytes({name: part[name] for name in self.rows}))
+            return
         if self.rows:
             data = _npz_bytes({name: part[name] for name in self.rows})
             write_bytes_atomic(self.root / f"rows-{k:05d}.npz", data)
@@ -124,4 +139,5 @@ class PassProgress:
             sums = _npz_bytes({name: totals[name] for name in self.sums})
             write_bytes_atomic(self.root / f"sums-{k % 2}.npz", sums)
             self._record.update(through=k, sums=_sha(sums))
+            self._sums_saved_at = time.monotonic()
         write_text_atomic(self.root / "progress.json", json.dumps({**self._record, "n_chunks": self.n_chunks}))
