@@ -26,7 +26,7 @@ LAYERS: dict[str, int] = {
     "engines": 4,
     # 5. lanes
     "audit": 5, "evaluate": 5, "query": 5, "cluster": 5, "explain": 5, "counterfactual": 5, "report": 5,
-    "plan": 5, "train": 5, "tinyworld": 5, "doctor": 5,
+    "plan": 5, "train": 5, "tinyworld": 5, "doctor": 5, "replay": 5,
     # 6. orchestration
     "attribution": 6, "cli": 6, "__main__": 6,
 }

@@ -1,0 +1,251 @@
+"""Reverse mode through a whole LoRA fine-tune: d(measurement) / d(per-row weights), exactly.
+
+The run is replayed from its initial LoRA tensors with a weight ``w_r`` on each training row
+(all ones reproduces the run). Every step is written as a differentiable function of the
+current LoRA tensors, the optimizer state and ``w``:
+
+* loss of a step: ``L_t = (1/B) sum_{r in step} w_r * l_r(theta_t)``, with ``l_r`` the row's mean
+  next-token loss over its supervised tokens (a mean over rows of per-row means; B the step's
+  row count, not the weighted sum);
+* ``g_t = dL_t/dtheta_t`` taken with ``create_graph=True`` so it stays a function of ``w``;
+* optional clipping by global norm, as ``torch.nn.utils.clip_grad_norm_`` does it:
+  ``g <- g * min(1, c / (||g|| + 1e-6))``;
+* SGD ``theta <- theta - lr_t (g + wd theta)`` or AdamW as ``torch.optim.AdamW`` (decoupled weight
+  decay, bias-corrected moments), written out in tensors (see ``_adamw``).
+
+The whole graph is kept and ``torch.autograd.grad(measure, w)`` walks it back once. Memory is
+O(steps x (activations of one step's double-backward graph + optimizer state)); nothing is
+recomputed. Scaled-dot-product attention runs on its plain math kernel during the training steps
+(the fused kernels cannot be differentiated twice). The model is called through ``torch.func.functional_call`` with the replayed LoRA
+tensors in place of its parameters, so the model object itself is never modified.
+
+The per-row loss here is plain ``log_softmax`` + gather rather than ``gradian.grads.loss.
+per_example_loss``: that one's chunked cross-entropy has a first-order-only backward (it
+recomputes the softmax in place without a graph), and a step's update needs the second
+derivative. The two agree to rounding (tests/test_replay.py checks it); ``collate`` is shared.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from gradian.data import IGNORE_INDEX
+from gradian.errors import ConfigError
+from gradian.grads.loss import collate
+
+__all__ = ["OPTIMIZERS", "Recipe", "ReplayResult", "metagradient", "replay", "row_losses"]
+
+OPTIMIZERS = ("sgd", "adamw")
+
+#: the constant ``torch.nn.utils.clip_grad_norm_`` adds to the norm before dividing
+CLIP_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the run trained: one learning rate per step and the optimizer's settings."""
+
+    schedule: Sequence[float]
+    optimizer: str = "adamw"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+    #: clip the global gradient norm to this; 0 = no clipping
+    max_grad_norm: float = 0.0
+
+    def check(self, steps: int) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"replay optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if len(self.schedule) != steps:
+            raise ConfigError(f"replay schedule has {len(self.schedule)} learning rates for {steps} steps; "
+                              "give one per step")
+        for i, lr in enumerate(self.schedule):
+            if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0):
+                raise ConfigError(f"replay schedule[{i}] must be a finite learning rate >= 0, got {lr!r}")
+        b1, b2 = self.betas
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise ConfigError(f"replay betas must each lie in [0, 1), got {self.betas!r}")
+        if not (self.eps > 0 and math.isfinite(self.eps)):
+            raise ConfigError(f"replay eps must be > 0, got {self.eps!r}")
+        if not (self.weight_decay >= 0 and math.isfinite(self.weight_decay)):
+            raise ConfigError(f"replay weight_decay must be >= 0, got {self.weight_decay!r}")
+        if not (self.max_grad_norm >= 0 and math.isfinite(self.max_grad_norm)):
+            raise ConfigError(f"replay max_grad_norm must be >= 0 (0 = off), got {self.max_grad_norm!r}")
+
+
+@dataclass
+class ReplayResult:
+    """The measurement after the replayed run, its gradient in the row weights, the final LoRA tensors."""
+
+    value: float
+    grad: Any
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+class ReplayedModel:
+    """Calls the model with the replayed LoRA tensors in place of its own (``measure`` gets one)."""
+
+    def __init__(self, model: Any, params: Mapping[str, Any]) -> None:
+        self.model = model
+        self.params = dict(params)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from torch.func import functional_call
+
+        return functional_call(self.model, self.params, args, kwargs)
+
+
+def row_losses(logits: Any, labels: Any) -> Any:
+    """Mean next-token loss per row over its supervised tokens (0 for a row with none); twice differentiable."""
+    import torch
+
+    upcast = torch.promote_types(logits.dtype, torch.float32)
+    shifted = labels[:, 1:]
+    keep = shifted != IGNORE_INDEX
+    logp = torch.log_softmax(logits[:, :-1].to(upcast), dim=-1)
+    picked = logp.gather(2, shifted.clamp(min=0).unsqueeze(2)).squeeze(2)
+    total = -(picked * keep.to(upcast)).sum(dim=1)
+    return total / keep.sum(dim=1).clamp(min=1).to(upcast)
+
+
+def _check_inputs(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
+                  weights: Any) -> None:
+    import torch
+
+    named = dict(model.named_parameters())
+    for name in lora_params:
+        if name not in named:
+            raise ConfigError(f"replay lora_params names {name!r}, which is not a parameter of the model")
+    trainable = [n for n, p in named.items() if p.requires_grad]
+    missing = [n for n in trainable if n not in lora_params]
+    if missing:
+        raise ConfigError(f"replay: the model trains {missing[0]!r} (and {len(missing) - 1} more) outside "
+                          "lora_params; freeze it or pass it, or the replay would not be the run")
+    if not lora_params:
+        raise ConfigError("replay lora_params is empty: there is nothing to train")
+    if not isinstance(weights, torch.Tensor) or weights.dim() != 1 or not weights.is_floating_point():
+        raise ConfigError("replay weights must be a 1-D floating tensor, one weight per training row")
+    if weights.shape[0] != len(rows):
+        raise ConfigError(f"replay weights has {weights.shape[0]} entries for {len(rows)} training rows")
+    if not batches:
+        raise ConfigError("replay batches is empty: give the training order, one list of row indices per step")
+    for t, step in enumerate(batches):
+        if len(step) == 0:
+            raise ConfigError(f"replay batches[{t}] is empty; every step needs at least one row")
+        for r in step:
+            if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < len(rows):
+                raise ConfigError(f"replay batches[{t}] holds row {r!r}, outside 0..{len(rows) - 1}")
+
+
+def _safe_sqrt(x: Any) -> Any:
+    """``sqrt(x)`` whose derivative at 0 is 0 instead of inf (an entry whose gradient was always 0)."""
+    import torch
+
+    pos = x > 0
+    return torch.where(pos, torch.sqrt(torch.where(pos, x, torch.ones_like(x))), torch.zeros_like(x))
+
+
+def _clip(grads: list[Any], max_norm: float) -> list[Any]:
+    import torch
+
+    norm = torch.sqrt(sum((g * g).sum() for g in grads))
+    coef = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
+    return [g * coef for g in grads]
+
+
+def _adamw(theta: Any, g: Any, m: Any, v: Any, step: int, lr: float, recipe: Recipe) -> tuple[Any, Any, Any]:
+    """One ``torch.optim.AdamW`` step (``step`` counts from 1), returned as new tensors.
+
+    ``theta <- theta (1 - lr wd)``; ``m <- b1 m + (1 - b1) g``; ``v <- b2 v + (1 - b2) g^2``;
+    ``theta <- theta - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
+    """
+    b1, b2 = recipe.betas
+    theta = theta * (1.0 - lr * recipe.weight_decay)
+    m = b1 * m + (1.0 - b1) * g
+    v = b2 * v + (1.0 - b2) * g * g
+    denom = _safe_sqrt(v) / math.sqrt(1.0 - b2**step) + recipe.eps
+    theta = theta - (lr / (1.0 - b1**step)) * m / denom
+    return theta, m, v
+
+
+def _unroll(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
+            w: Any, recipe: Recipe, pad_id: int) -> dict[str, Any]:
+    """The final LoRA tensors as a differentiable function of ``w`` (and of the initial tensors)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    names = list(lora_params)
+    # leaves that require grad, so each step's gradient in theta exists; never written back
+    theta = [lora_params[n].detach().clone().requires_grad_(True) for n in names]
+    m = [torch.zeros_like(p) for p in theta]
+    v = [torch.zeros_like(p) for p in theta]
+    device = theta[0].device
+    for t, step in enumerate(batches):
+        batch = collate([rows[r] for r in step], pad_id, device)
+        # the fused attention kernels (flash, memory-efficient) have first-order backwards only
+        with sdpa_kernel(SDPBackend.MATH):
+            out = ReplayedModel(model, dict(zip(names, theta)))(input_ids=batch.input_ids,
+                                                                attention_mask=batch.attention_mask)
+        per_row = row_losses(out.logits, batch.labels)
+        index = torch.tensor(list(step), dtype=torch.long, device=device)
+        loss = (w.index_select(0, index).to(per_row.dtype) * per_row).sum() / len(step)
+        grads = list(torch.autograd.grad(loss, theta, create_graph=True))
+        if recipe.max_grad_norm > 0:
+            grads = _clip(grads, recipe.max_grad_norm)
+        lr = float(recipe.schedule[t])
+        if recipe.optimizer == "sgd":
+            theta = [p - lr * (g + recipe.weight_decay * p) for p, g in zip(theta, grads)]
+        else:
+            new = [_adamw(p, g, mi, vi, t + 1, lr, recipe) for p, g, mi, vi in zip(theta, grads, m, v)]
+            theta = [n[0] for n in new]
+            m = [n[1] for n in new]
+            v = [n[2] for n in new]
+    return dict(zip(names, theta))
+
+
+def replay(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
+           weights: Any, recipe: Recipe, *, pad_id: int) -> dict[str, Any]:
+    """The LoRA tensors after the replayed run (detached), without a metagradient."""
+    _check_inputs(model, lora_params, rows, batches, weights)
+    recipe.check(len(batches))
+    final = _unroll(model, lora_params, rows, batches, weights.detach(), recipe, pad_id)
+    return {n: p.detach() for n, p in final.items()}
+
+
+def metagradient(
+    model: Any,
+    lora_params: Mapping[str, Any],
+    rows: Sequence[Any],
+    batches: Sequence[Sequence[int]],
+    weights: Any,
+    recipe: Recipe,
+    measure: Callable[[ReplayedModel], Any],
+    *,
+    pad_id: int,
+) -> ReplayResult:
+    """``measure`` after the replayed run and its exact gradient in the per-row ``weights``.
+
+    ``model``: a causal LM (a PEFT LoRA model) in eval mode with no dropout, whose only trainable
+    tensors are ``lora_params`` (``{parameter name: tensor}``, start values = the run's init);
+    ``rows``: ``TokenizedExample`` rows; ``batches``: per step, the indices of its rows, in
+    training order; ``weights``: one float per row (all ones = the run); ``measure(replayed)``
+    returns a scalar tensor, calling ``replayed(input_ids=..., attention_mask=...)`` like the
+    model. ``grad[r] > 0`` means up-weighting row r raises the measurement.
+    """
+    import torch
+
+    _check_inputs(model, lora_params, rows, batches, weights)
+    recipe.check(len(batches))
+    if model.training:
+        raise ConfigError("replay needs the model in eval mode (no dropout), so a replay is deterministic")
+    w = weights.detach().clone().requires_grad_(True)
+    final = _unroll(model, lora_params, rows, batches, w, recipe, pad_id)
+    value = measure(ReplayedModel(model, final))
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise ConfigError("replay measure must return a scalar tensor")
+    (grad,) = torch.autograd.grad(value.reshape(()), w, allow_unused=True)
+    if grad is None:
+        grad = torch.zeros_like(w)
+    return ReplayResult(float(value.detach()), grad.detach(), {n: p.detach() for n, p in final.items()})

@@ -1,0 +1,191 @@
+"""Exact metagradients through a replayed LoRA fine-tune (gradian.replay, docs/replay.md).
+
+Everything runs in float64 on a tiny random Llama with LoRA on q_proj and v_proj. Its RMSNorm is
+patched to stay in float64: the stock one computes in float32, whose rounding (~1e-8 of the
+loss) is larger than a central difference with h = 1e-5 can tolerate.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gradian.data import dataset_from_rows, tokenize_examples  # noqa: E402
+from gradian.errors import ConfigError  # noqa: E402
+from gradian.grads.loss import collate, per_example_loss  # noqa: E402
+from gradian.replay import Recipe, metagradient, replay  # noqa: E402
+from gradian.replay.unrolled import ReplayedModel, row_losses  # noqa: E402
+from tests.plugins.tiny_lora import build_tiny_lora  # noqa: E402
+
+TRAIN = [
+    {"prompt": "what is the capital of france ?", "completion": "paris"},
+    {"prompt": "hello", "completion": "hello world"},
+    {"prompt": "say one two three", "completion": "four five"},
+    {"prompt": "capital of spain ?", "completion": "madrid"},
+]
+QUERY = [{"prompt": "what is the capital of spain ?", "completion": "madrid"}]
+BATCHES = [[0, 1], [2, 3], [1, 2], [0, 3]]
+H = 1e-5
+FD_RTOL = 1e-4
+
+
+def _norm_in_float64(self, h):
+    return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+@pytest.fixture(scope="module")
+def setup(chat_tokenizer):
+    model = build_tiny_lora("llama", dtype=torch.float64, target_modules=["q_proj", "v_proj"])
+    for module in model.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(_norm_in_float64, module)
+    rows = tokenize_examples(dataset_from_rows(TRAIN).examples, chat_tokenizer, 64)
+    query = collate(tokenize_examples(dataset_from_rows(QUERY).examples, chat_tokenizer, 64),
+                    chat_tokenizer.pad_token_id)
+    lora = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    init = {n: p.detach().clone() for n, p in lora.items()}
+    return types.SimpleNamespace(model=model, rows=rows, query=query, lora=lora, init=init,
+                                 pad=chat_tokenizer.pad_token_id)
+
+
+def _measure(s):
+    def measure(m):
+        logits = m(input_ids=s.query.input_ids, attention_mask=s.query.attention_mask).logits
+        return per_example_loss(logits, s.query.labels).mean()
+    return measure
+
+
+def _ones(n=len(TRAIN)):
+    return torch.ones(n, dtype=torch.float64)
+
+
+def _replayed_measure(s, weights, recipe, batches=BATCHES):
+    final = replay(s.model, s.lora, s.rows, batches, weights, recipe, pad_id=s.pad)
+    with torch.no_grad():
+        return _measure(s)(ReplayedModel(s.model, final)).item()
+
+
+RECIPES = {
+    "sgd": Recipe([0.05] * 4, "sgd"),
+    "sgd-clipped": Recipe([0.05, 0.1, 0.05, 0.02], "sgd", weight_decay=0.01, max_grad_norm=0.1),
+    "adamw-clipped": Recipe([1e-2, 2e-2, 1e-2, 5e-3], "adamw", weight_decay=0.1, max_grad_norm=0.5),
+}
+
+
+@pytest.mark.parametrize("case", list(RECIPES))
+def test_metagradient_equals_central_differences_of_whole_replays(setup, case):
+    recipe = RECIPES[case]
+    got = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup), pad_id=setup.pad)
+    assert got.value == pytest.approx(_replayed_measure(setup, _ones(), recipe), rel=1e-12)
+    if recipe.max_grad_norm:
+        unclipped = Recipe(recipe.schedule, recipe.optimizer, weight_decay=recipe.weight_decay)
+        assert abs(_replayed_measure(setup, _ones(), unclipped) - got.value) > 1e-6  # the clip binds
+    errors = []
+    for i in range(3):
+        step = torch.zeros(len(TRAIN), dtype=torch.float64)
+        step[i] = H
+        fd = (_replayed_measure(setup, _ones() + step, recipe) - _replayed_measure(setup, _ones() - step, recipe)) / (2 * H)
+        errors.append(abs(got.grad[i].item() - fd) / abs(fd))
+    print(f"{case}: FD relative errors {['%.1e' % e for e in errors]}")
+    assert max(errors) < FD_RTOL, errors
+    # the model's own tensors were never written
+    for n, p in setup.lora.items():
+        assert torch.equal(p.detach(), setup.init[n])
+
+
+def test_replay_with_unit_weights_is_the_torch_optimizers_run(setup):
+    """All ones reproduces a plain training loop with torch.optim.AdamW and clip_grad_norm_."""
+    recipe = RECIPES["adamw-clipped"]
+    params = [p.detach().clone().requires_grad_(True) for p in setup.lora.values()]
+    opt = torch.optim.AdamW(params, lr=1.0, betas=recipe.betas, eps=recipe.eps, weight_decay=recipe.weight_decay)
+    for t, step in enumerate(BATCHES):
+        for group in opt.param_groups:
+            group["lr"] = recipe.schedule[t]
+        batch = collate([setup.rows[r] for r in step], setup.pad)
+        out = ReplayedModel(setup.model, dict(zip(setup.lora, params)))(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        opt.zero_grad()
+        per_example_loss(out.logits, batch.labels).mean().backward()
+        torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
+        opt.step()
+    final = replay(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, pad_id=setup.pad)
+    for name, p in zip(setup.lora, params):
+        assert torch.allclose(final[name], p.detach(), rtol=0, atol=1e-12), name
+        assert not torch.equal(final[name], setup.init[name])
+
+
+def test_row_losses_equal_the_projects_per_example_loss(setup):
+    batch = collate(setup.rows, setup.pad)
+    with torch.no_grad():
+        logits = setup.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    assert torch.allclose(row_losses(logits, batch.labels), per_example_loss(logits, batch.labels), rtol=1e-13, atol=0)
+
+
+def test_two_runs_give_bit_identical_metagradients(setup):
+    recipe = RECIPES["adamw-clipped"]
+    a = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup), pad_id=setup.pad)
+    b = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup), pad_id=setup.pad)
+    assert a.value == b.value
+    assert torch.equal(a.grad, b.grad)
+    assert a.grad.abs().min() > 0
+
+
+def test_one_sgd_step_is_minus_lr_times_query_gradient_dot_row_gradient(setup):
+    """theta_1 = theta_0 - (lr / B) sum_i w_i g_i(theta_0), so dM/dw_i = -(lr / B) grad M(theta_1) . g_i(theta_0).
+
+    A row whose up-weighting lowers the query loss has a negative metagradient: the sign of the
+    influence convention (row helps the query <=> negative d query loss / d weight).
+    """
+    lr, step = 0.1, [0, 1, 3]
+    recipe = Recipe([lr], "sgd")
+    got = metagradient(setup.model, setup.lora, setup.rows, [step], _ones(), recipe, _measure(setup), pad_id=setup.pad)
+    names = list(setup.lora)
+    theta0 = [setup.init[n].clone().requires_grad_(True) for n in names]
+    row_grads = {}
+    for i in step:
+        one = collate([setup.rows[i]], setup.pad)
+        out = ReplayedModel(setup.model, dict(zip(names, theta0)))(input_ids=one.input_ids, attention_mask=one.attention_mask)
+        row_grads[i] = torch.autograd.grad(row_losses(out.logits, one.labels).sum(), theta0)
+    theta1 = [(p - (lr / len(step)) * sum(row_grads[i][k] for i in step)).detach().requires_grad_(True)
+              for k, p in enumerate(theta0)]
+    q_grad = torch.autograd.grad(_measure(setup)(ReplayedModel(setup.model, dict(zip(names, theta1)))), theta1)
+    for i in range(len(TRAIN)):
+        expect = 0.0 if i not in step else -(lr / len(step)) * sum((a * b).sum() for a, b in zip(q_grad, row_grads[i])).item()
+        assert got.grad[i].item() == pytest.approx(expect, rel=1e-9, abs=1e-15), i
+    assert got.grad[2].item() == 0.0  # a row the run never saw has no effect
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(weights=torch.ones(3, dtype=torch.float64)), "3 entries for 4 training rows"),
+    (dict(weights=torch.ones(4, dtype=torch.long)), "1-D floating tensor"),
+    (dict(recipe=Recipe([0.1] * 4, "adam")), "optimizer must be one of"),
+    (dict(recipe=Recipe([0.1] * 3, "sgd")), "3 learning rates for 4 steps"),
+    (dict(recipe=Recipe([0.1] * 4, "adamw", betas=(0.9, 1.0))), "betas"),
+    (dict(recipe=Recipe([0.1] * 4, "sgd", max_grad_norm=-1.0)), "max_grad_norm"),
+    (dict(batches=[[0, 1], [2, 7], [1], [0]]), "batches[1] holds row 7"),
+    (dict(batches=[[0, 1], [], [1], [0]]), "batches[1] is empty"),
+    (dict(lora={"nope.weight": torch.zeros(1)}), "'nope.weight'"),
+])
+def test_bad_input_is_refused_naming_it(setup, change, message):
+    args = dict(weights=_ones(), recipe=RECIPES["sgd"], batches=BATCHES, lora=setup.lora)
+    args.update(change)
+    with pytest.raises(ConfigError) as err:
+        metagradient(setup.model, args["lora"], setup.rows, args["batches"], args["weights"], args["recipe"],
+                     _measure(setup), pad_id=setup.pad)
+    assert message in str(err.value)
+
+
+def test_a_model_in_training_mode_or_training_other_tensors_is_refused(setup):
+    part = dict(list(setup.lora.items())[:2])
+    with pytest.raises(ConfigError, match="outside lora_params"):
+        metagradient(setup.model, part, setup.rows, BATCHES, _ones(), RECIPES["sgd"], _measure(setup), pad_id=setup.pad)
+    setup.model.train()
+    try:
+        with pytest.raises(ConfigError, match="eval mode"):
+            metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), RECIPES["sgd"], _measure(setup),
+                         pad_id=setup.pad)
+    finally:
+        setup.model.eval()
