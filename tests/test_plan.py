@@ -266,7 +266,7 @@ def _stored_values(linears, width):
 
 
 def test_the_8b_plan_keeps_ekfac_and_projects_its_factors_instead_of_cutting_layers():
-    """Issue 24's acceptance: llama-3.1-8b, r=16 all-linear, 100,000 rows x 1,024 tokens,
+    """The published 8B plan: llama-3.1-8b, r=16 all-linear, 100,000 rows x 1,024 tokens,
     ``--memory 80GiB --disk 2TB``: the engine stays ekfac and every layer is kept; the full-width
     Kronecker factors do not fit, so the proposal is the widest power-of-two kronecker projection
     that does, priced at that width (factors, stored values, stream chunk, state), on a CPU run and
