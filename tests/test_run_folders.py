@@ -139,12 +139,6 @@ def test_trl_config_is_read_as_fields_when_trl_is_absent(tmp_path, monkeypatch):
     import torch
     from transformers import TrainingArguments
 
-    try:
-        import trl  # noqa: F401
-        pytest.skip("trl is installed: its own SFTConfig is used")
-    except ImportError:
-        pass
-
     class SFTConfig(TrainingArguments):
         pass
 
@@ -158,9 +152,32 @@ def test_trl_config_is_read_as_fields_when_trl_is_absent(tmp_path, monkeypatch):
         args = SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, learning_rate=3e-4)
         args.max_length = 777  # an SFT-only field
         torch.save(args, path)
-    loaded = read_training_args(path)
+    with monkeypatch.context() as m:
+        # where trl is not installed, importing it fails: a None entry does that even where it is
+        for name in ("trl", "trl.trainer", "trl.trainer.sft_config", "trl.trainer.dpo_config"):
+            m.setitem(sys.modules, name, None)
+        from gradian.runs.training_args import _InertRecord, _trl_classes
+
+        assert _trl_classes()["trl.trainer.sft_config.SFTConfig"] is _InertRecord  # the path without trl
+        loaded = read_training_args(path)
     assert loaded["learning_rate"] == 3e-4 and loaded["max_length"] == 777
     assert loaded["lr_scheduler_type"] == "linear"
+
+
+def test_a_real_trl_sft_config_is_read_with_its_own_fields(tmp_path):
+    """Where trl is installed, a training_args.bin that TRL's SFTTrainer saved is read through the
+    allowlist, SFT fields included."""
+    import torch
+
+    pytest.importorskip("trl")
+    from trl import SFTConfig
+
+    args = SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, learning_rate=3e-4,
+                     max_length=777, packing=True)
+    path = tmp_path / "training_args.bin"
+    torch.save(args, path)
+    loaded = read_training_args(path)
+    assert loaded["learning_rate"] == 3e-4 and loaded["max_length"] == 777 and loaded["packing"] is True
 
 
 def test_not_a_torch_archive_is_refused(tmp_path):
