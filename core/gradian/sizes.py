@@ -15,7 +15,10 @@ from pathlib import Path
 
 from gradian.errors import ConfigError
 
-__all__ = ["available_memory", "check_fits_memory", "format_size", "parse_size"]
+__all__ = ["GIB", "available_memory", "check_fits_memory", "format_size", "parse_size"]
+
+#: bytes in a GiB, the unit of the size settings (grads.max_index_gb)
+GIB = 2**30
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9, "t": 10**12,
           "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}

@@ -17,13 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from gradian.errors import ConfigError
-from gradian.sizes import format_size
+from gradian.sizes import GIB, format_size
 
 __all__ = ["AUTO_PROJECTION_FLOOR", "AutoProjection", "auto_projection", "index_bytes"]
 
 #: the narrowest projection chosen automatically; below it the ranking is too coarse to act on
 AUTO_PROJECTION_FLOOR = 256
-_GIB = 2**30
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ def auto_projection(config: Any, gm: Any, n: int, whole: Sequence[str]) -> tuple
     limit_gb = grads.max_index_gb
     if grads.projection_dim is not None or limit_gb is None:
         return config, None
-    limit = int(limit_gb * _GIB)
+    limit = int(limit_gb * GIB)
     full = index_bytes(gm, grads, n)
     if full <= limit:
         return config, None

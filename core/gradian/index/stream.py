@@ -40,7 +40,7 @@ from gradian.grads.collectors import KroneckerCollector, structured_projector
 from gradian.index.build import _STORAGE, build_target, capture_rows, stored_norms
 from gradian.index.passes import PassProgress
 from gradian.index.sizing import AutoProjection, auto_projection, index_bytes
-from gradian.sizes import format_size
+from gradian.sizes import GIB, format_size
 
 if TYPE_CHECKING:
     from gradian.index.store import GradientIndex
@@ -295,7 +295,7 @@ def choose_store(config: Any, gm: Any, tokenizer: Any, dataset: Any, whole: Sequ
     if (target.root / "manifest.json").is_file():
         return config, StoreChoice("index", f"index {target.index_id} is stored already")
     full = index_bytes(gm, grads, len(dataset))
-    limit = None if grads.max_index_gb is None else int(grads.max_index_gb * 2**30)
+    limit = None if grads.max_index_gb is None else int(grads.max_index_gb * GIB)
     if limit is not None and full > limit:
         return config, StoreChoice("stream", (
             f"the index would take {format_size(full)}, over grads.max_index_gb ({format_size(limit)}), so the "

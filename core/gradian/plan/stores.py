@@ -34,12 +34,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from gradian.plan.shapes import LoraLinear
-from gradian.sizes import format_size
+from gradian.sizes import GIB, format_size
 
 __all__ = ["Passes", "IndexCost", "StreamCost", "CurvatureCost", "engine_passes", "auto_store", "curvature_cost",
            "lora_matrices", "GIB"]
 
-GIB = 2**30
 
 
 @dataclass(frozen=True)
