@@ -7,6 +7,7 @@ loss) is larger than a central difference with h = 1e-5 can tolerate.
 
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -115,6 +116,58 @@ def test_replay_with_unit_weights_is_the_torch_optimizers_run(setup):
     for name, p in zip(setup.lora, params):
         assert torch.allclose(final[name], p.detach(), rtol=0, atol=1e-12), name
         assert not torch.equal(final[name], setup.init[name])
+
+
+def test_token_mean_replay_is_the_trainers_loss(setup):
+    """``reduction="tokens"``: one mean over every supervised token of the step, as the HF Trainer
+    computes a batch's loss (cross-entropy summed, divided by the batch's supervised tokens)."""
+    recipe = dataclasses.replace(RECIPES["adamw-clipped"], reduction="tokens")
+    params = [p.detach().clone().requires_grad_(True) for p in setup.lora.values()]
+    opt = torch.optim.AdamW(params, lr=1.0, betas=recipe.betas, eps=recipe.eps, weight_decay=recipe.weight_decay)
+    for t, step in enumerate(BATCHES):
+        for group in opt.param_groups:
+            group["lr"] = recipe.schedule[t]
+        batch = collate([setup.rows[r] for r in step], setup.pad)
+        out = ReplayedModel(setup.model, dict(zip(setup.lora, params)))(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]),
+                                          batch.labels[:, 1:].reshape(-1), ignore_index=-100).backward()
+        torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
+        opt.step()
+    final = replay(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, pad_id=setup.pad)
+    by_rows = replay(setup.model, setup.lora, setup.rows, BATCHES, _ones(), RECIPES["adamw-clipped"], pad_id=setup.pad)
+    for name, p in zip(setup.lora, params):
+        assert torch.allclose(final[name], p.detach(), rtol=0, atol=1e-12), name
+    assert any(not torch.allclose(final[n], by_rows[n], rtol=0, atol=1e-9) for n in final)
+
+
+@pytest.mark.parametrize("case", list(RECIPES))
+@pytest.mark.parametrize("every", [1, 3, 100])
+def test_the_step_by_step_sweep_equals_the_whole_graph(setup, case, every):
+    """Segments of 1, 3 (one of 3 and one of 1 for 4 steps) and all steps: the same metagradient
+    as walking the whole unrolled graph back at once, and the same replayed run."""
+    recipe = RECIPES[case]
+    whole = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                         pad_id=setup.pad)
+    ticks = []
+    swept = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                         pad_id=setup.pad, checkpoint_every=every, progress=lambda done, total: ticks.append((done, total)))
+    assert swept.value == pytest.approx(whole.value, rel=1e-13)
+    assert torch.allclose(swept.grad, whole.grad, rtol=1e-10, atol=1e-14)
+    for name in whole.params:
+        assert torch.allclose(swept.params[name], whole.params[name], rtol=0, atol=1e-13)
+    steps = len(BATCHES)
+    recomputed = sum(min(every, steps - first) - 1 for first in range(0, steps, every))
+    assert ticks[-1] == (2 * steps + recomputed, 2 * steps + recomputed)
+    assert [d for d, _ in ticks] == list(range(1, len(ticks) + 1))
+
+
+@pytest.mark.parametrize("every", [0, -1, 1.5, True])
+def test_a_bad_checkpoint_interval_is_refused(setup, every):
+    with pytest.raises(ConfigError, match="checkpoint_every"):
+        metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), RECIPES["sgd"], _measure(setup),
+                     pad_id=setup.pad, checkpoint_every=every)
 
 
 def test_row_losses_equal_the_projects_per_example_loss(setup):

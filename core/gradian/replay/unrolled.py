@@ -13,11 +13,15 @@ current LoRA tensors, the optimizer state and ``w``:
 * SGD ``theta <- theta - lr_t (g + wd theta)`` or AdamW as ``torch.optim.AdamW`` (decoupled weight
   decay, bias-corrected moments), written out in tensors (see ``_adamw``).
 
-The whole graph is kept and ``torch.autograd.grad(measure, w)`` walks it back once. Memory is
-O(steps x (activations of one step's double-backward graph + optimizer state)); nothing is
-recomputed. Scaled-dot-product attention runs on its plain math kernel during the training steps
-(the fused kernels cannot be differentiated twice). The model is called through ``torch.func.functional_call`` with the replayed LoRA
-tensors in place of its parameters, so the model object itself is never modified.
+Two ways back. ``checkpoint_every=None`` keeps the whole graph and ``torch.autograd.grad(measure,
+w)`` walks it back once: memory O(steps x one step's double-backward graph). ``checkpoint_every=k``
+sweeps back one step at a time (``_segmented``): the state every k steps is kept from a plain
+forward replay, each segment is recomputed from its first state, and each step is rebuilt with its
+graph and pulled back with the adjoint of the state after it; memory is O(steps / k + k) states
+plus one step's graph. Scaled-dot-product attention runs on its plain math kernel during the
+training steps (the fused kernels cannot be differentiated twice). The model is called through
+``torch.func.functional_call`` with the replayed LoRA tensors in place of its parameters, so the
+model object itself is never modified.
 
 The per-row loss here is plain ``log_softmax`` + gather rather than ``gradian.grads.loss.
 per_example_loss``: that one's chunked cross-entropy has a first-order-only backward (it
@@ -35,9 +39,11 @@ from gradian.data import IGNORE_INDEX
 from gradian.errors import ConfigError
 from gradian.grads.loss import collate
 
-__all__ = ["OPTIMIZERS", "Recipe", "ReplayResult", "metagradient", "replay", "row_losses"]
+__all__ = ["OPTIMIZERS", "REDUCTIONS", "Recipe", "ReplayResult", "metagradient", "replay", "row_losses"]
 
 OPTIMIZERS = ("sgd", "adamw")
+#: how a step's rows make its loss (``Recipe.reduction``)
+REDUCTIONS = ("rows", "tokens")
 
 #: the constant ``torch.nn.utils.clip_grad_norm_`` adds to the norm before dividing
 CLIP_EPS = 1e-6
@@ -54,6 +60,9 @@ class Recipe:
     weight_decay: float = 0.0
     #: clip the global gradient norm to this; 0 = no clipping
     max_grad_norm: float = 0.0
+    #: a step's loss: ``rows`` (mean over rows of each row's mean token loss) or ``tokens`` (one mean
+    #: over every supervised token of the step, as the HF Trainer and TRL compute it)
+    reduction: str = "rows"
 
     def check(self, steps: int) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -73,6 +82,8 @@ class Recipe:
             raise ConfigError(f"replay weight_decay must be >= 0, got {self.weight_decay!r}")
         if not (self.max_grad_norm >= 0 and math.isfinite(self.max_grad_norm)):
             raise ConfigError(f"replay max_grad_norm must be >= 0 (0 = off), got {self.max_grad_norm!r}")
+        if self.reduction not in REDUCTIONS:
+            raise ConfigError(f"replay reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
 
 
 @dataclass
@@ -99,6 +110,12 @@ class ReplayedModel:
 
 def row_losses(logits: Any, labels: Any) -> Any:
     """Mean next-token loss per row over its supervised tokens (0 for a row with none); twice differentiable."""
+    total, count = _row_token_losses(logits, labels)
+    return total / count.clamp(min=1)
+
+
+def _row_token_losses(logits: Any, labels: Any) -> tuple[Any, Any]:
+    """Per row: the summed next-token loss over its supervised tokens, and how many there are."""
     import torch
 
     upcast = torch.promote_types(logits.dtype, torch.float32)
@@ -106,8 +123,7 @@ def row_losses(logits: Any, labels: Any) -> Any:
     keep = shifted != IGNORE_INDEX
     logp = torch.log_softmax(logits[:, :-1].to(upcast), dim=-1)
     picked = logp.gather(2, shifted.clamp(min=0).unsqueeze(2)).squeeze(2)
-    total = -(picked * keep.to(upcast)).sum(dim=1)
-    return total / keep.sum(dim=1).clamp(min=1).to(upcast)
+    return -(picked * keep.to(upcast)).sum(dim=1), keep.sum(dim=1).to(upcast)
 
 
 def _check_inputs(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
@@ -170,39 +186,150 @@ def _adamw(theta: Any, g: Any, m: Any, v: Any, step: int, lr: float, recipe: Rec
     return theta, m, v
 
 
+class _Steps:
+    """The replayed run as a function of the state before each step: ``step(t, state, w)``.
+
+    A state is ``(theta, m, v)``, each a list of tensors in ``names`` order (``m`` and ``v`` stay
+    zeros under SGD). ``create_graph`` keeps the new state a differentiable function of the old
+    one and of ``w`` (for the reverse sweep); without it the step is a plain training step.
+    """
+
+    def __init__(self, model: Any, names: list[str], rows: Sequence[Any], batches: Sequence[Sequence[int]],
+                 recipe: Recipe, pad_id: int) -> None:
+        self.model, self.names, self.rows, self.batches = model, names, rows, batches
+        self.recipe, self.pad_id = recipe, pad_id
+
+    def loss(self, t: int, theta: list[Any], w: Any) -> Any:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        step = self.batches[t]
+        device = theta[0].device
+        batch = collate([self.rows[r] for r in step], self.pad_id, device)
+        # the fused attention kernels (flash, memory-efficient) have first-order backwards only
+        with sdpa_kernel(SDPBackend.MATH):
+            out = ReplayedModel(self.model, dict(zip(self.names, theta)))(input_ids=batch.input_ids,
+                                                                         attention_mask=batch.attention_mask)
+        total, count = _row_token_losses(out.logits, batch.labels)
+        index = torch.tensor(list(step), dtype=torch.long, device=device)
+        weights = w.index_select(0, index).to(total.dtype)
+        if self.recipe.reduction == "tokens":
+            return (weights * total).sum() / count.sum().clamp(min=1)
+        return (weights * (total / count.clamp(min=1))).sum() / len(step)
+
+    def step(self, t: int, state: tuple[list[Any], list[Any], list[Any]], w: Any, *,
+             create_graph: bool) -> tuple[list[Any], list[Any], list[Any]]:
+        import torch
+
+        theta, m, v = state
+        recipe = self.recipe
+        with torch.enable_grad():
+            if not create_graph:
+                theta = [p.detach().requires_grad_(True) for p in theta]
+            grads = list(torch.autograd.grad(self.loss(t, theta, w), theta, create_graph=create_graph))
+            if not create_graph:
+                theta = [p.detach() for p in theta]
+                grads = [g.detach() for g in grads]
+            if recipe.max_grad_norm > 0:
+                grads = _clip(grads, recipe.max_grad_norm)
+            lr = float(recipe.schedule[t])
+            if recipe.optimizer == "sgd":
+                return [p - lr * (g + recipe.weight_decay * p) for p, g in zip(theta, grads)], m, v
+            new = [_adamw(p, g, mi, vi, t + 1, lr, recipe) for p, g, mi, vi in zip(theta, grads, m, v)]
+            return [n[0] for n in new], [n[1] for n in new], [n[2] for n in new]
+
+
+def _initial_state(lora_params: Mapping[str, Any]) -> tuple[list[str], tuple[list[Any], list[Any], list[Any]]]:
+    import torch
+
+    names = list(lora_params)
+    theta = [lora_params[n].detach().clone() for n in names]
+    return names, (theta, [torch.zeros_like(p) for p in theta], [torch.zeros_like(p) for p in theta])
+
+
 def _unroll(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
             w: Any, recipe: Recipe, pad_id: int) -> dict[str, Any]:
     """The final LoRA tensors as a differentiable function of ``w`` (and of the initial tensors)."""
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    names = list(lora_params)
+    names, (theta, m, v) = _initial_state(lora_params)
     # leaves that require grad, so each step's gradient in theta exists; never written back
-    theta = [lora_params[n].detach().clone().requires_grad_(True) for n in names]
-    m = [torch.zeros_like(p) for p in theta]
-    v = [torch.zeros_like(p) for p in theta]
-    device = theta[0].device
-    for t, step in enumerate(batches):
-        batch = collate([rows[r] for r in step], pad_id, device)
-        # the fused attention kernels (flash, memory-efficient) have first-order backwards only
-        with sdpa_kernel(SDPBackend.MATH):
-            out = ReplayedModel(model, dict(zip(names, theta)))(input_ids=batch.input_ids,
-                                                                attention_mask=batch.attention_mask)
-        per_row = row_losses(out.logits, batch.labels)
-        index = torch.tensor(list(step), dtype=torch.long, device=device)
-        loss = (w.index_select(0, index).to(per_row.dtype) * per_row).sum() / len(step)
-        grads = list(torch.autograd.grad(loss, theta, create_graph=True))
-        if recipe.max_grad_norm > 0:
-            grads = _clip(grads, recipe.max_grad_norm)
-        lr = float(recipe.schedule[t])
-        if recipe.optimizer == "sgd":
-            theta = [p - lr * (g + recipe.weight_decay * p) for p, g in zip(theta, grads)]
-        else:
-            new = [_adamw(p, g, mi, vi, t + 1, lr, recipe) for p, g, mi, vi in zip(theta, grads, m, v)]
-            theta = [n[0] for n in new]
-            m = [n[1] for n in new]
-            v = [n[2] for n in new]
-    return dict(zip(names, theta))
+    state = ([p.requires_grad_(True) for p in theta], m, v)
+    steps = _Steps(model, names, rows, batches, recipe, pad_id)
+    for t in range(len(batches)):
+        state = steps.step(t, state, w, create_graph=True)
+    return dict(zip(names, state[0]))
+
+
+def _detached(state: tuple[list[Any], list[Any], list[Any]]) -> tuple[list[Any], list[Any], list[Any]]:
+    return tuple([x.detach() for x in part] for part in state)  # type: ignore[return-value]
+
+
+def _segmented(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
+               w: Any, recipe: Recipe, measure: Callable[["ReplayedModel"], Any], pad_id: int,
+               every: int, progress: Callable[[int, int], None] | None) -> ReplayResult:
+    """The metagradient by a reverse sweep one step at a time, never holding more than one step's graph.
+
+    Forward: plain training steps from the initial state, keeping the state at every ``every``-th
+    step. Reverse: for each segment from the last, its states are recomputed from the segment's
+    first, then each step is rebuilt with its graph and pulled back, carrying the adjoint of the
+    state (``theta``, ``m``, ``v``) to the step before and adding each step's share of
+    ``d measure / d w``. Memory: ``steps / every`` stored states, ``every`` recomputed ones and one
+    step's double-backward graph. Work: two plain replays plus one differentiated step per step.
+    """
+    import torch
+
+    names, state = _initial_state(lora_params)
+    steps = _Steps(model, names, rows, batches, recipe, pad_id)
+    total = len(batches)
+    w = w.detach()
+    starts = list(range(0, total, every))
+    # forward steps, the steps recomputed inside each segment, reverse steps
+    work = 2 * total + sum(min(every, total - first) - 1 for first in starts)
+    stored = {0: state}
+    done = 0
+    for t in range(total):
+        state = _detached(steps.step(t, state, w, create_graph=False))
+        if t + 1 in starts:
+            stored[t + 1] = state
+        done += 1
+        if progress is not None:
+            progress(done, work)
+    final = [p.detach().requires_grad_(True) for p in state[0]]
+    with torch.enable_grad():
+        value = measure(ReplayedModel(model, dict(zip(names, final))))
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise ConfigError("replay measure must return a scalar tensor")
+        theta_bar = list(torch.autograd.grad(value.reshape(()), final, allow_unused=True))
+    adjoint = ([torch.zeros_like(p) if g is None else g for p, g in zip(final, theta_bar)],
+               [torch.zeros_like(p) for p in final], [torch.zeros_like(p) for p in final])
+    w_bar = torch.zeros_like(w)
+    for first in reversed(starts):
+        last = min(first + every, total)
+        segment = [stored[first]]
+        for t in range(first, last - 1):
+            segment.append(_detached(steps.step(t, segment[-1], w, create_graph=False)))
+            done += 1
+            if progress is not None:
+                progress(done, work)
+        for t in range(last - 1, first - 1, -1):
+            before = tuple([x.detach().requires_grad_(True) for x in part] for part in segment[t - first])
+            w_leaf = w.clone().requires_grad_(True)
+            with torch.enable_grad():
+                after = steps.step(t, before, w_leaf, create_graph=True)  # type: ignore[arg-type]
+                outs = [x for part in after for x in part]
+                cots = [x for part in adjoint for x in part]
+                keep = [(o, c) for o, c in zip(outs, cots) if o.requires_grad]
+                leaves = [x for part in before for x in part] + [w_leaf]
+                pulled = torch.autograd.grad([o for o, _ in keep], leaves, grad_outputs=[c for _, c in keep],
+                                             allow_unused=True)
+            pulled = [torch.zeros_like(x) if g is None else g.detach() for x, g in zip(leaves, pulled)]
+            n = len(names)
+            adjoint = (pulled[:n], pulled[n:2 * n], pulled[2 * n:3 * n])
+            w_bar = w_bar + pulled[-1]
+            done += 1
+            if progress is not None:
+                progress(done, work)
+        del segment
+    return ReplayResult(float(value.detach()), w_bar, {n: p.detach() for n, p in zip(names, final)})
 
 
 def replay(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
@@ -210,8 +337,11 @@ def replay(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batc
     """The LoRA tensors after the replayed run (detached), without a metagradient."""
     _check_inputs(model, lora_params, rows, batches, weights)
     recipe.check(len(batches))
-    final = _unroll(model, lora_params, rows, batches, weights.detach(), recipe, pad_id)
-    return {n: p.detach() for n, p in final.items()}
+    names, state = _initial_state(lora_params)
+    steps = _Steps(model, names, rows, batches, recipe, pad_id)
+    for t in range(len(batches)):
+        state = _detached(steps.step(t, state, weights.detach(), create_graph=False))
+    return dict(zip(names, state[0]))
 
 
 def metagradient(
@@ -224,6 +354,8 @@ def metagradient(
     measure: Callable[[ReplayedModel], Any],
     *,
     pad_id: int,
+    checkpoint_every: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ReplayResult:
     """``measure`` after the replayed run and its exact gradient in the per-row ``weights``.
 
@@ -233,6 +365,12 @@ def metagradient(
     training order; ``weights``: one float per row (all ones = the run); ``measure(replayed)``
     returns a scalar tensor, calling ``replayed(input_ids=..., attention_mask=...)`` like the
     model. ``grad[r] > 0`` means up-weighting row r raises the measurement.
+
+    ``checkpoint_every=None`` keeps the whole unrolled graph and walks it back once (memory grows
+    with the steps). An integer ``k >= 1`` sweeps back one step at a time instead, storing the
+    state every ``k`` steps and recomputing the others (memory: ``steps / k + k`` states and one
+    step's graph); both give the same gradient up to rounding. ``progress(done, total)`` is called
+    after each step of the forward, recompute and reverse passes (segmented mode only).
     """
     import torch
 
@@ -240,6 +378,11 @@ def metagradient(
     recipe.check(len(batches))
     if model.training:
         raise ConfigError("replay needs the model in eval mode (no dropout), so a replay is deterministic")
+    if checkpoint_every is not None:
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise ConfigError(f"replay checkpoint_every must be an integer >= 1 (or None), got {checkpoint_every!r}")
+        return _segmented(model, lora_params, rows, batches, weights, recipe, measure, pad_id, checkpoint_every,
+                          progress)
     w = weights.detach().clone().requires_grad_(True)
     final = _unroll(model, lora_params, rows, batches, w, recipe, pad_id)
     value = measure(ReplayedModel(model, final))
