@@ -44,9 +44,10 @@ def _inputs(tiny_lora_dirs, chat_tokenizer, cache: Path):
     return cfg, gm, dataset, tokenized, query
 
 
-def _attribute(cfg, gm, tokenizer, dataset, tokenized, query, stop_after: int | None = None):
-    """Prime, fit and score EK-FAC over a fresh stream; ``stop_after`` chunks (over every pass)
-    raise ``Interrupted`` right after that chunk's results are kept, as a kill would."""
+def _attribute(cfg, gm, tokenizer, dataset, tokenized, query, stop_after: int | None = None, shard=None):
+    """Prime, fit and score EK-FAC over a fresh stream (its passes sharded over ``shard``);
+    ``stop_after`` chunks (over every pass) raise ``Interrupted`` right after that chunk's results
+    are kept, as a kill would."""
     from gradian.attribution.checkpoints import fit_context
     from gradian.engines import get_engine
     from gradian.grads.collectors import KroneckerCollector
@@ -59,7 +60,7 @@ def _attribute(cfg, gm, tokenizer, dataset, tokenized, query, stop_after: int | 
         if stop_after is not None and seen[0] >= stop_after:
             raise Interrupted(seen[0])
 
-    stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized, progress=progress)
+    stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized, progress=progress, shard=shard)
     collector = KroneckerCollector(gm)
     with collector:
         stream.prime(collector)

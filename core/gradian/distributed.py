@@ -9,7 +9,8 @@ per GPU: a LOCAL_RANK without a GPU of its own is refused).
 
 The process group is initialized here only when nobody initialized one before (backend ``nccl``
 on CUDA, ``gloo`` on CPU, rendezvous from ``MASTER_ADDR``/``MASTER_PORT`` as torchrun sets them),
-and destroyed on leaving the context only in that case.
+and destroyed on leaving the context only in that case (or earlier, by ``ShardGroup.leave()``, where
+every rank leaves together once the sharded work is done and rank 0 goes on alone).
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ class ShardGroup:
     local_rank: int
     #: ``nccl`` or ``gloo``
     backend: str
+    #: this process initialized the process group (and destroys it on leaving)
+    owned: bool = False
+    #: ``leave`` was called: the group is no more, each process works alone from here
+    left: bool = False
 
     @property
     def is_main(self) -> bool:
@@ -63,6 +68,20 @@ class ShardGroup:
         import torch.distributed as dist
 
         dist.barrier()
+
+    def leave(self) -> None:
+        """Every rank leaves the group here together, after its last collective: one barrier, then
+        the group is destroyed (where this process initialized it). Rank 0 can then go on alone
+        for as long as it needs, with no other rank waiting in a collective that could time out."""
+        import torch.distributed as dist
+
+        if self.left:
+            return
+        self.left = True
+        if dist.is_initialized():
+            dist.barrier()
+            if self.owned:
+                dist.destroy_process_group()
 
 
 def torchrun_world() -> tuple[int, int, int] | None:
@@ -126,12 +145,13 @@ def join_shard_group(requested: bool | None = None) -> Iterator[ShardGroup | Non
     else:
         backend = str(dist.get_backend())
     try:
-        yield ShardGroup(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
+        group = ShardGroup(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend, owned=owned)
+        yield group
     except BaseException:
         if owned and dist.is_initialized():
             dist.destroy_process_group()
         raise
-    if owned and dist.is_initialized():
+    if owned and not group.left and dist.is_initialized():
         # every rank reaches the teardown before any tears down: a rank that leaves first closes
         # its gloo pairs (and rank 0 the rendezvous store) under a peer still using them, which
         # can abort that peer at exit ("terminate called without an active exception"); a rank

@@ -24,7 +24,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
@@ -45,6 +45,9 @@ from gradian.report.schema import (
     Report,
     Span,
 )
+
+if TYPE_CHECKING:
+    from gradian.distributed import ShardGroup
 
 __all__ = ["AttributionOutcome", "accused_ids", "run_attribution", "rankings_frame", "rank_values", "fill_from_run"]
 
@@ -94,6 +97,7 @@ def run_attribution(
     progress: Progress | None = None,
     out_dir: str | Path | None = None,
     log: Callable[[str], None] = lambda message: None,
+    shard: "ShardGroup | None" = None,
 ) -> AttributionOutcome:
     """Run every lane the inputs allow and return (and, with ``out_dir``, write) the report.
 
@@ -101,6 +105,13 @@ def run_attribution(
     its adapter, base model and dataset fill what the config leaves empty. ``cross_check``: an
     engine name, ``none``, or ``auto`` (the engine's own default cross-check, see
     ``gradian.engines.registry.resolve_cross_check``).
+
+    ``shard`` (the ``ShardGroup`` of a torchrun launch, under ``engine.store: stream``): every rank
+    calls this, on its own device; rank 0 alone evaluates and builds the query gradient and hands
+    both to the others, so every rank makes the same streamed passes, each computing its share
+    of every pass (``gradian.index.stream``). After the last scoring pass the ranks leave the
+    group together; rank 0 goes on to cluster and report, the others return an outcome with an
+    empty report.
     """
     import torch
 
@@ -126,6 +137,11 @@ def run_attribution(
     if run is None and cfg.run:
         run = resolve_run(cfg.run, cache_dir=cfg.cache_dir)
     cfg = fill_from_run(cfg, run)  # read once above, so every stage below sees this record
+    helper = shard is not None and not shard.is_main  # a rank that only computes its share of each pass
+    if shard is not None:
+        from gradian.distributed import shard_device
+
+        cfg = dataclasses.replace(cfg, device=shard_device(cfg.device, shard))
     check_attention_kernel(cfg.attn_implementation)  # before the audit, not after it
     torch.manual_seed(cfg.seed)
 
@@ -151,7 +167,7 @@ def run_attribution(
     eval_items = None
     allowed = True
     gated = False
-    if cfg.eval_dataset:
+    if cfg.eval_dataset and not helper:
         log(f"measuring '{capability}' on the base and tuned models")
         eval_set = diagnosis.inputs.eval_dataset or load_dataset(cfg.eval_dataset)
         cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability=capability)
@@ -160,6 +176,18 @@ def run_attribution(
         if gate.finding is not None:
             findings.append(gate.finding)
         eval_items = _query_items(cap, eval_set)
+
+    def leave_group() -> bool:
+        """Every rank leaves the shard group here, after the last sharded pass; True on a helper
+        rank, which stops here (rank 0 clusters and reports alone)."""
+        if shard is not None:
+            shard.leave()
+        return helper
+
+    if shard is not None:  # rank 0's verdict and items, so that every rank scores the same query
+        allowed, gated, eval_items = shard.broadcast((allowed, gated, eval_items))
+        if not allowed and leave_group():
+            return AttributionOutcome(report={}, run=run)
 
     manifest = AttributeManifest(
         gradian_version=__version__,
@@ -189,11 +217,15 @@ def run_attribution(
         # Kronecker factors gathered in the gradients' first pass, when a Kronecker engine will need them
         index, collector = capture_training_gradients(gm, tokenizer, dataset, cfg, choice, collect=collect, force=force,
                                                       progress=progress, log=log,
-                                                      tokenized=tokenized.rows() if choice.store == "stream" else None)
+                                                      tokenized=tokenized.rows() if choice.store == "stream" else None,
+                                                      shard=shard)
         index_seconds = time.time() - t0
         items, scope, notes, finding_ids = select_query_items(eval_items, dataset.examples)
-        qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
-                                  scope=scope, notes=notes, finding_ids=finding_ids)
+        if shard is None or shard.is_main:
+            qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
+                                      scope=scope, notes=notes, finding_ids=finding_ids)
+        if shard is not None:  # rank 0's query on every rank: the same numbers, the same passes
+            qg = shard.broadcast(qg if shard.is_main else None)
         log(f"fitting and scoring with {cfg.engine.name}" + (f" and {cross_check}" if cross_check and cross_check != "none" else ""))
         t0 = time.time()
         main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
@@ -223,6 +255,8 @@ def run_attribution(
             cross = _score(cfg, cross_state, qg, gm, tokenizer, items)
             cross_scores = _mean_over_items(cross.scores)
             agreement = float(rank_correlation(rank, cross_scores))
+        if leave_group():  # the last sharded pass is done
+            return AttributionOutcome(report={}, run=run)
         log("clustering the training examples")
         ids = dataset.ids
         assignment, clusters, features = _cluster_in_space(cfg, dataset, index, scores)

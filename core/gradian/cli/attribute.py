@@ -34,7 +34,7 @@ def attribute_command(
     cross_check: str = typer.Option("auto", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), none, or auto (the engine's own choice: datainf beside ekfac and kfac, graddot beside datainf); one that ranks by the same method as --engine is swapped for one that does not"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write report.json/.md/.html, plots and rankings.parquet here"),
     force: bool = typer.Option(False, "--force", help="Rebuild the gradient index even if a cached one matches"),
-    distributed: Optional[bool] = typer.Option(None, "--distributed/--no-distributed", help=DISTRIBUTED_HELP + "; under torchrun the index is built first, then rank 0 alone runs the rest"),
+    distributed: Optional[bool] = typer.Option(None, "--distributed/--no-distributed", help=DISTRIBUTED_HELP + "; under torchrun the index is built first, then rank 0 alone runs the rest, or, under engine.store: stream, every streamed pass is sharded the same way and rank 0 clusters and reports"),
 ) -> None:
     """Attribute a capability regression to training examples and write the merged report."""
     import contextlib
@@ -43,9 +43,9 @@ def attribute_command(
     from rich.console import Console
 
     from gradian.attribution import run_attribution
-    from gradian.cli.index import build_index_stage
+    from gradian.cli.index import build_index_stage, read_run_on_ranks
     from gradian.cli.output import shown
-    from gradian.cli.run_flags import index_progress, publish_to_source, read_run, run_reference
+    from gradian.cli.run_flags import index_progress, publish_to_source, run_reference
     from gradian.config import load_config
     from gradian.distributed import join_shard_group
     from gradian.model_loading import check_attention_kernel
@@ -68,8 +68,15 @@ def attribute_command(
     if out is not None:
         ensure_writable_dir(out, "--out")
     console = Console(stderr=True)
-    with join_shard_group(distributed) as shard:
-        if shard is not None:
+
+    def log(message: str) -> None:
+        console.print(f"[dim]{shown(message)}[/]", highlight=False, soft_wrap=True)
+
+    # without --out the report is written to a temporary folder for the sink, and removed after
+    with contextlib.ExitStack() as stack:
+        shard = stack.enter_context(join_shard_group(distributed))
+        streamed = shard is not None and cfg.engine.store == "stream"
+        if shard is not None and not streamed:
             # the indexing stage, sharded over every rank; the rest runs on rank 0 alone and finds
             # this index in the cache (audit and evaluation come after it, not before, here)
             check_attention_kernel(cfg.attn_implementation)
@@ -77,21 +84,28 @@ def attribute_command(
                 console.print(f"[dim]indexing per-example gradients on {shard.world_size} processes[/]",
                               highlight=False)
             _, record = build_index_stage(cfg, trust_run_dataset, force, shard)
-    if shard is not None and not shard.is_main:
-        return
-    if shard is None:
-        record = read_run(cfg, trust_run_dataset)
-    # without --out the report is written to a temporary folder for the sink, and removed after
-    with contextlib.ExitStack() as stack:
+            stack.close()  # every rank leaves the group here
+            if not shard.is_main:
+                return
+        else:
+            record = read_run_on_ranks(cfg, trust_run_dataset, shard)
+        main = shard is None or shard.is_main
+        if streamed and main and shard is not None:
+            console.print(f"[dim]streaming the passes over the training rows on {shard.world_size} processes[/]",
+                          highlight=False)
         out_dir = out if out is not None else Path(stack.enter_context(
             tempfile.TemporaryDirectory(prefix="gradian-attribute-")))
-        with index_progress(console) as progress:
+        with index_progress(console) if main else contextlib.nullcontext(None) as progress:
+            # under torchrun with engine.store: stream every rank runs the lane and computes its
+            # share of each streamed pass; the others return after the last of them, rank 0 reports
             outcome = run_attribution(
                 cfg, capability=capability, cross_check=cross_check, run=record, force=force and shard is None,
-                out_dir=out_dir,
-                progress=progress,
-                log=lambda message: console.print(f"[dim]{shown(message)}[/]", highlight=False, soft_wrap=True),
+                out_dir=out_dir if main else None,
+                progress=progress, log=log if main else (lambda message: None),
+                shard=shard if streamed else None,
             )
+        if not main:
+            return
         report = outcome.report_obj if outcome.report_obj is not None else outcome.report
         print_summary(Console(), report)
         if out is not None:

@@ -13,7 +13,7 @@ from gradian.sizes import format_size
 if TYPE_CHECKING:
     from gradian.distributed import ShardGroup
 
-__all__ = ["register", "build_index_stage", "DISTRIBUTED_HELP"]
+__all__ = ["register", "build_index_stage", "read_run_on_ranks", "DISTRIBUTED_HELP"]
 
 DISTRIBUTED_HELP = ("Shard the index build over the processes torchrun started (each rank computes a contiguous "
                     "share of the chunks; rank 0 commits the manifest and reports). Default: on when torchrun's "
@@ -75,15 +75,11 @@ def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "Sh
     from rich.console import Console
 
     from gradian.attribution import fill_from_run
-    from gradian.cli.run_flags import index_progress, read_run
+    from gradian.cli.run_flags import index_progress
     from gradian.attribution import index_from_config
 
     main = shard is None or shard.is_main
-    record = read_run(cfg, trust_run_dataset) if main else None
-    if shard is not None:
-        shard.barrier()
-        if not main:
-            record = read_run(cfg, trust_run_dataset)
+    record = read_run_on_ranks(cfg, trust_run_dataset, shard)
     if record is not None:
         cfg = fill_from_run(cfg, record)
     bar = index_progress(Console(stderr=True)) if main else contextlib.nullcontext(None)
@@ -92,6 +88,20 @@ def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "Sh
         note = (lambda message: Console(stderr=True).print(f"note: {message}", highlight=False, markup=False,
                                                            soft_wrap=True)) if main else None
         return index_from_config(cfg, force=force, progress=progress, shard=shard, log=note), record
+
+
+def read_run_on_ranks(cfg: Any, trust_run_dataset: bool, shard: "ShardGroup | None") -> Any:
+    """The RunRecord ``cfg.run`` names (``read_run``), read by rank 0 first and by the other ranks
+    after it, so they find its downloads in the cache."""
+    from gradian.cli.run_flags import read_run
+
+    main = shard is None or shard.is_main
+    record = read_run(cfg, trust_run_dataset) if main else None
+    if shard is not None:
+        shard.barrier()
+        if not main:
+            record = read_run(cfg, trust_run_dataset)
+    return record
 
 
 def _index_report(index: Any, verb: str, started_at: float | None = None) -> dict[str, Any]:

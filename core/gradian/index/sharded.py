@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from gradian.errors import GradianError, IndexMismatchError
 from gradian.index.manifest import first_difference
@@ -50,12 +50,14 @@ from gradian.index.build import (
 if TYPE_CHECKING:
     from gradian.distributed import ShardGroup
 
-__all__ = ["build_sharded", "ShardedBuildError", "shard_of"]
+T = TypeVar("T")
+
+__all__ = ["build_sharded", "gather_outcomes", "ShardedBuildError", "shard_of"]
 
 
 class ShardedBuildError(GradianError, RuntimeError):
-    """Another rank of a sharded index build failed; this rank stops with its message and the exit
-    code that rank's error carries (3 for a full disk, 2 for bad input)."""
+    """Another rank of a sharded index build (or streamed pass) failed; this rank stops with its
+    message and the exit code that rank's error carries (3 for a full disk, 2 for bad input)."""
 
     def __init__(self, message: str, exit_code: int = 2) -> None:
         super().__init__(message)
@@ -185,6 +187,23 @@ def _compute(target: BuildTarget, mine: list[int], tokenized: list[Any] | None,
     return {"records": records, "error": None}, None
 
 
+def gather_outcomes(shard: "ShardGroup", work: Callable[[], T], what: str) -> list[T]:
+    """Every rank's ``work()``, in rank order, on every rank; when any rank's ``work`` raised, every
+    rank raises (that rank its own error, the others a ``ShardedBuildError`` naming it and
+    ``what``), so no rank waits in a collective for one that left. An interrupt still ends the
+    process, and torchrun the others."""
+    try:
+        outcome: dict[str, Any] = {"value": work(), "error": None}
+        own_error: Exception | None = None
+    except Exception as err:
+        outcome, own_error = {"error": _describe(err, shard.rank), "exit_code": _exit_code(err)}, err
+    outcomes = shard.gather(outcome)
+    if own_error is not None:
+        raise own_error
+    _raise_first_failure(outcomes, what)
+    return [o["value"] for o in outcomes]
+
+
 def _mismatch(plan: dict[str, Any], target: BuildTarget, rank: int) -> str | None:
     if plan["index_id"] == target.index_id:
         return None
@@ -193,11 +212,11 @@ def _mismatch(plan: dict[str, Any], target: BuildTarget, rank: int) -> str | Non
             f"{here!r}); every process must see the same dataset, model, adapter, config and library versions")
 
 
-def _raise_first_failure(outcomes: list[dict[str, Any]]) -> None:
+def _raise_first_failure(outcomes: list[dict[str, Any]], what: str = "index build") -> None:
     failed = [(r, o["error"], o.get("exit_code", 2)) for r, o in enumerate(outcomes) if o.get("error")]
     if failed:
         r, message, code = failed[0]
-        raise ShardedBuildError(f"rank {r} of the sharded index build failed: {message}", code)
+        raise ShardedBuildError(f"rank {r} of the sharded {what} failed: {message}", code)
 
 
 def _describe(err: BaseException, rank: int) -> str:

@@ -2,7 +2,7 @@
 
 Interface:
 
-- ``GradientStream(gm, tokenizer, dataset, config, tokenized=None)`` is a ``TrainGradients``
+- ``GradientStream(gm, tokenizer, dataset, config, tokenized=None, progress=None, shard=None)`` is a ``TrainGradients``
   (``n``, ``block_names``, ``widths``, ``iter_chunks()``, ``sq_norms()``, ``rows(indices)``) that
   writes nothing: every pass over it captures the per-example gradients again, chunk by chunk,
   exactly as an index build of the same inputs computes them (each chunk in batches that start at
@@ -14,12 +14,15 @@ Interface:
   the resumable pass every engine's folded pass goes through (``gradian.engines.base.chunk_pass``):
   each chunk's outputs are kept under ``<cache_dir>/stream/<index id>/passes/`` by
   ``gradian.index.passes``, so an interrupted pass resumes at the first chunk it had not finished.
+  Given ``shard`` (a ``gradian.distributed.ShardGroup`` of a torchrun launch), every folded pass
+  is sharded: each rank computes a contiguous span of the chunks and every rank gets the whole
+  fold (``_fold_sharded``); every rank must then make the same passes in the same order.
 - ``choose_store(config, gm, tokenizer, dataset, whole) -> (config, StoreChoice)`` reads
   ``engine.store``: ``index``, ``stream``, or ``auto`` (the index when it is stored already, or
   when the full-width index fits ``grads.max_index_gb`` and the free disk of ``cache_dir``; the
   stream otherwise). Under ``index`` an index over the limit is projected as before
   (``gradian.index.sizing.auto_projection``).
-- ``training_gradients(gm, tokenizer, dataset, config, choice, ...)``: the built index or a stream;
+- ``training_gradients(gm, tokenizer, dataset, config, choice, ..., shard=None)``: the built index or a stream;
   ``capture_training_gradients(..., collect=True)`` also gathers the Kronecker sums of their first
   pass (the index build's, or a stream's first pass, made then).
 """
@@ -39,14 +42,26 @@ from gradian.grads import make_projector
 from gradian.grads.collectors import KroneckerCollector, structured_projector
 from gradian.index.build import _STORAGE, build_target, capture_rows, stored_norms
 from gradian.index.passes import PassProgress
+from gradian.index.sharded import ShardedBuildError, gather_outcomes, shard_of
 from gradian.index.sizing import AutoProjection, auto_projection, index_bytes
 from gradian.sizes import GIB, format_size
 
 if TYPE_CHECKING:
+    from gradian.distributed import ShardGroup
     from gradian.index.store import GradientIndex
 
 __all__ = ["GradientStream", "StoreChoice", "capture_training_gradients", "choose_store",
            "training_gradients"]
+
+def _raise_other_pass(key: str, seen: list[tuple[str, bool]]) -> None:
+    """Every rank of a sharded pass must make the same pass (the same content key)."""
+    for rank, (other, _) in enumerate(seen):
+        if other != seen[0][0]:
+            raise ShardedBuildError(
+                f"rank {rank} makes the streamed pass {other} where rank 0 makes {seen[0][0]}: the ranks compute "
+                "from different numbers (another query, dataset, adapter, config or library version); every "
+                "process must see the same inputs")
+
 
 class GradientStream:
     """Per-example training gradients recomputed from ``gm`` in every pass (see the module doc)."""
@@ -56,8 +71,10 @@ class GradientStream:
     root: Path | None = None
 
     def __init__(self, gm: Any, tokenizer: Any, dataset: Any, config: Any, tokenized: Sequence[Any] | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> None:
+                 progress: Callable[[int, int], None] | None = None, shard: "ShardGroup | None" = None) -> None:
         self.gm, self.tokenizer, self.dataset, self.config = gm, tokenizer, dataset, config
+        #: the processes of a torchrun launch every pass is sharded over (None: this one alone)
+        self.shard = shard
         self.target = build_target(gm, tokenizer, dataset, config, None, make_dirs=False)
         self._tokenized = list(tokenized) if tokenized is not None else None
         self._norms: dict[str, np.ndarray] | None = None
@@ -119,6 +136,8 @@ class GradientStream:
             "passes": self.passes,
             "pass_seconds": [round(s, 3) for s in self.pass_seconds],
             "chunks_resumed": self.chunks_resumed,
+            #: the processes every folded pass was sharded over (the counts above are this one's)
+            "processes": self.shard.world_size if self.shard is not None else 1,
             "partials": str(self.passes_root),
         }
 
@@ -158,8 +177,18 @@ class GradientStream:
         resumable: each finished chunk's outputs are kept under the pass's content ``key``
         (``gradian.index.passes``), so an interrupted pass computes only the chunks it had not
         finished, and a finished one is not made again. Where the cache cannot be written, the pass
-        runs without keeping anything and says so in ``notes``."""
+        runs without keeping anything and says so in ``notes``. Under a ``shard`` group every rank
+        computes its span of the chunks and every rank returns the whole fold (``_fold_sharded``)."""
+        if self.shard is not None:
+            return self._fold_sharded(key, of_chunk, tuple(rows), tuple(sums))
         progress = PassProgress(self.passes_root / key, self.target.n_chunks, rows, sums)
+        out, _ = self._fold_span(progress, of_chunk, tuple(rows), tuple(sums))
+        return out
+
+    def _fold_span(self, progress: PassProgress, of_chunk: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]],
+                   rows: tuple[str, ...], sums: tuple[str, ...]) -> tuple[dict[str, np.ndarray], bool]:
+        """``(outputs, computed)``: ``progress``'s span of chunks folded, the finished ones read back,
+        the others computed now (``computed``: at least one was)."""
         todo, done, totals = progress.resume()
         self.repaired.extend(progress.repaired)
         out: dict[str, np.ndarray] = {}
@@ -167,28 +196,81 @@ class GradientStream:
             accumulate(out, self.n, k * self.chunk_size, done[k], rows, ())
         if totals is not None:
             out.update({name: totals[name] for name in sums})
-        self.chunks_resumed += self.target.n_chunks - len(todo)
+        self.chunks_resumed += (progress.end - progress.first) - len(todo)
         if not todo:
-            return out
+            return out, False
         started = time.perf_counter()
-        keep = self._keep_partials
         for k in todo:
             start = k * self.chunk_size
             part = of_chunk(start, self._chunk(k))
             accumulate(out, self.n, start, part, rows, sums)
-            if keep:
+            if self._keep_partials:
                 try:
                     progress.save(k, part, out)
                 except OSError as err:
-                    keep = self._keep_partials = False
-                    self.notes.append(f"the partial results of the streamed passes cannot be kept under "
-                                      f"{self.passes_root} ({err.strerror or err}): an interrupted pass starts "
-                                      "again; point cache_dir at a writable folder to resume instead")
-            if self.progress is not None:
-                self.progress(min(start + self.chunk_size, self.n), self.n)
+                    self._cannot_keep(err)
+            if self.progress is not None:  # a rank's span: the share of it done, in rows of the whole
+                span = progress.end - progress.first
+                done_rows = (min(start + self.chunk_size, self.n) if span == self.target.n_chunks
+                             else self.n * (k + 1 - progress.first) // span)
+                self.progress(done_rows, self.n)
         self.passes += 1
         self.pass_seconds.append(time.perf_counter() - started)
-        return out
+        return out, True
+
+    def _cannot_keep(self, err: OSError) -> None:
+        self._keep_partials = False
+        self.notes.append(f"the partial results of the streamed passes cannot be kept under "
+                          f"{self.passes_root} ({err.strerror or err}): an interrupted pass starts "
+                          "again; point cache_dir at a writable folder to resume instead")
+
+    def _fold_sharded(self, key: str, of_chunk: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]],
+                      rows: tuple[str, ...], sums: tuple[str, ...]) -> dict[str, np.ndarray]:
+        """``fold_chunks`` on every rank of ``self.shard``, with the same result on each.
+
+        The ranks first compare the pass's key (a rank scoring other numbers than rank 0 stops
+        every rank, naming the pass) and whether the pass is stored finished already (then it is
+        read back, as by one process). Otherwise each rank folds its contiguous span of the chunks
+        (``shard_of``), keeping its per-row files and its span's running sums on disk as one
+        process does, and the spans are exchanged in one gather: per-row outputs are placed at
+        their rows, so they are exactly one process's; sums are added span by span in rank order,
+        which reassociates one process's chunk-order sum (float64, relative 1e-15 or so). Rank 0
+        then records the whole pass finished, so a later run of any number of processes reads it
+        back."""
+        assert self.shard is not None
+        shard, n_chunks = self.shard, self.target.n_chunks
+        root = self.passes_root / key
+        whole = PassProgress(root, n_chunks, rows, sums)
+        finished = not whole.resume()[0]
+        _raise_other_pass(key, shard.gather((key, finished)))
+        if finished:  # every rank found it stored whole: read back, as by one process
+            return self._fold_span(PassProgress(root, n_chunks, rows, sums), of_chunk, rows, sums)[0]
+        span = shard_of(list(range(n_chunks)), shard.rank, shard.world_size)
+        mine = PassProgress(root, n_chunks, rows, sums, span=(span[0], span[-1] + 1) if span else (0, 0))
+        first_row, end_row = (span[0] * self.chunk_size, min((span[-1] + 1) * self.chunk_size, self.n)) if span else (0, 0)
+
+        def my_span() -> dict[str, Any]:
+            out, _ = self._fold_span(mine, of_chunk, rows, sums) if span else ({}, False)
+            return {"rows": {name: out[name][first_row:end_row] for name in rows if name in out},
+                    "sums": {name: out[name] for name in sums if name in out},
+                    "first_row": first_row, "checksums": dict(mine.checksums)}
+
+        parts = gather_outcomes(shard, my_span, "streamed pass " + key)
+        folded: dict[str, np.ndarray] = {}
+        checksums: dict[int, str | None] = {}
+        for part in parts:  # rank order: the spans in chunk order
+            accumulate(folded, self.n, part["first_row"], {**part["rows"], **part["sums"]},
+                       [name for name in rows if name in part["rows"]], [name for name in sums if name in part["sums"]])
+            checksums.update(part["checksums"])
+        note = None
+        if shard.is_main and self._keep_partials and len(checksums) == n_chunks:
+            try:
+                whole.commit(checksums, folded)
+            except OSError as err:
+                note = f"{err.strerror or err}"
+        if shard.broadcast(note) is not None and self._keep_partials:
+            self._cannot_keep(OSError(note))
+        return folded
 
     @property
     def passes_root(self) -> Path:
@@ -313,11 +395,12 @@ def choose_store(config: Any, gm: Any, tokenizer: Any, dataset: Any, whole: Sequ
 def training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: Any, choice: StoreChoice, *,
                        force: bool = False, progress: Callable[[int, int], None] | None = None,
                        log: Callable[[str], None] | None = None,
-                       tokenized: Sequence[Any] | None = None) -> "GradientIndex | GradientStream":
+                       tokenized: Sequence[Any] | None = None,
+                       shard: "ShardGroup | None" = None) -> "GradientIndex | GradientStream":
     """The training gradients ``choice`` names: the index built (or found) in ``config.cache_dir``,
-    or a stream that writes nothing."""
+    or a stream that writes nothing (its passes sharded over ``shard``'s ranks when given)."""
     if choice.store == "stream":
-        return GradientStream(gm, tokenizer, dataset, config, tokenized=tokenized, progress=progress)
+        return GradientStream(gm, tokenizer, dataset, config, tokenized=tokenized, progress=progress, shard=shard)
     from gradian.index.store import GradientIndex
 
     extra = {"projection_auto": choice.projection.manifest()} if choice.projection is not None else None
@@ -328,6 +411,7 @@ def training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: Any, choic
 def capture_training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: Any, choice: StoreChoice, *,
                                collect: bool, force: bool = False, progress: Callable[[int, int], None] | None = None,
                                log: Callable[[str], None] | None = None, tokenized: Sequence[Any] | None = None,
+                               shard: "ShardGroup | None" = None,
                                ) -> tuple["GradientIndex | GradientStream", KroneckerCollector | None]:
     """``training_gradients``, with (``collect``) the Kronecker sums of their first pass: the index
     build's own passes, or a stream's first pass (made here, which also keeps its squared norms),
@@ -335,10 +419,10 @@ def capture_training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: An
     collector = KroneckerCollector(gm, structured_projector(gm, config.grads)) if collect else None
     if collector is None:
         return training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
-                                  tokenized=tokenized), None
+                                  tokenized=tokenized, shard=shard), None
     with collector:
         train = training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
-                                   tokenized=tokenized)
+                                   tokenized=tokenized, shard=shard)
         if isinstance(train, GradientStream):
             train.prime(collector)
     return train, collector
