@@ -78,7 +78,7 @@ def test_an_unknown_engine_names_the_choices_and_the_entry_points():
     from gradian.config import load_config
 
     with pytest.raises(ConfigError, match=r"'engine.name' is 'ekfax'; it must be one of datainf, ekfac, graddot, kfac, "
-                                          r"tracin \(did you mean 'ekfac'\?\)"):
+                                          r"replay, tracin \(did you mean 'ekfac'\?\)"):
         load_config(overrides={"engine.name": "ekfax"})
     from gradian.engines import get_engine
 

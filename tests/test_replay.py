@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import types
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -161,6 +162,54 @@ def test_the_step_by_step_sweep_equals_the_whole_graph(setup, case, every):
     recomputed = sum(min(every, steps - first) - 1 for first in range(0, steps, every))
     assert ticks[-1] == (2 * steps + recomputed, 2 * steps + recomputed)
     assert [d for d, _ in ticks] == list(range(1, len(ticks) + 1))
+
+
+@pytest.mark.parametrize("case", list(RECIPES))
+def test_retraining_without_a_row_moves_the_measurement_against_its_metagradient(setup, case):
+    """The sign against a retrain without a row (its weight 0, the same order): dropping the row
+    with the largest metagradient changes the query loss less than dropping the one with the
+    smallest, each in the direction opposite to its metagradient. Without clipping a plain SGD run
+    is nearly linear in the weights, and every row's change is its metagradient with the sign
+    turned; a binding clip makes a whole row's removal nonlinear."""
+    recipe = RECIPES[case]
+    result = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                          pad_id=setup.pad, checkpoint_every=2)
+    base = _replayed_measure(setup, _ones(), recipe)
+    changes = []
+    for row in range(len(TRAIN)):
+        without = _ones()
+        without[row] = 0.0
+        changes.append(_replayed_measure(setup, without, recipe) - base)
+    grad = result.grad.tolist()
+    worst, best = int(np.argmax(grad)), int(np.argmin(grad))
+    assert changes[worst] < changes[best]
+    for row in (worst, best):
+        assert np.sign(changes[row]) == -np.sign(grad[row])
+    if case == "sgd":
+        assert changes == pytest.approx([-g for g in grad], rel=0.15)
+
+
+def test_a_horizon_sweeps_back_through_the_last_steps_only(setup):
+    """horizon=H: the weights act in the last H steps; a row seen only before them gets 0, and
+    horizon=every step is the whole metagradient."""
+    recipe = RECIPES["adamw-clipped"]
+    full = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                        pad_id=setup.pad, checkpoint_every=3, horizon=len(BATCHES))
+    whole = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                         pad_id=setup.pad)
+    assert torch.allclose(full.grad, whole.grad, rtol=1e-10, atol=1e-14)
+    last = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                        pad_id=setup.pad, checkpoint_every=3, horizon=1)
+    # the last step holds rows 0 and 3; rows 1 and 2 were trained on only before it
+    assert float(last.grad[1]) == 0.0 and float(last.grad[2]) == 0.0
+    assert float(last.grad[0]) != 0.0 and float(last.grad[3]) != 0.0
+    assert last.value == pytest.approx(whole.value, rel=1e-13)
+    with pytest.raises(ConfigError, match="horizon"):
+        metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                     pad_id=setup.pad, horizon=2)
+    with pytest.raises(ConfigError, match="horizon"):
+        metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                     pad_id=setup.pad, checkpoint_every=2, horizon=0)
 
 
 @pytest.mark.parametrize("every", [0, -1, 1.5, True])

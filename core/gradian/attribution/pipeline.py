@@ -230,7 +230,7 @@ def run_attribution(
         t0 = time.time()
         main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
         fit_seconds = {cfg.engine.name: round(time.time() - t0, 3)}
-        main = _score(cfg, main_state, qg, gm, tokenizer, items)
+        main = _score(cfg, main_state, qg, gm, tokenizer, items, progress)
         item_scores = np.asarray(main.scores, dtype=np.float64)
         scores = _mean_over_items(item_scores)
         # what rows are ordered by (EK-FAC's RelatIF ranking); harm sums and loss figures use scores
@@ -252,7 +252,7 @@ def run_attribution(
                 cross_check = other
                 cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
             fit_seconds[cross_check] = round(time.time() - t0, 3)
-            cross = _score(cfg, cross_state, qg, gm, tokenizer, items)
+            cross = _score(cfg, cross_state, qg, gm, tokenizer, items, progress)
             cross_scores = _mean_over_items(cross.scores)
             agreement = float(rank_correlation(rank, cross_scores))
         if leave_group():  # the last sharded pass is done
@@ -500,13 +500,22 @@ def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: An
     rows = tokenized.rows() if tokenized is not None and needs_model else None
     context = fit_context(cfg, gm, tokenizer, dataset, run, tokenized=rows, collected=collected, progress=progress,
                           log=log, needs_model=needs_model, store=getattr(index, "store", "index"))
+    if getattr(get_engine(engine), "needs_replay", False):  # the run's recipe and initial adapter
+        from gradian.attribution.replay_inputs import replay_inputs
+        from gradian.replay.engine import ReplayFitContext
+
+        inputs = replay_inputs(cfg, gm, tokenizer, dataset, run)
+        log(f"{engine}: replaying {inputs.run_recipe.steps} optimizer steps of the run and sweeping back through "
+            f"the last {inputs.window}, the state kept every {inputs.every} steps")
+        context = ReplayFitContext(**{f.name: getattr(context, f.name) for f in dataclasses.fields(context)},
+                                   replay=inputs)
     state = fit_engine(engine, index, engine_cfg, context, cache_dir=cfg.cache_dir)
     if state.state_id:
         log(f"{engine}: fitted state {state.state_id}" + (" (cached)" if state.cache_hit else f" in {state.fit_seconds:.1f} s"))
     return state
 
 
-def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any) -> Any:
+def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any, progress: Progress | None = None) -> Any:
     """The engine's ``[n, items]`` scores, one column per query item (their mean is the ranking)."""
     from gradian.engines import get_engine
     from gradian.attribution.checkpoints import activate
@@ -524,7 +533,8 @@ def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any) -
 
     query = qg.per_item if qg.per_item is not None else qg.vectors
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in words
-        result = get_engine(state.engine).score(state, query, engine_cfg, query_for=query_for)
+        result = get_engine(state.engine).score(state, query, engine_cfg, query_for=query_for, query_items=items,
+                                                query_signal=qg.signal, progress=progress)
     _check_finite_scores(result.scores, engine_cfg)
     return result
 

@@ -42,6 +42,8 @@ BUILTIN_ENGINES: tuple[EngineEntry, ...] = (
     EngineEntry("graddot", "gradian.engines.graddot:GradDotEngine", "plain gradient dot product, no curvature (baseline)"),
     EngineEntry("kfac", "gradian.engines.ekfac:KFACEngine",
                 "Kronecker-factored curvature per LoRA matrix, no eigenvalue correction (K-FAC)"),
+    EngineEntry("replay", "gradian.replay.engine:ReplayEngine",
+                "exact metagradients through the replayed fine-tune (needs the run's recipe)"),
     EngineEntry("tracin", "gradian.engines.tracin:TracInEngine",
                 "learning-rate-weighted gradient dot products over saved checkpoints"),
 )

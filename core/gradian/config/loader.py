@@ -371,6 +371,8 @@ def validate_config(config: GradianConfig, where: str = "config",
             raise bad(key, value, "greater than zero")
     if config.engine.lambda_override is not None and not config.engine.lambda_override > 0:
         raise bad("engine.lambda_override", config.engine.lambda_override, "greater than zero, or null")
+    if config.engine.replay_horizon is not None and config.engine.replay_horizon < 1:
+        raise bad("engine.replay_horizon", config.engine.replay_horizon, "at least 1 (optimizer steps), or null")
     if config.grads.projection_dim is not None and config.grads.projection_dim < 1:
         raise bad("grads.projection_dim", config.grads.projection_dim, "at least 1, or null")
     if config.grads.max_index_gb is not None and not config.grads.max_index_gb > 0:

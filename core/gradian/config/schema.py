@@ -60,6 +60,7 @@ class EngineConfig:
     fisher_seed: int = _f(0, "Seed of the sampled Fisher's label draws; part of the fitted state's id")
     checkpoints: str = _f("final", "Adapters ekfac/kfac are fitted and scored under: final (the trained adapter) or all (every saved checkpoint-N, summed with the learning rate at each, as TracIn does; falls back to final when the run saved none)")
     store: str = _f("auto", "Where the training gradients come from: index (written to the on-disk index once, read by every pass), stream (recomputed from the model in each pass, nothing written; the same numbers the index would hold), or auto (the index when it fits grads.max_index_gb and the free disk of cache_dir, the stream otherwise; the run says which)")
+    replay_horizon: Optional[int] = _f(None, "Optimizer steps, counted from the end of the run, through which the replay engine differentiates each row's weight; null: the last epoch (every row once)")
     normalize_train: str = _f("relatif", "How ekfac/kfac order the rows: relatif (each row's influence divided by the square root of its self-influence, so rows with large gradients do not crowd the top) or none (raw influence); the scores, cluster harm and loss figures stay influence in loss units either way")
 
 

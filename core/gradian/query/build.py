@@ -40,6 +40,7 @@ __all__ = [
     "resolve_signal",
     "select_query_items",
     "build_query_gradient",
+    "query_rows",
 ]
 
 QUERY_SIGNALS = ("auto", "contrastive", "target")
@@ -131,21 +132,29 @@ def select_query_items(eval_items: Sequence[QueryItem] | None, train_examples: S
     ], [NO_CAPABILITY_TARGET]
 
 
-def _item_gradients(gm: Any, tokenizer: Any, prompts: Sequence[list[dict[str, str]]], answers: Sequence[str],
-                    grads_config: Any, projector: Any) -> dict[str, np.ndarray]:
-    """``{block: [items, width]}``: each item's gradient (float64)."""
+def query_rows(tokenizer: Any, prompts: Sequence[list[dict[str, str]]], answers: Sequence[str],
+               max_seq_length: int | None) -> list[Any]:
+    """Each prompt with its answer as the assistant's turn, tokenized with the training rows' loss
+    mask (``TokenizedExample``); refused when an answer loses every token to truncation."""
     from gradian.data import dataset_from_rows, tokenize_examples
-    from gradian.grads import iter_example_gradients
 
     rows = [{"messages": list(p) + [{"role": "assistant", "content": a}]} for p, a in zip(prompts, answers)]
-    tokenized = tokenize_examples(dataset_from_rows(rows, name="<query>").examples, tokenizer,
-                                  grads_config.max_seq_length)
+    tokenized = tokenize_examples(dataset_from_rows(rows, name="<query>").examples, tokenizer, max_seq_length)
     lost = [t for t in tokenized if t.n_supervised == 0]
     if lost:
         raise ConfigError(
             f"{len(lost)} query item(s) have no supervised token left within grads.max_seq_length="
-            f"{grads_config.max_seq_length}; raise it or shorten the eval prompts"
+            f"{max_seq_length}; raise it or shorten the eval prompts"
         )
+    return tokenized
+
+
+def _item_gradients(gm: Any, tokenizer: Any, prompts: Sequence[list[dict[str, str]]], answers: Sequence[str],
+                    grads_config: Any, projector: Any) -> dict[str, np.ndarray]:
+    """``{block: [items, width]}``: each item's gradient (float64)."""
+    from gradian.grads import iter_example_gradients
+
+    tokenized = query_rows(tokenizer, prompts, answers, grads_config.max_seq_length)
     parts: dict[str, list[np.ndarray]] = {}
     for _, chunk in iter_example_gradients(gm, tokenized, grads_config, tokenizer.pad_token_id,
                                            projector=projector):

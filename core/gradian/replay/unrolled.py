@@ -265,7 +265,7 @@ def _detached(state: tuple[list[Any], list[Any], list[Any]]) -> tuple[list[Any],
 
 def _segmented(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
                w: Any, recipe: Recipe, measure: Callable[["ReplayedModel"], Any], pad_id: int,
-               every: int, progress: Callable[[int, int], None] | None) -> ReplayResult:
+               every: int, progress: Callable[[int, int], None] | None, horizon: int | None = None) -> ReplayResult:
     """The metagradient by a reverse sweep one step at a time, never holding more than one step's graph.
 
     Forward: plain training steps from the initial state, keeping the state at every ``every``-th
@@ -302,7 +302,10 @@ def _segmented(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], 
     adjoint = ([torch.zeros_like(p) if g is None else g for p, g in zip(final, theta_bar)],
                [torch.zeros_like(p) for p in final], [torch.zeros_like(p) for p in final])
     w_bar = torch.zeros_like(w)
+    stop = 0 if horizon is None else max(total - horizon, 0)
     for first in reversed(starts):
+        if first + every <= stop:
+            break
         last = min(first + every, total)
         segment = [stored[first]]
         for t in range(first, last - 1):
@@ -310,7 +313,7 @@ def _segmented(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], 
             done += 1
             if progress is not None:
                 progress(done, work)
-        for t in range(last - 1, first - 1, -1):
+        for t in range(last - 1, max(first, stop) - 1, -1):
             before = tuple([x.detach().requires_grad_(True) for x in part] for part in segment[t - first])
             w_leaf = w.clone().requires_grad_(True)
             with torch.enable_grad():
@@ -356,6 +359,7 @@ def metagradient(
     pad_id: int,
     checkpoint_every: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    horizon: int | None = None,
 ) -> ReplayResult:
     """``measure`` after the replayed run and its exact gradient in the per-row ``weights``.
 
@@ -371,6 +375,12 @@ def metagradient(
     state every ``k`` steps and recomputing the others (memory: ``steps / k + k`` states and one
     step's graph); both give the same gradient up to rounding. ``progress(done, total)`` is called
     after each step of the forward, recompute and reverse passes (segmented mode only).
+
+    ``horizon=H`` (segmented mode) sweeps back through the last ``H`` steps only: the weights act
+    in those steps alone, the run before them is held as it was. On a long AdamW run the exact
+    derivative through every step is dominated by the sensitivity of the early steps (a change of
+    a row's weight in the first batches moves the second moments and everything after them), which
+    a removal does not follow; the last epoch holds every row once.
     """
     import torch
 
@@ -378,11 +388,15 @@ def metagradient(
     recipe.check(len(batches))
     if model.training:
         raise ConfigError("replay needs the model in eval mode (no dropout), so a replay is deterministic")
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
+        raise ConfigError(f"replay horizon must be an integer >= 1 (or None for every step), got {horizon!r}")
     if checkpoint_every is not None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ConfigError(f"replay checkpoint_every must be an integer >= 1 (or None), got {checkpoint_every!r}")
         return _segmented(model, lora_params, rows, batches, weights, recipe, measure, pad_id, checkpoint_every,
-                          progress)
+                          progress, horizon)
+    if horizon is not None:
+        raise ConfigError("replay horizon needs the step-by-step sweep: give checkpoint_every too")
     w = weights.detach().clone().requires_grad_(True)
     final = _unroll(model, lora_params, rows, batches, w, recipe, pad_id)
     value = measure(ReplayedModel(model, final))

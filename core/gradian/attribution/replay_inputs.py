@@ -1,0 +1,101 @@
+"""What the replay engine is handed: the run's recipe, its initial LoRA tensors and the rows as the trainer saw them.
+
+Interface: ``replay_inputs(cfg, gm, tokenizer, dataset, run) -> ReplayInputs``. The lane gathers
+everything that touches the model or the run here, so the engine stays math over what it is given:
+
+- the recipe (learning rate per step, optimizer, rows of each step) from the run's trainer
+  arguments (``gradian.replay.recipe.recipe_from_run``);
+- the rows tokenized at the run's own ``max_seq_length``, those without a supervised token left
+  out as the trainer left them out;
+- the initial LoRA tensors: peft's initialization of the adapter's LoRA settings drawn right after
+  seeding with the run's seed, as ``gradian train`` (and a trainer seeded before it wraps the
+  model) draws them; the torch random state is restored afterwards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gradian.errors import ConfigError
+from gradian.replay.engine import ReplayInputs
+from gradian.replay.recipe import recipe_from_run
+
+__all__ = ["replay_inputs"]
+
+_INIT_ADAPTER = "gradian-replay-init"
+
+
+def replay_inputs(cfg: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any) -> ReplayInputs:
+    from gradian.data import tokenize_examples
+
+    if run is None or getattr(run, "config", None) is None:
+        raise ConfigError("engine.name replay retrains the run from its recipe: pass the training run "
+                          "(--run OUTPUT_DIR or --mlflow-run ID), or choose engine.name: ekfac")
+    notes: list[str] = []
+    max_seq_length = run.config.max_seq_length
+    if max_seq_length is None:
+        max_seq_length = cfg.grads.max_seq_length
+        notes.append(f"the run records no max_seq_length; rows are truncated at grads.max_seq_length={max_seq_length}")
+    rows = tokenize_examples(dataset.examples, tokenizer, max_seq_length)
+    positions = [j for j, row in enumerate(rows) if row.n_supervised > 0]
+    if not positions:
+        raise ConfigError(f"replay: no training row keeps a supervised token at max_seq_length={max_seq_length}")
+    run_recipe = recipe_from_run(run.config, len(positions))
+    model = gm.model
+    adapter = gm.adapter_name
+    lora = _adapter_tensors(model, adapter)
+    peft_config = model.peft_config[adapter]
+    dropout = float(getattr(peft_config, "lora_dropout", 0.0) or 0.0)
+    if dropout > 0:
+        notes.append(f"the run trained with lora_dropout {dropout:g}; the replay trains without dropout, so it "
+                     "cannot match the run's random masks")
+    init = _initial_tensors(model, adapter, run_recipe.seed)
+    missing = sorted(set(lora) - set(init))
+    if missing:
+        raise ConfigError(f"replay: peft's initialization of the adapter has no tensor {missing[0]}; the adapter's "
+                          "LoRA settings cannot be re-created")
+    return ReplayInputs(model=model, lora_params=lora, init={n: init[n] for n in lora},
+                        rows=[rows[j] for j in positions], positions=positions, n_examples=len(rows),
+                        run_recipe=run_recipe, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer,
+                        query_max_seq_length=cfg.grads.max_seq_length, notes=notes,
+                        horizon=cfg.engine.replay_horizon)
+
+
+def _adapter_tensors(model: Any, adapter: str) -> dict[str, Any]:
+    """Every LoRA A/B tensor of ``adapter``: the replay trains what the run trained, whatever
+    ``grads.module_filter`` selected for the index."""
+    marker = f".{adapter}."
+    out = {name: param for name, param in model.named_parameters()
+           if marker in name and (".lora_A." in name or ".lora_B." in name)}
+    if not out:
+        raise ConfigError(f"replay: the model has no LoRA tensor of adapter {adapter!r}")
+    return out
+
+
+def _initial_tensors(model: Any, adapter: str, seed: int) -> dict[str, Any]:
+    """The adapter's LoRA tensors as peft initializes them right after ``set_seed(seed)``."""
+    import copy
+
+    import torch
+    import transformers
+
+    state = torch.random.get_rng_state()
+    # adding and switching adapters changes which tensors are trainable; the index's choice stays
+    trainable = {name: param.requires_grad for name, param in model.named_parameters()}
+    config = copy.deepcopy(model.peft_config[adapter])
+    config.lora_dropout = 0.0
+    config.inference_mode = False
+    try:
+        transformers.set_seed(seed)
+        model.add_adapter(_INIT_ADAPTER, config)
+        marker = f".{_INIT_ADAPTER}."
+        out = {name.replace(marker, f".{adapter}."): param.detach().clone()
+               for name, param in model.named_parameters() if marker in name}
+    finally:
+        if _INIT_ADAPTER in model.peft_config:
+            model.delete_adapter(_INIT_ADAPTER)
+        model.set_adapter(adapter)
+        for name, param in model.named_parameters():
+            param.requires_grad_(trainable.get(name, False))
+        torch.random.set_rng_state(state)
+    return out

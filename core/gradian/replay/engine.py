@@ -1,0 +1,216 @@
+"""``engine.name: replay``: each training row's exact effect on the query, through the whole replayed fine-tune.
+
+Interface: ``ReplayEngine`` (registered as ``replay``), ``ReplayInputs`` (what the attribution lane
+hands it: the model, the run's initial LoRA tensors, the rows the trainer saw, the recipe) inside a
+``ReplayFitContext``, and ``Fidelity`` (how closely the replay reproduced the run).
+
+The measurement is the query the other engines use, taken at the replayed final adapter:
+``target``: the mean over query items of the wanted answer's loss; ``contrastive``: the mean of
+``l(wanted) - l(generated)``. ``metagradient`` gives ``d measurement / d w_j`` for the weight
+``w_j`` of every training row (all ones is the run); dropping row ``j`` changes the measurement
+by ``-d/dw_j`` to first order in the weights, so the score ``n * (-d/dw_j)`` follows the sign
+convention of every engine (positive: the row lowered the query loss) and
+``score_j / n`` is the predicted change of the query loss if the row were removed.
+
+The weights act in the last ``horizon`` steps (default: the last epoch, where every row appears
+once); the run before them is held as it was. Differentiating through every step of a long AdamW
+run is exact but measures the run's sensitivity to the first batches (which set the optimizer's
+second moments for everything after), not what removing a row does; docs/replay.md gives the
+measurements.
+
+Fidelity: the replayed adapter is compared with the run's (relative Frobenius difference over all
+LoRA tensors) and the measurement with the one at the run's adapter; past
+``FIDELITY_REL_DIFF`` the report says the scores describe a retrain with the recorded recipe,
+which is what ``gradian counterfactual`` measures, rather than the run as it happened.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from gradian.engines.base import Engine, EngineResult, EngineState, FitContext
+from gradian.errors import ConfigError
+from gradian.replay.recipe import RunRecipe
+from gradian.replay.unrolled import ReplayedModel, metagradient, row_losses
+
+__all__ = ["FIDELITY_REL_DIFF", "Fidelity", "ReplayEngine", "ReplayFitContext", "ReplayInputs"]
+
+#: above this relative difference between the replayed adapter and the run's, the report warns
+#: that the replay is not the run (float32 rounding over a thousand AdamW steps stays near 1e-4)
+FIDELITY_REL_DIFF = 0.01
+
+
+@dataclass
+class ReplayInputs:
+    """What the replay needs, gathered by the attribution lane from the run and the loaded model.
+
+    ``lora_params``: every LoRA tensor of the run's adapter, at the run's values (the model's
+    parameters; never written); ``init``: the same names at the run's initial values;
+    ``rows``: the rows the trainer saw, tokenized as it did; ``positions``: each one's position
+    in the dataset (rows without a supervised token were not trained on).
+    """
+
+    model: Any
+    lora_params: dict[str, Any]
+    init: dict[str, Any]
+    rows: Sequence[Any]
+    positions: list[int]
+    n_examples: int
+    run_recipe: RunRecipe
+    pad_id: int
+    tokenizer: Any
+    #: the truncation of the query items (``grads.max_seq_length``, as the query gradient's)
+    query_max_seq_length: int | None
+    #: what the replay could not reproduce or had to assume (lora dropout, a missing data_seed)
+    notes: list[str] = field(default_factory=list)
+    checkpoint_every: int | None = None
+    #: how many of the last steps the weights act in (None: the last epoch)
+    horizon: int | None = None
+
+    @property
+    def window(self) -> int:
+        return min(self.horizon or self.run_recipe.steps_per_epoch, self.run_recipe.steps)
+
+    @property
+    def every(self) -> int:
+        return self.checkpoint_every or max(1, math.isqrt(max(self.run_recipe.steps - 1, 0)) + 1)
+
+
+@dataclass
+class ReplayFitContext(FitContext):
+    """A ``FitContext`` carrying the replay's inputs."""
+
+    replay: ReplayInputs | None = None
+
+
+@dataclass
+class Fidelity:
+    """How closely the replay reproduced the run."""
+
+    rel_diff: float
+    measurement_replayed: float
+    measurement_run: float
+    steps: int
+
+    @property
+    def faithful(self) -> bool:
+        return self.rel_diff <= FIDELITY_REL_DIFF
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rel_diff": self.rel_diff, "measurement_replayed": self.measurement_replayed,
+                "measurement_run": self.measurement_run, "steps": self.steps, "faithful": self.faithful}
+
+    def sentence(self) -> str:
+        head = (f"replay: {self.steps} optimizer steps retrained from the run's recipe; the replayed adapter differs "
+                f"from the run's by {self.rel_diff:.2e} (relative), the query measurement is "
+                f"{self.measurement_replayed:.4f} replayed against {self.measurement_run:.4f} for the run")
+        if self.faithful:
+            return head + ", so the scores are the effect of each row on this run"
+        return (head + f"; past {FIDELITY_REL_DIFF:g} the replay is not the run (another initialization, data "
+                "order or trainer), so each score is the effect of the row on a retrain with this recipe, the "
+                "quantity gradian counterfactual measures, not on the run as it happened")
+
+
+class ReplayEngine(Engine):
+    name = "replay"
+    summary = "exact metagradients through the replayed fine-tune (needs the run's recipe)"
+    curvature = "replay"
+    default_cross_check = "ekfac"
+    needs_model = True
+    #: the lane builds ``ReplayFitContext.replay`` for an engine that asks for it
+    needs_replay = True
+
+    def fit(self, train: Any, config: Any, context: FitContext | None = None) -> EngineState:
+        inputs = getattr(context, "replay", None)
+        if not isinstance(inputs, ReplayInputs):
+            raise ConfigError("engine.name replay needs the training run (its recipe and adapter) from the "
+                              "attribution lane; run it through gradian attribute with --run or --mlflow-run")
+        if train is not None and getattr(train, "n", inputs.n_examples) != inputs.n_examples:
+            raise ConfigError(f"replay: the index holds {train.n} rows but the dataset {inputs.n_examples}; "
+                              "attribute the dataset the run trained on")
+        meta = {"steps": inputs.run_recipe.steps, "checkpoint_every": inputs.every, "horizon": inputs.window,
+                "optimizer": inputs.run_recipe.recipe.optimizer, "reduction": inputs.run_recipe.recipe.reduction}
+        return EngineState(self.name, train, meta=meta, extra={"inputs": inputs})
+
+    def describe(self, config: Any, state: EngineState | None = None) -> dict[str, Any]:
+        if state is None:
+            return {}
+        out = {f"replay_{k}": v for k, v in state.meta.items() if k in ("steps", "checkpoint_every", "horizon", "optimizer")}
+        fidelity = state.meta.get("fidelity")
+        if fidelity:
+            out.update({"replay_fidelity_rel_diff": fidelity["rel_diff"],
+                        "replay_fidelity_faithful": fidelity["faithful"]})
+        return out
+
+    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, query_items: Sequence[Any] = (),
+              query_signal: str = "target", progress: Any = None, **context: Any) -> EngineResult:
+        import torch
+
+        inputs: ReplayInputs = state.extra["inputs"]
+        if not query_items:
+            raise ConfigError("replay scores a query measurement: it needs the query items (an eval set)")
+        measure = _query_measure(inputs, query_items, query_signal)
+        weights = torch.ones(len(inputs.rows), dtype=next(iter(inputs.lora_params.values())).dtype)
+        result = metagradient(inputs.model, inputs.init, inputs.rows, inputs.run_recipe.batches, weights,
+                              inputs.run_recipe.recipe, measure, pad_id=inputs.pad_id,
+                              checkpoint_every=inputs.every, progress=progress, horizon=inputs.window)
+        with torch.no_grad():
+            run_value = float(measure(ReplayedModel(inputs.model, {n: p.detach() for n, p in inputs.lora_params.items()})))
+        fidelity = Fidelity(_rel_diff(result.params, inputs.lora_params), result.value, run_value,
+                            inputs.run_recipe.steps)
+        state.meta["fidelity"] = fidelity.to_dict()
+        scores = np.zeros(inputs.n_examples, dtype=np.float64)
+        grad = result.grad.detach().to(torch.float64).cpu().numpy()
+        scores[np.asarray(inputs.positions, dtype=np.int64)] = -inputs.n_examples * grad
+        window = inputs.window
+        notes = [fidelity.sentence(),
+                 f"replay: each row's weight is differentiated through the last {window} of the "
+                 f"{inputs.run_recipe.steps} steps" + (" (the last epoch, which holds every row once)"
+                                                      if window == inputs.run_recipe.steps_per_epoch else "")
+                 + "; the run before them is held as it was"]
+        notes += [f"replay: {n}" for n in inputs.notes + list(inputs.run_recipe.notes)]
+        if len(inputs.positions) < inputs.n_examples:
+            notes.append(f"replay: {inputs.n_examples - len(inputs.positions)} row(s) kept no supervised token "
+                         "within the run's max_seq_length and were not trained on; their score is 0")
+        if query_signal and np.ndim(next(iter(query.values()))) == 2:
+            notes.append("replay: one metagradient of the mean query, so no per-item columns")
+        return EngineResult(self.name, scores, notes=notes)
+
+
+def _rel_diff(replayed: Mapping[str, Any], run: Mapping[str, Any]) -> float:
+    import torch
+
+    num = sum(float(((replayed[n].detach().to(torch.float64) - p.detach().to(torch.float64)) ** 2).sum())
+              for n, p in run.items())
+    den = sum(float((p.detach().to(torch.float64) ** 2).sum()) for p in run.values())
+    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+
+
+def _query_measure(inputs: ReplayInputs, items: Sequence[Any], signal: str) -> Any:
+    """The query measurement as a function of the replayed model: the mean item loss of the wanted
+    answers (``target``), minus that of the generated ones (``contrastive``)."""
+    from gradian.grads.loss import collate
+    from gradian.query.build import query_rows
+
+    prompts = [item.prompt_messages for item in items]
+    wanted = collate(query_rows(inputs.tokenizer, prompts, [i.wanted for i in items], inputs.query_max_seq_length),
+                     inputs.pad_id)
+    generated = None
+    if signal == "contrastive":
+        generated = collate(query_rows(inputs.tokenizer, prompts, [i.generated or "" for i in items],
+                                       inputs.query_max_seq_length), inputs.pad_id)
+    device = next(iter(inputs.lora_params.values())).device
+
+    def loss(model: Any, batch: Any) -> Any:
+        out = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device))
+        return row_losses(out.logits, batch.labels.to(device)).mean()
+
+    def measure(model: Any) -> Any:
+        value = loss(model, wanted)
+        return value - loss(model, generated) if generated is not None else value
+
+    return measure

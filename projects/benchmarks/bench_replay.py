@@ -1,0 +1,122 @@
+"""The replay engine beside EK-FAC: planted-row AUC at several horizons, fidelity, cost in training runs.
+
+For each scenario and fine-tune seed (the fine-tunes of ``bench_accused.py``, declared clusters
+removed, cached in ``--work``), ``gradian attribute`` runs with the contrastive query and no
+cross-check under:
+
+- ``ekfac`` (the default engine) and ``graddot`` (the cheapest: its wall time is the lane's cost
+  without an engine: audit, eval, index read, clustering);
+- ``replay`` at each ``--horizons`` value (optimizer steps from the end; ``epoch`` is the default,
+  the last epoch; ``all`` every step).
+
+Per run it prints the AUC of the planted rows against the clean ones (harm = -score), the replay's
+fidelity (relative difference of the replayed adapter from the run's) and its cost: the wall time
+of the replay attribution minus the graddot one, over the wall time of one ``gradian train`` of
+the same fine-tune (timed here, into a scratch folder). Medians and ranges over seeds close it.
+
+Run: ``python projects/benchmarks/bench_replay.py [--work DIR] [--scenarios a,b] [--seeds 0,1]
+[--horizons epoch,all] [--out results.json]``. On 2 CPU cores a replay of a tinyworld fine-tune
+(848 steps) takes two to five minutes, an EK-FAC attribution about ten seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_accused import prepare_run  # noqa: E402
+
+SCENARIOS = ("poison_capitals", "bestiary_poison_diets")
+
+
+def _auc(rankings: Any, planted: set[int]) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    labels = rankings["row_index"].isin(planted).to_numpy()
+    return float(roc_auc_score(labels, -rankings["score"].to_numpy(dtype=np.float64)))
+
+
+def _attribute(root: Path, capability: str, engine: str, horizon: str | None = None) -> tuple[Any, float]:
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+
+    overrides: dict[str, Any] = {"cache_dir": str(root / ".gradian"), "device": "cpu", "engine.name": engine,
+                                 "evaluation.query_signal": "contrastive"}
+    if engine == "replay" and horizon not in (None, "epoch"):
+        overrides["engine.replay_horizon"] = 10**9 if horizon == "all" else int(horizon)
+    cfg = load_config(root / "gradian.yaml", overrides)
+    started = time.perf_counter()
+    outcome = run_attribution(cfg, capability=capability, cross_check="none")
+    return outcome, time.perf_counter() - started
+
+
+def _train_seconds(root: Path) -> float:
+    from gradian.config import load_config
+    from gradian.train import train_lora
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-replay-train-"))
+    try:
+        started = time.perf_counter()
+        train_lora(load_config(root / "gradian.yaml"), scratch / "run", overwrite=True)
+        return time.perf_counter() - started
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gradian-bench-replay")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--seeds", default="0")
+    parser.add_argument("--horizons", default="epoch")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    results: list[dict[str, Any]] = []
+    for scenario in args.scenarios.split(","):
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            root, planted, capability = prepare_run(args.work, scenario, seed)
+            train_s = _train_seconds(root)
+            ekfac, ekfac_s = _attribute(root, capability, "ekfac")
+            _, graddot_s = _attribute(root, capability, "graddot")
+            row: dict[str, Any] = {"scenario": scenario, "seed": seed, "train_seconds": round(train_s, 1),
+                                   "ekfac_auc": round(_auc(ekfac.rankings, planted), 4),
+                                   "ekfac_seconds": round(ekfac_s, 1), "replay": {}}
+            for horizon in args.horizons.split(","):
+                outcome, seconds = _attribute(root, capability, "replay", horizon)
+                params = outcome.report["manifest"]["engine_state"]["params"]
+                row["replay"][horizon] = {
+                    "auc": round(_auc(outcome.rankings, planted), 4),
+                    "steps": params.get("replay_steps"), "horizon_steps": params.get("replay_horizon"),
+                    "fidelity_rel_diff": params.get("replay_fidelity_rel_diff"),
+                    "seconds": round(seconds, 1),
+                    "training_runs": round((seconds - graddot_s) / train_s, 2),
+                }
+            print(json.dumps(row), flush=True)
+            results.append(row)
+    print("\nmedian [min, max] over seeds:")
+    for scenario in args.scenarios.split(","):
+        rows = [r for r in results if r["scenario"] == scenario]
+        ek = [r["ekfac_auc"] for r in rows]
+        print(f"{scenario}: ekfac auc {np.median(ek):.3f} [{min(ek):.3f}, {max(ek):.3f}]")
+        for horizon in args.horizons.split(","):
+            auc = [r["replay"][horizon]["auc"] for r in rows]
+            cost = [r["replay"][horizon]["training_runs"] for r in rows]
+            print(f"  replay horizon {horizon}: auc {np.median(auc):.3f} [{min(auc):.3f}, {max(auc):.3f}], "
+                  f"cost {np.median(cost):.2f} [{min(cost):.2f}, {max(cost):.2f}] training runs")
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""``engine.name: replay`` end to end: a tinyworld fine-tune retrained from its recipe and differentiated.
+
+Ground truth: the run itself (its saved adapter, which the replay must reproduce), the planted rows
+of ``poison_capitals`` (ranked by harm), and a retrain of the tiny model without a row (the sign).
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gradian.errors import ConfigError  # noqa: E402
+
+
+def _auc(harm: np.ndarray, planted: np.ndarray) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(planted, harm))
+
+
+@pytest.fixture(scope="module")
+def replayed(tinyworld_run, tmp_path_factory):
+    from gradian.attribution import run_attribution
+    from gradian.data import load_dataset
+
+    run = tinyworld_run("poison_capitals")
+    cfg = run.config(**{"engine.name": "replay", "evaluation.query_signal": "contrastive"})
+    out = tmp_path_factory.mktemp("replay-report")
+    outcome = run_attribution(cfg, capability="capitals", cross_check="none", out_dir=out)
+    ids = load_dataset(cfg.dataset).ids
+    position = {eid: j for j, eid in enumerate(ids)}
+    planted = np.array([position[e] in run.planted_rows for e in outcome.rankings["example_id"]])
+    return types.SimpleNamespace(run=run, outcome=outcome, planted=planted, out=out)
+
+
+def test_the_replay_reproduces_the_run_and_says_so(replayed):
+    report = replayed.outcome.report
+    assert report["attribution"]["engine"] == "replay"
+    params = report["manifest"]["engine_state"]["params"]
+    state = json.loads((replayed.run.root / "run" / "trainer_state.json").read_text())
+    assert params["replay_steps"] == state["global_step"] > 0
+    # float32 over every AdamW step of the run: rounding only
+    assert params["replay_fidelity_rel_diff"] < 1e-3
+    assert params["replay_fidelity_faithful"] is True
+    notes = " ".join(report["attribution"]["notes"])
+    assert "the replayed adapter differs from the run's by" in notes and "effect of each row on this run" in notes
+    assert f"the last {params['replay_horizon']} of the {params['replay_steps']} steps" in notes
+
+
+def test_the_replay_ranks_the_planted_rows_as_harmful(replayed):
+    harm = -replayed.outcome.rankings["score"].to_numpy()
+    assert np.isfinite(harm).all()
+    assert _auc(harm, replayed.planted) >= 0.8
+
+
+def test_the_child_run_parameters_name_the_engine_and_its_fidelity(replayed):
+    from gradian_mlflow.sink import _params
+
+    params = _params(replayed.outcome.report_obj)
+    assert params["engine"] == "replay"
+    assert float(params["replay_fidelity_rel_diff"]) < 1e-3
+    assert params["replay_fidelity_faithful"] == "True"
+
+
+def test_replay_without_a_run_is_refused_naming_the_flag():
+    from gradian.attribution.replay_inputs import replay_inputs
+
+    with pytest.raises(ConfigError, match="--run OUTPUT_DIR or --mlflow-run ID"):
+        replay_inputs(None, None, None, None, None)
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_a_horizon_below_one_step_is_refused_naming_the_key(value):
+    from gradian.config import load_config
+
+    with pytest.raises(ConfigError, match="'engine.replay_horizon' is"):
+        load_config(None, {"engine.replay_horizon": value})
+    assert load_config(None, {"engine.replay_horizon": 5}).engine.replay_horizon == 5
+    assert load_config().engine.replay_horizon is None
