@@ -532,6 +532,9 @@ def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any, p
             activate(gm, None, cfg)
 
     query = qg.per_item if qg.per_item is not None else qg.vectors
+    relabel = getattr(progress, "relabel", None)
+    if relabel is not None and getattr(get_engine(state.engine), "needs_replay", False):
+        relabel(f"{state.engine}: replaying and sweeping back", "steps")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in words
         result = get_engine(state.engine).score(state, query, engine_cfg, query_for=query_for, query_items=items,
                                                 query_signal=qg.signal, progress=progress)

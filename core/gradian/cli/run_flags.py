@@ -89,13 +89,16 @@ def publish_to_source(record: "RunRecord | None", report: Any, kind: str, files:
 
 @contextmanager
 def index_progress(console: Any) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar for an index build; yields ``progress(done, total)`` with examples/second."""
+    """A progress bar for an index build; yields ``progress(done, total)`` with examples/second.
+
+    ``progress.relabel(what, unit)`` starts the bar over for other work (``replaying``, ``steps``),
+    its rate counted afresh."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    columns = (TextColumn("indexing"), BarColumn(), MofNCompleteColumn(),
-               TextColumn("{task.fields[rate]} examples/s"), TimeRemainingColumn())
+    columns = (TextColumn("{task.fields[what]}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]} {task.fields[unit]}/s"), TimeRemainingColumn())
     with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task("index", total=None, rate="-")
+        task = bar.add_task("index", total=None, rate="-", what="indexing", unit="examples")
         start: dict[str, float] = {}
 
         def progress(done: int, total: int) -> None:
@@ -106,4 +109,9 @@ def index_progress(console: Any) -> Iterator[Callable[[int, int], None]]:
             rate = (done - start["d0"]) / elapsed if elapsed > 0 else 0.0
             bar.update(task, completed=done, total=total, rate=f"{rate:.1f}")
 
+        def relabel(what: str, unit: str) -> None:
+            start.clear()
+            bar.reset(task, total=None, rate="-", what=what, unit=unit)
+
+        progress.relabel = relabel  # type: ignore[attr-defined]
         yield progress
