@@ -388,7 +388,7 @@ def test_quick_suite_end_to_end(quick_suite):
     # at or below zero) would be a real failure, and the check of the other experiments above rules it out
     assert statuses["fidelity"] in ("PASS", "INCONCLUSIVE"), suite["experiments"]["fidelity"]
     fidelity = json.loads((work / "fidelity" / "verdict.json").read_text())
-    assert set(fidelity["figures"]["lds"]) >= {"datainf", "graddot", "tracin"}
+    assert set(fidelity["figures"]["lds"]) >= {"datainf", "graddot", "tracin", "ekfac", "replay"}
 
     from mlflow import MlflowClient
 

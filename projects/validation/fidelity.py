@@ -6,8 +6,8 @@ rows by task family (nine in each world, ``family_of``), and the planted rows in
 four target entities (the keys of the scenario's ``truth``: countries or animals). It is
 fine-tuned with the scenario's recipe while saving a checkpoint per epoch (TracIn sums over them).
 ``gradian attribute`` scores every row for the scenario's capability (its name read from
-``scenario.json``) with ``datainf`` (graddot as its cross-check) and again with ``tracin`` and
-with ``ekfac``; the gradient index is built once and cached.
+``scenario.json``) with ``datainf`` (graddot as its cross-check) and again with ``tracin``,
+``ekfac`` and ``replay``; the gradient index is built once and cached.
 
 Then, with the same recipe and seed:
 
@@ -51,7 +51,7 @@ __all__ = ["run", "FULL", "QUICK", "SCENARIO", "WORLD_RULES", "declare_clusters"
 
 #: the default scenario; ``bestiary_poison_diets`` is the other world's
 SCENARIO = "poison_capitals"
-ENGINES = ("ekfac", "datainf", "graddot", "tracin")
+ENGINES = ("ekfac", "datainf", "graddot", "tracin", "replay")
 #: ``noise_subsets`` subsets are each retrained under ``seed_replicates`` more seeds
 FULL = {"subsets": 128, "loco": True, "noise_subsets": 2, "seed_replicates": 3, "clean_fraction": 1.0,
         "checkpoints": 3, "bootstrap": 2000}
@@ -258,6 +258,9 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     ekfac_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "ekfac"}),
                                 capability=capability, cross_check="none", folder="fidelity/report-ekfac")
     ekfac_rankings = scenario.rankings
+    replay_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "replay"}),
+                                 capability=capability, cross_check="none", folder="fidelity/report-replay")
+    replay_rankings = scenario.rankings
     reference_seconds = round(time.time() - t0, 2)
     typed = Report.of(report)
     attribution = typed.attribution
@@ -269,12 +272,13 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     if not (main_rankings["row_index"].to_numpy() == np.arange(n)).all():
         raise RuntimeError("rankings are not in row order; the subset sums would be misaligned")
     scores = {"datainf": main_rankings["score"].to_numpy(), "graddot": main_rankings["cross_check_score"].to_numpy(),
-              "tracin": tracin_rankings["score"].to_numpy(), "ekfac": ekfac_rankings["score"].to_numpy()}
+              "tracin": tracin_rankings["score"].to_numpy(), "ekfac": ekfac_rankings["score"].to_numpy(),
+              "replay": replay_rankings["score"].to_numpy()}
     tracin = Report.of(tracin_report).attribution
     tracin_notes = [note for note in (tracin.notes if tracin is not None else []) if "tracin" in note]
     # phi is the datainf report's query; each engine's own report names the query it scored against
     own_attribution = {"datainf": attribution, "graddot": attribution, "tracin": tracin,
-                       "ekfac": Report.of(ekfac_report).attribution}
+                       "ekfac": Report.of(ekfac_report).attribution, "replay": Report.of(replay_report).attribution}
     query_signals = {e: own_attribution[e].query_signal if own_attribution[e] is not None else None for e in scores}
 
     query = _query_items(typed, cfg.eval_dataset)
