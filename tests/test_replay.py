@@ -98,9 +98,9 @@ def test_metagradient_equals_central_differences_of_whole_replays(setup, case):
         assert torch.equal(p.detach(), setup.init[n])
 
 
-def test_replay_with_unit_weights_is_the_torch_optimizers_run(setup):
-    """All ones reproduces a plain training loop with torch.optim.AdamW and clip_grad_norm_."""
-    recipe = RECIPES["adamw-clipped"]
+def _torch_run(setup, recipe, loss):
+    """The LoRA tensors after a plain loop of ``torch.optim.AdamW`` and ``clip_grad_norm_`` over
+    ``BATCHES``, each step's loss ``loss(logits, labels)``."""
     params = [p.detach().clone().requires_grad_(True) for p in setup.lora.values()]
     opt = torch.optim.AdamW(params, lr=1.0, betas=recipe.betas, eps=recipe.eps, weight_decay=recipe.weight_decay)
     for t, step in enumerate(BATCHES):
@@ -110,9 +110,16 @@ def test_replay_with_unit_weights_is_the_torch_optimizers_run(setup):
         out = ReplayedModel(setup.model, dict(zip(setup.lora, params)))(
             input_ids=batch.input_ids, attention_mask=batch.attention_mask)
         opt.zero_grad()
-        per_example_loss(out.logits, batch.labels).mean().backward()
+        loss(out.logits, batch.labels).backward()
         torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
         opt.step()
+    return params
+
+
+def test_replay_with_unit_weights_is_the_torch_optimizers_run(setup):
+    """All ones reproduces a plain training loop with torch.optim.AdamW and clip_grad_norm_."""
+    recipe = RECIPES["adamw-clipped"]
+    params = _torch_run(setup, recipe, lambda logits, labels: per_example_loss(logits, labels).mean())
     final = replay(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, pad_id=setup.pad)
     for name, p in zip(setup.lora, params):
         assert torch.allclose(final[name], p.detach(), rtol=0, atol=1e-12), name
@@ -123,19 +130,12 @@ def test_token_mean_replay_is_the_trainers_loss(setup):
     """``reduction="tokens"``: one mean over every supervised token of the step, as the HF Trainer
     computes a batch's loss (cross-entropy summed, divided by the batch's supervised tokens)."""
     recipe = dataclasses.replace(RECIPES["adamw-clipped"], reduction="tokens")
-    params = [p.detach().clone().requires_grad_(True) for p in setup.lora.values()]
-    opt = torch.optim.AdamW(params, lr=1.0, betas=recipe.betas, eps=recipe.eps, weight_decay=recipe.weight_decay)
-    for t, step in enumerate(BATCHES):
-        for group in opt.param_groups:
-            group["lr"] = recipe.schedule[t]
-        batch = collate([setup.rows[r] for r in step], setup.pad)
-        out = ReplayedModel(setup.model, dict(zip(setup.lora, params)))(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(out.logits[:, :-1].reshape(-1, out.logits.shape[-1]),
-                                          batch.labels[:, 1:].reshape(-1), ignore_index=-100).backward()
-        torch.nn.utils.clip_grad_norm_(params, recipe.max_grad_norm)
-        opt.step()
+
+    def token_mean(logits, labels):
+        return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                 labels[:, 1:].reshape(-1), ignore_index=-100)
+
+    params = _torch_run(setup, recipe, token_mean)
     final = replay(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, pad_id=setup.pad)
     by_rows = replay(setup.model, setup.lora, setup.rows, BATCHES, _ones(), RECIPES["adamw-clipped"], pad_id=setup.pad)
     for name, p in zip(setup.lora, params):

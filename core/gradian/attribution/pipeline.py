@@ -504,11 +504,10 @@ def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: An
         from gradian.attribution.replay_inputs import replay_inputs
         from gradian.replay.engine import ReplayFitContext
 
-        inputs = replay_inputs(cfg, gm, tokenizer, dataset, run)
+        inputs = replay_inputs(cfg, gm, tokenizer, dataset, run, tokenized=rows)
         log(f"{engine}: replaying {inputs.run_recipe.steps} optimizer steps of the run and sweeping back through "
             f"the last {inputs.window}, the state kept every {inputs.every} steps")
-        context = ReplayFitContext(**{f.name: getattr(context, f.name) for f in dataclasses.fields(context)},
-                                   replay=inputs)
+        context = ReplayFitContext(**vars(context), replay=inputs)
     state = fit_engine(engine, index, engine_cfg, context, cache_dir=cfg.cache_dir)
     if state.state_id:
         log(f"{engine}: fitted state {state.state_id}" + (" (cached)" if state.cache_hit else f" in {state.fit_seconds:.1f} s"))
@@ -532,9 +531,6 @@ def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any, p
             activate(gm, None, cfg)
 
     query = qg.per_item if qg.per_item is not None else qg.vectors
-    relabel = getattr(progress, "relabel", None)
-    if relabel is not None and getattr(get_engine(state.engine), "needs_replay", False):
-        relabel(f"{state.engine}: replaying and sweeping back", "steps")
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in words
         result = get_engine(state.engine).score(state, query, engine_cfg, query_for=query_for, query_items=items,
                                                 query_signal=qg.signal, progress=progress)

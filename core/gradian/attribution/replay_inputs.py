@@ -14,7 +14,7 @@ everything that touches the model or the run here, so the engine stays math over
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from gradian.errors import ConfigError
 from gradian.replay.engine import ReplayInputs
@@ -25,7 +25,10 @@ __all__ = ["replay_inputs"]
 _INIT_ADAPTER = "gradian-replay-init"
 
 
-def replay_inputs(cfg: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any) -> ReplayInputs:
+def replay_inputs(cfg: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any,
+                  tokenized: Sequence[Any] | None = None) -> ReplayInputs:
+    """``tokenized``: the rows as the lane tokenized them (at ``grads.max_seq_length``), reused when
+    the run truncated at the same length."""
     from gradian.data import tokenize_examples
 
     if run is None or getattr(run, "config", None) is None:
@@ -36,7 +39,10 @@ def replay_inputs(cfg: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any) -> 
     if max_seq_length is None:
         max_seq_length = cfg.grads.max_seq_length
         notes.append(f"the run records no max_seq_length; rows are truncated at grads.max_seq_length={max_seq_length}")
-    rows = tokenize_examples(dataset.examples, tokenizer, max_seq_length)
+    if tokenized is not None and max_seq_length == cfg.grads.max_seq_length:
+        rows = list(tokenized)
+    else:
+        rows = tokenize_examples(dataset.examples, tokenizer, max_seq_length)
     positions = [j for j, row in enumerate(rows) if row.n_supervised > 0]
     if not positions:
         raise ConfigError(f"replay: no training row keeps a supervised token at max_seq_length={max_seq_length}")

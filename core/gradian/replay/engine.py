@@ -154,6 +154,9 @@ class ReplayEngine(Engine):
         if not query_items:
             raise ConfigError("replay scores a query measurement: it needs the query items (an eval set)")
         measure = _query_measure(inputs, query_items, query_signal)
+        relabel = getattr(progress, "relabel", None)  # a bar that counted examples now counts steps
+        if relabel is not None:
+            relabel(f"{self.name}: replaying and sweeping back", "steps")
         weights = torch.ones(len(inputs.rows), dtype=next(iter(inputs.lora_params.values())).dtype)
         result = metagradient(inputs.model, inputs.init, inputs.rows, inputs.run_recipe.batches, weights,
                               inputs.run_recipe.recipe, measure, pad_id=inputs.pad_id,
