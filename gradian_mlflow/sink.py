@@ -47,7 +47,7 @@ from gradian.report.schema import (
     AttributeManifest,
     CounterfactualManifest,
     DiagnoseManifest,
-    IndexManifest,
+    IndexBuildManifest,
     IndexSummary,
     Manifest,
     Report,
@@ -178,14 +178,14 @@ def _put(metrics: dict[str, float], name: str, value: Any) -> None:
 
 def _seconds(manifest: Manifest) -> float | None:
     """How long the work took, when the manifest records it."""
-    if isinstance(manifest, (AttributeManifest, DiagnoseManifest, IndexManifest, CounterfactualManifest)):
+    if isinstance(manifest, (AttributeManifest, DiagnoseManifest, IndexBuildManifest, CounterfactualManifest)):
         return manifest.seconds
     return None
 
 
 def _index(manifest: Manifest) -> IndexSummary | None:
     """The gradient index the work used or built, when the manifest names one."""
-    if isinstance(manifest, (AttributeManifest, IndexManifest)):
+    if isinstance(manifest, (AttributeManifest, IndexBuildManifest)):
         return manifest.index
     return None
 
@@ -237,7 +237,7 @@ def work_started_ms(report: "Report | Mapping[str, Any]", now_ms: int, started_a
     future or before 2000 is ignored.
     """
     manifest = Report.of(report).manifest
-    recorded = manifest.started_at if isinstance(manifest, (DiagnoseManifest, IndexManifest)) else None
+    recorded = manifest.started_at if isinstance(manifest, (DiagnoseManifest, IndexBuildManifest)) else None
     candidates = [number * 1000 for number in (_num(v) for v in (started_at, recorded) if not isinstance(v, bool))
                   if number is not None]
     seconds = _num(_seconds(manifest))

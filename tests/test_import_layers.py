@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: dict[str, int] = {
     # 1. ground: plain data and the things every stage raises or writes
     "": 1, "errors": 1, "findings": 1, "paths": 1, "config": 1, "atomic": 1, "redact": 1, "termination": 1,
-    "sizes": 1, "chunks": 1,
+    "sizes": 1, "chunks": 1, "jsontypes": 1,
     # 2. data and runs
     "data": 2, "runs": 2, "model_loading": 2, "distributed": 2, "inputs": 2,
     # 3. gradients and their store

@@ -19,10 +19,10 @@ from gradian.report.schema import (
     ClusterRow,
     Counterfactual,
     CounterfactualManifest,
-    DatasetRef,
+    DatasetSummary,
     DiagnoseManifest,
     GroundTruth,
-    IndexManifest,
+    IndexBuildManifest,
     IndexSummary,
     PredictedSums,
     Recovery,
@@ -170,7 +170,7 @@ REPORT = Report(
 
 def _removal(reason: str, cluster: str | None, n_removed: int) -> Removal:
     return Removal(reason=reason, cluster=cluster, n_examples=800, n_removed=n_removed, n_kept=800 - n_removed,
-                   removed_ids=[], dataset=DatasetRef(path="kept.jsonl", sha256=None))
+                   removed_ids=[], dataset=DatasetSummary(path="kept.jsonl", sha256=None))
 
 
 def _counterfactual(removal: Removal, **changes) -> Counterfactual:
@@ -232,7 +232,7 @@ def test_child_runs_are_named_for_what_they_hold():
     assert child_run_name(REPORT, "attribute") == "attribute-datainf-capitals"
     assert child_run_name(Report(capability=cap, attribution=None), "attribute") == "attribute-capitals"  # gated
     assert child_run_name(Report(manifest=DiagnoseManifest()).to_json(), "diagnose") == "diagnose"
-    assert child_run_name(Report(manifest=IndexManifest(index=index)).to_json(), "index") == "index-0123456789ab"
+    assert child_run_name(Report(manifest=IndexBuildManifest(index=index)).to_json(), "index") == "index-0123456789ab"
     removal = _removal("the report's accused set: 40 of cluster 0's 48 rows (gmm)", None, 40)
     assert child_run_name(Report(capability=cap, counterfactual=_counterfactual(removal)), "counterfactual") \
         == "counterfactual-accused-capitals"
@@ -254,10 +254,10 @@ def test_the_work_starts_when_the_report_says():
     assert work_started_ms(report(AttributeManifest(seconds=42.5)), now_ms) == now_ms - 42_500
     assert work_started_ms(report(DiagnoseManifest(seconds=42.5, started_at=1_799_999_000.0)), now_ms) \
         == 1_799_999_000_000
-    assert work_started_ms(report(IndexManifest(started_at=1_799_999_200)), now_ms) == 1_799_999_200_000
+    assert work_started_ms(report(IndexBuildManifest(started_at=1_799_999_200)), now_ms) == 1_799_999_200_000
     assert work_started_ms(report(AttributeManifest(seconds=42.5)), now_ms, started_at=1_799_999_990.0) \
         == now_ms - 10_000
-    assert work_started_ms(report(IndexManifest()), now_ms) == now_ms  # nothing recorded: now
+    assert work_started_ms(report(IndexBuildManifest()), now_ms) == now_ms  # nothing recorded: now
     assert work_started_ms(report(DiagnoseManifest(started_at=2e9)), now_ms) == now_ms  # the future is ignored
 
 
@@ -574,14 +574,14 @@ def test_the_child_run_lists_the_data_it_read_as_dataset_inputs(tracking, adapte
     import mlflow
     from mlflow import MlflowClient
 
-    from gradian.report.schema import AnalysisInputs, DatasetRef
+    from gradian.report.schema import AnalysisInputs, DatasetSummary
     from gradian_mlflow.sink import log_diagnosis
 
     source_id = log_hf_style_run(mlflow, adapter_dir, data_file)
     report = Report.of(REPORT)
     report.manifest.inputs = AnalysisInputs(
-        dataset=DatasetRef(path=str(data_file), sha256="ab" * 32, n_examples=48),
-        eval_dataset=DatasetRef(path=str(tmp_path / "eval.jsonl"), sha256="cd" * 32, n_examples=16))
+        dataset=DatasetSummary(path=str(data_file), sha256="ab" * 32, n_examples=48),
+        eval_dataset=DatasetSummary(path=str(tmp_path / "eval.jsonl"), sha256="cd" * 32, n_examples=16))
     child = log_diagnosis(report, source_id, kind="attribute")
     inputs = MlflowClient().get_run(child).inputs.dataset_inputs
     seen = {(d.dataset.name, d.dataset.digest, {t.key: t.value for t in d.tags}["mlflow.data.context"],
@@ -591,13 +591,13 @@ def test_the_child_run_lists_the_data_it_read_as_dataset_inputs(tracking, adapte
 
 
 def test_a_counterfactual_report_gives_the_kept_rows_and_the_eval_file_as_inputs(tmp_path):
-    from gradian.report.schema import CounterfactualInputs, CounterfactualManifest, DatasetRef, Report, Verdict
+    from gradian.report.schema import CounterfactualInputs, CounterfactualManifest, DatasetSummary, Report, Verdict
     from gradian_mlflow.sink import dataset_inputs
 
     evals = tmp_path / "eval.jsonl"
     evals.write_text('{"prompt": "q", "completion": "a"}\n')
-    inputs = CounterfactualInputs(dataset=DatasetRef(path="train.jsonl", sha256="ab" * 32, n_examples=848),
-                                  kept_dataset=DatasetRef(path="kept.jsonl", sha256="cd" * 32, n_examples=800),
+    inputs = CounterfactualInputs(dataset=DatasetSummary(path="train.jsonl", sha256="ab" * 32, n_examples=848),
+                                  kept_dataset=DatasetSummary(path="kept.jsonl", sha256="cd" * 32, n_examples=800),
                                   eval_dataset=str(evals), base_model=None, adapter_before=None, adapter_after=None,
                                   capability="capitals", seed=0)
     report = Report(verdict=Verdict(kind="data", summary=""), manifest=CounterfactualManifest(inputs=inputs))

@@ -21,7 +21,7 @@ from gradian.report.schema import (
     CounterfactualManifest,
     DiagnoseManifest,
     ExampleRow,
-    IndexManifest,
+    IndexBuildManifest,
     OtherManifest,
     Report,
     ReportFinding,
@@ -151,7 +151,7 @@ def test_the_index_report(attribute_inputs, attribute_outcome):
     written = _index_report(built.index, "reused", started)
     report = Report.from_json(written)
     assert report.manifest.started_at == started and report.manifest.seconds >= 2.5  # the child run's duration
-    assert isinstance(report.manifest, IndexManifest) and report.manifest.index.index_id == built.index.index_id
+    assert isinstance(report.manifest, IndexBuildManifest) and report.manifest.index.index_id == built.index.index_id
     assert report.capability is None and report.attribution is None and report.verdict.kind == "inconclusive"
     assert_contract(report, written)
 

@@ -108,13 +108,13 @@ def _index_report(index: Any, verb: str, started_at: float | None = None) -> dic
     """The report.json of an index build: only the manifest and a one-line summary."""
     import time
 
-    from gradian.report.schema import IndexManifest, IndexSummary, Report, Verdict
+    from gradian.report.schema import IndexBuildManifest, IndexSummary, Report, Verdict
 
     size = index.disk_bytes()
     summary = f"{verb.capitalize()} gradient index {index.index_id}: {index.n} examples, {format_size(size)}"
     return Report(
         verdict=Verdict(kind="inconclusive", summary=summary),
-        manifest=IndexManifest(
+        manifest=IndexBuildManifest(
             index=IndexSummary(index_id=index.index_id, n_examples=index.n, bytes=size,
                                bytes_per_example=round(size / max(index.n, 1), 1),
                                repaired=list(getattr(index, "repaired", []))),

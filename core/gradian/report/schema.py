@@ -56,11 +56,11 @@ __all__ = [
     "CounterfactualRound",
     "CounterfactualInputs",
     "CounterfactualManifest",
-    "DatasetRef",
+    "DatasetSummary",
     "DiagnoseManifest",
     "EngineStateSummary",
     "ExampleRow",
-    "IndexManifest",
+    "IndexBuildManifest",
     "IndexSummary",
     "ItemHurt",
     "Lumpiness",
@@ -633,7 +633,7 @@ class Verdict(_Block):
 
 
 @dataclass
-class DatasetRef(_Block):
+class DatasetSummary(_Block):
     """A data file as analyzed: where, its content hash, its rows."""
 
     path: str | None
@@ -646,8 +646,8 @@ class DatasetRef(_Block):
 class AnalysisInputs(_Block):
     """What the audit (and the attribution) read."""
 
-    dataset: DatasetRef | None = None
-    eval_dataset: DatasetRef | None = None
+    dataset: DatasetSummary | None = None
+    eval_dataset: DatasetSummary | None = None
     run: str | None = field(default=None, metadata=_help("the run's source: a folder or mlflow:<id>"))
     base_model: str | None = None
     tokenizer: str | None = None
@@ -745,7 +745,7 @@ class DiagnoseManifest(_Block):
 
 
 @dataclass
-class IndexManifest(_Block):
+class IndexBuildManifest(_Block):
     """What ``gradian index`` built or reused."""
 
     kind: Literal["index"] = "index"
@@ -760,8 +760,8 @@ class IndexManifest(_Block):
 class CounterfactualInputs(_Block):
     """What a counterfactual retrain started from and produced."""
 
-    dataset: DatasetRef
-    kept_dataset: DatasetRef
+    dataset: DatasetSummary
+    kept_dataset: DatasetSummary
     eval_dataset: str | None
     base_model: str | None
     adapter_before: str | None
@@ -794,7 +794,7 @@ class OtherManifest(_Block):
     _OPEN: ClassVar[bool] = True
 
 
-Manifest = Union[AttributeManifest, DiagnoseManifest, IndexManifest, CounterfactualManifest, OtherManifest]
+Manifest = Union[AttributeManifest, DiagnoseManifest, IndexBuildManifest, CounterfactualManifest, OtherManifest]
 
 
 # -- the counterfactual block -------------------------------------------------------------------
@@ -810,7 +810,7 @@ class Removal(_Block):
     n_removed: int
     n_kept: int
     removed_ids: list[str]
-    dataset: DatasetRef
+    dataset: DatasetSummary
     extra: dict[str, Any] = _extra()
 
     @classmethod
@@ -818,7 +818,7 @@ class Removal(_Block):
         """From a counterfactual's ``DropPlan``: why, how many, which ids, and the data file."""
         return cls(reason=plan.reason, cluster=plan.cluster, n_examples=int(plan.n_examples),
                    n_removed=int(plan.n_drop), n_kept=int(plan.n_keep), removed_ids=list(plan.drop_ids),
-                   dataset=DatasetRef(path=plan.dataset_path, sha256=plan.dataset_sha256))
+                   dataset=DatasetSummary(path=plan.dataset_path, sha256=plan.dataset_sha256))
 
 
 @dataclass
@@ -1055,7 +1055,7 @@ def _block_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
     out["required"] = required
     out["additionalProperties"] = bool(cls._OPEN)  # type: ignore[attr-defined]
     if cls is OtherManifest:
-        known = _kinds([AttributeManifest, DiagnoseManifest, IndexManifest, CounterfactualManifest])
+        known = _kinds([AttributeManifest, DiagnoseManifest, IndexBuildManifest, CounterfactualManifest])
         out["properties"]["kind"] = {"type": "string", "not": {"enum": known}}
     return out
 
