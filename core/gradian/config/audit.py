@@ -8,14 +8,17 @@ check reads which key. Invalid values raise ``ConfigError`` naming ``audit.<fiel
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TypeVar
 
 from gradian.errors import ConfigError
 
 __all__ = ["AuditConfig"]
 
 
-def _f(default: Any, help: str) -> Any:
+_T = TypeVar("_T")
+
+
+def _f(default: _T, help: str) -> _T:
     return field(default=default, metadata={"help": help})
 
 

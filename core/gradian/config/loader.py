@@ -17,7 +17,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import yaml
 from omegaconf import OmegaConf
@@ -26,6 +26,9 @@ from omegaconf.errors import OmegaConfBaseException
 from gradian.config.engines import engine_names
 from gradian.config.schema import CHOICE_ALIASES, CHOICES, GradianConfig
 from gradian.errors import ConfigError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 __all__ = [
     "load_config",
@@ -39,7 +42,7 @@ __all__ = [
 
 def load_config(
     path: str | Path | None = None,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
 ) -> GradianConfig:
     """Defaults, then the YAML file at ``path``, then ``overrides`` (dotted keys; ``None`` skipped).
 
@@ -59,7 +62,7 @@ def load_config(
         key_lines = dict(_line_numbers)
     if overrides:
         flat = {k: v for k, v in overrides.items() if v is not None}
-        nested: dict[str, Any] = {}
+        nested: dict[str, object] = {}
         for key, value in flat.items():
             _check_dotted_key(key)
             _set_dotted(nested, key, value)
@@ -81,7 +84,7 @@ def load_config(
 
 
 class _DuplicateKey(Exception):
-    def __init__(self, key: Any, first: int, again: int) -> None:
+    def __init__(self, key: object, first: int, again: int) -> None:
         super().__init__(key)
         self.key, self.first, self.again = key, first, again
 
@@ -89,8 +92,8 @@ class _DuplicateKey(Exception):
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key that appears twice in one mapping."""
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[object, object]:
+        seen: dict[object, int] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
@@ -105,7 +108,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def _read_yaml(path: Path) -> dict[str, Any]:
+def _read_yaml(path: Path) -> dict[str, object]:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}. Write a starter one with `gradian init-config`.")
     raw = path.read_bytes()
@@ -152,7 +155,7 @@ _line_numbers: dict[str, int] = {}
 _KEY_ALIASES: dict[str, str] = {"adapter": "adapter_path", "run_dir": "run"}
 
 
-def _apply_key_aliases(data: dict[str, Any], path: Path) -> dict[str, Any]:
+def _apply_key_aliases(data: dict[str, object], path: Path) -> dict[str, object]:
     """Rename alias keys to their canonical name; an alias beside its canonical key is an error."""
     out = dict(data)
     for alias, canonical in _KEY_ALIASES.items():
@@ -175,7 +178,7 @@ def _key_lines(text: str) -> dict[str, int]:
     """Dotted key -> 1-based line number, from the YAML node tree."""
     out: dict[str, int] = {}
 
-    def walk(node: Any, prefix: str) -> None:
+    def walk(node: yaml.Node | None, prefix: str) -> None:
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
                 key = f"{prefix}{key_node.value}"
@@ -193,7 +196,7 @@ def _section_fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
 
-def _reject_unknown_keys(data: Mapping[str, Any], cls: type, path: Path, prefix: str = "") -> None:
+def _reject_unknown_keys(data: Mapping[str, object], cls: type, path: Path, prefix: str = "") -> None:
     known = _section_fields(cls)
     for key, value in data.items():
         dotted = f"{prefix}{key}"
@@ -215,12 +218,12 @@ def _reject_unknown_keys(data: Mapping[str, Any], cls: type, path: Path, prefix:
             _reject_unknown_keys(value, section, path, prefix=dotted + ".")
 
 
-def _dataclass_type(annotation: Any) -> type | None:
+def _dataclass_type(annotation: object) -> type | None:
     resolved = _SECTION_TYPES.get(annotation) if isinstance(annotation, str) else annotation
     return resolved if isinstance(resolved, type) and dataclasses.is_dataclass(resolved) else None
 
 
-def _suggest(key: str, known: Mapping[str, Any], prefix: str) -> str:
+def _suggest(key: str, known: Mapping[str, object], prefix: str) -> str:
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.5)
     if close:
         return f"; did you mean '{prefix}{close[0]}'?"
@@ -244,7 +247,7 @@ def _check_dotted_key(key: str) -> None:
         cls = sub
 
 
-def _set_dotted(target: dict[str, Any], key: str, value: Any) -> None:
+def _set_dotted(target: dict[str, Any], key: str, value: object) -> None:
     parts = key.split(".")
     for part in parts[:-1]:
         target = target.setdefault(part, {})
@@ -293,7 +296,7 @@ _NON_NEGATIVE = (
 _POSITIVE = ("engine.lambda_scale", "train.learning_rate", "train.num_train_epochs", "train.lora_alpha")
 
 
-def _get(config: Any, dotted: str) -> Any:
+def _get(config: object, dotted: str) -> Any:
     for part in dotted.split("."):
         config = getattr(config, part)
     return config
@@ -304,7 +307,8 @@ _SEEDS = ("seed", "grads.projection_seed", "engine.fisher_seed")
 SEED_LIMIT = 2**32
 
 
-def _float_fields(section: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def _float_fields(section: DataclassInstance | type[DataclassInstance] | Mapping[str, object],
+                 prefix: str = "") -> Iterator[tuple[str, float]]:
     """Every float value in the config (dataclass fields and free-form dicts), by dotted key."""
     items = (((f.name, getattr(section, f.name)) for f in dataclasses.fields(section))
              if dataclasses.is_dataclass(section) else section.items())
@@ -326,12 +330,12 @@ def validate_config(config: GradianConfig, where: str = "config",
     """
     key_lines = key_lines or {}
 
-    def bad(key: str, value: Any, rule: str) -> ConfigError:
+    def bad(key: str, value: object, rule: str) -> ConfigError:
         return ConfigError(f"{key_lines.get(key, where)}: '{key}' is {value!r}; it must be {rule}")
 
-    for key, value in _float_fields(config):
-        if not math.isfinite(value):
-            raise bad(key, value, "a finite number (.inf and .nan are not values here)")
+    for key, number in _float_fields(config):
+        if not math.isfinite(number):
+            raise bad(key, number, "a finite number (.inf and .nan are not values here)")
     for key in _SEEDS:
         value = _get(config, key)
         if not 0 <= value < SEED_LIMIT:
@@ -430,7 +434,7 @@ def config_to_dict(config: GradianConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def config_hash(config: GradianConfig | Mapping[str, Any]) -> str:
+def config_hash(config: GradianConfig | Mapping[str, object]) -> str:
     """sha256 of the canonical JSON (sorted keys, no whitespace) of the config."""
     data = config if isinstance(config, Mapping) else config_to_dict(config)
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
@@ -449,7 +453,7 @@ def render_starter_config(base_model: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _render_section(section: Any, lines: list[str], indent: str) -> None:
+def _render_section(section: DataclassInstance | type[DataclassInstance], lines: list[str], indent: str) -> None:
     for f in dataclasses.fields(section):
         value = getattr(section, f.name)
         help_text = f.metadata.get("help", "")

@@ -8,7 +8,7 @@ help text in ``metadata["help"]``; ``init-config`` writes those as comments. Val
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, TypeVar
 
 from gradian.config.audit import AuditConfig
 from gradian.config.engines import BUILTIN_ENGINES
@@ -25,10 +25,13 @@ __all__ = [
 ]
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
+_T = TypeVar("_T")
+
+
+def _f(default: _T, help: str) -> _T:
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
-    return field(default=default, metadata={"help": help}, **kw)
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
