@@ -7,12 +7,15 @@ from the command line does not import transformers.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gradian_mlflow.callback import GradianCallback
 
 __all__: list[str] = ["GradianCallback"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type[GradianCallback]:
     if name == "GradianCallback":
         from gradian_mlflow.callback import GradianCallback
 

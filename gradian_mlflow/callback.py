@@ -50,7 +50,12 @@ from gradian_mlflow.source import BASE_MODEL_TAG
 from gradian_mlflow.training import TRAIN_DATA_ARTIFACT
 
 if TYPE_CHECKING:
-    from transformers import TrainerControl, TrainerState, TrainingArguments
+    import datasets
+    import pandas as pd
+    import torch
+    from mlflow import MlflowClient
+    from peft import PeftConfig
+    from transformers import PreTrainedTokenizerBase, TrainerControl, TrainerState, TrainingArguments
 
 __all__ = ["GradianCallback", "EVAL_DATA_ARTIFACT"]
 
@@ -64,7 +69,7 @@ _MLFLOW_INTEGRATIONS = ("mlflow", "dagshub")
 _TOKEN_COLUMNS = ("input_ids", "attention_mask", "labels", "token_type_ids", "position_ids")
 _DATA_FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
-Rows = Sequence[Mapping[str, Any]]
+Rows = Sequence[Mapping[str, object]]
 
 
 class GradianCallback(TrainerCallback):
@@ -82,13 +87,13 @@ class GradianCallback(TrainerCallback):
 
     def __init__(
         self,
-        train_dataset: str | Path | Rows | Any = None,
+        train_dataset: str | Path | Rows | pd.DataFrame | datasets.Dataset | None = None,
         *,
         eval_items: str | Path | Rows | None = None,
         max_dataset_artifact_mb: float = 100.0,
         log_params_and_metrics: bool | None = None,
         diagnose_on_end: bool = False,
-        tokenizer: Any = None,
+        tokenizer: PreTrainedTokenizerBase | None = None,
         base_model: str | None = None,
     ) -> None:
         if not max_dataset_artifact_mb >= 0:
@@ -164,7 +169,7 @@ class GradianCallback(TrainerCallback):
                 self.run_id, str(self._eval_path), artifact_path=EVAL_DATA_ARTIFACT))
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-               logs: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+               logs: Mapping[str, object] | None = None, **kwargs: Any) -> None:
         if not (state.is_world_process_zero and self._logs_trainer and self.run_id and logs):
             return
         from mlflow.entities import Metric
@@ -234,7 +239,7 @@ class GradianCallback(TrainerCallback):
             client = get_client()
             call("ending the training run", lambda: client.set_terminated(self.run_id, "FINISHED"))
 
-    def _log_training_data(self, client: Any, run_id: str, data_file: Path, *, user_file: bool) -> None:
+    def _log_training_data(self, client: MlflowClient, run_id: str, data_file: Path, *, user_file: bool) -> None:
         """Rows as the ``data/`` artifact up to the size limit, and the dataset input either way.
 
         Past the limit the input points at the user's file (``user_file``); rows held only in
@@ -298,13 +303,13 @@ class GradianCallback(TrainerCallback):
 # -- helpers without state -------------------------------------------------------------------
 
 
-def _log_batch(client: Any, run_id: str, *, params: Mapping[str, str] | None = None,
+def _log_batch(client: MlflowClient, run_id: str, *, params: Mapping[str, str] | None = None,
                tags: Mapping[str, str] | None = None) -> None:
     """Log params the run does not hold yet (a held key keeps its value) and tags, 100 at a time."""
     from mlflow.entities import Param, RunTag
 
     held = call(f"reading run {run_id}", lambda: client.get_run(run_id)).data.params
-    entries: list[Any] = [Param(k, v) for k, v in (params or {}).items() if k not in held]
+    entries: list[Param | RunTag] = [Param(k, v) for k, v in (params or {}).items() if k not in held]
     entries += [RunTag(k, v) for k, v in (tags or {}).items()]
     for start in range(0, len(entries), 100):
         chunk = entries[start:start + 100]
@@ -320,7 +325,7 @@ def _trainer_params(args: TrainingArguments) -> dict[str, str]:
     return {k: str(v) for k, v in args.to_dict().items() if len(str(v)) <= MAX_PARAM_VAL_LENGTH}
 
 
-def _lora_params(model: Any) -> dict[str, str]:
+def _lora_params(model: torch.nn.Module | None) -> dict[str, str]:
     """``lora.*`` params from the model's active LoRA config (nothing for a model without one)."""
     config = _peft_config(model)
     if config is None:
@@ -336,7 +341,7 @@ def _lora_params(model: Any) -> dict[str, str]:
     return {k: str(v) for k, v in values.items() if v is not None}
 
 
-def _peft_config(model: Any) -> Any:
+def _peft_config(model: torch.nn.Module | None) -> PeftConfig | None:
     configs = getattr(model, "peft_config", None) or {}
     if not configs:
         return None
@@ -344,14 +349,14 @@ def _peft_config(model: Any) -> Any:
     return configs.get(active) if isinstance(active, str) and active in configs else next(iter(configs.values()))
 
 
-def _base_model_name(model: Any) -> str | None:
+def _base_model_name(model: torch.nn.Module | None) -> str | None:
     """The base model id or path: the LoRA config's, else the model config's ``_name_or_path``."""
     config = _peft_config(model)
     name = getattr(config, "base_model_name_or_path", None) if config is not None else None
     return name or getattr(getattr(model, "config", None), "_name_or_path", None) or None
 
 
-def _tokenizer_tags(tokenizer: Any) -> dict[str, str]:
+def _tokenizer_tags(tokenizer: PreTrainedTokenizerBase | None) -> dict[str, str]:
     if tokenizer is None:
         return {}
     from gradian.index import tokenizer_fingerprint
@@ -365,7 +370,7 @@ def _tokenizer_tags(tokenizer: Any) -> dict[str, str]:
     return tags
 
 
-def _text_rows(dataset: Any) -> list[dict[str, Any]] | None:
+def _text_rows(dataset: torch.utils.data.Dataset | datasets.Dataset | Rows | None) -> list[dict[str, object]] | None:
     """The trainer's dataset as text rows (token columns dropped), or None when none are left."""
     if dataset is None:
         return None
@@ -381,12 +386,13 @@ def _text_rows(dataset: Any) -> list[dict[str, Any]] | None:
     return rows if all(rows) else None
 
 
-def _as_data_file(source: Any, folder: Path, default_name: str) -> Path:
+def _as_data_file(source: str | Path | Rows | pd.DataFrame | datasets.Dataset, folder: Path,
+                  default_name: str) -> Path:
     """A data file for ``source``: the file itself, or in-memory rows written as JSONL."""
     if isinstance(source, (str, Path)):
         return Path(source)
     if hasattr(source, "to_dict") and hasattr(source, "columns"):  # pandas DataFrame
-        rows: Iterable[Any] = source.to_dict("records")
+        rows: Iterable[Mapping[str, object]] = source.to_dict("records")
     elif hasattr(source, "to_list"):  # datasets.Dataset
         rows = source.to_list()
     else:
@@ -405,7 +411,7 @@ def _check_data_file(path: Path, argument: str) -> None:
         )
 
 
-def _frame(path: Path) -> Any:
+def _frame(path: Path) -> pd.DataFrame:
     import pandas as pd
 
     suffix = path.suffix.lower()

@@ -14,10 +14,13 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from gradian.errors import GradianEnvironmentError, GradianError
 from gradian.redact import redact
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 __all__ = ["TrackingError", "TrackingUnreachableError", "TrackingStoreError", "get_client", "check_tracking_uri", "tracking_uri",
            "parse_run_ref", "call", "quiet_credentialed_links"]
@@ -101,7 +104,7 @@ def check_tracking_uri(existing_store: bool = False) -> None:
                     )
 
 
-def get_client(existing_store: bool = False) -> Any:
+def get_client(existing_store: bool = False) -> MlflowClient:
     """An ``MlflowClient`` with bounded retries; ``existing_store``: the runs to read must already be
     in the store, so a store that is not there is refused (``check_tracking_uri``)."""
     check_tracking_uri(existing_store)

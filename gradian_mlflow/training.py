@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from mlflow.data.pandas_dataset import PandasDataset
 
 __all__ = ["train_and_log", "TRAIN_DATA_ARTIFACT"]
 
@@ -69,7 +73,7 @@ def train_and_log(
         return run.info.run_id
 
 
-def _dataset(frame: Any, data_path: Path) -> Any:
+def _dataset(frame: pd.DataFrame, data_path: Path) -> PandasDataset:
     """The dataset input, sourced at the logged artifact when MLflow can name it, else the file."""
     import mlflow
     from mlflow.exceptions import MlflowException
