@@ -8,10 +8,14 @@ and attribution use, so the tokens a run was trained on are the tokens later lan
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gradian.data import IGNORE_INDEX, Dataset, tokenize_examples
 from gradian.errors import DatasetError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["TrainFeatures", "PadCollator", "build_train_features"]
 
@@ -29,7 +33,7 @@ class TrainFeatures:
     n_completion_truncated: int = 0
 
 
-def build_train_features(dataset: Dataset, tokenizer: Any, max_seq_length: int) -> TrainFeatures:
+def build_train_features(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_seq_length: int) -> TrainFeatures:
     tokenized = tokenize_examples(dataset.examples, tokenizer, max_seq_length)
     features = TrainFeatures(rows=[])
     for t in tokenized:
@@ -53,7 +57,7 @@ class PadCollator:
     def __init__(self, pad_token_id: int) -> None:
         self.pad_token_id = pad_token_id
 
-    def __call__(self, batch: list[dict[str, list[int]]]) -> dict[str, Any]:
+    def __call__(self, batch: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
         import torch
 
         width = max(len(row["input_ids"]) for row in batch)

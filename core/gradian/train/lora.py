@@ -21,12 +21,20 @@ import contextlib
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from gradian.errors import ConfigError, GradianError, MissingDependencyError, ModelLoadError
 from gradian.runs import DatasetRef, LoraSettings, RunRecord, TrainingLogs, normalize_trainer_config
 from gradian.train.backends import require_backend
 from gradian.train.data import PadCollator, build_train_features
+
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainerCallback, TrainingArguments
+
+    from gradian.config import GradianConfig, TrainConfig
 
 __all__ = ["train_lora", "ADAPTER_SUBDIR", "RUN_RECORD_FILE", "TRAINING_ARGS_FILE"]
 
@@ -41,10 +49,10 @@ _SMALL_MODEL_PARAMS = 20_000_000
 
 
 def train_lora(
-    config: Any,
+    config: GradianConfig | str | Path,
     out_dir: str | Path | None = None,
     dataset: str | Path | None = None,
-    callbacks: Sequence[Any] | None = None,
+    callbacks: Sequence[TrainerCallback | type[TrainerCallback]] | None = None,
     report_to: str | Sequence[str] | None = None,
     *,
     backend: str | None = None,
@@ -146,7 +154,7 @@ def train_lora(
 # -- pieces ----------------------------------------------------------------------------------
 
 
-def _train_dataset(rows: list[dict[str, list[int]]], backend: str) -> Any:
+def _train_dataset(rows: list[dict[str, list[int]]], backend: str) -> _ListDataset | datasets.Dataset:
     """The tokenized rows as the trainer takes them: a list-backed dataset for the HF Trainer, a
     ``datasets.Dataset`` for TRL's SFTTrainer (which refuses anything else); the same rows in the
     same order either way."""
@@ -182,7 +190,7 @@ def _prepare_out_dir(out: Path, overwrite: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _load_tokenizer(name: str, trust_remote_code: bool) -> Any:
+def _load_tokenizer(name: str, trust_remote_code: bool) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     try:
@@ -195,13 +203,13 @@ def _load_tokenizer(name: str, trust_remote_code: bool) -> Any:
     return tokenizer
 
 
-def _load_model(name: str, config: Any, backend: str) -> Any:
+def _load_model(name: str, config: GradianConfig, backend: str) -> PreTrainedModel:
     import torch
     from transformers import AutoModelForCausalLM
 
     dtypes = {"auto": "auto", "float32": torch.float32, "float16": torch.float16,
               "bfloat16": torch.bfloat16, "float64": torch.float64}
-    kwargs: dict[str, Any] = {
+    kwargs: dict[str, object] = {
         "dtype": dtypes.get(config.dtype, "auto"),
         "attn_implementation": config.attn_implementation,
         "trust_remote_code": config.trust_remote_code,
@@ -233,7 +241,7 @@ def _load_model(name: str, config: Any, backend: str) -> Any:
     return model
 
 
-def _load_unsloth(name: str, config: Any) -> Any:
+def _load_unsloth(name: str, config: GradianConfig) -> PreTrainedModel:
     # Untested here (unsloth needs a GPU): its loader patches the model for faster kernels,
     # after which the usual peft wrapping and HF Trainer apply.
     from unsloth import FastLanguageModel
@@ -245,7 +253,7 @@ def _load_unsloth(name: str, config: Any) -> Any:
     return model
 
 
-def _wrap_lora(model: Any, train: Any) -> Any:
+def _wrap_lora(model: PreTrainedModel, train: TrainConfig) -> PeftModel:
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(
@@ -262,7 +270,8 @@ def _wrap_lora(model: Any, train: Any) -> Any:
         raise ConfigError(f"train.target_modules={train.target_modules}: {err}") from None
 
 
-def _training_arguments(config: Any, out: Path, report_to: str | Sequence[str] | None) -> dict[str, Any]:
+def _training_arguments(config: GradianConfig, out: Path,
+                        report_to: str | Sequence[str] | None) -> dict[str, object]:
     train = config.train
     if report_to is None:
         reporters: list[str] = []
@@ -274,7 +283,7 @@ def _training_arguments(config: Any, out: Path, report_to: str | Sequence[str] |
         save = {"save_strategy": "steps", "save_steps": train.save_steps}
     else:
         save = {"save_strategy": "no"}
-    kwargs: dict[str, Any] = {
+    kwargs: dict[str, object] = {
         "output_dir": str(out),
         "learning_rate": train.learning_rate,
         "num_train_epochs": train.num_train_epochs,
@@ -313,7 +322,8 @@ def _training_arguments(config: Any, out: Path, report_to: str | Sequence[str] |
     return kwargs
 
 
-def _trainer_and_args(backend: str, kwargs: dict[str, Any], tokenizer: Any) -> tuple[Any, Any, dict[str, Any]]:
+def _trainer_and_args(backend: str, kwargs: dict[str, object], tokenizer: PreTrainedTokenizerBase,
+                      ) -> tuple[type[Trainer], TrainingArguments, dict[str, object]]:
     """The trainer class, its arguments object and any extra keyword arguments it needs."""
     from transformers import Trainer, TrainingArguments
 
@@ -327,7 +337,7 @@ def _trainer_and_args(backend: str, kwargs: dict[str, Any], tokenizer: Any) -> t
     return SFTTrainer, args, {"processing_class": tokenizer}
 
 
-def _hf_defaults_for(config_cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+def _hf_defaults_for(config_cls: type[TrainingArguments], kwargs: Mapping[str, object]) -> dict[str, Any]:
     """``kwargs`` plus, for every ``TrainingArguments`` field whose default ``config_cls`` changes
     (TRL's SFTConfig turns on bfloat16 and gradient checkpointing, among others) and that the run
     does not set, the ``TrainingArguments`` default: the trl backend trains as the hf backend does
@@ -337,7 +347,7 @@ def _hf_defaults_for(config_cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     from transformers import TrainingArguments
 
     hf = {f.name: f for f in dataclasses.fields(TrainingArguments)}
-    out = dict(kwargs)
+    out: dict[str, Any] = dict(kwargs)  # each value of the type its field takes
     for f in dataclasses.fields(config_cls):
         base = hf.get(f.name)
         if base is None or f.name in out or not f.init:
@@ -347,8 +357,8 @@ def _hf_defaults_for(config_cls: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _args_json(args: Any, train: Any, backend: str) -> dict[str, Any]:
-    data = json.loads(json.dumps(args.to_dict(), default=str))
+def _args_json(args: TrainingArguments, train: TrainConfig, backend: str) -> dict[str, object]:
+    data: dict[str, object] = json.loads(json.dumps(args.to_dict(), default=str))
     for secret in ("hub_token",):
         data.pop(secret, None)
     data.update({
@@ -367,7 +377,7 @@ def _args_json(args: Any, train: Any, backend: str) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def _cpu_threads_for(model: Any, args: Any) -> Iterator[None]:
+def _cpu_threads_for(model: torch.nn.Module, args: TrainingArguments) -> Iterator[None]:
     """One torch thread while a small model trains on CPU, restored afterwards.
 
     A small model's matrices are too small for intra-op threads to pay off, and on a busy
@@ -388,7 +398,7 @@ def _cpu_threads_for(model: Any, args: Any) -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def _save_final_checkpoint(trainer: Any, out: Path) -> None:
+def _save_final_checkpoint(trainer: Trainer, out: Path) -> None:
     """One ``checkpoint-N`` at the end, when checkpoints are wanted but no interval was given."""
     step = trainer.state.global_step
     target = out / f"checkpoint-{step}"
@@ -401,7 +411,7 @@ def _checkpoints(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[-1]))
 
 
-def _write_json(path: Path, data: Any) -> None:
+def _write_json(path: Path, data: Mapping[str, object]) -> None:
     from gradian.atomic import write_text_atomic
 
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
