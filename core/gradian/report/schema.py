@@ -33,11 +33,14 @@ import json
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Mapping, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Mapping, Protocol, Sequence, TypedDict, TypeVar, Union
 
 from gradian.cluster.accused import AccusedCandidate, AccusedSet
 from gradian.errors import GradianError
 from gradian.findings import Finding
+
+if TYPE_CHECKING:
+    from gradian.jsontypes import JsonObject, JsonValue
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -92,16 +95,16 @@ class ReportSchemaError(GradianError, ValueError):
     """A report.json that does not have the report's shape (the message names the path)."""
 
 
-def _help(text: str, omit_if_none: bool = False) -> dict[str, Any]:
+def _help(text: str, omit_if_none: bool = False) -> dict[str, str | bool]:
     return {"help": text, "omit_if_none": omit_if_none}
 
 
-def _optional(text: str = "") -> dict[str, Any]:
+def _optional(text: str = "") -> dict[str, str | bool]:
     """Metadata of a field left out of the JSON when it is None."""
     return {"help": text, "omit_if_none": True}
 
 
-def _extra() -> Any:
+def _extra() -> dict[str, JsonValue]:
     return field(default_factory=dict, repr=False, compare=True,
                  metadata={"extra": True, "help": "keys this version does not declare, kept as read"})
 
@@ -119,8 +122,8 @@ class _Block:
     _DERIVED: ClassVar[tuple[str, ...]] = ()
     _OPEN: ClassVar[bool] = False
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             if f.metadata.get("extra"):
                 continue
@@ -135,11 +138,14 @@ class _Block:
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], path: str = "") -> Any:
+    def from_json(cls: type[_B], data: Mapping[str, object], path: str = "") -> _B:
         return _decode_block(cls, data, path or cls.__name__)
 
 
-def _encode(value: Any) -> Any:
+_B = TypeVar("_B", bound=_Block)
+
+
+def _encode(value: object) -> object:
     if isinstance(value, _Block):
         return value.to_json()
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -151,25 +157,29 @@ def _encode(value: Any) -> Any:
     return value
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+_HINTS: dict[type, dict[str, object]] = {}
+
+#: how the codec reads a field typed ``JsonValue``: any JSON value, copied as read (``{}`` in the
+#: JSON Schema)
+_OPEN_JSON: dict[str, object] = {"JsonValue": Any}
 
 
-def _hints(cls: type) -> dict[str, Any]:
+def _hints(cls: type) -> dict[str, object]:
     if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
+        _HINTS[cls] = typing.get_type_hints(cls, localns=_OPEN_JSON)
     return _HINTS[cls]
 
 
-def _derived_hint(cls: type, name: str) -> Any:
+def _derived_hint(cls: type, name: str) -> object:
     prop = getattr(cls, name)
     return typing.get_type_hints(prop.fget).get("return", Any)
 
 
-def _is_union(hint: Any) -> bool:
+def _is_union(hint: object) -> bool:
     return typing.get_origin(hint) in (Union, types.UnionType)
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -187,13 +197,13 @@ def _json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _fail(path: str, wanted: str, value: Any) -> ReportSchemaError:
+def _fail(path: str, wanted: str, value: object) -> ReportSchemaError:
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
     return ReportSchemaError(f"report.json {path}: expected {wanted}, found {_json_type(value)} {shown}")
 
 
-def _decode(value: Any, hint: Any, path: str) -> Any:
+def _decode(value: object, hint: object, path: str) -> object:
     if hint is Any:
         return _encode(value)  # a fresh copy: open-ended mappings stay plain JSON
     if _is_union(hint):
@@ -254,7 +264,7 @@ def _decode(value: Any, hint: Any, path: str) -> Any:
     raise TypeError(f"the report schema has no JSON mapping for {hint!r} at {path}")
 
 
-def _matches(value: Any, hint: Any) -> bool:
+def _matches(value: object, hint: object) -> bool:
     """Whether ``value``'s JSON type is the one ``hint`` wants (to pick a union member)."""
     origin = typing.get_origin(hint)
     if hint is Any:
@@ -276,7 +286,7 @@ def _matches(value: Any, hint: Any) -> bool:
     return False
 
 
-def _by_kind(blocks: list[type[_Block]], value: Mapping[str, Any], path: str) -> type[_Block]:
+def _by_kind(blocks: list[type[_Block]], value: Mapping[str, object], path: str) -> type[_Block]:
     """The union member whose ``kind`` literal is the value's ``kind`` (else the open one)."""
     kind = value.get("kind")
     fallback = None
@@ -300,14 +310,15 @@ def _kinds(blocks: list[type[_Block]]) -> list[str]:
     return out
 
 
-def _decode_block(cls: type, data: Mapping[str, Any], path: str) -> Any:
+def _decode_block(cls: type[_B], data: Mapping[str, object], path: str) -> _B:
     if not isinstance(data, Mapping):
         raise _fail(path, f"an object ({cls.__name__})", data)
     hints = _hints(cls)
-    kwargs: dict[str, Any] = {}
-    known = set(cls._DERIVED)  # type: ignore[attr-defined]
+    kwargs: dict[str, object] = {}
+    known = set(cls._DERIVED)
     extra_field = None
-    for f in dataclasses.fields(cls):
+    klass: type = cls  # every block is a dataclass
+    for f in dataclasses.fields(klass):
         if f.metadata.get("extra"):
             extra_field = f.name
             continue
@@ -323,6 +334,100 @@ def _decode_block(cls: type, data: Mapping[str, Any], path: str) -> Any:
         return cls(**kwargs)
     except (TypeError, ValueError) as err:
         raise ReportSchemaError(f"report.json {path}: {err}") from None
+
+
+# -- what the ``of`` constructors read of the lanes' own objects ---------------------------------
+
+
+class _SkippedCheck(Protocol):
+    """The audit's ``SkippedCheck``."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def category(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+
+
+class _QueryGradient(Protocol):
+    """A ``gradian.query.QueryGradient``, without its vectors."""
+
+    @property
+    def signal(self) -> str: ...
+    @property
+    def requested_signal(self) -> str: ...
+    @property
+    def n_items(self) -> int: ...
+    @property
+    def scope(self) -> str: ...
+    @property
+    def notes(self) -> Sequence[str]: ...
+    @property
+    def finding_ids(self) -> Sequence[str]: ...
+    @property
+    def item_ids(self) -> Sequence[str]: ...
+
+
+class _TextPiece(Protocol):
+    """A ``gradian.explain.TextPiece``: a word or sentence, its offsets and score."""
+
+    @property
+    def text(self) -> str: ...
+    @property
+    def start(self) -> int: ...
+    @property
+    def end(self) -> int: ...
+    @property
+    def score(self) -> float: ...
+
+
+class _SpanExplanation(Protocol):
+    """A ``gradian.explain.SpanExplanation``, without its tokens."""
+
+    @property
+    def example_id(self) -> str: ...
+    @property
+    def item_id(self) -> str: ...
+    @property
+    def engine(self) -> str: ...
+    @property
+    def signal(self) -> str: ...
+    @property
+    def text(self) -> str: ...
+    @property
+    def token_sum(self) -> float: ...
+    @property
+    def words(self) -> Sequence[_TextPiece]: ...
+    @property
+    def sentences(self) -> Sequence[_TextPiece]: ...
+    @property
+    def span(self) -> _TextPiece | None: ...
+    @property
+    def score(self) -> float | None: ...
+    @property
+    def notes(self) -> Sequence[str]: ...
+
+
+class _RemovalPlan(Protocol):
+    """A counterfactual's ``RemovalPlan``: the rows it drops and the data file."""
+
+    @property
+    def reason(self) -> str: ...
+    @property
+    def cluster(self) -> str | None: ...
+    @property
+    def n_examples(self) -> int: ...
+    @property
+    def n_drop(self) -> int: ...
+    @property
+    def n_keep(self) -> int: ...
+    @property
+    def drop_ids(self) -> Sequence[str]: ...
+    @property
+    def dataset_path(self) -> str | None: ...
+    @property
+    def dataset_sha256(self) -> str | None: ...
 
 
 # -- the blocks ---------------------------------------------------------------------------------
@@ -348,7 +453,7 @@ class CapabilityItem(_Block):
     base_margin: float | None = field(default=None, metadata=_help(
         "log p_base(wanted) - log p_base(tuned generation), nats; flipped items only"))
     weakly_held: bool = False
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -383,7 +488,7 @@ class Capability(_Block):
     mean_base_margin: float | None = None
     hedges: list[str] = field(default_factory=list)
     items: list[CapabilityItem] = field(default_factory=list)
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
     def ci_bounds(self) -> tuple[float | None, float | None]:
         """``(lo, hi)`` of the delta's interval, or ``(None, None)`` when it was not recorded."""
@@ -394,10 +499,10 @@ class Capability(_Block):
 class ReportFinding(Finding, _Block):
     """A ``gradian.findings.Finding`` as report.json holds it (``evidence`` stays open-ended)."""
 
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
     @classmethod
-    def of(cls, finding: Finding | Mapping[str, Any]) -> "ReportFinding":
+    def of(cls, finding: Finding | Mapping[str, object]) -> "ReportFinding":
         if isinstance(finding, ReportFinding):
             return finding
         if isinstance(finding, Finding):
@@ -412,10 +517,10 @@ class SkippedCheckRow(_Block):
     id: str
     category: str
     reason: str
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
     @classmethod
-    def of(cls, skipped: Any) -> "SkippedCheckRow":
+    def of(cls, skipped: "SkippedCheckRow | Mapping[str, object] | _SkippedCheck") -> "SkippedCheckRow":
         """From the audit's ``SkippedCheck`` (anything with ``id``, ``category`` and ``reason``), or
         a row already read from JSON."""
         if isinstance(skipped, SkippedCheckRow):
@@ -436,10 +541,10 @@ class QuerySummary(_Block):
     notes: list[str] = field(default_factory=list)
     finding_ids: list[str] = field(default_factory=list)
     item_ids: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
     @classmethod
-    def of(cls, query: Any) -> "QuerySummary":
+    def of(cls, query: _QueryGradient) -> "QuerySummary":
         """From a ``gradian.query.QueryGradient``: how it was built, without its vectors."""
         return cls(signal=query.signal, requested_signal=query.requested_signal, n_items=int(query.n_items),
                    scope=query.scope, notes=list(query.notes), finding_ids=list(query.finding_ids),
@@ -452,7 +557,7 @@ class ItemHurt(_Block):
 
     item_id: str
     share: float
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -466,7 +571,7 @@ class ExampleRow(_Block):
     excerpt: str = ""
     items_hurt: list[ItemHurt] | None = field(default=None, metadata=_optional(
         "top_harmful only, with per-item scores: the query items this row hurts most"))
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -480,14 +585,14 @@ class ClusterRow(_Block):
     share_of_negative: float = field(metadata=_help("its negative scores over all negative scores (0..1)"))
     mean_per_example: float = field(metadata=_help("signed_influence / n"))
     top_examples: list[ExampleRow] = field(default_factory=list)
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
 class AccusedCandidateRow(AccusedCandidate, _Block):
     """One way of splitting the accused cluster, with the figures it was judged by."""
 
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -496,7 +601,7 @@ class Accused(AccusedSet, _Block):
     ``n_left_out``, derived from the id lists)."""
 
     candidates: list[AccusedCandidateRow] = field(default_factory=list)  # type: ignore[assignment]
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
     _DERIVED: ClassVar[tuple[str, ...]] = ("n", "n_left_out")
 
@@ -515,7 +620,7 @@ class SpanPiece(_Block):
     start: int
     end: int
     score: float
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -537,13 +642,13 @@ class Span(_Block):
     span_end: int | None = None
     span_text: str = ""
     span_score: float | None = None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
     @classmethod
-    def of(cls, explanation: Any) -> "Span":
+    def of(cls, explanation: _SpanExplanation) -> "Span":
         """From a ``gradian.explain.SpanExplanation``: its words and sentences (not its tokens), and
         the harmful span's offsets, text and score."""
-        def piece(p: Any) -> SpanPiece:
+        def piece(p: _TextPiece) -> SpanPiece:
             return SpanPiece(text=p.text, start=int(p.start), end=int(p.end), score=float(p.score))
 
         span = explanation.span
@@ -579,7 +684,7 @@ class Lumpiness(_Block):
     rest_net_helpful: bool | None = None
     fraction_of_dataset: float | None = None
     reason: str = ""
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -588,7 +693,7 @@ class AttributionMetrics(_Block):
 
     index_seconds: float | None = None
     fit_seconds: float | None = None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -614,7 +719,7 @@ class Attribution(_Block):
     lumpiness: Lumpiness | None = None
     deletions_withheld: str | None = field(default=None, metadata=_optional(
         "why top_harmful is empty: no cluster carries the harm at a distinctly higher rate"))
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -626,7 +731,7 @@ class Verdict(_Block):
     hedges: list[str] = field(default_factory=list)
     accused_cluster: str | None = None
     accused_set_n: int | None = None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 # -- manifests: one per report kind -------------------------------------------------------------
@@ -639,7 +744,7 @@ class DatasetSummary(_Block):
     path: str | None
     sha256: str | None
     n_examples: int | None = field(default=None, metadata=_optional())
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -654,7 +759,7 @@ class AnalysisInputs(_Block):
     max_seq_length: int | None = None
     adapter: str | None = field(default=None, metadata=_optional("attribute only"))
     capability: str | None = field(default=None, metadata=_optional("attribute only"))
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -675,7 +780,7 @@ class IndexSummary(_Block):
         "pass) or stream (recomputed from the model in each pass, nothing written)"))
     passes: int | None = field(default=None, metadata=_optional(
         "full passes over the training set that recomputed its gradients (stream only)"))
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -685,7 +790,7 @@ class EngineStateSummary(_Block):
     engine: str
     state_id: str | None = None
     cache_hit: bool = False
-    settings: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, JsonValue] = field(default_factory=dict)
     fit_seconds: float = 0.0
     stage_seconds: dict[str, float] = field(default_factory=dict)
     repaired: str | None = field(default=None, metadata=_optional(
@@ -693,7 +798,7 @@ class EngineStateSummary(_Block):
     params: dict[str, Any] = field(default_factory=dict, metadata=_help(
         "the settings this engine's run is known by (Engine.describe: damping and its kind, the Fisher, the "
         "ranking, ...), logged as tracking parameters"))
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -707,7 +812,7 @@ class ClusteringSummary(_Block):
     embed_backend: str | None = None
     sizes: dict[str, int] = field(default_factory=dict)
     space: str = "text"
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -720,13 +825,13 @@ class AttributeManifest(_Block):
     config: dict[str, Any] = field(default_factory=dict, metadata=_help("the effective config, every key"))
     inputs: AnalysisInputs = field(default_factory=AnalysisInputs)
     index: IndexSummary | None = field(default=None, metadata=_optional())
-    index_manifest: dict[str, Any] | None = field(default=None, metadata=_optional(
+    index_manifest: dict[str, JsonValue] | None = field(default=None, metadata=_optional(
         "the index's manifest.json (its own format: gradian.index)"))
     damping: dict[str, float] | None = field(default=None, metadata=_optional("damping per block"))
     engine_state: EngineStateSummary | None = field(default=None, metadata=_optional())
     clustering: ClusteringSummary | None = field(default=None, metadata=_optional())
     seconds: float = 0.0
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -738,10 +843,10 @@ class DiagnoseManifest(_Block):
     inputs: AnalysisInputs = field(default_factory=AnalysisInputs)
     checks_run: list[str] = field(default_factory=list)
     counts: dict[str, int] = field(default_factory=dict, metadata=_help("findings per severity"))
-    audit_config: dict[str, Any] = field(default_factory=dict, metadata=_help("the audit thresholds used"))
+    audit_config: dict[str, JsonValue] = field(default_factory=dict, metadata=_help("the audit thresholds used"))
     started_at: float | None = field(default=None, metadata=_optional("when the work started, seconds since the epoch"))
     seconds: float | None = field(default=None, metadata=_optional("how long the work took"))
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -750,10 +855,10 @@ class IndexBuildManifest(_Block):
 
     kind: Literal["index"] = "index"
     index: IndexSummary | None = None
-    index_manifest: dict[str, Any] = field(default_factory=dict, metadata=_help("the index's manifest.json"))
+    index_manifest: dict[str, JsonValue] = field(default_factory=dict, metadata=_help("the index's manifest.json"))
     started_at: float | None = field(default=None, metadata=_optional("when the work started, seconds since the epoch"))
     seconds: float | None = field(default=None, metadata=_optional("how long the work took"))
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -768,7 +873,7 @@ class CounterfactualInputs(_Block):
     adapter_after: str | None
     capability: str
     seed: int
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -781,7 +886,7 @@ class CounterfactualManifest(_Block):
     config: dict[str, Any] = field(default_factory=dict)
     inputs: CounterfactualInputs | None = None
     seconds: float = 0.0
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -789,7 +894,7 @@ class OtherManifest(_Block):
     """A manifest of a kind this version does not know (written by a newer one): kept as read."""
 
     kind: str = ""
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
     _OPEN: ClassVar[bool] = True
 
@@ -811,10 +916,10 @@ class Removal(_Block):
     n_kept: int
     removed_ids: list[str]
     dataset: DatasetSummary
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
     @classmethod
-    def of(cls, plan: Any) -> "Removal":
+    def of(cls, plan: _RemovalPlan) -> "Removal":
         """From a counterfactual's ``DropPlan``: why, how many, which ids, and the data file."""
         return cls(reason=plan.reason, cluster=plan.cluster, n_examples=int(plan.n_examples),
                    n_removed=int(plan.n_drop), n_kept=int(plan.n_keep), removed_ids=list(plan.drop_ids),
@@ -839,7 +944,7 @@ class Recovery(_Block):
     items_below_base_after: float | None
     within_one_item: bool | None
     before_source: str = ""
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -851,7 +956,7 @@ class GroundTruth(_Block):
     n_planted_removed: int
     precision: float | None
     recall: float | None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -866,7 +971,7 @@ class PredictedSums(_Block):
     sign_all: int
     sign_kept: int
     sign_changed: bool
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -874,6 +979,8 @@ class CounterfactualSeconds(_Block):
     train: float
     evaluate: float
     total: float
+    #: spelled as first written: the block has no docstring, so dataclasses writes its signature, this
+    #: annotation included, as the description docs/report-schema.json publishes
     extra: dict[str, Any] = _extra()
 
 
@@ -895,10 +1002,10 @@ class CounterfactualRound(_Block):
     report: str = ""
     #: rows the attribution of this round's retrain accused, removed in the next round, each as
     #: ``{"example_id", "score"}`` (ids of the original training file)
-    added: list[dict[str, Any]] = field(default_factory=list)
+    added: list[dict[str, JsonValue]] = field(default_factory=list)
     #: why the rounds stopped here, on the last round only
     stopped: str | None = None
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 @dataclass
@@ -914,7 +1021,7 @@ class Counterfactual(_Block):
     seconds: CounterfactualSeconds | None = None
     rounds: list[CounterfactualRound] | None = field(
         default=None, metadata=_optional("--until-recovered: every round, the last one being this report's"))
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
 
 # -- the report ---------------------------------------------------------------------------------
@@ -938,7 +1045,7 @@ class Report(_Block):
     skipped: list[SkippedCheckRow] | None = field(default=None, metadata=_optional(
         "audit checks that did not run, with the reason"))
     counterfactual: Counterfactual | None = field(default=None, metadata=_optional())
-    extra: dict[str, Any] = _extra()
+    extra: dict[str, JsonValue] = _extra()
 
     @property
     def kind(self) -> str:
@@ -953,12 +1060,12 @@ class Report(_Block):
         return None
 
     @classmethod
-    def of(cls, report: "Report | Mapping[str, Any]") -> "Report":
+    def of(cls, report: "Report | Mapping[str, object]") -> "Report":
         """``report`` itself, or the ``Report`` its report.json dict holds."""
         return report if isinstance(report, Report) else cls.from_json(report)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], path: str = "") -> "Report":
+    def from_json(cls, data: Mapping[str, object], path: str = "") -> "Report":
         if not isinstance(data, Mapping):
             raise _fail("(top level)", "an object", data)
         if "schema_version" not in data:
@@ -966,7 +1073,7 @@ class Report(_Block):
         return _decode_block(cls, data, path or "report")
 
 
-def version_problem(data: Mapping[str, Any]) -> str | None:
+def version_problem(data: Mapping[str, object]) -> str | None:
     """Why a report.json read back to act on (``counterfactual --report``, ``explain --report``)
     cannot be used as this version's report: a ``schema_version`` that is not a version, or one newer
     than ``SCHEMA_VERSION`` (naming the gradian that wrote it). None when it can. ``from_json``
@@ -986,7 +1093,7 @@ def version_problem(data: Mapping[str, Any]) -> str | None:
 # -- JSON Schema --------------------------------------------------------------------------------
 
 
-def _describe(hint: Any) -> str:
+def _describe(hint: object) -> str:
     if _is_union(hint):
         return " or ".join(_describe(a) for a in typing.get_args(hint))
     if hint is type(None):
@@ -998,7 +1105,7 @@ def _describe(hint: Any) -> str:
     return str(hint)
 
 
-def _schema_of(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
+def _schema_of(hint: object, defs: dict[str, _BlockSchema]) -> JsonObject:
     if hint is Any:
         return {}
     if _is_union(hint):
@@ -1006,7 +1113,7 @@ def _schema_of(hint: Any, defs: dict[str, Any]) -> dict[str, Any]:
         options = [_schema_of(a, defs) for a in args if a is not type(None)]
         if type(None) in args:
             options.append({"type": "null"})
-        return options[0] if len(options) == 1 else {"anyOf": options}
+        return options[0] if len(options) == 1 else {"anyOf": list(options)}
     origin = typing.get_origin(hint)
     if origin is Literal:
         values = list(typing.get_args(hint))
@@ -1031,11 +1138,22 @@ def _first_paragraph(doc: str | None) -> str:
     return " ".join((doc or "").strip().split("\n\n")[0].split())
 
 
-def _block_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
+class _BlockSchema(TypedDict, total=False):
+    """The JSON Schema of one block."""
+
+    type: str
+    description: str
+    properties: dict[str, JsonValue]
+    required: list[str]
+    additionalProperties: bool
+
+
+def _block_schema(cls: type[_Block], defs: dict[str, _BlockSchema]) -> _BlockSchema:
     hints = _hints(cls)
-    properties: dict[str, Any] = {}
+    properties: dict[str, JsonValue] = {}
     required: list[str] = []
-    for f in dataclasses.fields(cls):
+    klass: type = cls  # every block is a dataclass
+    for f in dataclasses.fields(klass):
         if f.metadata.get("extra"):
             continue
         prop = _schema_of(hints[f.name], defs)
@@ -1044,25 +1162,25 @@ def _block_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
         properties[f.name] = prop
         if not f.metadata.get("omit_if_none"):
             required.append(f.name)
-    for name in cls._DERIVED:  # type: ignore[attr-defined]
+    for name in cls._DERIVED:
         properties[name] = _schema_of(_derived_hint(cls, name), defs)
         required.append(name)
-    out: dict[str, Any] = {"type": "object"}
+    out: _BlockSchema = {"type": "object"}
     description = _first_paragraph(cls.__doc__)
     if description:
         out["description"] = description
     out["properties"] = properties
     out["required"] = required
-    out["additionalProperties"] = bool(cls._OPEN)  # type: ignore[attr-defined]
+    out["additionalProperties"] = bool(cls._OPEN)
     if cls is OtherManifest:
         known = _kinds([AttributeManifest, DiagnoseManifest, IndexBuildManifest, CounterfactualManifest])
-        out["properties"]["kind"] = {"type": "string", "not": {"enum": known}}
+        out["properties"]["kind"] = {"type": "string", "not": {"enum": list(known)}}
     return out
 
 
-def json_schema() -> dict[str, Any]:
+def json_schema() -> dict[str, object]:
     """The JSON Schema (draft 2020-12) of report.json, generated from the dataclasses above."""
-    defs: dict[str, Any] = {}
+    defs: dict[str, _BlockSchema] = {}
     root = _block_schema(Report, defs)
     root["properties"]["schema_version"] = {
         "description": "the report.json schema version this file follows", "const": SCHEMA_VERSION}
