@@ -51,6 +51,7 @@ from gradian.report.schema import (
     ClusterRow,
     Lumpiness,
 )
+from gradian.report.tables import AssignmentInput
 
 if TYPE_CHECKING:
     from gradian.evaluate.result import CapabilityResult
@@ -61,9 +62,9 @@ __all__ = ["AttributionInput", "CapabilityFigures", "CapabilityInput", "EngineAg
            "ratio_text", "share_text"]
 
 #: what the verdict takes as the capability: the typed block, the evaluate lane's result, or report.json's dict
-CapabilityInput = Union[Capability, "CapabilityResult", Mapping[str, Any], None]
+CapabilityInput = Union[Capability, "CapabilityResult", Mapping[str, object], None]
 #: what it takes as the attribution: the typed block or report.json's dict
-AttributionInput = Union[Attribution, Mapping[str, Any], None]
+AttributionInput = Union[Attribution, Mapping[str, object], None]
 
 VerdictKind = Literal["data", "config", "mixed", "inconclusive", "no_regression"]
 VerdictRule = Literal["critical", "no_target", "no_regression", "not_attributed", "lumpy", "flat_config",
@@ -85,7 +86,7 @@ class Hedge:
     """
 
     code: str
-    figures: Mapping[str, Any] = field(default_factory=dict)
+    figures: Mapping[str, float | str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -152,11 +153,11 @@ class VerdictDecision:
 # -- small readers ------------------------------------------------------------------------------
 
 
-def _number(x: Any) -> float:
+def _number(x: object) -> float:
     return float(x) if isinstance(x, (int, float)) else float("nan")
 
 
-def as_finding(f: Finding | Mapping[str, Any]) -> Finding:
+def as_finding(f: Finding | Mapping[str, object]) -> Finding:
     return f if isinstance(f, Finding) else Finding.from_dict(dict(f))
 
 
@@ -196,7 +197,8 @@ def _spearman(attribution: Attribution | None) -> float | None:
 # -- lumpiness ----------------------------------------------------------------------------------
 
 
-def assess_lumpiness(clusters: Sequence[ClusterRow | Mapping[str, Any]], thresholds: VerdictThresholds) -> dict[str, Any]:
+def assess_lumpiness(clusters: Sequence[ClusterRow | Mapping[str, object]], thresholds: VerdictThresholds
+                     ) -> dict[str, Any]:
     """``lumpiness_of`` over a cluster table (``cluster_table`` rows or ``ClusterRow`` blocks), as
     the report's ``lumpiness`` dict."""
     rows = [c if isinstance(c, ClusterRow) else ClusterRow.from_json(c, f"clusters[{i}]")
@@ -272,7 +274,7 @@ def matching_accused(attribution: Attribution | None, cluster: str | None) -> Ac
 # -- attribution findings -----------------------------------------------------------------------
 
 
-def _members(cluster: str, assignment: Any) -> set[str] | None:
+def _members(cluster: str, assignment: AssignmentInput) -> set[str] | None:
     if assignment is not None:
         labels = assignment.labels if hasattr(assignment, "labels") else assignment
         return {eid for eid, key in labels.items() if str(key) == cluster}
@@ -280,7 +282,7 @@ def _members(cluster: str, assignment: Any) -> set[str] | None:
 
 
 def _defect_overlap(cluster: str, attribution: Attribution, data_findings: Sequence[Finding],
-                    assignment: Any, thresholds: VerdictThresholds) -> Finding | None:
+                    assignment: AssignmentInput, thresholds: VerdictThresholds) -> Finding | None:
     members = _members(cluster, assignment)
     top = [r.example_id for r in attribution.top_harmful][: thresholds.overlap_top_k]
     listed = {r.example_id for r in attribution.top_harmful if str(r.cluster) == cluster}
@@ -387,7 +389,7 @@ def _hedges(cap: Capability | None, attribution: Attribution | None,
     return tuple(out)
 
 
-def decide_verdict(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, Any]],
+def decide_verdict(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, object]],
                    attribution: AttributionInput,
                    thresholds: VerdictThresholds | None = None) -> VerdictDecision:
     """The verdict by the rules of the module docstring; pure (reads its arguments, changes nothing).
@@ -461,7 +463,7 @@ def decide_verdict(capability: CapabilityInput, findings: Sequence[Finding | Map
 
 def attribution_findings(decision: VerdictDecision, cap: Capability | None, given: Sequence[Finding],
                           attribution: Attribution | None, thresholds: VerdictThresholds,
-                          assignment: Any) -> list[Finding]:
+                          assignment: AssignmentInput) -> list[Finding]:
     given_ids = {f.id for f in given}
     raised: list[Finding] = []
     if attribution is not None:

@@ -339,8 +339,8 @@ def _decode_block(cls: type[_B], data: Mapping[str, object], path: str) -> _B:
 # -- what the ``of`` constructors read of the lanes' own objects ---------------------------------
 
 
-class _SkippedCheck(Protocol):
-    """The audit's ``SkippedCheck``."""
+class SkippedCheckLike(Protocol):
+    """The audit's ``SkippedCheck`` (or a ``SkippedCheckRow``)."""
 
     @property
     def id(self) -> str: ...
@@ -520,7 +520,7 @@ class SkippedCheckRow(_Block):
     extra: dict[str, JsonValue] = _extra()
 
     @classmethod
-    def of(cls, skipped: "SkippedCheckRow | Mapping[str, object] | _SkippedCheck") -> "SkippedCheckRow":
+    def of(cls, skipped: "SkippedCheckLike | Mapping[str, object]") -> "SkippedCheckRow":
         """From the audit's ``SkippedCheck`` (anything with ``id``, ``category`` and ``reason``), or
         a row already read from JSON."""
         if isinstance(skipped, SkippedCheckRow):

@@ -8,11 +8,21 @@ training examples.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, Union
 
 import numpy as np
 
-__all__ = ["EXCERPT_CHARS", "cluster_table", "excerpt_of", "top_examples"]
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from gradian.cluster.assign import ClusterAssignment
+    from gradian.data import Example
+
+__all__ = ["EXCERPT_CHARS", "AssignmentInput", "cluster_table", "excerpt_of", "top_examples"]
+
+#: which cluster each example is in: a ``ClusterAssignment``, a plain ``{example_id: cluster}``
+#: mapping, or None (every example in cluster ``"0"``)
+AssignmentInput = Union["ClusterAssignment", Mapping[str, object], None]
 
 #: longest excerpt of a training row shown in the report
 EXCERPT_CHARS = 160
@@ -23,7 +33,7 @@ def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def excerpt_of(example: Any, limit: int = EXCERPT_CHARS) -> str:
+def excerpt_of(example: Example | None, limit: int = EXCERPT_CHARS) -> str:
     """``prompt → completion`` of an ``Example`` on one line, cut to ``limit`` characters."""
     if example is None:
         return ""
@@ -34,7 +44,7 @@ def excerpt_of(example: Any, limit: int = EXCERPT_CHARS) -> str:
     return _shorten(prompt or completion or example.full_text, limit)
 
 
-def _by_id(examples: Sequence[Any] | Mapping[str, Any] | None) -> dict[str, Any]:
+def _by_id(examples: Sequence[Example] | Mapping[str, Example] | None) -> dict[str, Example]:
     if examples is None:
         return {}
     if isinstance(examples, Mapping):
@@ -42,16 +52,16 @@ def _by_id(examples: Sequence[Any] | Mapping[str, Any] | None) -> dict[str, Any]
     return {e.id: e for e in examples}
 
 
-def _cluster_key(assignment: Any, eid: str) -> str:
+def _cluster_key(assignment: AssignmentInput, eid: str) -> str:
     if assignment is None:
         return "0"
     labels = assignment.labels if hasattr(assignment, "labels") else assignment
     return str(labels.get(eid, "0"))
 
 
-def top_examples(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str], assignment: Any = None,
-                 examples: Sequence[Any] | Mapping[str, Any] | None = None, k: int = 10,
-                 harmful: bool = True, order_by: Sequence[float] | np.ndarray | None = None) -> list[dict[str, Any]]:
+def top_examples(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str], assignment: AssignmentInput = None,
+                 examples: Sequence[Example] | Mapping[str, Example] | None = None, k: int = 10,
+                 harmful: bool = True, order_by: Sequence[float] | np.ndarray | None = None) -> list[dict[str, object]]:
     """The ``k`` most harmful (most negative) or most helpful (most positive) examples.
 
     Only examples on that side of zero are listed. Each row: ``example_id``, ``score``,
@@ -62,12 +72,18 @@ def top_examples(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str
     """
     values = np.asarray(scores, dtype=np.float64)
     n = len(values)
-    by_id = _by_id(examples)
+    return _top_rows(values, example_ids, assignment, _by_id(examples), k, harmful, order_by, n)
+
+
+def _top_rows(values: npt.NDArray[np.float64], example_ids: Sequence[str], assignment: AssignmentInput,
+              by_id: Mapping[str, Example], k: int, harmful: bool, order_by: Sequence[float] | np.ndarray | None,
+              n: int) -> list[dict[str, object]]:
+    """``top_examples`` over ``values``, ``predicted_loss_delta_if_removed`` = score / ``n``."""
     key = values if order_by is None else np.asarray(order_by, dtype=np.float64)
     if key.shape != values.shape:
         raise ValueError(f"order_by has shape {key.shape}, the scores {values.shape}")
     order = np.argsort(key if harmful else -key, kind="stable")
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, object]] = []
     for i in order:
         if len(rows) == k or (harmful and key[i] >= 0) or (not harmful and key[i] <= 0):
             break
@@ -85,9 +101,9 @@ def top_examples(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str
     return rows
 
 
-def cluster_table(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str], assignment: Any = None,
-                  examples: Sequence[Any] | Mapping[str, Any] | None = None,
-                  top_examples_per_cluster: int = 5) -> list[dict[str, Any]]:
+def cluster_table(scores: Sequence[float] | np.ndarray, example_ids: Sequence[str], assignment: AssignmentInput = None,
+                  examples: Sequence[Example] | Mapping[str, Example] | None = None,
+                  top_examples_per_cluster: int = 5) -> list[dict[str, object]]:
     """Influence summed by cluster, most harmful cluster first.
 
     Per cluster: ``n``; ``signed_influence`` (sum of its scores); ``share_of_negative`` (the sum
@@ -106,26 +122,25 @@ def cluster_table(scores: Sequence[float] | np.ndarray, example_ids: Sequence[st
     keys = np.asarray([_cluster_key(assignment, eid) for eid in ids])
     names = getattr(assignment, "names", {}) or {}
     total_negative = float(values[values < 0].sum())
-    rows = []
+    keyed: list[tuple[tuple[float, float, str], dict[str, object]]] = []
     for key in dict.fromkeys(keys.tolist()):
         mask = keys == key
         member_scores = values[mask]
         negative = float(member_scores[member_scores < 0].sum())
         member_ids = [ids[i] for i in np.flatnonzero(mask)]
         harmful = bool((member_scores < 0).any())
-        rows.append({
+        signed = float(member_scores.sum())
+        share = negative / total_negative if total_negative < 0 else 0.0
+        keyed.append(((signed, -share, key), {
             "cluster": key,
             "label": names.get(key, ""),
             "n": int(mask.sum()),
-            "signed_influence": float(member_scores.sum()),
-            "share_of_negative": negative / total_negative if total_negative < 0 else 0.0,
+            "signed_influence": signed,
+            "share_of_negative": share,
             "mean_per_example": float(member_scores.mean()),
-            "top_examples": top_examples(member_scores, member_ids, assignment, examples,
-                                         top_examples_per_cluster, harmful=harmful),
-        })
-    # predicted_loss_delta in a cluster's top examples must use the whole dataset's n
-    for row in rows:
-        for ex in row["top_examples"]:
-            ex["predicted_loss_delta_if_removed"] = ex["score"] / len(values)
-    rows.sort(key=lambda r: (r["signed_influence"], -r["share_of_negative"], r["cluster"]))
-    return rows
+            # predicted_loss_delta in a cluster's top examples uses the whole dataset's n
+            "top_examples": _top_rows(member_scores, member_ids, assignment, _by_id(examples),
+                                      top_examples_per_cluster, harmful, None, len(values)),
+        }))
+    keyed.sort(key=lambda kr: kr[0])
+    return [row for _, row in keyed]

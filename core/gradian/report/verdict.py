@@ -14,7 +14,7 @@ for any other cluster, or with no cluster accused, is dropped from the report wi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gradian.findings import EVAL_CONFLICT_ID, Finding, severity_rank
 from gradian.report.decision import (
@@ -40,7 +40,12 @@ from gradian.report.schema import (
     SkippedCheckRow,
     Verdict,
 )
+from gradian.report.tables import AssignmentInput
 from gradian.report.verdict_prose import render_hedge, render_verdict
+
+if TYPE_CHECKING:
+    from gradian.jsontypes import JsonObject
+    from gradian.report.schema import SkippedCheckLike
 
 __all__ = ["VerdictSynthesis", "assemble_report", "build_report", "synthesize_verdict", "verdict_block"]
 
@@ -50,7 +55,7 @@ class VerdictSynthesis:
     """The decision, the ``verdict`` block worded from it, and the ``attribution.*`` findings raised."""
 
     decision: VerdictDecision
-    verdict: dict[str, Any]
+    verdict: JsonObject
     findings: list[Finding]
 
     @property
@@ -66,17 +71,17 @@ class VerdictSynthesis:
         return self.decision.lumpiness
 
 
-def verdict_block(decision: VerdictDecision) -> dict[str, Any]:
+def verdict_block(decision: VerdictDecision) -> JsonObject:
     """The report's ``verdict`` block (``gradian.report.schema.Verdict``) worded from ``decision``."""
     return {"kind": decision.kind, "summary": render_verdict(decision),
             "hedges": [render_hedge(h) for h in decision.hedges],
             "accused_cluster": decision.accused_cluster, "accused_set_n": decision.accused_set_n}
 
 
-def synthesize_verdict(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, Any]],
+def synthesize_verdict(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, object]],
                        attribution: AttributionInput,
                        thresholds: VerdictThresholds | None = None,
-                       assignment: Any = None) -> VerdictSynthesis:
+                       assignment: AssignmentInput = None) -> VerdictSynthesis:
     """``decide_verdict``, the ``attribution.*`` findings it raises and the ``verdict`` block in words.
 
     Arguments as in ``decide_verdict``; ``assignment`` (a ``ClusterAssignment`` or ``{id: cluster}``)
@@ -90,10 +95,10 @@ def synthesize_verdict(capability: CapabilityInput, findings: Sequence[Finding |
     return VerdictSynthesis(decision=decision, verdict=verdict_block(decision), findings=raised)
 
 
-def assemble_report(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, Any]],
-                    attribution: AttributionInput, manifest: Mapping[str, Any] | None = None,
-                    thresholds: VerdictThresholds | None = None, assignment: Any = None,
-                    skipped: Sequence[Any] | None = None) -> dict[str, Any]:
+def assemble_report(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, object]],
+                    attribution: AttributionInput, manifest: Mapping[str, object] | None = None,
+                    thresholds: VerdictThresholds | None = None, assignment: AssignmentInput = None,
+                    skipped: Sequence[SkippedCheckLike | Mapping[str, object]] | None = None) -> dict[str, object]:
     """``build_report`` as a report.json dict, the manifest kept as given. For hand-built blocks
     (tests, notebooks); the commands build a typed ``Report`` with ``build_report``.
 
@@ -108,8 +113,9 @@ def assemble_report(capability: CapabilityInput, findings: Sequence[Finding | Ma
 
 
 def build_report(capability: Capability | None, findings: Sequence[Finding], attribution: Attribution | None,
-                 manifest: Manifest, thresholds: VerdictThresholds | None = None, assignment: Any = None,
-                 skipped: Sequence[Any] | None = None) -> Report:
+                 manifest: Manifest, thresholds: VerdictThresholds | None = None,
+                 assignment: AssignmentInput = None,
+                 skipped: Sequence[SkippedCheckLike | Mapping[str, object]] | None = None) -> Report:
     """The typed ``Report`` of an attribution run: the verdict decided over the blocks given, its
     ``attribution.*`` findings added, the attribution finished (lumpiness, the accused set only
     beside the cluster it refines, no deletion list when the verdict offers none)."""
@@ -127,7 +133,8 @@ def build_report(capability: Capability | None, findings: Sequence[Finding], att
     )
 
 
-def _ordered_findings(findings: Sequence[Finding | Mapping[str, Any]], synthesis: VerdictSynthesis) -> list[Finding]:
+def _ordered_findings(findings: Sequence[Finding | Mapping[str, object]], synthesis: VerdictSynthesis
+                      ) -> list[Finding]:
     """The lanes' findings and the verdict's, most severe first (stable: lanes keep their order)."""
     out = [as_finding(f) for f in findings] + synthesis.findings
     out.sort(key=lambda f: severity_rank(f.severity))

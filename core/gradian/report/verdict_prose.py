@@ -7,7 +7,7 @@ verdict, and a test of the decision never depends on a sentence.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from gradian.report.decision import ratio_text, share_text
 
@@ -22,7 +22,7 @@ def _ids(ids: Sequence[str]) -> str:
     return ", ".join(ids)
 
 
-def _fmt(x: Any, digits: int = 4) -> str:
+def _fmt(x: object, digits: int = 4) -> str:
     return f"{x:+.{digits}f}" if isinstance(x, (int, float)) else str(x)
 
 
