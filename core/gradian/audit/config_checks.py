@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import CheckOutcome, CheckSkipped, register
+
+if TYPE_CHECKING:
+    from gradian.runs import RunRecord
 
 __all__: list[str] = []
 
@@ -24,7 +27,7 @@ _ATTENTION_MODULES = {
 }
 
 
-def _run(ctx: AuditContext) -> Any:
+def _run(ctx: AuditContext) -> RunRecord:
     if ctx.run is None:  # the runner only calls a check whose inputs exist
         raise CheckSkipped("no training run")
     return ctx.run
@@ -40,7 +43,9 @@ def _rate_figures(ctx: AuditContext) -> tuple[float, float, float, str]:
     if scale is None:
         raise CheckSkipped("LoRA r and alpha are unknown (no adapter_config.json in the run: pass --adapter DIR or --run OUTPUT_DIR)")
     label = "alpha/sqrt(r)" if run.lora.use_rslora else "alpha/r"
-    return lr, scale, run.effective_lora_lr, label
+    effective = run.effective_lora_lr
+    assert effective is not None  # known whenever learning_rate and the scale are
+    return lr, scale, effective, label
 
 
 def _rate_text(lr: float, scale: float, effective: float, label: str) -> str:
@@ -388,7 +393,7 @@ def packing_with_completion_loss(ctx: AuditContext) -> CheckOutcome:
 def pad_equals_eos(ctx: AuditContext) -> CheckOutcome:
     tok = ctx.tokenizer
     eos = getattr(tok, "eos_token_id", None)
-    if eos is None:
+    if tok is None or eos is None:  # no tokenizer has no EOS id either
         raise CheckSkipped("the tokenizer has no EOS token")
     pad = getattr(tok, "pad_token_id", None)
     if pad is not None and pad != eos:
@@ -437,7 +442,7 @@ def small_effective_batch(ctx: AuditContext) -> CheckOutcome:
     cfg = ctx.config
     if batch > cfg.small_batch_max or effective <= cfg.small_batch_effective_lr:
         return None
-    evidence = {"effective_batch_size": batch, "learning_rate": lr, "effective_lr": effective,
+    evidence: dict[str, object] = {"effective_batch_size": batch, "learning_rate": lr, "effective_lr": effective,
                 "gradient_accumulation_steps": accumulation}
     if how != "recorded":
         evidence["gradient_accumulation_source"] = how

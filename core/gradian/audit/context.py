@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gradian.config.audit import AuditConfig
 from gradian.findings import Finding
 
 if TYPE_CHECKING:  # imported lazily at run time: the data layer pulls in tokenizer code
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.data import Dataset, Example, TokenizedExample
     from gradian.runs import RunRecord
 
 __all__ = ["AuditContext"]
@@ -22,9 +25,9 @@ __all__ = ["AuditContext"]
 
 @dataclass
 class AuditContext:
-    dataset: Any = None
-    eval_dataset: Any = None
-    tokenizer: Any = None
+    dataset: "Dataset | None" = None
+    eval_dataset: "Dataset | None" = None
+    tokenizer: "PreTrainedTokenizerBase | None" = None
     run: "RunRecord | None" = None
     #: the training sequence length: the flag, else the run's recorded value
     max_seq_length: int | None = None
@@ -37,7 +40,7 @@ class AuditContext:
     eval_metric: str | None = None
     #: id of the check being run; set by the runner so ``finding`` can stamp it
     current_check: str = ""
-    _tokenized: Any = field(default=None, repr=False)
+    _tokenized: "list[TokenizedExample] | Exception | None" = field(default=None, repr=False)
 
     # -- inputs ----------------------------------------------------------------------------------
 
@@ -62,7 +65,7 @@ class AuditContext:
     # -- shared figures ----------------------------------------------------------------------
 
     @property
-    def examples(self) -> list[Any]:
+    def examples(self) -> list[Example]:
         return list(self.dataset.examples) if self.dataset is not None else []
 
     @cached_property
@@ -75,7 +78,7 @@ class AuditContext:
         return None
 
     @property
-    def tokenized(self) -> list[Any]:
+    def tokenized(self) -> list[TokenizedExample]:
         """The data layer's tokenization of every training row, truncated at ``max_seq_length``.
 
         Computed once; a failure (slow tokenizer, a template that cannot render a row) is kept and
@@ -116,7 +119,7 @@ class AuditContext:
         title: str,
         message: str,
         fix: str,
-        evidence: dict[str, Any] | None = None,
+        evidence: Mapping[str, object] | None = None,
         example_ids: Sequence[str] = (),
     ) -> Finding:
         """A finding of the check being run, with example ids capped at ``max_example_ids``."""

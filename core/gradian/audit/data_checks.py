@@ -14,11 +14,17 @@ import re
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import CheckOutcome, CheckSkipped, register
 from gradian.findings import EVAL_CONFLICT_ID
+
+if TYPE_CHECKING:  # imported lazily at run time: the data layer pulls in tokenizer code
+    import numpy as np
+    import numpy.typing as npt
+
+    from gradian.data import Dataset, Example
 
 __all__: list[str] = []
 
@@ -32,6 +38,12 @@ def _rows(k: int, noun: str = "example") -> str:
 
 def _share(k: int, n: int) -> str:
     return f"{k} of {n} ({k / n:.1%})" if n else f"{k}"
+
+
+def _eval_set(ctx: AuditContext) -> Dataset:
+    if ctx.eval_dataset is None:  # the runner only calls a check whose inputs exist
+        raise CheckSkipped("no eval dataset")
+    return ctx.eval_dataset
 
 
 def _need_seq_length(ctx: AuditContext) -> int:
@@ -127,7 +139,7 @@ def conflicting_answers(ctx: AuditContext) -> CheckOutcome:
     )
 
 
-def _exact_key(example: Any) -> str:
+def _exact_key(example: Example) -> str:
     if example.messages:
         return json.dumps([(t["role"], t["content"].strip()) for t in example.messages], ensure_ascii=False)
     return (example.text or "").strip()
@@ -344,7 +356,7 @@ def missing_eos(ctx: AuditContext) -> CheckOutcome:
     )
 
 
-def minhash_signatures(texts: list[str], num_perm: int, seed: int = 1) -> Any:
+def minhash_signatures(texts: list[str], num_perm: int, seed: int = 1) -> npt.NDArray[np.uint32]:
     """MinHash signatures (n_texts x num_perm, uint32) of each text's set of word 3-grams.
 
     Signature column j is min over the text's shingles of (a_j * h + b_j) mod 2^32, with odd
@@ -626,7 +638,7 @@ class EvalPromptCopies:
     other: list[int]
 
 
-def eval_prompt_copies(examples: Sequence[Any], eval_items: Sequence[Any], metric: str | None = None,
+def eval_prompt_copies(examples: Sequence[Example], eval_items: Sequence[Example], metric: str | None = None,
                        normalized_prompts: Sequence[str] | None = None,
                        normalized_completions: Sequence[str] | None = None) -> list[EvalPromptCopies]:
     """Every eval item whose normalized prompt (its whole text when it has no prompt) is also a
@@ -659,7 +671,7 @@ def train_eval_contamination(ctx: AuditContext) -> CheckOutcome:
     real, and they are reported as conflicting supervision (``data.train_eval_conflict``, never
     critical), for the attribution to confirm."""
     examples = ctx.examples  # a fresh list on each access: read it once
-    items = list(ctx.eval_dataset.examples)
+    items = list(_eval_set(ctx).examples)
     copies = eval_prompt_copies(examples, items, ctx.eval_metric, ctx.normalized_prompts, ctx.normalized_completions)
     if not copies or not items:
         return None

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from gradian.audit.runner import AuditResult
 from gradian.report.schema import Report
 
+if TYPE_CHECKING:
+    from gradian.config.verdict import VerdictConfig
+    from gradian.jsontypes import JsonValue
+
 __all__ = ["build_diagnosis_report", "diagnosis_report", "render_diagnosis_markdown", "write_diagnosis"]
 
 
-def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None = None,
-                           audit_config: Mapping[str, Any] | None = None,
-                           started_at: float | None = None, thresholds: Any = None) -> Report:
+def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, object] | None = None,
+                           audit_config: Mapping[str, JsonValue] | None = None,
+                           started_at: float | None = None, thresholds: VerdictConfig | None = None) -> Report:
     """The typed report: ``inputs`` (paths, base model, max_seq_length) go to the manifest;
     ``started_at`` (seconds since the epoch) dates the work and gives its duration."""
     import time
@@ -45,21 +49,21 @@ def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None
     )
 
 
-def diagnosis_report(result: AuditResult, inputs: Mapping[str, Any] | None = None,
-                     audit_config: Mapping[str, Any] | None = None, started_at: float | None = None,
-                     thresholds: Any = None) -> dict[str, Any]:
+def diagnosis_report(result: AuditResult, inputs: Mapping[str, object] | None = None,
+                     audit_config: Mapping[str, JsonValue] | None = None, started_at: float | None = None,
+                     thresholds: VerdictConfig | None = None) -> dict[str, object]:
     """``build_diagnosis_report(...).to_json()``: the dict diagnose.json holds."""
     return build_diagnosis_report(result, inputs, audit_config, started_at, thresholds).to_json()
 
 
-def render_diagnosis_markdown(report: Mapping[str, Any]) -> str:
+def render_diagnosis_markdown(report: Report | Mapping[str, object]) -> str:
     """``diagnose.md``: the shared report renderer, which knows a diagnose-only report."""
     from gradian.report import render_markdown
 
     return render_markdown(report)
 
 
-def write_diagnosis(report: Report | Mapping[str, Any], out_dir: str | Path) -> tuple[Path, Path, Path]:
+def write_diagnosis(report: Report | Mapping[str, object], out_dir: str | Path) -> tuple[Path, Path, Path]:
     """Write ``diagnose.json``, ``diagnose.md`` and ``diagnose.html`` into ``out_dir``, all three or none."""
     from gradian.report import render_html
 

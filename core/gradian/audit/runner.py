@@ -8,13 +8,21 @@ broken row or template never hides the other forty checks.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable, cast
+from typing import TYPE_CHECKING, Iterable, cast
 
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Check, CheckSkipped, all_checks, get_check
 from gradian.config.audit import AuditConfig
 from gradian.errors import GradianError
 from gradian.findings import SEVERITIES, Finding, severity_rank
+
+if TYPE_CHECKING:  # imported lazily at run time: the data layer pulls in tokenizer code
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config.verdict import VerdictConfig
+    from gradian.data import Dataset
+    from gradian.jsontypes import JsonObject
+    from gradian.runs import RunRecord
 
 __all__ = ["AuditResult", "SkippedCheck", "run_audit", "audit_verdict"]
 
@@ -25,7 +33,7 @@ class SkippedCheck:
     category: str
     reason: str
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, str]:
         return asdict(self)
 
 
@@ -47,15 +55,15 @@ class AuditResult:
             out[f.severity] += 1
         return out
 
-    def verdict(self, thresholds: Any = None) -> dict[str, Any]:
+    def verdict(self, thresholds: VerdictConfig | None = None) -> JsonObject:
         return audit_verdict(self, thresholds)
 
 
 def run_audit(
-    dataset: Any = None,
-    tokenizer: Any = None,
-    run: Any = None,
-    eval_dataset: Any = None,
+    dataset: Dataset | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    run: RunRecord | None = None,
+    eval_dataset: Dataset | None = None,
     max_seq_length: int | None = None,
     base_model: str | None = None,
     config: AuditConfig | None = None,
@@ -119,7 +127,7 @@ def _run_one(check: Check, ctx: AuditContext, result: AuditResult) -> None:
         result.findings.append(finding)
 
 
-def audit_verdict(result: AuditResult, thresholds: Any = None) -> dict[str, Any]:
+def audit_verdict(result: AuditResult, thresholds: VerdictConfig | None = None) -> JsonObject:
     """The report's ``verdict`` for an audit alone, decided by ``gradian.report.decision.decide_verdict``
     with no capability and no attribution: the critical findings lead, else the high ones name the
     kind of cause (``config``, ``data``, ``mixed``), else ``inconclusive``. Skipped checks are hedged.

@@ -9,29 +9,37 @@ from __future__ import annotations
 from pathlib import Path
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gradian.audit.report import diagnosis_report
 from gradian.audit.runner import AuditResult, run_audit
 from gradian.errors import ConfigError
+
+if TYPE_CHECKING:  # imported lazily at run time: the data layer pulls in tokenizer code
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
+    from gradian.data import Dataset
+    from gradian.jsontypes import JsonObject
+    from gradian.runs import RunRecord
 
 __all__ = ["Diagnosis", "AuditInputs", "load_audit_inputs", "diagnose"]
 
 
 @dataclass
 class AuditInputs:
-    dataset: Any
-    eval_dataset: Any
-    run: Any
-    tokenizer: Any
+    dataset: Dataset | None
+    eval_dataset: Dataset | None
+    run: RunRecord | None
+    tokenizer: PreTrainedTokenizerBase | None
     tokenizer_name: str | None
     base_model: str | None
     max_seq_length: int | None
     #: why there is no tokenizer although the run named a base model (the skip lines say it)
     tokenizer_missing: str | None = None
 
-    def manifest(self) -> dict[str, Any]:
-        def ds(d: Any) -> dict[str, Any] | None:
+    def manifest(self) -> JsonObject:
+        def ds(d: Dataset | None) -> JsonObject | None:
             return {"path": d.path, "sha256": d.sha256, "n_examples": len(d)} if d is not None else None
 
         return {
@@ -48,10 +56,10 @@ class AuditInputs:
 class Diagnosis:
     inputs: AuditInputs
     result: AuditResult
-    report: dict[str, Any]
+    report: dict[str, object]
 
 
-def with_adapter_settings(run: Any, adapter_path: str | None) -> Any:
+def with_adapter_settings(run: RunRecord | None, adapter_path: str | None) -> RunRecord | None:
     """``run`` with its LoRA settings read from ``adapter_path``'s ``adapter_config.json`` when the
     run recorded none (a run logged with params only, as the stock MLflow callback does, plus
     ``--adapter DIR``); ``run.inferred['lora']`` says where they came from. A run that knows its
@@ -72,7 +80,8 @@ def with_adapter_settings(run: Any, adapter_path: str | None) -> Any:
     return dataclasses.replace(run, lora=lora, inferred={**run.inferred, "lora": f"--adapter {adapter_path}"})
 
 
-def load_audit_inputs(cfg: Any, max_seq_length: int | None = None, run: Any = None) -> AuditInputs:
+def load_audit_inputs(cfg: GradianConfig, max_seq_length: int | None = None,
+                      run: RunRecord | None = None) -> AuditInputs:
     """Dataset, eval set, run record and tokenizer named by ``cfg`` (``run`` may be given ready).
 
     Where each comes from is ``gradian.inputs.resolve_inputs``'s rule, shared by every lane; a
@@ -110,7 +119,7 @@ def load_audit_inputs(cfg: Any, max_seq_length: int | None = None, run: Any = No
     )
 
 
-def diagnose(cfg: Any, max_seq_length: int | None = None, run: Any = None) -> Diagnosis:
+def diagnose(cfg: GradianConfig, max_seq_length: int | None = None, run: RunRecord | None = None) -> Diagnosis:
     """Run every check the inputs allow; the report dict has the report.json shape."""
     import time
 
