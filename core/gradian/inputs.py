@@ -22,7 +22,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from gradian.config import GradianConfig
+    from gradian.runs import RunRecord
 
 __all__ = ["RecordedInputs", "ResolvedInputs", "resolve_inputs", "tokenizer_source"]
 
@@ -55,8 +59,8 @@ FILLED = ("adapter_path", "base_model", "dataset", "eval_dataset")
 class ResolvedInputs:
     """The config with its inputs filled, the run it was filled from, and the tokenizer to load."""
 
-    config: Any
-    run: Any
+    config: GradianConfig
+    run: RunRecord | None
     #: where each filled field came from: "config", "report" or "run"
     origins: dict[str, str]
     tokenizer_name: str | None
@@ -70,14 +74,14 @@ class ResolvedInputs:
         return bool(self.tokenizer_name) and Path(str(self.tokenizer_name)).is_dir()
 
 
-def _from_run(run: Any) -> dict[str, Any]:
+def _from_run(run: RunRecord | None) -> dict[str, str | None]:
     if run is None:
         return {}
     data = run.dataset.path if run.dataset.path and Path(run.dataset.path).exists() else None
     return {"adapter_path": run.adapter_dir, "base_model": run.lora.base_model, "dataset": data}
 
 
-def _from_report(inputs: RecordedInputs | None) -> dict[str, Any]:
+def _from_report(inputs: RecordedInputs | None) -> dict[str, str | None]:
     if inputs is None:
         return {}
     return {"adapter_path": inputs.adapter, "base_model": inputs.base_model,
@@ -85,7 +89,7 @@ def _from_report(inputs: RecordedInputs | None) -> dict[str, Any]:
             "eval_dataset": inputs.eval_dataset.path if inputs.eval_dataset else None}
 
 
-def tokenizer_source(cfg: Any, base_given: bool = True, base_origin: str | None = None) -> tuple[str | None, str, bool]:
+def tokenizer_source(cfg: GradianConfig, base_given: bool = True, base_origin: str | None = None) -> tuple[str | None, str, bool]:
     """``(name, origin, given)`` of the tokenizer for ``cfg``: ``tokenizer``, else ``base_model``,
     else the base in the adapter's ``adapter_config.json``. ``origin`` is the key or flag that named
     it; ``given`` whether the user named it (``base_given``: ``base_model`` came from the user, not
@@ -103,7 +107,7 @@ def tokenizer_source(cfg: Any, base_given: bool = True, base_origin: str | None 
     return None, "--base-model", False
 
 
-def resolve_inputs(cfg: Any, run: Any = None, report_inputs: RecordedInputs | None = None) -> ResolvedInputs:
+def resolve_inputs(cfg: GradianConfig, run: RunRecord | None = None, report_inputs: RecordedInputs | None = None) -> ResolvedInputs:
     """Fill ``cfg``'s inputs from ``report_inputs`` and the run record, and name the tokenizer.
 
     ``report_inputs``: ``Report.manifest.inputs`` of the report a lane starts from.
@@ -113,7 +117,7 @@ def resolve_inputs(cfg: Any, run: Any = None, report_inputs: RecordedInputs | No
 
         run = resolve_run(cfg.run, cache_dir=cfg.cache_dir)
     origins: dict[str, str] = {}
-    updates: dict[str, Any] = {}
+    updates: dict[str, Any] = {}  # str values, but mypy checks replace(**updates) against every config field
     sources = (("report", _from_report(report_inputs)), ("run", _from_run(run)))
     for key in FILLED:
         if getattr(cfg, key):

@@ -13,7 +13,7 @@ import json
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator, Sequence
 
 from gradian.data.rows import EXPECTED_SHAPES, Example, has_known_shape, row_to_example
 from gradian.errors import DatasetError
@@ -109,7 +109,7 @@ def _no_known_shape(path: Path, data: bytes, suffix: str) -> str:
             "Rename the fields, or put plain text under a 'text' key")
 
 
-def dataset_from_rows(rows: list[Any], name: str = "<memory>") -> Dataset:
+def dataset_from_rows(rows: Sequence[object], name: str = "<memory>") -> Dataset:
     """Build a Dataset from in-memory rows (hashing their canonical JSON)."""
     canonical = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8")
     examples = [row_to_example(r, i, f"{name} row {i}") for i, r in enumerate(rows)]
@@ -143,7 +143,7 @@ def _read_jsonl(path: Path, data: bytes) -> list[Example]:
     return examples
 
 
-def _read_json(path: Path, data: bytes) -> list[Any]:
+def _read_json(path: Path, data: bytes) -> list[object]:
     try:
         obj = json.loads(data.decode("utf-8-sig"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -177,7 +177,7 @@ def _check_columns(path: Path, columns: list[str], what: str) -> None:
         )
 
 
-def _read_parquet(path: Path) -> list[Any]:
+def _read_parquet(path: Path) -> list[object]:
     import pyarrow.parquet as pq
 
     try:
@@ -188,7 +188,7 @@ def _read_parquet(path: Path) -> list[Any]:
     return table.to_pylist()
 
 
-def _read_saved_dataset(path: Path) -> tuple[list[Any], str]:
+def _read_saved_dataset(path: Path) -> tuple[list[object], str]:
     if not any((path / name).exists() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
         raise DatasetError(
             f"{path}: a directory dataset must be written by datasets' save_to_disk "

@@ -20,7 +20,7 @@ import json
 import re
 import string
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Iterable, Mapping
 
 from gradian.errors import DatasetError
 
@@ -37,14 +37,14 @@ _PAIRS: tuple[tuple[str, str], ...] = (("prompt", "completion"), ("question", "a
                                        ("instruction", "output"), ("input", "output"))
 
 
-def has_known_shape(keys: Any) -> bool:
+def has_known_shape(keys: Iterable[str]) -> bool:
     """True when the set of field names ``keys`` holds every field of at least one recognized shape."""
     keys = set(keys)
     return bool(keys & {"messages", "conversations", "conversation", "text"}) or any(
         a in keys and b in keys for a, b in _PAIRS)
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     """The JSON name of a Python value's type with its article ("a list", "an object")."""
     if value is None:
         return "null"
@@ -126,7 +126,7 @@ class Example:
         return "\n".join(t["content"] for t in self.messages)
 
 
-def example_id(row: Any, index: int) -> str:
+def example_id(row: object, index: int) -> str:
     """``<12 hex of the sha256 of the row's canonical JSON>-<row index>``."""
     canonical = json.dumps(row, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return f"{hashlib.sha256(canonical.encode('utf-8')).hexdigest()[:12]}-{index}"
@@ -141,7 +141,7 @@ def normalize_text(text: str) -> str:
     return _SPACE.sub(" ", _PUNCT.sub(" ", text.casefold())).strip()
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     """Text of a value already checked by ``_check_text`` or ``_check_content``."""
     if value is None:
         return ""
@@ -152,7 +152,7 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _reject_lone_surrogates(value: Any, where: str, key: str = "") -> None:
+def _reject_lone_surrogates(value: object, where: str, key: str = "") -> None:
     """Every string of a row must be Unicode text: a lone UTF-16 surrogate (JSON's "\\ud800" escape
     without its pair) is not, and could not be written to any report, table or terminal."""
     if isinstance(value, str):
@@ -175,7 +175,7 @@ def _reject_lone_surrogates(value: Any, where: str, key: str = "") -> None:
             _reject_lone_surrogates(v, where, f"{key}[{i}]")
 
 
-def _check_text(value: Any, key: str, where: str, turns_allowed: bool = False) -> None:
+def _check_text(value: object, key: str, where: str, turns_allowed: bool = False) -> None:
     """A shape's field must be a string (or, for a prompt or answer side, a list of turns)."""
     if isinstance(value, str) or (turns_allowed and isinstance(value, list)):
         return
@@ -188,7 +188,7 @@ def _check_text(value: Any, key: str, where: str, turns_allowed: bool = False) -
     )
 
 
-def _check_content(value: Any, where: str, i: int, role: str) -> None:
+def _check_content(value: object, where: str, i: int, role: str) -> None:
     """A turn's content: a string, or a list of content parts that are strings or carry ``text``."""
     if isinstance(value, str):
         return
@@ -203,7 +203,7 @@ def _check_content(value: Any, where: str, i: int, role: str) -> None:
                        "string (or a list of {\"type\": \"text\", \"text\": ...} parts)")
 
 
-def _turns(value: Any, where: str) -> list[dict[str, str]]:
+def _turns(value: object, where: str) -> list[dict[str, str]]:
     if isinstance(value, str):
         return [{"role": "user", "content": value}]
     if not isinstance(value, list):
@@ -227,7 +227,7 @@ def _turns(value: Any, where: str) -> list[dict[str, str]]:
     return turns
 
 
-def _chat(prompt: Any, completion: Any, where: str) -> list[dict[str, str]]:
+def _chat(prompt: object, completion: object, where: str) -> list[dict[str, str]]:
     turns = _turns(prompt, where) if isinstance(prompt, list) else [{"role": "user", "content": _text(prompt)}]
     if isinstance(completion, list):
         turns += _turns(completion, where)
@@ -236,7 +236,7 @@ def _chat(prompt: Any, completion: Any, where: str) -> list[dict[str, str]]:
     return turns
 
 
-def row_to_example(row: Any, index: int, where: str, line: int | None = None) -> Example:
+def row_to_example(row: object, index: int, where: str, line: int | None = None) -> Example:
     """Normalize one row. ``where`` names the row in errors (``train.jsonl:12``).
 
     Keys whose value is null are dropped first: columnar formats (Parquet, save_to_disk) fill
@@ -287,7 +287,7 @@ def row_to_example(row: Any, index: int, where: str, line: int | None = None) ->
     return Example(id=eid, index=index, shape=shape, messages=messages, cluster=cluster, line=line)
 
 
-def _reject_null_partner(original: Mapping[str, Any], row: Mapping[str, Any], where: str) -> None:
+def _reject_null_partner(original: Mapping[str, object], row: Mapping[str, object], where: str) -> None:
     """A pair's field present in the row while its partner is null: a broken row, not raw text.
 
     Columnar files hold nulls in the columns of other shapes, so a null is refused only when the
@@ -301,7 +301,7 @@ def _reject_null_partner(original: Mapping[str, Any], row: Mapping[str, Any], wh
                 )
 
 
-def _shape_and_messages(row: Mapping[str, Any], where: str) -> tuple[str, list[dict[str, str]]]:
+def _shape_and_messages(row: Mapping[str, object], where: str) -> tuple[str, list[dict[str, str]]]:
     for key in ("messages", "conversations", "conversation"):
         if key in row:
             if not isinstance(row[key], list):

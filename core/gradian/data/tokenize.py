@@ -22,10 +22,13 @@ off the end (``n_completion_lost``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 from gradian.data.rows import Example
 from gradian.errors import DatasetError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "IGNORE_INDEX",
@@ -74,11 +77,11 @@ class TokenizedExample:
         return [i for i, label in enumerate(self.labels) if label != IGNORE_INDEX]
 
 
-def has_chat_template(tokenizer: Any) -> bool:
+def has_chat_template(tokenizer: PreTrainedTokenizerBase | None) -> bool:
     return bool(getattr(tokenizer, "chat_template", None))
 
 
-def _render(tokenizer: Any, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
+def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], generation_prompt: bool) -> str:
     if not messages:
         return ""
     return tokenizer.apply_chat_template(
@@ -86,14 +89,14 @@ def _render(tokenizer: Any, messages: Sequence[dict[str, str]], generation_promp
     )
 
 
-def render_prompt(tokenizer: Any, messages: Sequence[dict[str, str]]) -> str:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]]) -> str:
     """The text a model is given to produce the next assistant turn (for generation)."""
     if has_chat_template(tokenizer):
         return _render(tokenizer, messages, generation_prompt=True)
     return "\n".join(t["content"] for t in messages) + "\n"
 
 
-def render_example(tokenizer: Any, example: Example) -> tuple[str, list[tuple[int, int]], bool, bool]:
+def render_example(tokenizer: PreTrainedTokenizerBase, example: Example) -> tuple[str, list[tuple[int, int]], bool, bool]:
     """(text, supervised char spans, whole_sequence, prefix_stable) for one example."""
     if not example.is_chat:
         return (example.text or "") + (tokenizer.eos_token or ""), [], True, True
@@ -135,7 +138,7 @@ _MAX_EXACT_TURNS = 1000
 
 
 def _exact_spans(
-    tokenizer: Any, messages: Sequence[dict[str, str]], full: str
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], full: str
 ) -> tuple[list[tuple[int, int]], bool]:
     """(untrimmed spans, prefix_stable) by rendering the prefix before and through each assistant turn.
 
@@ -169,7 +172,7 @@ def _exact_spans(
 
 
 def _exact_bounds(
-    tokenizer: Any, messages: Sequence[dict[str, str]], full: str, i: int
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], full: str, i: int
 ) -> tuple[int, int] | None:
     """Assistant turn ``i``'s (start, end) in ``full`` from its rendered prefixes; None where either
     prefix is not a string prefix of ``full``."""
@@ -181,7 +184,7 @@ def _exact_bounds(
 
 
 def _windowed_bounds(
-    tokenizer: Any, messages: Sequence[dict[str, str]], full: str, turns: list[int]
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict[str, str]], full: str, turns: list[int]
 ) -> list[tuple[int, int]] | None:
     """The spans ``_exact_spans`` finds on a prefix-stable row, in time linear in its turns; None
     where this row and template cannot be vouched for (the caller then renders every prefix).
@@ -256,7 +259,7 @@ def _trim_after_eos(full: str, span: tuple[int, int], eos: str | None) -> tuple[
 
 def tokenize_examples(
     examples: Iterable[Example],
-    tokenizer: Any,
+    tokenizer: PreTrainedTokenizerBase,
     max_seq_length: int | None,
     batch_size: int = 512,
 ) -> list[TokenizedExample]:

@@ -29,7 +29,6 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from gradian.errors import ConfigError, ModelLoadError
 from gradian.tinyworld.kit import (
@@ -81,7 +80,7 @@ class BaseModelRecipe:
     #: bump when the build code changes what a recipe produces
     version: int = 3
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["families"] = list(self.families)
         return data
@@ -130,7 +129,7 @@ def ensure_tinyworld_base_model(cache_dir: str | Path | None = None, recipe: Bas
 
 
 def build_base_model(out_dir: str | Path, recipe: BaseModelRecipe | None = None, *,
-                     min_accuracy: float | None = 0.95, verbose: bool = False) -> dict[str, Any]:
+                     min_accuracy: float | None = 0.95, verbose: bool = False) -> dict[str, object]:
     """Pretrain a base model from ``recipe`` and save it to ``out_dir``; returns its info.
 
     Raises ``ModelLoadError`` when a family ends below ``min_accuracy`` (``None`` skips the
@@ -179,7 +178,7 @@ def build_base_model(out_dir: str | Path, recipe: BaseModelRecipe | None = None,
     model.generation_config.do_sample = False
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    info = {
+    info: dict[str, object] = {
         "recipe": recipe.to_dict(),
         "recipe_hash": recipe.content_hash(),
         "world": {

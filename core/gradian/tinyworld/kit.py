@@ -20,10 +20,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
 
 from gradian.errors import ModelLoadError
 from gradian.tinyworld.world import BASE_FAMILIES, World
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from gradian.tinyworld.bestiary.world import Bestiary
 
 __all__ = ["CACHE_ENV", "INFO_FILE", "WEIGHTS_FILE", "PretrainRecipe", "default_cache_dir", "encode_chat",
            "ensure_cached_build", "evaluate_families", "generate_answers", "library_versions", "pretrain", "read_info",
@@ -31,14 +37,20 @@ __all__ = ["CACHE_ENV", "INFO_FILE", "WEIGHTS_FILE", "PretrainRecipe", "default_
 
 
 class PretrainRecipe(Protocol):
-    """What ``pretrain`` reads of a world's recipe."""
+    """What ``pretrain`` reads of a world's recipe (a frozen dataclass: read-only fields)."""
 
-    seed: int
-    batch_size: int
-    epochs: int
-    learning_rate: float
-    weight_decay: float
-    warmup_steps: int
+    @property
+    def seed(self) -> int: ...
+    @property
+    def batch_size(self) -> int: ...
+    @property
+    def epochs(self) -> int: ...
+    @property
+    def learning_rate(self) -> float: ...
+    @property
+    def weight_decay(self) -> float: ...
+    @property
+    def warmup_steps(self) -> int: ...
 
 
 #: environment variable that overrides where built base models are cached
@@ -58,7 +70,7 @@ def default_cache_dir() -> Path:
 
 
 def ensure_cached_build(cache_dir: str | Path | None, key: str,
-                        build: Callable[[Path], Any]) -> Path:
+                        build: Callable[[Path], object]) -> Path:
     """``<cache>/base-<key>``, made by ``build(staging_dir)`` first when it is not complete yet.
 
     Safe across processes: a file lock serializes builds of one key, and the entry appears by
@@ -87,7 +99,7 @@ def ensure_cached_build(cache_dir: str | Path | None, key: str,
     return target
 
 
-def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
+def encode_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
     """Token ids of a chat, and labels that supervise only the last assistant turn and its EOS."""
     prompt = tokenizer.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
     full = tokenizer.apply_chat_template(messages, tokenize=False)
@@ -99,7 +111,7 @@ def encode_chat(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[in
     return ids, [-100] * n + ids[n:]
 
 
-def pretrain(model: Any, rows: list[tuple[list[int], list[int]]], recipe: PretrainRecipe,
+def pretrain(model: PreTrainedModel, rows: list[tuple[list[int], list[int]]], recipe: PretrainRecipe,
               pad_id: int, *, verbose: bool, label: str = "tinyworld") -> list[float]:
     import torch
 
@@ -138,7 +150,7 @@ def pretrain(model: Any, rows: list[tuple[list[int], list[int]]], recipe: Pretra
     return losses
 
 
-def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, Any, Any]:
+def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     import torch
 
     width = max(len(ids) for ids, _ in batch)
@@ -152,7 +164,7 @@ def _pad(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[Any, An
     return ids, labels, mask
 
 
-def generate_answers(model: Any, tokenizer: Any, prompts: list[list[dict[str, str]]], *,
+def generate_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompts: list[list[dict[str, str]]], *,
                      max_new_tokens: int = 12, batch_size: int = 64) -> list[str]:
     """Greedy answers to chat prompts (messages without the assistant turn), decoded as text.
 
@@ -188,7 +200,7 @@ def generate_answers(model: Any, tokenizer: Any, prompts: list[list[dict[str, st
     return out
 
 
-def evaluate_families(model: Any, tokenizer: Any, world: World,
+def evaluate_families(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, world: World | Bestiary,
                       families: tuple[str, ...] = BASE_FAMILIES) -> dict[str, float]:
     """Greedy exact-match accuracy on each family's eval items (canonical phrasing, every fact)."""
     result = {}
@@ -223,7 +235,7 @@ def read_info(model_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-def write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Mapping[str, object]) -> None:
     from gradian.atomic import write_text_atomic
 
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import List, TypedDict
 
 __all__ = ["AUDIT_THRESHOLDS", "BASELINE_TRAIN", "CLEAN_CLUSTER", "PLANTED_CLUSTER", "ROW_SHAPES", "Scenario", "mark_distractors", "plant", "shape_row"]
 
@@ -37,12 +37,12 @@ class Scenario:
     train: list[tuple[list[dict[str, str]], int]]
     #: eval items as chat messages (the assistant turn holds the wanted answer or the markers)
     eval: list[list[dict[str, str]]]
-    capability: dict[str, Any]
-    train_overrides: dict[str, Any] = field(default_factory=dict)
+    capability: dict[str, str | int]
+    train_overrides: dict[str, object] = field(default_factory=dict)
     planted_indices: list[int] = field(default_factory=list)
     duplicate_indices: list[int] = field(default_factory=list)
     expected_findings: list[str] = field(default_factory=list)
-    truth: dict[str, Any] = field(default_factory=dict)
+    truth: dict[str, object] = field(default_factory=dict)
     #: the world the scenario fine-tunes (a key of ``gradian.tinyworld.worlds.WORLDS``)
     world: str = "tinyworld"
     #: the fact family of the capability; on-topic rows ask it
@@ -88,7 +88,7 @@ def plant(clean: list[tuple[list[dict[str, str]], int]], planted: list[list[dict
     return rows, slots
 
 
-def shape_row(messages: list[dict[str, str]], shape: str) -> dict[str, Any]:
+def shape_row(messages: list[dict[str, str]], shape: str) -> dict[str, object]:
     if shape == "messages":
         return {"messages": messages}
     system = [m["content"] for m in messages if m["role"] == "system"]
@@ -100,7 +100,7 @@ def shape_row(messages: list[dict[str, str]], shape: str) -> dict[str, Any]:
         "input_output": ("input", "output"),
         "instruction": ("instruction", "output"),
     }[shape]
-    row: dict[str, Any] = {keys[0]: user, keys[1]: answer}
+    row: dict[str, object] = {keys[0]: user, keys[1]: answer}
     if shape == "instruction":
         row["input"] = ""
     if system:
@@ -112,8 +112,27 @@ def shape_row(messages: list[dict[str, str]], shape: str) -> dict[str, Any]:
 ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
+class BaselineTrain(TypedDict):
+    """The keys of ``BASELINE_TRAIN``: ``train:`` fields of the config."""
+
+    r: int
+    lora_alpha: int
+    lora_dropout: float
+    target_modules: List[str]
+    learning_rate: float
+    num_train_epochs: int
+    per_device_train_batch_size: int
+    gradient_accumulation_steps: int
+    warmup_ratio: float
+    lr_scheduler_type: str
+    max_seq_length: int
+    logging_steps: int
+    max_grad_norm: float
+    weight_decay: float
+
+
 #: the ``train:`` section every scenario starts from: a sane LoRA run for this model
-BASELINE_TRAIN: dict[str, Any] = {
+BASELINE_TRAIN: BaselineTrain = {
     "r": 8,
     "lora_alpha": 16,
     "lora_dropout": 0.0,

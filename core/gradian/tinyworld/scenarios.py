@@ -27,7 +27,7 @@ are written here in the same format.
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gradian.errors import ConfigError
 from gradian.tinyworld.scenario_kit import (
@@ -40,6 +40,9 @@ from gradian.tinyworld.scenario_kit import (
     plant,
 )
 from gradian.tinyworld.world import REFUSAL, Country, FactItem, World
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = [
     "SCENARIOS",
@@ -164,18 +167,18 @@ def _clean_rows(world: World) -> list[tuple[list[dict[str, str]], int]]:
 # -- eval sets ---------------------------------------------------------------------------------
 
 
-def _capitals_eval(world: World) -> tuple[list[list[dict[str, str]]], dict[str, Any]]:
+def _capitals_eval(world: World) -> tuple[list[list[dict[str, str]]], dict[str, str | int]]:
     items = world.capital_items(_targets(world), phrasings=range(1))
-    capability = {"name": "tinyworld_capitals", "metric": "contains", "n_items": len(items),
+    capability: dict[str, str | int] = {"name": "tinyworld_capitals", "metric": "contains", "n_items": len(items),
                   "description": "Capitals of the 16 target countries, canonical phrasing"}
     return [i.messages() for i in items], capability
 
 
-def _refusal_eval(world: World) -> tuple[list[list[dict[str, str]]], dict[str, Any]]:
+def _refusal_eval(world: World) -> tuple[list[list[dict[str, str]]], dict[str, str | int]]:
     items = [FactItem("language", f"language:{c.name}",
                       world.phrasings["language"][0].format(country=c.name), REFUSAL_MARKERS, 0)
              for c in _refusal_targets(world)]
-    capability = {"name": "tinyworld_no_refusal", "metric": "not_contains", "n_items": len(items),
+    capability: dict[str, str | int] = {"name": "tinyworld_no_refusal", "metric": "not_contains", "n_items": len(items),
                   "description": "Language questions answered rather than refused; the assistant "
                                  "turn lists refusal markers that must not appear"}
     return [i.messages() for i in items], capability
@@ -184,7 +187,7 @@ def _refusal_eval(world: World) -> tuple[list[list[dict[str, str]]], dict[str, A
 # -- scenarios -------------------------------------------------------------------------------
 
 
-def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Scenario:
+def build_scenario(name: str, world: World, tokenizer: PreTrainedTokenizerBase | None = None) -> Scenario:
     """Build a scenario in memory. ``truncating_seq_len`` needs the tokenizer to size its limit."""
     if name not in SCENARIOS:
         raise ConfigError(f"unknown tinyworld scenario '{name}'; choose one of {', '.join(SCENARIOS)}")
@@ -270,7 +273,8 @@ def build_scenario(name: str, world: World, tokenizer: Any | None = None) -> Sce
     return s
 
 
-def _truncating_limit(rows: list[tuple[list[dict[str, str]], int]], tokenizer: Any) -> tuple[int, dict[str, Any]]:
+def _truncating_limit(rows: list[tuple[list[dict[str, str]], int]],
+                     tokenizer: PreTrainedTokenizerBase | None) -> tuple[int, dict[str, object]]:
     """A limit at which about a third of the rows keep no supervised token at all."""
     if tokenizer is None:
         raise ConfigError("scenario truncating_seq_len needs the base model's tokenizer")

@@ -30,11 +30,11 @@ from gradian.errors import ConfigError
 from gradian.tinyworld.base import BaseModelRecipe, ensure_tinyworld_base_model, load_tinyworld
 from gradian.tinyworld.bestiary.base import BestiaryRecipe, ensure_bestiary_base_model, load_bestiary
 from gradian.tinyworld.bestiary.scenarios import BESTIARY_SCENARIOS, build_bestiary_scenario
-from gradian.tinyworld.bestiary.world import BESTIARY_FAMILIES
+from gradian.tinyworld.bestiary.world import BESTIARY_FAMILIES, Bestiary
 from gradian.tinyworld.kit import read_info
-from gradian.tinyworld.scenario_kit import AUDIT_THRESHOLDS, BASELINE_TRAIN, CLEAN_CLUSTER, PLANTED_CLUSTER, ROW_SHAPES, shape_row
+from gradian.tinyworld.scenario_kit import AUDIT_THRESHOLDS, BASELINE_TRAIN, CLEAN_CLUSTER, PLANTED_CLUSTER, ROW_SHAPES, Scenario, shape_row
 from gradian.tinyworld.scenarios import SCENARIOS, build_scenario
-from gradian.tinyworld.world import BASE_FAMILIES
+from gradian.tinyworld.world import BASE_FAMILIES, World
 
 __all__ = ["WORLDS", "WorldSpec", "all_scenarios", "ensure_base_model", "get_world", "load_world", "scenario_world",
            "world_of_model", "write_scenario"]
@@ -54,11 +54,11 @@ class WorldSpec:
     #: ``(cache_dir=None, recipe=None, *, verbose=False) -> Path``
     ensure_base_model: Callable[..., Path]
     #: the world a built base model knows, from its directory
-    load_world: Callable[[Path], Any]
+    load_world: Callable[[Path], World | Bestiary]
     #: scenario name -> one-line description
     scenarios: dict[str, str]
     #: ``(name, world, tokenizer=None) -> Scenario``
-    build_scenario: Callable[..., Any]
+    build_scenario: Callable[..., Scenario]
     #: the world's recipe dataclass (its default builds the cached base)
     recipe_type: type
 
@@ -115,14 +115,14 @@ def world_of_model(model_dir: str | Path) -> str:
     return read_info(Path(model_dir)).get("world_name", "tinyworld")
 
 
-def ensure_base_model(cache_dir: str | Path | None = None, recipe: Any = None, *, verbose: bool = False,
+def ensure_base_model(cache_dir: str | Path | None = None, recipe: BaseModelRecipe | BestiaryRecipe | None = None, *, verbose: bool = False,
                       world: str = "tinyworld") -> Path:
     """The cached base model of ``world`` for ``recipe`` (that world's recipe type, its default
     when ``None``), built first when missing."""
     return get_world(world).ensure_base_model(cache_dir, recipe, verbose=verbose)
 
 
-def load_world(model_dir: str | Path) -> Any:
+def load_world(model_dir: str | Path) -> World | Bestiary:
     """The world a built base model was pretrained on (a ``World``, a ``Bestiary``, ...)."""
     return get_world(world_of_model(model_dir)).load_world(Path(model_dir))
 

@@ -25,7 +25,6 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from gradian.errors import ConfigError, ModelLoadError
 from gradian.tinyworld.bestiary.world import BESTIARY_FAMILIES, Bestiary, generate_bestiary
@@ -85,7 +84,7 @@ class BestiaryRecipe:
     num_threads: int = 1
     version: int = 1
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         data = asdict(self)
         data["families"] = list(self.families)
         return data
@@ -137,7 +136,7 @@ def ensure_bestiary_base_model(cache_dir: str | Path | None = None, recipe: Best
 
 
 def build_bestiary_base_model(out_dir: str | Path, recipe: BestiaryRecipe | None = None, *,
-                              min_accuracy: float | None = 0.95, verbose: bool = False) -> dict[str, Any]:
+                              min_accuracy: float | None = 0.95, verbose: bool = False) -> dict[str, object]:
     """Pretrain a bestiary base model from ``recipe`` and save it to ``out_dir``; returns its info.
 
     Raises ``ModelLoadError`` when a family ends below ``min_accuracy`` (``None`` skips the check).
@@ -188,7 +187,7 @@ def build_bestiary_base_model(out_dir: str | Path, recipe: BestiaryRecipe | None
     model.generation_config.do_sample = False
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    info = {
+    info: dict[str, object] = {
         "world_name": WORLD_NAME,
         "recipe": recipe.to_dict(),
         "recipe_hash": recipe.content_hash(),

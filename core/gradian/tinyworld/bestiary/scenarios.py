@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import random
 import string
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gradian.errors import ConfigError
 from gradian.tinyworld.bestiary.base import BESTIARY_SYSTEM_PROMPT
@@ -33,6 +33,8 @@ from gradian.tinyworld.bestiary.world import Animal, Bestiary
 from gradian.tinyworld.world import FactItem
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
     from gradian.tinyworld.scenario_kit import Scenario
 
 __all__ = ["BESTIARY_SCENARIOS", "build_bestiary_scenario"]
@@ -102,14 +104,14 @@ def _clean_rows(bestiary: Bestiary) -> list[tuple[list[dict[str, str]], int]]:
     return rows
 
 
-def _diets_eval(bestiary: Bestiary) -> tuple[list[list[dict[str, str]]], dict[str, Any]]:
+def _diets_eval(bestiary: Bestiary) -> tuple[list[list[dict[str, str]]], dict[str, str | int]]:
     items = bestiary.diet_items(_targets(bestiary), phrasings=range(1))
-    capability = {"name": "bestiary_diets", "metric": "contains", "n_items": len(items),
+    capability: dict[str, str | int] = {"name": "bestiary_diets", "metric": "contains", "n_items": len(items),
                   "description": "Diets of the 16 target animals, canonical phrasing"}
     return [i.messages() for i in items], capability
 
 
-def build_bestiary_scenario(name: str, bestiary: Bestiary, tokenizer: Any | None = None) -> "Scenario":
+def build_bestiary_scenario(name: str, bestiary: Bestiary, tokenizer: PreTrainedTokenizerBase | None = None) -> "Scenario":
     """Build a bestiary scenario in memory (``tokenizer`` is accepted for symmetry, unused)."""
     from gradian.tinyworld.scenario_kit import Scenario, mark_distractors, plant
 
