@@ -13,7 +13,7 @@ stores both build on it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ __all__ = ["ChunkOutputs", "accumulate", "fold", "pass_key"]
 ChunkOutputs = dict[str, np.ndarray]
 
 
-def pass_key(name: str, inputs: Mapping[str, Any]) -> str:
+def pass_key(name: str, inputs: Mapping[str, object]) -> str:
     """A content key for one pass: its name and the bytes of everything it computes from (arrays by
     dtype, shape and bytes; other values by ``repr``), so a resumable container keeps the partial
     results of a pass only for exactly that pass."""

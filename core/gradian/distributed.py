@@ -48,16 +48,16 @@ class ShardGroup:
         """Rank 0: the one process that holds the build lock, commits the manifest and reports."""
         return self.rank == 0
 
-    def broadcast(self, value: Any = None) -> Any:
-        """Rank 0's ``value`` on every rank (the others pass nothing)."""
+    def broadcast(self, value: object = None) -> Any:
+        """Rank 0's ``value`` on every rank (the others pass nothing): whatever rank 0 sent."""
         import torch.distributed as dist
 
         box = [value if self.is_main else None]
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def gather(self, value: Any) -> list[Any]:
-        """Every rank's ``value``, in rank order, on every rank."""
+    def gather(self, value: object) -> list[Any]:
+        """Every rank's ``value``, in rank order, on every rank: whatever each rank sent."""
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world_size

@@ -23,24 +23,31 @@ the block's weights (flattened row-major, A before B). Units: nats per unit weig
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Callable
 
 from gradian.errors import ConfigError
 from gradian.grads.loss import TokenBatch, per_example_loss
+
+if TYPE_CHECKING:
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from torch import nn
+
+    from gradian.grads.model import GradientModel
 
 __all__ = ["capture_per_example_grads", "linear_inputs_and_output_grads", "STRATEGIES"]
 
 STRATEGIES = ("hooks", "loop", "vmap")
 
 
-def _out_dtype(gm: Any) -> Any:
+def _out_dtype(gm: GradientModel) -> torch.dtype:
     import torch
 
     return torch.promote_types(gm.dtype, torch.float32)
 
 
-def capture_per_example_grads(gm: Any, batch: TokenBatch, strategy: str = "hooks",
-                              reduction: str = "mean") -> dict[str, Any]:
+def capture_per_example_grads(gm: GradientModel, batch: TokenBatch, strategy: str = "hooks",
+                              reduction: str = "mean") -> dict[str, torch.Tensor]:
     """``{block: [rows, dim]}`` per-example gradients of ``batch`` under ``gm`` (a GradientModel)."""
     if strategy == "hooks":
         return _capture_hooks(gm, batch, reduction)
@@ -51,7 +58,8 @@ def capture_per_example_grads(gm: Any, batch: TokenBatch, strategy: str = "hooks
     raise ConfigError(f"grads.strategy '{strategy}' is not one of {', '.join(STRATEGIES)}")
 
 
-def _flatten_blocks(gm: Any, per_linear: dict[int, Any], out_dtype: Any) -> dict[str, Any]:
+def _flatten_blocks(gm: GradientModel, per_linear: dict[int, torch.Tensor],
+                    out_dtype: torch.dtype) -> dict[str, torch.Tensor]:
     import torch
 
     out = {}
@@ -61,8 +69,10 @@ def _flatten_blocks(gm: Any, per_linear: dict[int, Any], out_dtype: Any) -> dict
     return out
 
 
-def linear_inputs_and_output_grads(gm: Any, batch: TokenBatch, reduction: str = "mean",
-                                   labels: Any = None) -> tuple[dict[int, Any], dict[int, list[tuple[Any, Any]]]]:
+def linear_inputs_and_output_grads(
+    gm: GradientModel, batch: TokenBatch, reduction: str = "mean",
+    labels: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[dict[int, nn.Linear], dict[int, list[tuple[torch.Tensor, torch.Tensor]]]]:
     """One forward and one backward of the summed per-row losses, seen from every LoRA Linear.
 
     Returns ``(linears, io)``: ``linears`` maps ``id(module)`` to the ``nn.Linear``; ``io`` maps it
@@ -77,9 +87,9 @@ def linear_inputs_and_output_grads(gm: Any, batch: TokenBatch, reduction: str = 
     import torch
 
     linears = {id(lin): lin for block in gm.blocks for lin in block.linears}
-    calls: dict[int, list[tuple[Any, Any]]] = {key: [] for key in linears}
+    calls: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {key: [] for key in linears}
 
-    def remember(module: Any, inputs: tuple, output: Any) -> None:
+    def remember(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         calls[id(module)].append((inputs[0].detach(), output))
 
     handles = [lin.register_forward_hook(remember) for lin in linears.values()]
@@ -93,7 +103,7 @@ def linear_inputs_and_output_grads(gm: Any, batch: TokenBatch, reduction: str = 
     finally:
         for handle in handles:
             handle.remove()
-    io: dict[int, list[tuple[Any, Any]]] = {key: [] for key in linears}
+    io: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {key: [] for key in linears}
     k = 0
     for key in linears:
         for x, out in calls[key]:
@@ -105,7 +115,7 @@ def linear_inputs_and_output_grads(gm: Any, batch: TokenBatch, reduction: str = 
     return linears, io
 
 
-def _lora_parents(gm: Any) -> dict[int, Any]:
+def _lora_parents(gm: GradientModel) -> dict[int, LoraLayer]:
     """``id(lora_A Linear) -> the LoRA layer that calls it``, for the blocks' A matrices."""
     from peft.tuners.lora import LoraLayer
 
@@ -120,15 +130,15 @@ def _lora_parents(gm: Any) -> dict[int, Any]:
     return parents
 
 
-def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
+def _capture_hooks(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict[str, torch.Tensor]:
     import torch
 
     out_dtype = _out_dtype(gm)
     rows = len(batch)
     device = gm.device
     # each block's result is allocated once; each linear adds its [rows, out, in] share in place
-    results: dict[str, Any] = {}
-    targets: dict[int, Any] = {}
+    results: dict[str, torch.Tensor] = {}
+    targets: dict[int, torch.Tensor] = {}
     for block in gm.blocks:
         flat = torch.zeros((rows, block.dim), dtype=out_dtype, device=device)
         results[block.name] = flat
@@ -137,7 +147,7 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
             targets[id(lin)] = flat[:, offset : offset + o * i].view(rows, o, i)
             offset += o * i
     parents = _lora_parents(gm)
-    parent_input: dict[int, Any] = {}
+    parent_input: dict[int, torch.Tensor] = {}
     # The LoRA weights are frozen for this pass: autograd then saves no LoRA input for a weight
     # gradient nobody asks for (PEFT runs a float32 adapter on a float32 copy of a half-precision
     # input, one copy per module). The gradient instead starts at ``anchor``, a zero added to the
@@ -148,20 +158,20 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
     # is added and the backward starts from the first such input instead.
     anchor = torch.zeros((), dtype=out_dtype, device=device, requires_grad=True)
     used_anchor = []
-    differentiable_inputs: list[Any] = []
+    differentiable_inputs: list[torch.Tensor] = []
 
-    def per_example(key: int, x: Any) -> Any:
-        def take(g: Any) -> None:
+    def per_example(key: int, x: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        def take(g: torch.Tensor) -> None:
             g3 = g.reshape(g.shape[0], -1, g.shape[-1])
             x3 = x.reshape(x.shape[0], -1, x.shape[-1])
             # [rows, out, tokens] @ [rows, tokens, in]: the transpose is a stride change, not a copy
             targets[key].add_(torch.bmm(g3.transpose(1, 2).to(out_dtype), x3.to(out_dtype)))
         return take
 
-    def keep_parent_input(module: Any, inputs: tuple) -> None:
+    def keep_parent_input(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         parent_input[id(module)] = inputs[0]
 
-    def start_gradient(module: Any, inputs: tuple) -> Any:
+    def start_gradient(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
         if inputs[0].requires_grad:
             if not differentiable_inputs:
                 differentiable_inputs.append(inputs[0])
@@ -169,7 +179,7 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
         used_anchor.append(True)
         return (inputs[0] + anchor.to(inputs[0].dtype), *inputs[1:])
 
-    def remember(module: Any, inputs: tuple, output: Any) -> None:
+    def remember(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
         x = inputs[0]
         parent = parents.get(id(module))
         if parent is not None:
@@ -207,12 +217,12 @@ def _capture_hooks(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]
     return results
 
 
-def _capture_loop(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
+def _capture_loop(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict[str, torch.Tensor]:
     import torch
 
     linears = [lin for block in gm.blocks for lin in block.linears]
     weights = [lin.weight for lin in linears]
-    rows: list[list[Any]] = []
+    rows: list[list[torch.Tensor]] = []
     for i in range(len(batch)):
         one = batch.row(i)
         with torch.enable_grad():
@@ -224,7 +234,7 @@ def _capture_loop(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
     return _flatten_blocks(gm, per_linear, _out_dtype(gm))
 
 
-def _masked_loss(logits: Any, labels: Any, reduction: str) -> Any:
+def _masked_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str) -> torch.Tensor:
     """Same value as ``per_example_loss`` for one row, without data-dependent shapes (for vmap)."""
     import torch
     import torch.nn.functional as F
@@ -239,7 +249,7 @@ def _masked_loss(logits: Any, labels: Any, reduction: str) -> Any:
     return total
 
 
-def _capture_vmap(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
+def _capture_vmap(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict[str, torch.Tensor]:
     import torch
     from torch.func import functional_call, grad, vmap
 
@@ -247,7 +257,7 @@ def _capture_vmap(gm: Any, batch: TokenBatch, reduction: str) -> dict[str, Any]:
     linears = [lin for block in gm.blocks for lin in block.linears]
     params = {names[id(lin.weight)]: lin.weight.detach() for lin in linears}
 
-    def loss_of_row(p: dict[str, Any], ids: Any, labels: Any) -> Any:
+    def loss_of_row(p: dict[str, torch.Tensor], ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         # No attention mask: with right padding, causal attention already keeps pads out of the
         # real positions, and mask construction is where transformers forwards break under vmap.
         logits = functional_call(gm.model, p, args=(), kwargs={"input_ids": ids.unsqueeze(0)}, strict=False).logits

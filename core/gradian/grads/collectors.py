@@ -17,21 +17,27 @@ Interface:
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from gradian.grads.capture import linear_inputs_and_output_grads
 from gradian.grads.loss import TokenBatch, collate
+from gradian.grads.projection import KroneckerProjector
 
 if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from torch.utils.hooks import RemovableHandle
+
     from gradian.config import GradsConfig
+    from gradian.data import TokenizedExample
     from gradian.grads.model import GradientModel
 
 __all__ = ["KroneckerCollector", "ModelPasses", "lora_layers", "second_moments", "structured_projector"]
 
 
-def lora_layers(gm: "GradientModel", projector: Any = None) -> list[dict[str, Any]]:
+def lora_layers(gm: "GradientModel", projector: KroneckerProjector | None = None) -> list[dict[str, Any]]:
     """Every LoRA linear layer: its key, block, column offset inside the block and shape, as the
     stored gradients hold it (under a ``kronecker`` projector, each side's projected width; ``j``
     is the layer's place in its block)."""
@@ -46,24 +52,23 @@ def lora_layers(gm: "GradientModel", projector: Any = None) -> list[dict[str, An
     return out
 
 
-def structured_projector(gm: "GradientModel", grads: "GradsConfig | None") -> Any:
+def structured_projector(gm: "GradientModel", grads: "GradsConfig | None") -> KroneckerProjector | None:
     """The ``kronecker`` projector of ``grads`` (the one that keeps Kronecker curvature), or None
     for no projection or a flat one (which Kronecker engines refuse)."""
     if grads is None or grads.projection_dim is None or grads.projection_kind != "kronecker":
         return None
-    from gradian.grads.extract import make_projector
+    # what make_projector(grads, gm) builds for the kronecker kind
+    return KroneckerProjector(grads.projection_dim, grads.projection_seed, {b.name: list(b.shapes) for b in gm.blocks})
 
-    return make_projector(grads, gm)
 
-
-def _sampler(seed: int, draw: int, offset: int) -> Any:
+def _sampler(seed: int, draw: int, offset: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Labels drawn from the model's predictions at the supervised positions (true Fisher)."""
     import torch
 
     digest = hashlib.sha256(f"{seed}:{draw}:{offset}".encode()).digest()
     gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
-    def sample(logits: Any, labels: Any) -> Any:
+    def sample(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         keep = labels[:, 1:] != -100
         probs = torch.softmax(logits[:, :-1][keep].detach().double().cpu(), dim=-1)
         drawn = torch.multinomial(probs, 1, generator=gen).squeeze(1).to(labels.device)
@@ -75,7 +80,8 @@ def _sampler(seed: int, draw: int, offset: int) -> Any:
 
 
 
-def second_moments(x: Any, g: Any, mask: Any) -> tuple[Any, Any, int]:
+def second_moments(x: torch.Tensor, g: torch.Tensor,
+                   mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """``(sum x x^T, sum g g^T, tokens)`` over the real tokens of one call (float64 torch sums).
 
     ``x`` is ``[rows, tokens, in]``, ``g`` ``[rows, tokens, out]``; ``mask`` marks the real
@@ -103,15 +109,16 @@ class KroneckerCollector:
     ones the fit's own pass would make, batch for batch, when the batch size is the same.
     """
 
-    def __init__(self, gm: "GradientModel", projector: Any = None) -> None:
+    def __init__(self, gm: "GradientModel", projector: KroneckerProjector | None = None) -> None:
         self.gm = gm
         self.projector = projector
         self.layers = lora_layers(gm, projector)
         self.examples = 0
         self.real_tokens = 0
-        self._sums: dict[str, list[Any]] = {}  # key -> [sum x x^T, sum g g^T, tokens], torch float64
-        self._mask: Any = None
-        self._handles: list[Any] = []
+        # key -> [sum x x^T, sum g g^T, tokens]: two torch float64 tensors and an int, added to in place
+        self._sums: dict[str, list[Any]] = {}
+        self._mask: torch.Tensor | None = None
+        self._handles: list[RemovableHandle] = []
 
     @property
     def sums(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
@@ -163,7 +170,7 @@ class KroneckerCollector:
         self._model_handle = self.gm.model.register_forward_pre_hook(self._batch, with_kwargs=True)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._model_handle.remove()
         self._remove_layer_hooks()
 
@@ -187,7 +194,7 @@ class KroneckerCollector:
         return all(key in self._sums and self._sums[key][2] > 0 and self._sums[key][2] % self.real_tokens == 0
                    for key in (layer["key"] for layer in self.layers))
 
-    def _batch(self, module: Any, args: tuple, kwargs: dict) -> None:
+    def _batch(self, module: nn.Module, args: tuple[torch.Tensor, ...], kwargs: dict[str, torch.Tensor]) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
         self._attach_layer_hooks()
@@ -196,15 +203,15 @@ class KroneckerCollector:
             self._mask = mask.bool() if mask is not None else None
             self.real_tokens += int(self._mask.sum()) if self._mask is not None else int(ids.numel())
 
-    def _forward(self, layer: dict[str, Any]) -> Any:
+    def _forward(self, layer: dict[str, Any]) -> Callable[[nn.Module, tuple[torch.Tensor, ...], torch.Tensor], None]:
         key = layer["key"]
 
-        def hook(module: Any, inputs: tuple, output: Any) -> None:
+        def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
             if not output.requires_grad:
                 return
             x, mask = inputs[0].detach(), self._mask
 
-            def on_grad(g: Any) -> None:
+            def on_grad(g: torch.Tensor) -> None:
                 x3 = x.reshape(x.shape[0], -1, x.shape[-1])
                 g3 = g.detach().reshape(g.shape[0], -1, g.shape[-1])
                 if self.projector is not None:
@@ -232,7 +239,7 @@ class ModelPasses:
     pad id, ``grads`` the ``GradsConfig`` of the index (batch size, loss reduction).
     """
 
-    def __init__(self, gm: "GradientModel", tokenized: Sequence[Any], pad_id: int | None,
+    def __init__(self, gm: "GradientModel", tokenized: Sequence[TokenizedExample], pad_id: int | None,
                  grads: "GradsConfig | None" = None) -> None:
         self.gm = gm
         self.tokenized = list(tokenized)
@@ -253,7 +260,7 @@ class ModelPasses:
             return {block.name: int(self.projector.block_width(block)) for block in self.gm.blocks}
         return {block.name: int(block.dim) for block in self.gm.blocks}
 
-    def _sides(self, layer: dict[str, Any], x: Any, g: Any) -> tuple[Any, Any]:
+    def _sides(self, layer: dict[str, Any], x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.projector.project_sides(layer["block"], layer["j"], x, g) if self.projector is not None else (x, g)
 
     def _batches(self) -> Iterator[tuple[int, TokenBatch]]:
@@ -264,14 +271,16 @@ class ModelPasses:
 
 
     @staticmethod
-    def _labels(fisher_seed: int | None, draw: int, offset: int, batch: TokenBatch) -> Any:
+    def _labels(fisher_seed: int | None, draw: int, offset: int,
+                batch: TokenBatch) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if fisher_seed is None:
             return None
         sample = _sampler(fisher_seed, draw, offset)
         return lambda logits: sample(logits, batch.labels)
 
 
-    def factor_sums(self, fisher_seed: int | None = None, draw: int = 0) -> Iterator[tuple[int, dict[str, Any], int]]:
+    def factor_sums(self, fisher_seed: int | None = None,
+                    draw: int = 0) -> Iterator[tuple[int, dict[str, tuple[np.ndarray, np.ndarray, int]], int]]:
         """Per batch: ``(offset, {layer: (sum x x^T, sum g g^T, real tokens)}, rows)`` over the real
         tokens (float64 numpy), under the training labels, or labels sampled from the model with
         ``fisher_seed`` (draw ``draw``)."""
@@ -296,7 +305,8 @@ class ModelPasses:
             yield offset, out, len(batch)
 
 
-    def layer_gradients(self, fisher_seed: int | None = None, draw: int = 0) -> Iterator[tuple[int, dict[str, Any]]]:
+    def layer_gradients(self, fisher_seed: int | None = None,
+                        draw: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """Per batch: ``(rows, {layer: G [rows, out, in]})`` float64 numpy, each row's gradient of
         every LoRA matrix, under the labels ``factor_sums`` would use."""
         import torch

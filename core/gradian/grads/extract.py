@@ -13,19 +13,28 @@ supervised token count (meant for ``loss_reduction: sum``, where it recovers a p
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Literal, Sequence, overload
 
 from gradian.errors import ConfigError
 from gradian.grads.capture import capture_per_example_grads
 from gradian.grads.loss import collate
 from gradian.grads.projection import BlockProjector, KroneckerProjector, projection_of
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from gradian.config import GradsConfig
+    from gradian.data import TokenizedExample
+    from gradian.grads.model import GradientModel
+
 __all__ = ["iter_example_gradients", "gradient_widths", "make_projector", "NORMALIZATIONS"]
 
 NORMALIZATIONS = ("none", "l2", "token_count")
 
 
-def make_projector(grads_config: Any, gm: Any = None) -> BlockProjector | KroneckerProjector | None:
+def make_projector(grads_config: GradsConfig,
+                   gm: GradientModel | None = None) -> BlockProjector | KroneckerProjector | None:
     """The projection ``grads_config`` asks for (None when ``projection_dim`` is null); the
     ``kronecker`` kind needs ``gm``, whose blocks give each LoRA matrix's shape."""
     if grads_config.projection_dim is None:
@@ -36,13 +45,13 @@ def make_projector(grads_config: Any, gm: Any = None) -> BlockProjector | Kronec
                          gm.blocks if gm is not None else ())
 
 
-def gradient_widths(gm: Any, grads_config: Any) -> dict[str, int]:
+def gradient_widths(gm: GradientModel, grads_config: GradsConfig) -> dict[str, int]:
     """Stored width of each block: its dim, or what its projection keeps when that is smaller."""
     projector = make_projector(grads_config, gm)
     return {b.name: (projector.block_width(b) if projector else b.dim) for b in gm.blocks}
 
 
-def normalize_rows(grads: dict[str, Any], how: str, n_supervised: Any) -> dict[str, Any]:
+def normalize_rows(grads: dict[str, torch.Tensor], how: str, n_supervised: torch.Tensor) -> dict[str, torch.Tensor]:
     import torch
 
     if how == "none":
@@ -57,9 +66,22 @@ def normalize_rows(grads: dict[str, Any], how: str, n_supervised: Any) -> dict[s
     return {k: g * scale.to(g.dtype).unsqueeze(1) for k, g in grads.items()}
 
 
-def iter_example_gradients(gm: Any, tokenized: Sequence[Any], grads_config: Any, pad_id: int,
-                           start: int = 0, projector: BlockProjector | KroneckerProjector | None = None,
-                           as_numpy: bool = True) -> Iterator[tuple[int, dict[str, Any]]]:
+@overload
+def iter_example_gradients(gm: GradientModel, tokenized: Sequence[TokenizedExample], grads_config: GradsConfig,
+                           pad_id: int, start: int = 0, projector: BlockProjector | KroneckerProjector | None = None,
+                           as_numpy: Literal[True] = True) -> Iterator[tuple[int, dict[str, np.ndarray]]]: ...
+
+
+@overload
+def iter_example_gradients(gm: GradientModel, tokenized: Sequence[TokenizedExample], grads_config: GradsConfig,
+                           pad_id: int, start: int = 0, projector: BlockProjector | KroneckerProjector | None = None,
+                           *, as_numpy: Literal[False]) -> Iterator[tuple[int, dict[str, torch.Tensor]]]: ...
+
+
+def iter_example_gradients(
+    gm: GradientModel, tokenized: Sequence[TokenizedExample], grads_config: GradsConfig, pad_id: int,
+    start: int = 0, projector: BlockProjector | KroneckerProjector | None = None, as_numpy: bool = True,
+) -> Iterator[tuple[int, dict[str, np.ndarray] | dict[str, torch.Tensor]]]:
     """Yield ``(offset, {block: [rows, width]})`` for ``tokenized[start:]`` in batches."""
     import torch
 

@@ -21,9 +21,15 @@ real positions before them, so a padded row's loss and gradient equal the unpadd
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gradian.data import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    import torch
+    from torch.autograd.function import FunctionCtx
+
+    from gradian.data import TokenizedExample
 
 __all__ = ["TokenBatch", "collate", "per_example_loss", "loss_chunk_positions", "LOSS_REDUCTIONS", "LOSS_CHUNK_BYTES"]
 
@@ -37,9 +43,9 @@ LOSS_CHUNK_BYTES = 64 << 20
 class TokenBatch:
     """Right-padded token ids, attention mask and labels (``IGNORE_INDEX`` where unsupervised)."""
 
-    input_ids: Any
-    attention_mask: Any
-    labels: Any
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    labels: torch.Tensor
     example_ids: list[str]
 
     def __len__(self) -> int:
@@ -56,12 +62,12 @@ class TokenBatch:
         )
 
     @property
-    def n_supervised(self) -> Any:
+    def n_supervised(self) -> torch.Tensor:
         """Supervised (loss-bearing) tokens per row, after the one-token shift."""
         return (self.labels[:, 1:] != IGNORE_INDEX).sum(dim=1)
 
 
-def collate(tokenized: Sequence[Any], pad_id: int, device: Any = None) -> TokenBatch:
+def collate(tokenized: Sequence[TokenizedExample], pad_id: int, device: torch.device | str | None = None) -> TokenBatch:
     """Pad ``TokenizedExample`` rows (``input_ids``, ``labels``) on the right into tensors."""
     import torch
 
@@ -85,7 +91,8 @@ def loss_chunk_positions(vocab: int, upcast_bytes: int = 4) -> int:
     return max(1, LOSS_CHUNK_BYTES // max(1, vocab * upcast_bytes))
 
 
-def per_example_loss(logits: Any, labels: Any, reduction: str = "mean", chunk_positions: int | None = None) -> Any:
+def per_example_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean",
+                     chunk_positions: int | None = None) -> torch.Tensor:
     """Next-token cross-entropy per row, in nats: shape ``[batch]``, float32 (float64 for float64 logits).
 
     ``mean`` averages over the row's supervised tokens, ``sum`` adds them. A row with no
@@ -112,7 +119,8 @@ def per_example_loss(logits: Any, labels: Any, reduction: str = "mean", chunk_po
     return out
 
 
-def _chunk_log_sum_exp(flat: Any, positions: Any, targets: Any, chunk: int, upcast: Any) -> tuple[Any, Any]:
+def _chunk_log_sum_exp(flat: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor, chunk: int,
+                       upcast: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss, lse)`` per position: ``lse = log sum_v exp z_v`` and ``loss = lse - z_target``."""
     import torch
 
@@ -127,7 +135,7 @@ def _chunk_log_sum_exp(flat: Any, positions: Any, targets: Any, chunk: int, upca
     return loss, lse
 
 
-def _cross_entropy_class() -> Any:
+def _cross_entropy_class() -> type[torch.autograd.Function]:
     import torch
 
     class ChunkedCrossEntropy(torch.autograd.Function):
@@ -138,7 +146,8 @@ def _cross_entropy_class() -> Any:
         """
 
         @staticmethod
-        def forward(ctx: Any, flat: Any, positions: Any, targets: Any, chunk: int) -> Any:
+        def forward(ctx: FunctionCtx, flat: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+                    chunk: int) -> torch.Tensor:
             upcast = torch.promote_types(flat.dtype, torch.float32)
             loss, lse = _chunk_log_sum_exp(flat, positions, targets, chunk, upcast)
             ctx.save_for_backward(flat, positions, targets, lse)
@@ -146,7 +155,7 @@ def _cross_entropy_class() -> Any:
             return loss
 
         @staticmethod
-        def backward(ctx: Any, grad_loss: Any) -> tuple[Any, None, None, None]:
+        def backward(ctx: FunctionCtx, grad_loss: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
             flat, positions, targets, lse = ctx.saved_tensors
             grad = torch.zeros_like(flat)
             upcast = lse.dtype
@@ -168,9 +177,9 @@ class _LazyFunction:
     """Builds the autograd.Function on first use, so importing this module does not import torch."""
 
     def __init__(self) -> None:
-        self._cls: Any = None
+        self._cls: type[torch.autograd.Function] | None = None
 
-    def apply(self, *args: Any) -> Any:
+    def apply(self, *args: torch.Tensor | int) -> torch.Tensor:
         if self._cls is None:
             self._cls = _cross_entropy_class()
         return self._cls.apply(*args)

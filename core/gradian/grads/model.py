@@ -17,14 +17,20 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable, TypedDict
 
 from gradian.errors import ModelLoadError
 
 if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from torch import nn
+
+    from gradian.config import GradianConfig
     from gradian.findings import Finding
 
 __all__ = [
+    "BlockSpec",
     "GradientBlock",
     "GradientModel",
     "load_model_for_gradients",
@@ -35,6 +41,15 @@ __all__ = [
 
 #: prefix PEFT puts in front of the wrapped model's module names
 _PEFT_PREFIX = "base_model.model."
+
+
+class BlockSpec(TypedDict):
+    """One block as the index manifest records it (``GradientModel.spec``)."""
+
+    name: str
+    module: str
+    shapes: list[list[int]]
+    dim: int
 
 
 @dataclass
@@ -48,7 +63,7 @@ class GradientBlock:
 
     name: str
     module_name: str
-    linears: list[Any]
+    linears: list[nn.Linear]
     shapes: list[tuple[int, int]]
 
     @property
@@ -56,7 +71,7 @@ class GradientBlock:
         return sum(o * i for o, i in self.shapes)
 
     @property
-    def parameters(self) -> list[Any]:
+    def parameters(self) -> list[nn.Parameter]:
         return [lin.weight for lin in self.linears]
 
 
@@ -64,7 +79,7 @@ class GradientBlock:
 class GradientModel:
     """A PEFT model ready for per-example gradients, and the blocks it is measured in."""
 
-    model: Any
+    model: PeftModel
     blocks: list[GradientBlock]
     adapter_name: str
     granularity: str
@@ -79,18 +94,18 @@ class GradientModel:
         return sum(b.dim for b in self.blocks)
 
     @property
-    def device(self) -> Any:
+    def device(self) -> torch.device:
         return next(p for b in self.blocks for p in b.parameters).device
 
     @property
-    def dtype(self) -> Any:
+    def dtype(self) -> torch.dtype:
         return next(p for b in self.blocks for p in b.parameters).dtype
 
     @property
     def block_names(self) -> list[str]:
         return [b.name for b in self.blocks]
 
-    def spec(self) -> list[dict[str, Any]]:
+    def spec(self) -> list[BlockSpec]:
         """Block names, module names and shapes, as written to the index manifest."""
         return [
             {"name": b.name, "module": b.module_name, "shapes": [list(s) for s in b.shapes], "dim": b.dim}
@@ -98,7 +113,7 @@ class GradientModel:
         ]
 
 
-def load_model_for_gradients(base: str, adapter: str, config: Any = None) -> GradientModel:
+def load_model_for_gradients(base: str, adapter: str, config: GradianConfig | None = None) -> GradientModel:
     """Load ``base`` (hub id or directory) with the LoRA adapter directory ``adapter``.
 
     ``config`` is a ``GradianConfig`` (its ``device``, ``dtype``, ``attn_implementation``,
@@ -115,7 +130,7 @@ def load_model_for_gradients(base: str, adapter: str, config: Any = None) -> Gra
     return gm
 
 
-def wrap_peft_model(model: Any, config: Any = None) -> GradientModel:
+def wrap_peft_model(model: PeftModel, config: GradianConfig | None = None) -> GradientModel:
     """Adopt an in-memory PEFT model: eval mode, everything frozen but the selected LoRA weights."""
     from peft.tuners.lora import LoraLayer
     from torch import nn
@@ -213,7 +228,7 @@ def fingerprint_path(path: str | Path, *, sample_over: int = 256 << 20) -> str:
     return digest.hexdigest()
 
 
-def fingerprint_model(base: str, model: Any) -> str:
+def fingerprint_model(base: str, model: PeftModel) -> str:
     """A local directory's content fingerprint, or ``<hub id>@<commit>`` for a hub model."""
     if Path(base).is_dir():
         return fingerprint_path(base)

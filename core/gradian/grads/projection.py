@@ -31,9 +31,14 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gradian.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from gradian.grads.model import GradientBlock
 
 __all__ = ["BlockProjector", "KroneckerProjector", "PROJECTION_KINDS", "projection_of"]
 
@@ -67,16 +72,18 @@ class BlockProjector:
         if width < 1:
             raise ConfigError(f"grads.projection_dim must be a positive integer, got {width}")
         self.kind, self.width, self.seed = kind, int(width), int(seed)
-        self._cache: dict[tuple[str, int, str], Any] = {}
+        #: (block, dim, device) -> countsketch (buckets, signs) or the rademacher sign matrix
+        self._sketches: dict[tuple[str, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._matrices: dict[tuple[str, int, str], torch.Tensor] = {}
 
     def out_dim(self, dim: int) -> int:
         return min(dim, self.width)
 
-    def block_width(self, block: Any) -> int:
-        """The stored width of ``block`` (anything with ``dim``)."""
+    def block_width(self, block: GradientBlock) -> int:
+        """The stored width of ``block``."""
         return self.out_dim(int(block.dim))
 
-    def project(self, name: str, grads: Any) -> Any:
+    def project(self, name: str, grads: torch.Tensor) -> torch.Tensor:
         """``[rows, dim]`` -> ``[rows, out_dim(dim)]``, in ``grads``' dtype and device."""
         import torch
 
@@ -84,20 +91,20 @@ class BlockProjector:
         if dim <= self.width:
             return grads
         key = (name, dim, str(grads.device))
-        if key not in self._cache:
+        if key not in self._sketches and key not in self._matrices:
             gen = torch.Generator(device="cpu").manual_seed(_block_seed(self.seed, name))
             if self.kind == "countsketch":
                 buckets = torch.randint(0, self.width, (dim,), generator=gen)
                 signs = torch.randint(0, 2, (dim,), generator=gen) * 2 - 1
-                self._cache[key] = (buckets.to(grads.device), signs.to(grads.device))
+                self._sketches[key] = (buckets.to(grads.device), signs.to(grads.device))
             else:
                 signs = torch.randint(0, 2, (self.width, dim), generator=gen, dtype=torch.int8) * 2 - 1
-                self._cache[key] = signs.to(grads.device)
+                self._matrices[key] = signs.to(grads.device)
         if self.kind == "countsketch":
-            buckets, signs = self._cache[key]
+            buckets, signs = self._sketches[key]
             out = torch.zeros((grads.shape[0], self.width), dtype=grads.dtype, device=grads.device)
             return out.index_add_(1, buckets, grads * signs.to(grads.dtype))
-        matrix = self._cache[key].to(grads.dtype)
+        matrix = self._matrices[key].to(grads.dtype)
         return (grads @ matrix.T) / math.sqrt(self.width)
 
 
@@ -116,13 +123,13 @@ class KroneckerProjector:
         _check(self.kind, width)
         self.width, self.seed = int(width), int(seed)
         self.shapes = {name: [(int(o), int(i)) for o, i in layer_shapes] for name, layer_shapes in shapes.items()}
-        self._cache: dict[tuple[str, int, str, int, str, str], Any] = {}
+        self._cache: dict[tuple[str, int, str, int, str, str], torch.Tensor] = {}
 
     def projected_shapes(self, name: str) -> list[tuple[int, int]]:
         """The stored ``(out, in)`` of each LoRA matrix of block ``name``."""
         return [(min(o, self.width), min(i, self.width)) for o, i in self._shapes(name)]
 
-    def block_width(self, block: Any) -> int:
+    def block_width(self, block: GradientBlock) -> int:
         return sum(o * i for o, i in self.projected_shapes(block.name))
 
     def out_dim(self, dim: int) -> int:
@@ -134,7 +141,8 @@ class KroneckerProjector:
                               f"{', '.join(sorted(self.shapes)) or 'none'})")
         return self.shapes[name]
 
-    def side_matrix(self, name: str, layer: int, side: str, device: Any = None, dtype: Any = None) -> Any:
+    def side_matrix(self, name: str, layer: int, side: str, device: torch.device | str | None = None,
+                    dtype: torch.dtype | None = None) -> torch.Tensor | None:
         """``P`` (``[width, d]``, entries +-1/sqrt(width)) for ``side`` ``"in"`` or ``"out"`` of layer
         ``layer`` of block ``name``, or None when that side is no wider than ``width`` (kept exact)."""
         import torch
@@ -151,14 +159,14 @@ class KroneckerProjector:
             self._cache[key] = (signs.to(dtype) / math.sqrt(self.width)).to(device)
         return self._cache[key]
 
-    def project_sides(self, name: str, layer: int, x: Any, g: Any) -> tuple[Any, Any]:
+    def project_sides(self, name: str, layer: int, x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A layer's inputs ``x`` (``[..., in]``) and output gradients ``g`` (``[..., out]``) in the
         projected space: ``x P_in^T`` and ``g P_out^T``."""
         p_in = self.side_matrix(name, layer, "in", x.device, x.dtype)
         p_out = self.side_matrix(name, layer, "out", g.device, g.dtype)
         return (x if p_in is None else x @ p_in.T), (g if p_out is None else g @ p_out.T)
 
-    def project(self, name: str, grads: Any) -> Any:
+    def project(self, name: str, grads: torch.Tensor) -> torch.Tensor:
         """``[rows, dim]`` -> ``[rows, block_width]``: ``P_out G P_in^T`` of each LoRA matrix."""
         import torch
 
@@ -179,7 +187,8 @@ class KroneckerProjector:
         return torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
 
 
-def projection_of(kind: str, width: int | None, seed: int, blocks: Sequence[Any] = ()) -> "BlockProjector | KroneckerProjector | None":
+def projection_of(kind: str, width: int | None, seed: int,
+                  blocks: Sequence[GradientBlock] = ()) -> "BlockProjector | KroneckerProjector | None":
     """The projector of a ``grads`` section: None without a width; ``blocks`` (``GradientBlock``s,
     with ``name`` and ``shapes``) are needed by the ``kronecker`` kind."""
     if width is None:

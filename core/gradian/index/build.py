@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from dataclasses import field as _field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypedDict
 
 import numpy as np
 
@@ -43,12 +43,36 @@ from gradian.index.integrity import (
     sha256_bytes,
     write_manifest,
 )
-from gradian.index.manifest import index_id, index_identity, tokenizer_fingerprint
+from gradian.index.manifest import ChunkRecord, ManifestBlock, index_id, index_identity, tokenizer_fingerprint
 from gradian.sizes import format_size
 
-__all__ = ["BuildPlan", "BuildTarget", "BuiltIndex", "MAX_REPAIRS", "build_local", "build_lock", "build_target",
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
+    from gradian.data import Dataset, TokenizedExample
+    from gradian.grads import BlockProjector, GradientModel
+    from gradian.grads.projection import KroneckerProjector
+
+__all__ = ["BuildPlan", "BuildTarget", "BuiltIndex", "MAX_REPAIRS", "RepairRecord", "build_local", "build_lock",
+           "build_target",
            "capture_rows", "chunk_records", "compute_chunks", "finish_build", "index_root", "prepare_build", "remove_chunk_records",
            "repair_note", "repair_summary", "start_build", "stored_norms", "write_chunk_record"]
+
+
+class _RepairFields(TypedDict):
+    file: str
+    problem: str
+    action: str
+    at: str
+
+
+class RepairRecord(_RepairFields, total=False):
+    """One repair (see the module's docstring): the file, what was wrong, what was done and when; the
+    chunk too for a chunk's file."""
+
+    chunk: int
 
 
 @dataclass
@@ -60,7 +84,7 @@ class BuiltIndex:
     root: Path
     manifest: dict[str, Any]
     verified: set[int]
-    repairs: list[dict[str, Any]]
+    repairs: list[RepairRecord]
     cache_hit: bool
 
     @property
@@ -73,15 +97,14 @@ class BuiltIndex:
 MAX_REPAIRS = 100
 
 
-def _repair(path: Path, problem: str, action: str, chunk: int | None = None) -> dict[str, Any]:
-    record: dict[str, Any] = {"file": str(path), "problem": problem, "action": action}
-    if chunk is not None:
-        record["chunk"] = chunk
-    record["at"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    return record
+def _repair(path: Path, problem: str, action: str, chunk: int | None = None) -> RepairRecord:
+    at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    if chunk is None:
+        return {"file": str(path), "problem": problem, "action": action, "at": at}
+    return {"file": str(path), "problem": problem, "action": action, "chunk": chunk, "at": at}
 
 
-def repair_note(repair: dict[str, Any], root: Path | None = None) -> str:
+def repair_note(repair: RepairRecord, root: Path | None = None) -> str:
     """One repair record in words: ``<file> was <problem>: <action>``, the file relative to
     ``root`` when it lies under it."""
     path = Path(repair["file"])
@@ -90,7 +113,7 @@ def repair_note(repair: dict[str, Any], root: Path | None = None) -> str:
     return f"{path} was {repair['problem']}: {repair['action']}"
 
 
-def repair_summary(index_id: str, root: Path, repairs: list[dict[str, Any]], shown: int = 3) -> str:
+def repair_summary(index_id: str, root: Path, repairs: Sequence[RepairRecord], shown: int = 3) -> str:
     """The line a command prints after a build that repaired ``repairs``: which files, what was
     wrong and what was done, the first ``shown`` of them (the manifest lists them all)."""
     notes = [repair_note(r, root) for r in repairs]
@@ -113,16 +136,16 @@ class BuildTarget:
     root: Path
     lock: Path
     index_id: str
-    identity: dict[str, Any]
+    identity: dict[str, object]
     #: the manifest's blocks: name, shapes, dim, stored width and column offset
-    blocks: list[dict[str, Any]]
+    blocks: list[ManifestBlock]
     total_width: int
-    gm: Any
-    tokenizer: Any
-    dataset: Any
-    config: Any
+    gm: GradientModel
+    tokenizer: PreTrainedTokenizerBase
+    dataset: Dataset
+    config: GradianConfig
     #: keys the manifest of a fresh build gets besides the computed ones
-    extra_manifest: dict[str, Any] = _field(default_factory=dict)
+    extra_manifest: dict[str, object] = _field(default_factory=dict)
 
     @property
     def n(self) -> int:
@@ -148,18 +171,20 @@ class BuildPlan:
 
     manifest: dict[str, Any]
     good: set[int]
-    repairs: list[dict[str, Any]]
+    repairs: list[RepairRecord]
     cached: dict[str, Any] | None
 
 
-def build_target(gm: Any, tokenizer: Any, dataset: Any, config: Any, cache_dir: str | Path | None,
+def build_target(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, config: GradianConfig,
+                 cache_dir: str | Path | None,
                  make_dirs: bool = True) -> BuildTarget:
     """What a build of ``dataset`` under ``gm`` indexes, and where; ``make_dirs`` false leaves the
     disk untouched (a stream computes the same id without writing anything)."""
     from gradian.grads import gradient_widths
 
     widths = gradient_widths(gm, config.grads)
-    blocks, offset = [], 0
+    blocks: list[ManifestBlock] = []
+    offset = 0
     for spec in gm.spec():
         blocks.append({**spec, "width": widths[spec["name"]], "offset": offset})
         offset += widths[spec["name"]]
@@ -168,7 +193,7 @@ def build_target(gm: Any, tokenizer: Any, dataset: Any, config: Any, cache_dir: 
         adapter_fingerprint=gm.fingerprints.get("adapter", "in-memory"),
         tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
         dataset_sha256=dataset.sha256, n_examples=len(dataset), config=config,
-        blocks=[{k: b[k] for k in ("name", "shapes", "dim", "width")} for b in blocks],
+        blocks=[{"name": b["name"], "shapes": b["shapes"], "dim": b["dim"], "width": b["width"]} for b in blocks],
         model_dtype=str(gm.dtype).replace("torch.", ""),
     )
     the_id = index_id(identity)
@@ -210,7 +235,7 @@ def prepare_build(target: BuildTarget) -> BuildPlan:
     dataset = target.dataset
     n_chunks = target.n_chunks
     ids_bytes = json.dumps(dataset.ids).encode("utf-8")
-    manifest = {
+    manifest: dict[str, Any] = {
         "index_id": target.index_id,
         "status": "building",
         "identity": target.identity,
@@ -274,7 +299,7 @@ def _manifest_fault(root: Path, err: Exception) -> str:
     return text
 
 
-def start_build(target: BuildTarget, manifest: dict[str, Any]) -> list[Any]:
+def start_build(target: BuildTarget, manifest: dict[str, Any]) -> list[TokenizedExample]:
     """Record the build as started (``status: building`` with the chunks already whole) and return
     the tokenized dataset; chunk records beside the chunks are folded into that manifest, so
     they are removed once it is written."""
@@ -298,8 +323,8 @@ def finish_build(target: BuildTarget, manifest: dict[str, Any], seconds: float) 
     write_manifest(target.root / "manifest.json", manifest)
 
 
-def compute_chunks(target: BuildTarget, todo: list[int], tokenized: list[Any],
-                    written: Callable[[int, dict[str, Any]], None]) -> None:
+def compute_chunks(target: BuildTarget, todo: list[int], tokenized: Sequence[TokenizedExample],
+                    written: Callable[[int, ChunkRecord], None]) -> None:
     """Capture and write chunks ``todo``, calling ``written(k, record)`` as each one lands.
 
     Each chunk is captured on its own, in batches that start at its first row, so a chunk's
@@ -323,7 +348,8 @@ def compute_chunks(target: BuildTarget, todo: list[int], tokenized: list[Any],
             raise _disk_filled_up(target, todo, k) from None
 
 
-def capture_rows(target: BuildTarget, rows: list[Any], projector: Any) -> dict[str, np.ndarray]:
+def capture_rows(target: BuildTarget, rows: Sequence[TokenizedExample],
+                 projector: BlockProjector | KroneckerProjector | None) -> dict[str, np.ndarray]:
     """``{block: [len(rows), width]}``: the per-example gradients of ``rows`` (tokenized, batched
     from the first) under ``target.gm``, in the store's dtype: what a chunk holds. The index build
     and a stream (``gradian.index.stream``) both capture through it, so they hold the same numbers."""
@@ -337,7 +363,7 @@ def capture_rows(target: BuildTarget, rows: list[Any], projector: Any) -> dict[s
             for b in target.blocks}
 
 
-def stored_norms(rows: dict[str, np.ndarray], storage: Any) -> dict[str, np.ndarray]:
+def stored_norms(rows: dict[str, np.ndarray], storage: npt.DTypeLike) -> dict[str, np.ndarray]:
     """``{block: [rows]}`` float64 squared norms of the values as stored in ``storage``."""
     return {b: np.einsum("ij,ij->i", v, v, dtype=np.float64)
             for b, v in ((b, rows[b].astype(storage).astype(np.float64)) for b in rows)}
@@ -409,7 +435,7 @@ def _disk_filled_up(target: BuildTarget, todo: list[int], k: int) -> DiskFullErr
     )
 
 
-def _write_chunk(root: Path, k: int, rows: dict[str, np.ndarray], storage: Any) -> dict[str, Any]:
+def _write_chunk(root: Path, k: int, rows: dict[str, np.ndarray], storage: npt.DTypeLike) -> ChunkRecord:
     """Write chunk ``k`` (norms first, data last) and return its manifest record: row count, and
     the sha256 and size of both files, hashed from the bytes written."""
     data = np.concatenate([rows[b].astype(storage) for b in rows], axis=1)
@@ -425,7 +451,7 @@ def _chunk_record_path(root: Path, k: int) -> Path:
     return root / "chunks" / f"{k:05d}.record.json"
 
 
-def write_chunk_record(root: Path, k: int, record: dict[str, Any]) -> None:
+def write_chunk_record(root: Path, k: int, record: ChunkRecord) -> None:
     """Record chunk ``k`` beside its files (after them), checksummed like the manifest; a sharded
     build's rank writes these instead of the manifest, which only rank 0 writes."""
     payload = {"chunk": k, "record": record}
@@ -433,10 +459,10 @@ def write_chunk_record(root: Path, k: int, record: dict[str, Any]) -> None:
     write_text_atomic(_chunk_record_path(root, k), json.dumps(payload))
 
 
-def chunk_records(root: Path, n_chunks: int) -> dict[int, dict[str, Any]]:
+def chunk_records(root: Path, n_chunks: int) -> dict[int, ChunkRecord]:
     """``{chunk: record}`` from the chunk records found; an unreadable one is ignored (its chunk
     is then computed again)."""
-    found: dict[int, dict[str, Any]] = {}
+    found: dict[int, ChunkRecord] = {}
     for path in sorted((root / "chunks").glob("?????.record.json")):
         try:
             payload = json.loads(path.read_text(encoding="utf-8"))
@@ -453,7 +479,7 @@ def remove_chunk_records(root: Path) -> None:
         path.unlink(missing_ok=True)
 
 
-def _remove_leftovers(root: Path) -> list[dict[str, Any]]:
+def _remove_leftovers(root: Path) -> list[RepairRecord]:
     """Delete the ``.tmp`` files a killed atomic write leaves beside its target; a repair record each."""
     removed = []
     for pattern in (".*.tmp", "chunks/.*.tmp"):
@@ -497,7 +523,7 @@ def build_local(target: BuildTarget, force: bool = False,
                 progress(rows_done, target.n)
             started = time.perf_counter()
 
-            def record(k: int, chunk_record: dict[str, Any]) -> None:
+            def record(k: int, chunk_record: ChunkRecord) -> None:
                 nonlocal rows_done
                 manifest["chunks"][k] = chunk_record
                 manifest["n_chunks_done"] = sum(1 for c in manifest["chunks"] if c is not None)

@@ -18,13 +18,13 @@ import io
 import os
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, MutableMapping
 
 import numpy as np
 
 from gradian.atomic import write_text_atomic
 from gradian.errors import IndexCorruptError, IndexMismatchError
-from gradian.index.manifest import FORMAT_VERSION, first_difference
+from gradian.index.manifest import FORMAT_VERSION, ChunkRecord, first_difference
 
 __all__ = ["chunk_fault", "chunk_faults", "chunk_problem", "chunk_problems", "file_fault", "file_problem", "ids_fault",
            "ids_problem", "manifest_checksum", "npy_bytes", "read_manifest", "rebuild_hint", "refuse_mismatch",
@@ -49,12 +49,12 @@ def npy_bytes(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def manifest_checksum(manifest: dict[str, Any]) -> str:
+def manifest_checksum(manifest: Mapping[str, object]) -> str:
     body = {k: v for k, v in manifest.items() if k != "checksum"}
     return sha256_bytes(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode("utf-8"))
 
 
-def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+def write_manifest(path: Path, manifest: MutableMapping[str, object]) -> None:
     manifest["checksum"] = manifest_checksum(manifest)
     write_text_atomic(path, json.dumps(manifest, indent=2))
 
@@ -110,7 +110,7 @@ def file_problem(path: Path, sha256: str, size: int, hash_data: bool = True) -> 
     return f"{path} is {fault}" if fault else None
 
 
-def chunk_fault(root: Path, k: int, record: dict[str, Any], hash_data: bool) -> tuple[Path, str] | None:
+def chunk_fault(root: Path, k: int, record: ChunkRecord, hash_data: bool) -> tuple[Path, str] | None:
     """``(file, what is wrong)`` for the first file of recorded chunk ``k`` not as recorded (the
     norms file first), or ``None``."""
     data, norms = root / "chunks" / f"{k:05d}.npy", root / "chunks" / f"{k:05d}.norms.npy"
@@ -121,14 +121,14 @@ def chunk_fault(root: Path, k: int, record: dict[str, Any], hash_data: bool) -> 
     return (data, fault) if fault else None
 
 
-def chunk_problem(root: Path, k: int, record: dict[str, Any] | None, hash_data: bool) -> str | None:
+def chunk_problem(root: Path, k: int, record: ChunkRecord | None, hash_data: bool) -> str | None:
     if record is None:
         return f"{root / 'chunks' / f'{k:05d}.npy'} was never completed"
     found = chunk_fault(root, k, record, hash_data)
     return f"{found[0]} is {found[1]}" if found else None
 
 
-def chunk_faults(root: Path, records: dict[int, dict[str, Any]]) -> dict[int, tuple[Path, str]]:
+def chunk_faults(root: Path, records: Mapping[int, ChunkRecord]) -> dict[int, tuple[Path, str]]:
     """``{chunk: (file, what is wrong)}`` for the chunks in ``records`` whose files are not as
     recorded, every byte hashed. Threads: hashlib releases the GIL on large buffers, so this runs
     at the speed of the disk or of several cores' sha256, not one."""
@@ -142,13 +142,13 @@ def chunk_faults(root: Path, records: dict[int, dict[str, Any]]) -> dict[int, tu
     return {k: fault for k, fault in found.items() if fault}
 
 
-def chunk_problems(root: Path, records: dict[int, dict[str, Any]]) -> dict[int, str]:
+def chunk_problems(root: Path, records: Mapping[int, ChunkRecord]) -> dict[int, str]:
     """``{chunk: problem}`` for the chunks in ``records`` whose files are not as recorded, every
     byte hashed (``chunk_faults``, in words)."""
     return {k: f"{path} is {fault}" for k, (path, fault) in chunk_faults(root, records).items()}
 
 
-def ids_fault(path: Path, manifest: dict[str, Any]) -> str | None:
+def ids_fault(path: Path, manifest: Mapping[str, object]) -> str | None:
     """What is wrong with example_ids.json, without its name, or ``None``."""
     if not path.is_file():
         return "missing"
@@ -157,12 +157,12 @@ def ids_fault(path: Path, manifest: dict[str, Any]) -> str | None:
     return None
 
 
-def ids_problem(path: Path, manifest: dict[str, Any]) -> str | None:
+def ids_problem(path: Path, manifest: Mapping[str, object]) -> str | None:
     fault = ids_fault(path, manifest)
     return f"{path} is {fault}" if fault else None
 
 
-def refuse_mismatch(root: Path, stored: dict[str, Any], given: dict[str, Any]) -> None:
+def refuse_mismatch(root: Path, stored: Mapping[str, object], given: Mapping[str, object]) -> None:
     diff = first_difference(stored, given)
     if diff is None:
         return
@@ -180,6 +180,6 @@ def refuse_mismatch(root: Path, stored: dict[str, Any], given: dict[str, Any]) -
     )
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = json.dumps(value, default=str) if not isinstance(value, str) else value
     return text if len(text) <= 80 else text[:77] + "..."

@@ -16,12 +16,14 @@ import hashlib
 import json
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping, Sequence, TypedDict
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-__all__ = ["FORMAT_VERSION", "index_identity", "index_id", "first_difference", "library_versions",
+    from gradian.config import GradianConfig
+
+__all__ = ["FORMAT_VERSION", "ChunkRecord", "ManifestBlock", "index_identity", "index_id", "first_difference", "library_versions",
            "tokenizer_fingerprint", "GRADS_ID_FIELDS"]
 
 #: 2: chunk checksums and a manifest checksum; tokenizer fingerprint in, engine damping out
@@ -36,6 +38,27 @@ _DISTRIBUTIONS = {"gradian": "gradian-mlflow", "torch": "torch", "transformers":
 GRADS_ID_FIELDS = ("strategy", "loss_reduction", "normalization", "max_seq_length", "module_filter",
                    "block_granularity", "projection_dim", "projection_kind", "projection_seed",
                    "storage_dtype", "chunk_size")
+
+
+class ManifestBlock(TypedDict):
+    """One block of the manifest: its names, LoRA shapes and dim, its stored width and its column offset."""
+
+    name: str
+    module: str
+    shapes: list[list[int]]
+    dim: int
+    width: int
+    offset: int
+
+
+class ChunkRecord(TypedDict):
+    """A chunk's manifest record: its row count, and the sha256 and size of its data and norms files."""
+
+    rows: int
+    sha256: str
+    bytes: int
+    norms_sha256: str
+    norms_bytes: int
 
 
 def library_versions() -> dict[str, str]:
@@ -73,8 +96,8 @@ def tokenizer_fingerprint(tokenizer: "PreTrainedTokenizerBase | None") -> str:
 
 
 def index_identity(*, base_fingerprint: str, adapter_fingerprint: str, dataset_sha256: str, n_examples: int,
-                   config: Any, blocks: list[dict[str, Any]], model_dtype: str,
-                   tokenizer_fingerprint: str = "unknown") -> dict[str, Any]:
+                   config: GradianConfig, blocks: Sequence[Mapping[str, object]], model_dtype: str,
+                   tokenizer_fingerprint: str = "unknown") -> dict[str, object]:
     grads = config.grads
     return {
         "format_version": FORMAT_VERSION,
@@ -90,12 +113,12 @@ def index_identity(*, base_fingerprint: str, adapter_fingerprint: str, dataset_s
     }
 
 
-def index_id(identity: Mapping[str, Any]) -> str:
+def index_id(identity: Mapping[str, object]) -> str:
     canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:20]
 
 
-def first_difference(stored: Any, given: Any, prefix: str = "") -> tuple[str, Any, Any] | None:
+def first_difference(stored: object, given: object, prefix: str = "") -> tuple[str, object, object] | None:
     """``(dotted field, stored value, given value)`` of the first disagreement, or ``None``."""
     if isinstance(stored, Mapping) and isinstance(given, Mapping):
         for key in list(stored) + [k for k in given if k not in stored]:

@@ -42,7 +42,7 @@ import hashlib
 import io
 import json
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypedDict
 
 import numpy as np
 
@@ -51,8 +51,19 @@ from gradian.atomic import write_bytes_atomic, write_text_atomic
 __all__ = ["PassProgress"]
 
 
+class _PassRecord(TypedDict, total=False):
+    """``progress.json`` (or a rank's span record): the last chunk folded into the sums file, the sha256
+    of each finished chunk's per-row file and of the sums file, and the pass's chunk count."""
+
+    through: int
+    rows: dict[str, str | None]
+    sums: str | None
+    n_chunks: int
+
+
 def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     buffer = io.BytesIO()
+    # untyped: numpy's stubs would match a ** mapping of arrays against savez's allow_pickle keyword
     named: dict[str, Any] = {k: np.asarray(v) for k, v in arrays.items()}
     np.savez(buffer, **named)
     return buffer.getvalue()
@@ -79,7 +90,7 @@ class PassProgress:
         self.repaired: list[str] = []
         #: the sha256 of each finished chunk's per-row file (None for a pass of sums only)
         self.checksums: dict[int, str | None] = {}
-        self._record: dict[str, Any] = {"through": -1, "rows": {}, "sums": None}
+        self._record: _PassRecord = {"through": -1, "rows": {}, "sums": None}
         self._sums_saved_at = float("-inf")
 
     # -- reading back -----------------------------------------------------------------------------
@@ -100,10 +111,10 @@ class PassProgress:
             self.repaired.append(f"{path} is not readable; recomputed")
             return None
 
-    def _read_record(self, name: str) -> dict[str, Any] | None:
+    def _read_record(self, name: str) -> _PassRecord | None:
         path = self.root / name
         try:
-            record = json.loads(path.read_text())
+            record: _PassRecord = json.loads(path.read_text())
             if not isinstance(record, dict) or record.get("n_chunks") != self.n_chunks:
                 raise ValueError("another layout")
         except FileNotFoundError:
@@ -182,7 +193,7 @@ class PassProgress:
         if self.sums:
             sums = _npz_bytes({name: totals[name] for name in self.sums})
             write_bytes_atomic(self.root / f"{self._sums_stem}-{k % 2}.npz", sums)
-            self._record.update(through=k, sums=_sha(sums))
+            self._record.update({"through": k, "sums": _sha(sums)})
             self._sums_saved_at = time.monotonic()
         write_text_atomic(self.root / self._name, json.dumps({**self._record, "n_chunks": self.n_chunks}))
 
@@ -191,7 +202,7 @@ class PassProgress:
         the sums over every chunk) in ``progress.json``, and remove the ranks' span records."""
         self.root.mkdir(parents=True, exist_ok=True)
         last = self.n_chunks - 1
-        record: dict[str, Any] = {"through": last if self.sums else -1,
+        record: _PassRecord = {"through": last if self.sums else -1,
                                   "rows": {str(k): checksums[k] for k in range(self.n_chunks)}, "sums": None}
         if self.sums:
             sums = _npz_bytes({name: totals[name] for name in self.sums})

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import time
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict, TypeVar
 
 from gradian.errors import GradianError, IndexMismatchError
-from gradian.index.manifest import first_difference
+from gradian.index.manifest import ChunkRecord, first_difference
 from gradian.index.build import (
     BuildTarget,
     BuiltIndex,
@@ -48,11 +48,37 @@ from gradian.index.build import (
 )
 
 if TYPE_CHECKING:
+    from gradian.data import TokenizedExample
     from gradian.distributed import ShardGroup
 
 T = TypeVar("T")
 
 __all__ = ["build_sharded", "gather_outcomes", "ShardedBuildError", "shard_of"]
+
+
+class _Plan(TypedDict, total=False):
+    """What rank 0 broadcasts: ``kind`` (``failed``, ``cached``, ``build``, ``complete``) and what goes with it."""
+
+    kind: str
+    index_id: str
+    identity: dict[str, object]
+    todo: list[int]
+    manifest: dict[str, Any]
+    error: str
+    exit_code: int
+
+
+class _Failure(TypedDict, total=False):
+    """A rank's error in a gather (None: it had none), and the exit code it carries."""
+
+    error: str | None
+    exit_code: int
+
+
+class _Computed(_Failure, total=False):
+    """What a rank reports of its chunks to the gather: their records, and its error."""
+
+    records: dict[int, ChunkRecord]
 
 
 class ShardedBuildError(GradianError, RuntimeError):
@@ -106,7 +132,7 @@ def _lead(target: BuildTarget, shard: "ShardGroup", force: bool,
 
     seen = {"at": 0.0, "rows": 0}
 
-    def written(k: int, record: dict[str, Any]) -> None:
+    def written(k: int, record: ChunkRecord) -> None:
         write_chunk_record(target.root, k, record)
         now = time.perf_counter()
         if progress and now - seen["at"] >= 1.0:
@@ -119,7 +145,7 @@ def _lead(target: BuildTarget, shard: "ShardGroup", force: bool,
     started = time.perf_counter()
     mine = shard_of(todo, shard.rank, shard.world_size)
     outcome, own_error = _compute(target, mine, tokenized, written, shard.rank)
-    outcomes = shard.gather(outcome)
+    outcomes: list[_Computed] = shard.gather(outcome)
     try:
         if own_error is not None:
             raise own_error
@@ -144,7 +170,7 @@ def _follow(target: BuildTarget, shard: "ShardGroup") -> BuiltIndex:
 
     # tokenized while rank 0 checks the store
     tokenized = tokenize_examples(target.dataset.examples, target.tokenizer, target.config.grads.max_seq_length)
-    plan = shard.broadcast()
+    plan: _Plan = shard.broadcast()
     if plan["kind"] == "failed":
         raise ShardedBuildError(plan["error"], plan.get("exit_code", 2))
     mismatch = _mismatch(plan, target, shard.rank)
@@ -153,6 +179,7 @@ def _follow(target: BuildTarget, shard: "ShardGroup") -> BuiltIndex:
             raise IndexMismatchError(mismatch)
         return BuiltIndex(target.root, plan["manifest"], set(), [], cache_hit=True)
     own_error: BaseException | None = None
+    outcome: _Computed
     if mismatch:
         outcome, own_error = {"error": mismatch, "records": {}}, IndexMismatchError(mismatch)
     else:
@@ -160,7 +187,7 @@ def _follow(target: BuildTarget, shard: "ShardGroup") -> BuiltIndex:
         outcome, own_error = _compute(target, mine, tokenized,
                                       lambda k, record: write_chunk_record(target.root, k, record), shard.rank)
     shard.gather(outcome)
-    result = shard.broadcast()
+    result: _Plan = shard.broadcast()
     if own_error is not None:
         raise own_error
     if result["kind"] == "failed":
@@ -168,15 +195,15 @@ def _follow(target: BuildTarget, shard: "ShardGroup") -> BuiltIndex:
     return BuiltIndex(target.root, result["manifest"], set(), [], cache_hit=False)
 
 
-def _compute(target: BuildTarget, mine: list[int], tokenized: list[Any] | None,
-             written: Callable[[int, dict[str, Any]], None],
-             rank: int) -> tuple[dict[str, Any], Exception | None]:
+def _compute(target: BuildTarget, mine: list[int], tokenized: Sequence[TokenizedExample] | None,
+             written: Callable[[int, ChunkRecord], None],
+             rank: int) -> tuple[_Computed, Exception | None]:
     """This rank's chunks: ``({"records": {chunk: record}, "error": None | message}, the exception)``.
     An exception is reported to the gather, not raised, so no rank waits for one that left; an
     interrupt (KeyboardInterrupt, SIGTERM) still ends the process, and torchrun the others."""
-    records: dict[int, dict[str, Any]] = {}
+    records: dict[int, ChunkRecord] = {}
 
-    def keep(k: int, record: dict[str, Any]) -> None:
+    def keep(k: int, record: ChunkRecord) -> None:
         records[k] = record
         written(k, record)
 
@@ -204,7 +231,7 @@ def gather_outcomes(shard: "ShardGroup", work: Callable[[], T], what: str) -> li
     return [o["value"] for o in outcomes]
 
 
-def _mismatch(plan: dict[str, Any], target: BuildTarget, rank: int) -> str | None:
+def _mismatch(plan: _Plan, target: BuildTarget, rank: int) -> str | None:
     if plan["index_id"] == target.index_id:
         return None
     field, lead, here = first_difference(plan["identity"], target.identity) or ("?", "?", "?")
@@ -212,7 +239,7 @@ def _mismatch(plan: dict[str, Any], target: BuildTarget, rank: int) -> str | Non
             f"{here!r}); every process must see the same dataset, model, adapter, config and library versions")
 
 
-def _raise_first_failure(outcomes: list[dict[str, Any]], what: str = "index build") -> None:
+def _raise_first_failure(outcomes: Sequence[_Failure], what: str = "index build") -> None:
     failed = [(r, o["error"], o.get("exit_code", 2)) for r, o in enumerate(outcomes) if o.get("error")]
     if failed:
         r, message, code = failed[0]

@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gradian.errors import ConfigError
 from gradian.sizes import GIB, format_size
+
+if TYPE_CHECKING:
+    from gradian.config import GradianConfig, GradsConfig
+    from gradian.grads import GradientModel
 
 __all__ = ["AUTO_PROJECTION_FLOOR", "AutoProjection", "auto_projection", "index_bytes"]
 
@@ -34,7 +38,7 @@ class AutoProjection:
     projection_dim: int
     stored_bytes: int
 
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> dict[str, int]:
         return dataclasses.asdict(self)
 
     def message(self) -> str:
@@ -48,14 +52,15 @@ def _itemsize(storage_dtype: str) -> int:
     return 2 if storage_dtype == "float16" else 4
 
 
-def index_bytes(gm: Any, grads: Any, n: int) -> int:
+def index_bytes(gm: GradientModel, grads: GradsConfig, n: int) -> int:
     """Bytes of the gradient chunks for ``n`` rows of ``gm``'s blocks under ``grads``."""
     from gradian.grads import gradient_widths
 
     return n * sum(gradient_widths(gm, grads).values()) * _itemsize(grads.storage_dtype)
 
 
-def auto_projection(config: Any, gm: Any, n: int, whole: Sequence[str]) -> tuple[Any, AutoProjection | None]:
+def auto_projection(config: GradianConfig, gm: GradientModel, n: int,
+                    whole: Sequence[str]) -> tuple[GradianConfig, AutoProjection | None]:
     """``config`` with a projection when the full index would pass ``grads.max_index_gb``, and
     the decision (None when nothing changed). ``whole``: the engines reading the index that fit
     curvature on whole gradients (``gradian.engines.registry.needs_whole_gradients``), so that

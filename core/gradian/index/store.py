@@ -56,17 +56,24 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from gradian.errors import IndexCorruptError, IndexMismatchError
-from gradian.index.build import BuiltIndex, build_local, build_target, index_root, repair_note, repair_summary
+from gradian.index.build import (BuiltIndex, RepairRecord, build_local, build_target, index_root, repair_note,
+                                 repair_summary)
 from gradian.index.integrity import chunk_problem, chunk_problems, file_problem, ids_problem, read_manifest, rebuild_hint, refuse_mismatch
+from gradian.index.manifest import ChunkRecord
 from gradian.index.sharded import build_sharded
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
+    from gradian.data import Dataset
     from gradian.distributed import ShardGroup
+    from gradian.grads import GradientModel
 
 __all__ = ["GradientIndex", "index_root"]
 
@@ -91,12 +98,12 @@ class GradientIndex:
         self.cache_hit = False
         #: what ``build`` found damaged or left over and replaced or removed: one record a file,
         #: ``{"file", "problem", "action", "at"}`` (and ``"chunk"`` for a chunk's file)
-        self.repairs: list[dict[str, Any]] = []
+        self.repairs: list[RepairRecord] = []
 
     # -- reading ------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | Path, expect: dict[str, Any] | None = None) -> "GradientIndex":
+    def open(cls, path: str | Path, expect: Mapping[str, object] | None = None) -> "GradientIndex":
         """Open a complete store; with ``expect`` (an identity), refuse one built from other inputs.
 
         Raises ``IndexCorruptError`` when the manifest, example_ids.json or a norms file does not
@@ -148,7 +155,7 @@ class GradientIndex:
         return list(self._example_ids)
 
     @property
-    def identity(self) -> dict[str, Any]:
+    def identity(self) -> Mapping[str, object]:
         return self.manifest["identity"]
 
     def _chunk_path(self, k: int) -> Path:
@@ -157,7 +164,7 @@ class GradientIndex:
     def _norms_path(self, k: int) -> Path:
         return self.root / "chunks" / f"{k:05d}.norms.npy"
 
-    def _record(self, k: int) -> dict[str, Any]:
+    def _record(self, k: int) -> ChunkRecord:
         return self.manifest["chunks"][k]
 
     def iter_chunks(self) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
@@ -202,7 +209,7 @@ class GradientIndex:
     def widths(self) -> dict[str, int]:
         return {b["name"]: int(b["width"]) for b in self.manifest["blocks"]}
 
-    def rows(self, indices: Any) -> dict[str, np.ndarray]:
+    def rows(self, indices: Iterable[int]) -> dict[str, np.ndarray]:
         """``{block: [len(indices), width]}`` of the rows asked for, in that order, read from their
         chunks (each chunk checked against its sha256 first, as ``iter_chunks`` does)."""
         self._verify_data()
@@ -250,9 +257,10 @@ class GradientIndex:
     # -- building -----------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, gm: Any, tokenizer: Any, dataset: Any, config: Any, *, cache_dir: str | Path | None = None,
+    def build(cls, gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, config: GradianConfig, *,
+              cache_dir: str | Path | None = None,
               force: bool = False, progress: Callable[[int, int], None] | None = None,
-              shard: "ShardGroup | None" = None, extra_manifest: dict[str, Any] | None = None,
+              shard: "ShardGroup | None" = None, extra_manifest: Mapping[str, object] | None = None,
               log: Callable[[str], None] | None = None) -> "GradientIndex":
         """Index ``dataset`` under ``gm`` (a ``GradientModel``) with ``config`` (a ``GradianConfig``).
 

@@ -33,7 +33,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypedDict
 
 import numpy as np
 
@@ -47,11 +47,28 @@ from gradian.index.sizing import AutoProjection, auto_projection, index_bytes
 from gradian.sizes import GIB, format_size
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
+    from gradian.data import Dataset, TokenizedExample
     from gradian.distributed import ShardGroup
+    from gradian.grads import GradientModel
+    from gradian.index.build import RepairRecord
     from gradian.index.store import GradientIndex
 
 __all__ = ["GradientStream", "StoreChoice", "capture_training_gradients", "choose_store",
            "training_gradients"]
+
+
+class _Span(TypedDict):
+    """One rank's share of a sharded pass: per-row outputs of its rows, its sums, where its rows start,
+    and the checksums of its chunks' files."""
+
+    rows: dict[str, np.ndarray]
+    sums: dict[str, np.ndarray]
+    first_row: int
+    checksums: dict[int, str | None]
+
 
 def _raise_other_pass(key: str, seen: list[tuple[str, bool]]) -> None:
     """Every rank of a sharded pass must make the same pass (the same content key)."""
@@ -70,7 +87,8 @@ class GradientStream:
     cache_hit = False
     root: Path | None = None
 
-    def __init__(self, gm: Any, tokenizer: Any, dataset: Any, config: Any, tokenized: Sequence[Any] | None = None,
+    def __init__(self, gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, config: GradianConfig,
+                 tokenized: Sequence[TokenizedExample] | None = None,
                  progress: Callable[[int, int], None] | None = None, shard: "ShardGroup | None" = None) -> None:
         self.gm, self.tokenizer, self.dataset, self.config = gm, tokenizer, dataset, config
         #: the processes of a torchrun launch every pass is sharded over (None: this one alone)
@@ -83,7 +101,7 @@ class GradientStream:
         self.passes = 0
         self.pass_seconds: list[float] = []
         self.rows_computed = 0
-        self.repairs: list[dict[str, Any]] = []
+        self.repairs: list[RepairRecord] = []
         self.repaired: list[str] = []
         #: chunks whose outputs a pass read back from an earlier, interrupted or finished run
         self.chunks_resumed = 0
@@ -145,7 +163,7 @@ class GradientStream:
         return 0
 
     @property
-    def tokenized(self) -> list[Any]:
+    def tokenized(self) -> list[TokenizedExample]:
         if self._tokenized is None:
             from gradian.data import tokenize_examples
 
@@ -249,7 +267,7 @@ class GradientStream:
         mine = PassProgress(root, n_chunks, rows, sums, span=(span[0], span[-1] + 1) if span else (0, 0))
         first_row, end_row = (span[0] * self.chunk_size, min((span[-1] + 1) * self.chunk_size, self.n)) if span else (0, 0)
 
-        def my_span() -> dict[str, Any]:
+        def my_span() -> _Span:
             out, _ = self._fold_span(mine, of_chunk, rows, sums) if span else ({}, False)
             return {"rows": {name: out[name][first_row:end_row] for name in rows if name in out},
                     "sums": {name: out[name] for name in sums if name in out},
@@ -363,7 +381,8 @@ def _free_disk(path: Path) -> int:
     return 0
 
 
-def choose_store(config: Any, gm: Any, tokenizer: Any, dataset: Any, whole: Sequence[str]) -> tuple[Any, StoreChoice]:
+def choose_store(config: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset,
+                 whole: Sequence[str]) -> tuple[GradianConfig, StoreChoice]:
     """``(config, choice)`` for ``engine.store`` (see the module doc); ``whole`` are the engines
     that fit curvature on whole gradients, which an index may not project."""
     mode = getattr(config.engine, "store", "index")
@@ -392,10 +411,11 @@ def choose_store(config: Any, gm: Any, tokenizer: Any, dataset: Any, whole: Sequ
     return config, StoreChoice("index", f"the index takes {format_size(full)}, within grads.max_index_gb and the free disk")
 
 
-def training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: Any, choice: StoreChoice, *,
+def training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, config: GradianConfig,
+                       choice: StoreChoice, *,
                        force: bool = False, progress: Callable[[int, int], None] | None = None,
                        log: Callable[[str], None] | None = None,
-                       tokenized: Sequence[Any] | None = None,
+                       tokenized: Sequence[TokenizedExample] | None = None,
                        shard: "ShardGroup | None" = None) -> "GradientIndex | GradientStream":
     """The training gradients ``choice`` names: the index built (or found) in ``config.cache_dir``,
     or a stream that writes nothing (its passes sharded over ``shard``'s ranks when given)."""
@@ -408,9 +428,11 @@ def training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: Any, choic
                                extra_manifest=extra, log=log)
 
 
-def capture_training_gradients(gm: Any, tokenizer: Any, dataset: Any, config: Any, choice: StoreChoice, *,
+def capture_training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset,
+                               config: GradianConfig, choice: StoreChoice, *,
                                collect: bool, force: bool = False, progress: Callable[[int, int], None] | None = None,
-                               log: Callable[[str], None] | None = None, tokenized: Sequence[Any] | None = None,
+                               log: Callable[[str], None] | None = None,
+                               tokenized: Sequence[TokenizedExample] | None = None,
                                shard: "ShardGroup | None" = None,
                                ) -> tuple["GradientIndex | GradientStream", KroneckerCollector | None]:
     """``training_gradients``, with (``collect``) the Kronecker sums of their first pass: the index
