@@ -49,7 +49,7 @@ class Finding:
         """True when this finding is as severe as ``severity`` or more."""
         return severity_rank(self.severity) <= severity_rank(severity)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
     @classmethod

@@ -10,7 +10,6 @@ characters of a user's string as visible escapes, so a dataset cannot drive the 
 from __future__ import annotations
 
 import re
-from typing import Any
 
 __all__ = ["redact", "terminal_safe", "MASK"]
 
@@ -50,7 +49,7 @@ def redact(text: str) -> str:
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 
 
-def terminal_safe(text: Any, keep_offsets: bool = False) -> str:
+def terminal_safe(text: object, keep_offsets: bool = False) -> str:
     """``text`` with every control or bidi-override character written as a visible escape
     (``\\x1b``, ``\\u202e``), so strings from a user's data cannot drive the terminal.
     ``keep_offsets`` writes each as one U+FFFD instead, so character offsets into it still hold."""

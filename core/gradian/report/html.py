@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from html import escape
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from gradian.report.markdown import provenance
 from gradian.report.schema import (
@@ -51,11 +51,11 @@ mark.harmful{background:#f5b7b1;font-weight:600}
 """
 
 
-def _e(x: Any) -> str:
+def _e(x: object) -> str:
     return escape("" if x is None else str(x), quote=True)
 
 
-def _num(x: Any, spec: str = ".4g") -> str:
+def _num(x: object, spec: str = ".4g") -> str:
     return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "n/a"
 
 
@@ -238,7 +238,7 @@ def _findings(findings: Sequence[ReportFinding]) -> str:
     return "".join(out) + "</table></section>"
 
 
-def render_html(report: Report | Mapping[str, Any], plots: Mapping[str, bytes] | None = None) -> str:
+def render_html(report: Report | Mapping[str, object], plots: Mapping[str, bytes] | None = None) -> str:
     """The whole page; ``plots`` maps figure names (``gradian.report.plots``) to PNG bytes."""
     plots = plots or {}
     report = Report.of(report)

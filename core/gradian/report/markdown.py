@@ -8,7 +8,7 @@ are left out rather than printed empty. ``plots`` names figures saved under ``pl
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from gradian.report.schema import (
     Accused,
@@ -16,6 +16,7 @@ from gradian.report.schema import (
     Attribution,
     Capability,
     CounterfactualManifest,
+    CounterfactualRound,
     ExampleRow,
     Manifest,
     OtherManifest,
@@ -34,11 +35,11 @@ _PLOT_TITLES = {
 }
 
 
-def _cell(text: Any) -> str:
+def _cell(text: object) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ").replace("`", "'")
 
 
-def _num(x: Any, spec: str = ".4g") -> str:
+def _num(x: object, spec: str = ".4g") -> str:
     return format(x, spec) if isinstance(x, (int, float)) and not isinstance(x, bool) else "n/a"
 
 
@@ -132,7 +133,7 @@ def _accused(acc: Accused, spans: Sequence[Span]) -> list[str]:
     return lines
 
 
-def _bold_span(text: str, start: Any, end: Any) -> str:
+def _bold_span(text: str, start: int | None, end: int | None) -> str:
     if not isinstance(start, int) or not isinstance(end, int) or not 0 <= start < end <= len(text):
         return text
     inner = text[start:end].strip()
@@ -140,7 +141,7 @@ def _bold_span(text: str, start: Any, end: Any) -> str:
     return f"{text[:start]}{lead}**{inner}**{text[end:]}" if inner else text
 
 
-def _rounds(rounds: Sequence[Any]) -> list[str]:
+def _rounds(rounds: Sequence[CounterfactualRound]) -> list[str]:
     """``--until-recovered``: one line per retrain, the rows each attribution added, and the stop."""
     truth = any(r.precision is not None for r in rounds)
     lines = ["## Rounds", "", "| round | rows removed | outcome | capability after | loss recovered | "
@@ -175,7 +176,7 @@ def _findings(findings: Sequence[ReportFinding]) -> list[str]:
     return lines
 
 
-def provenance(manifest: Manifest) -> tuple[dict[str, Any], str | None]:
+def provenance(manifest: Manifest) -> tuple[dict[str, object], str | None]:
     """The manifest as report.json holds it (empty when the report has none) and its config hash
     (None for a kind that records none)."""
     recorded = {} if manifest == OtherManifest() else manifest.to_json()
@@ -183,7 +184,7 @@ def provenance(manifest: Manifest) -> tuple[dict[str, Any], str | None]:
     return recorded, config_hash
 
 
-def render_markdown(report: Report | Mapping[str, Any], plots: Sequence[str] = ()) -> str:
+def render_markdown(report: Report | Mapping[str, object], plots: Sequence[str] = ()) -> str:
     """The report as Markdown; ``plots`` lists figure names saved as ``plots/<name>.png``."""
     report = Report.of(report)
     verdict = report.verdict

@@ -11,13 +11,16 @@ by cluster), ``scores`` (per-example score distribution, accused cluster highlig
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gradian.redact import terminal_safe
 from gradian.report.schema import Capability, ClusterRow, Report, ReportFinding
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.figure import Figure
+
+    from gradian.runs import TrainingLogs
 
 __all__ = ["PLOT_NAMES", "draw_plots", "flagged_steps"]
 
@@ -75,7 +78,7 @@ def _clusters_plot(clusters: Sequence[ClusterRow], accused: str | None) -> bytes
     return _png(fig)
 
 
-def _scores_plot(rankings: Any, accused: str | None) -> bytes:
+def _scores_plot(rankings: pd.DataFrame, accused: str | None) -> bytes:
     import numpy as np
 
     fig = _figure(7.0, 3.4)
@@ -97,7 +100,7 @@ def _scores_plot(rankings: Any, accused: str | None) -> bytes:
     return _png(fig)
 
 
-def flagged_steps(evidence: Mapping[str, Any]) -> list[int]:
+def flagged_steps(evidence: Mapping[str, object]) -> list[int]:
     """Training steps named in a dynamics finding's evidence.
 
     Reads ``step``-like integers (``first_step``, ``best_eval_step``, ...), lists under ``steps`` or
@@ -119,7 +122,7 @@ def flagged_steps(evidence: Mapping[str, Any]) -> list[int]:
     return sorted(out)
 
 
-def _training_plot(logs: Any, findings: Sequence[ReportFinding]) -> bytes | None:
+def _training_plot(logs: TrainingLogs, findings: Sequence[ReportFinding]) -> bytes | None:
     import math
 
     loss = [(s, v) for s, v in logs.series("loss") if math.isfinite(v)]
@@ -151,7 +154,8 @@ def _training_plot(logs: Any, findings: Sequence[ReportFinding]) -> bytes | None
     return _png(fig)
 
 
-def draw_plots(report: Report | Mapping[str, Any], rankings: Any = None, logs: Any = None) -> dict[str, bytes]:
+def draw_plots(report: Report | Mapping[str, object], rankings: pd.DataFrame | None = None,
+               logs: TrainingLogs | None = None) -> dict[str, bytes]:
     """Every figure the inputs allow, as PNG bytes keyed by name (see ``PLOT_NAMES``)."""
     out: dict[str, bytes] = {}
     report = Report.of(report)

@@ -13,7 +13,7 @@ import json
 import math
 import shutil
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from gradian.atomic import write_files_atomic
 from gradian.sizes import format_size
@@ -23,13 +23,18 @@ from gradian.report.markdown import render_markdown
 from gradian.report.plots import draw_plots
 from gradian.report.schema import Report
 
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gradian.runs import TrainingLogs
+
 __all__ = ["REPORT_FILES", "write_report", "write_report_files"]
 
 #: file names inside the output folder
 REPORT_FILES = {"json": "report.json", "markdown": "report.md", "html": "report.html", "plots": "plots"}
 
 
-def _jsonable(value: Any) -> Any:
+def _jsonable(value: object) -> object:
     """Non-finite floats become null: strict JSON has no NaN or Infinity."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -40,8 +45,8 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def write_report(report: Report | Mapping[str, Any], out_dir: str | Path, rankings: Any = None,
-                 logs: Any = None, extra_files: Mapping[str, bytes] | None = None) -> list[Path]:
+def write_report(report: Report | Mapping[str, object], out_dir: str | Path, rankings: pd.DataFrame | None = None,
+                 logs: TrainingLogs | None = None, extra_files: Mapping[str, bytes] | None = None) -> list[Path]:
     """Write the report in all three forms plus its figures; returns every path written.
 
     ``report`` is a ``Report`` (written through ``to_json()``) or a dict of its shape.
