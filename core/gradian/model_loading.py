@@ -21,9 +21,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from gradian.errors import AdapterWeightsError, MissingDependencyError, ModelLoadError
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
 
 __all__ = ["resolve_device", "resolve_dtype", "load_tokenizer", "load_peft_model", "read_adapter_config",
            "check_adapter_weights", "check_attention_kernel"]
@@ -34,7 +41,7 @@ _ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 _RESAVE = "copy the adapter folder again from the training run, or save it again with save_pretrained"
 
 
-def resolve_device(name: str = "auto") -> Any:
+def resolve_device(name: str = "auto") -> torch.device:
     """A ``torch.device``: ``auto`` is CUDA when visible, else CPU."""
     import torch
 
@@ -45,7 +52,7 @@ def resolve_device(name: str = "auto") -> Any:
     return torch.device(name)
 
 
-def resolve_dtype(name: str, device: Any) -> Any:
+def resolve_dtype(name: str, device: torch.device | str) -> torch.dtype:
     """A ``torch.dtype`` for ``name`` on ``device``."""
     import torch
 
@@ -58,7 +65,7 @@ def resolve_dtype(name: str, device: Any) -> Any:
     return getattr(torch, name)
 
 
-def load_tokenizer(name: str, trust_remote_code: bool = False, flag: str = "--base-model") -> Any:
+def load_tokenizer(name: str, trust_remote_code: bool = False, flag: str = "--base-model") -> PreTrainedTokenizerBase:
     """``AutoTokenizer.from_pretrained(name)`` (fast); a failure names the flag it came from."""
     from transformers import AutoTokenizer
 
@@ -110,12 +117,12 @@ def read_adapter_config(adapter: str | Path) -> dict[str, Any]:
     return data
 
 
-def _check_lora_numbers(data: dict[str, Any], path: Path) -> None:
+def _check_lora_numbers(data: Mapping[str, object], path: Path) -> None:
     """``r`` a positive whole number and ``lora_alpha`` a finite positive number, in the config and
     in its per-module ``rank_pattern`` / ``alpha_pattern``: LoRA scales each update by alpha / r."""
     import math
 
-    def bad(key: str, value: Any, rule: str) -> ModelLoadError:
+    def bad(key: str, value: object, rule: str) -> ModelLoadError:
         return ModelLoadError(f"{path}: {key} is {value!r}; it must be {rule}. The file was edited or "
                               f"damaged: {_RESAVE}")
 
@@ -145,7 +152,7 @@ def _adapter_weights_path(adapter_dir: Path) -> Path:
     )
 
 
-def _read_adapter_tensors(weights: Path) -> dict[str, Any]:
+def _read_adapter_tensors(weights: Path) -> dict[str, torch.Tensor]:
     """Every tensor of an adapter weights file; a damaged or truncated file is one clear error."""
     if weights.stat().st_size == 0:
         raise AdapterWeightsError(f"{weights} is empty (0 bytes): the save or copy was interrupted; {_RESAVE}")
@@ -169,7 +176,7 @@ def _read_adapter_tensors(weights: Path) -> dict[str, Any]:
     return state
 
 
-def check_adapter_weights(adapter: str | Path, adapter_config: dict[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
+def check_adapter_weights(adapter: str | Path, adapter_config: Mapping[str, object] | None = None) -> dict[str, tuple[int, ...]]:
     """Check an adapter folder's weights before a model is loaded; return ``{key: shape}``.
 
     Refused (``AdapterWeightsError``, one line naming the file): no weights file; a file that is
@@ -262,7 +269,8 @@ def finite_eager_masks() -> None:
     if current is None or getattr(current, "_gradian_finite", False):
         return
 
-    def eager_mask_finite_in_float32(*args: Any, dtype: Any = torch.float32, **kwargs: Any) -> Any:
+    def eager_mask_finite_in_float32(*args: object, dtype: torch.dtype = torch.float32,
+                                     **kwargs: object) -> torch.Tensor | None:
         if dtype != torch.float64:
             return current(*args, dtype=dtype, **kwargs)
         mask = current(*args, dtype=torch.float32, **kwargs)
@@ -272,7 +280,7 @@ def finite_eager_masks() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register("eager", eager_mask_finite_in_float32)
 
 
-def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -> Any:
+def load_peft_model(base: str | None, adapter: str | Path, config: GradianConfig | None = None) -> PeftModel:
     """The base model (``base``, or the adapter's recorded base) with ``adapter`` attached, in eval mode.
 
     ``config`` is a ``GradianConfig``: its ``device``, ``dtype``, ``attn_implementation`` and
@@ -322,7 +330,7 @@ def load_peft_model(base: str | None, adapter: str | Path, config: Any = None) -
     return peft_model
 
 
-def check_finite_weights(model: Any, what: str, fix: str, only: str | None = None) -> None:
+def check_finite_weights(model: torch.nn.Module, what: str, fix: str, only: str | None = None) -> None:
     """Every floating-point parameter of ``model`` (those whose name holds ``only``, when given)
     free of NaN and infinity, or a ``ModelLoadError`` naming the first tensor that is not."""
     import torch
@@ -337,7 +345,8 @@ def check_finite_weights(model: Any, what: str, fix: str, only: str | None = Non
                                      f"{param.numel():,}; {fix}")
 
 
-def _attach_adapter(model: Any, adapter_dir: Path, base: str, saved: dict[str, tuple[int, ...]]) -> Any:
+def _attach_adapter(model: PreTrainedModel, adapter_dir: Path, base: str,
+                    saved: dict[str, tuple[int, ...]]) -> PeftModel:
     from peft import PeftModel
 
     try:
@@ -353,7 +362,7 @@ def _attach_adapter(model: Any, adapter_dir: Path, base: str, saved: dict[str, t
     return peft_model
 
 
-def _check_every_adapter_weight_loaded(peft_model: Any, adapter_dir: Path, base: str,
+def _check_every_adapter_weight_loaded(peft_model: PeftModel, adapter_dir: Path, base: str,
                                        saved: dict[str, tuple[int, ...]]) -> None:
     """Every saved weight landed on a module of the base, and every LoRA tensor the loaded
     modules need (PEFT's ``LoraLayer.adapter_layer_names`` of each targeted module) was saved,

@@ -8,7 +8,7 @@ gate CI before a training run; bad input exits 2 through ``gradian.cli.main``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -17,6 +17,7 @@ from gradian.errors import ConfigError
 from gradian.findings import SEVERITIES
 
 if TYPE_CHECKING:
+    from gradian.audit.runner import AuditResult
     from gradian.report.schema import Verdict
 
 __all__ = ["register"]
@@ -96,7 +97,7 @@ def diagnose_command(
         raise typer.Exit(code=1)
 
 
-def _print_result(result: Any, verdict: "Verdict") -> None:
+def _print_result(result: AuditResult, verdict: "Verdict") -> None:
     """The findings and skipped checks as tables, and ``verdict`` (the report's) in words."""
     from gradian.cli.output import print_line, print_table
 

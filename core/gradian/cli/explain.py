@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["register", "print_explanation"]
 
@@ -39,7 +42,7 @@ def explain_command(
     print_explanation(Console(), explanation.to_dict(), words)
 
 
-def print_explanation(console: Any, data: dict, n_words: int = 8) -> None:
+def print_explanation(console: Console, data: dict, n_words: int = 8) -> None:
     """The text with the harmful span in bold red, then the sentences and the most harmful words."""
     from rich.panel import Panel
     from rich.text import Text

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
@@ -11,7 +11,11 @@ from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
 from gradian.sizes import format_size
 
 if TYPE_CHECKING:
+    from gradian.attribution.index_build import IndexBuild
+    from gradian.config import GradianConfig
     from gradian.distributed import ShardGroup
+    from gradian.index.store import GradientIndex
+    from gradian.runs import RunRecord
 
 __all__ = ["register", "build_index_stage", "read_run_on_ranks", "DISTRIBUTED_HELP"]
 
@@ -64,7 +68,8 @@ def index_command(
                       no_log=no_log, console=Console(), into_run=into_run)
 
 
-def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "ShardGroup | None") -> tuple[Any, Any]:
+def build_index_stage(cfg: GradianConfig, trust_run_dataset: bool, force: bool,
+                      shard: "ShardGroup | None") -> tuple[IndexBuild, RunRecord | None]:
     """``(IndexBuild, RunRecord | None)``: the run read (by rank 0 first, so the others find its
     downloads in the cache) and the index built, on this rank's share when ``shard`` is given;
     the progress bar is rank 0's alone, and so are the notes on stderr (an automatic projection,
@@ -90,7 +95,7 @@ def build_index_stage(cfg: Any, trust_run_dataset: bool, force: bool, shard: "Sh
         return index_from_config(cfg, force=force, progress=progress, shard=shard, log=note), record
 
 
-def read_run_on_ranks(cfg: Any, trust_run_dataset: bool, shard: "ShardGroup | None") -> Any:
+def read_run_on_ranks(cfg: GradianConfig, trust_run_dataset: bool, shard: "ShardGroup | None") -> RunRecord | None:
     """The RunRecord ``cfg.run`` names (``read_run``), read by rank 0 first and by the other ranks
     after it, so they find its downloads in the cache."""
     from gradian.cli.run_flags import read_run
@@ -104,7 +109,7 @@ def read_run_on_ranks(cfg: Any, trust_run_dataset: bool, shard: "ShardGroup | No
     return record
 
 
-def _index_report(index: Any, verb: str, started_at: float | None = None) -> dict[str, Any]:
+def _index_report(index: GradientIndex, verb: str, started_at: float | None = None) -> dict[str, object]:
     """The report.json of an index build: only the manifest and a one-line summary."""
     import time
 

@@ -15,16 +15,19 @@ import json
 import os
 import sys
 import warnings
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import typer
 
 from gradian.redact import terminal_safe
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 __all__ = ["stdout_is_terminal", "print_table", "print_json", "print_line", "quiet_libraries", "terminal_safe",
            "shown"]
 
-def shown(text: Any) -> str:
+def shown(text: object) -> str:
     """A user's string made safe for the terminal and for rich markup (``[bold]`` stays literal)."""
     from rich.markup import escape
 
@@ -39,7 +42,7 @@ def stdout_is_terminal() -> bool:
         return False
 
 
-def _cell(value: Any) -> str:
+def _cell(value: object) -> str:
     text = "" if value is None else terminal_safe(value)
     return " ".join(text.split()) if any(c in text for c in "\t\n\r") else text
 
@@ -47,11 +50,11 @@ def _cell(value: Any) -> str:
 def print_table(
     title: str | None,
     columns: Sequence[str],
-    rows: Iterable[Sequence[Any]],
+    rows: Iterable[Sequence[object]],
     *,
     styles: Sequence[str] | None = None,
     title_on_stderr: bool = False,
-    console: Any = None,
+    console: Console | None = None,
 ) -> None:
     """A rich table on a terminal; otherwise ``title`` on its own line, then one tab-separated line per row.
 
@@ -88,7 +91,7 @@ def print_line(text: str, style: str | None = None, *, err: bool = False) -> Non
     Console().print(text, style=style, highlight=False, markup=False, soft_wrap=True)
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     """``data`` as indented JSON on stdout (non-JSON values such as paths as strings)."""
     typer.echo(json.dumps(data, indent=2, default=str))
 

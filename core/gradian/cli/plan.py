@@ -4,9 +4,12 @@ stream of them) and of the engine's curvature, before anything is built."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 
 import typer
+
+if TYPE_CHECKING:
+    from gradian.plan.planner import Plan
 
 __all__ = ["register"]
 
@@ -164,7 +167,10 @@ def _config_dict(source: str) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def _print_plan(plan: Any, estimate: Any, print_line: Any, print_table: Any, fmt: Any) -> None:
+# estimate: a TimeEstimate or None; its seconds_per_token is set whenever its seconds is, which its type does not say
+def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
+                print_table: Callable[[str, Sequence[str], Iterable[Sequence[object]]], None],
+                fmt: Callable[[float], str]) -> None:
     m, s, mem, curv = plan.model, plan.settings, plan.memory, plan.curvature
     cpu = s.device == "cpu"
     targets = plan.adapter.target_modules if isinstance(plan.adapter.target_modules, str) else ",".join(plan.adapter.target_modules)
@@ -263,7 +269,8 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def _over_budget_line(plan: Any, fmt: Any) -> str:
+# plan: a Plan; a budget it reads is set whenever the check on it failed, which the Optional fields do not say
+def _over_budget_line(plan: Any, fmt: Callable[[float], str]) -> str:
     over = []
     if not plan.fits_memory:
         over.append(f"{fmt(plan.device_peak)} of memory per device (budget {fmt(plan.budgets.memory)})")
