@@ -169,7 +169,7 @@ class GradianCallback(TrainerCallback):
                 self.run_id, str(self._eval_path), artifact_path=EVAL_DATA_ARTIFACT))
 
     def on_log(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-               logs: Mapping[str, object] | None = None, **kwargs: Any) -> None:
+               logs: Mapping[str, object] | None = None, **kwargs: object) -> None:
         if not (state.is_world_process_zero and self._logs_trainer and self.run_id and logs):
             return
         from mlflow.entities import Metric
