@@ -31,9 +31,12 @@ import pickletools
 import warnings
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradian.errors import RunRecordError
+
+if TYPE_CHECKING:
+    from gradian.jsontypes import JsonObject, JsonValue
 
 __all__ = ["read_training_args", "TrainingArgsRefused"]
 
@@ -54,7 +57,7 @@ def _fields_only(cls: type) -> type:
     ``__post_init__`` on whatever values the file chose, so that is refused.
     """
 
-    def refuse(self: Any, *args: Any, **kwargs: Any) -> None:
+    def refuse(self: object, *args: object, **kwargs: object) -> None:
         import pickle
 
         raise pickle.UnpicklingError(f"{cls.__module__}.{cls.__qualname__} is called in the pickle; "
@@ -63,11 +66,11 @@ def _fields_only(cls: type) -> type:
     return type(cls.__name__, (cls,), {"__init__": refuse, "__module__": __name__})
 
 
-def _transformers_classes() -> dict[str, Any]:
+def _transformers_classes() -> dict[str, type]:
     from transformers import trainer_pt_utils, trainer_utils, training_args
     from transformers.debug_utils import DebugOption
 
-    found: dict[str, Any] = {
+    found: dict[str, type] = {
         "transformers.training_args.TrainingArguments": _fields_only(training_args.TrainingArguments),
         "transformers.training_args.OptimizerNames": training_args.OptimizerNames,
         "transformers.training_args.ParallelMode": training_args.ParallelMode,
@@ -90,13 +93,13 @@ def _transformers_classes() -> dict[str, Any]:
 _TRL_CONFIGS = ("trl.trainer.sft_config.SFTConfig", "trl.trainer.dpo_config.DPOConfig")
 
 
-def _trl_classes() -> dict[str, Any]:
+def _trl_classes() -> dict[str, type]:
     try:
         from trl.trainer.dpo_config import DPOConfig
         from trl.trainer.sft_config import SFTConfig
     except Exception:  # trl missing or broken: keep the fields, run none of its code
         return {name: _InertRecord for name in _TRL_CONFIGS}
-    found: dict[str, Any] = {_TRL_CONFIGS[0]: _fields_only(SFTConfig), _TRL_CONFIGS[1]: _fields_only(DPOConfig)}
+    found: dict[str, type] = {_TRL_CONFIGS[0]: _fields_only(SFTConfig), _TRL_CONFIGS[1]: _fields_only(DPOConfig)}
     # an enum older TRL releases pickle into DPOConfig; newer ones no longer have it
     import importlib
 
@@ -106,8 +109,8 @@ def _trl_classes() -> dict[str, Any]:
     return found
 
 
-def _accelerate_classes() -> dict[str, Any]:
-    found: dict[str, Any] = {"accelerate.state.PartialState": _InertRecord}
+def _accelerate_classes() -> dict[str, type]:
+    found: dict[str, type] = {"accelerate.state.PartialState": _InertRecord}
     try:
         from accelerate.utils.dataclasses import DistributedType
 
@@ -117,7 +120,7 @@ def _accelerate_classes() -> dict[str, Any]:
     return found
 
 
-def _allowlist() -> dict[str, Any]:
+def _allowlist() -> dict[str, type]:
     """Fully qualified name -> the object a pickle's reference to that name resolves to."""
     return {**_transformers_classes(), **_trl_classes(), **_accelerate_classes()}
 
@@ -134,10 +137,10 @@ def _pickle_globals(data: bytes) -> list[str]:
     """Every ``module.name`` a pickle refers to, in order, found by parsing (nothing is executed)."""
     names: list[str] = []
     strings: list[str] = []
-    memo: dict[int, Any] = {}
-    top: Any = None
+    memo: dict[int, str | None] = {}
+    top: str | None = None
     for op, raw, _ in pickletools.genops(data):
-        arg: Any = raw
+        arg: Any = raw  # pickletools leaves each opcode's argument untyped: a str for the string opcodes
         if op.name in _STRING_OPS:
             top = arg
             strings.append(arg)
@@ -182,7 +185,7 @@ def _scan(path: Path, allowed: set[str]) -> None:
                                       "training-arguments class or one of their field types")
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> JsonValue:
     """Enum members to their value, containers element-wise; other objects are dropped (None)."""
     if isinstance(value, enum.Enum):
         return value.value
@@ -195,7 +198,7 @@ def _plain(value: Any) -> Any:
     return None
 
 
-def read_training_args(path: str | Path) -> dict[str, Any]:
+def read_training_args(path: str | Path) -> JsonObject:
     """The arguments stored in ``training_args.bin``, as plain values (enums by their value).
 
     ``world_size`` is added from the pickled process state when it is there. Raises
@@ -212,7 +215,7 @@ def read_training_args(path: str | Path) -> dict[str, Any]:
     except ImportError as err:
         raise TrainingArgsRefused(f"{path}: transformers is needed to read it ({err})") from None
     _scan(path, set(allowlist))
-    allowed: list[Any] = [(obj, name) for name, obj in allowlist.items()]
+    allowed: list[tuple[type, str]] = [(obj, name) for name, obj in allowlist.items()]
     try:
         with torch.serialization.safe_globals(allowed), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # protocol notices; a refusal is reported below
