@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gradian.errors import RunRecordError
 from gradian.runs.record import (
@@ -28,6 +28,9 @@ from gradian.runs.record import (
     normalize_trainer_config,
 )
 from gradian.runs.schedule import fill_config_from_logs
+
+if TYPE_CHECKING:
+    from gradian.jsontypes import JsonObject
 
 __all__ = ["read_run_dir", "find_adapter_dir", "list_checkpoints"]
 
@@ -48,7 +51,7 @@ def _load_json(path: Path) -> Any:
                              "run folder") from None
 
 
-def _load_object(path: Path) -> dict[str, Any]:
+def _load_object(path: Path) -> JsonObject:
     """A JSON file that must hold an object (a trainer's state, an adapter config)."""
     data = _load_json(path)
     if not isinstance(data, dict):
@@ -89,7 +92,7 @@ def _find_in_run(run_dir: Path, name: str) -> Path | None:
     return None
 
 
-def _read_pickled_args(run_dir: Path, record: RunRecord) -> dict[str, Any]:
+def _read_pickled_args(run_dir: Path, record: RunRecord) -> JsonObject:
     """The arguments in ``training_args.bin``, or {} with a note saying why it was not used."""
     from gradian.runs.training_args import TrainingArgsRefused, read_training_args
 
@@ -121,7 +124,7 @@ def read_run_dir(path: str | Path) -> RunRecord:
         record = RunRecord.from_dict(_load_json(own), where=str(own))
         record.source = str(run_dir)
 
-    raw_args: dict[str, Any] = {}
+    raw_args: JsonObject = {}
     for name in _ARGS_FILES:
         if (run_dir / name).is_file():
             data = _load_json(run_dir / name)
