@@ -14,7 +14,7 @@ reinforced the queried behaviour, a negative one that it degraded it;
 ``predicted_loss_delta_if_removed = score / n``.
 """
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from gradian.engines.base import (
     SIGN_CONVENTION,
@@ -33,6 +33,11 @@ from gradian.engines.graddot import GradDotEngine
 from gradian.engines.registry import available_engines, engine_class, engine_summaries, get_engine
 from gradian.engines.state import fit_engine, state_id
 from gradian.engines.tracin import TracInCheckpoint, TracInEngine, checkpoint_learning_rates
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from gradian.config import EngineConfig
 
 __all__ = [
     "FISHER_KINDS",
@@ -64,8 +69,8 @@ __all__ = [
 ]
 
 
-def score(train: TrainGradients, query: Mapping[str, Any], config: Any = None,
-          fit_context: FitContext | None = None, **context: Any) -> EngineResult:
+def score(train: TrainGradients, query: "Mapping[str, npt.ArrayLike]", config: "EngineConfig | None" = None,
+          fit_context: FitContext | None = None, **context: object) -> EngineResult:
     """Fit the engine ``config.name`` (an ``EngineConfig``) on ``train`` and score ``query``.
 
     Nothing is cached here; ``fit_engine`` with a ``cache_dir`` stores the fitted state.

@@ -25,7 +25,10 @@ from gradian.chunks import ChunkOutputs, fold, pass_key
 from gradian.errors import IndexMismatchError
 
 if TYPE_CHECKING:
-    from gradian.config import GradsConfig
+    import numpy.typing as npt
+
+    from gradian.config import EngineConfig, GradsConfig
+    from gradian.jsontypes import JsonScalar
     from gradian.runs import RunRecord
 
 __all__ = [
@@ -86,7 +89,7 @@ class TrainGradients(Protocol):
 class InMemoryGradients:
     """``TrainGradients`` over arrays already in memory (``{block: [n, width]}``)."""
 
-    def __init__(self, blocks: Mapping[str, Any], chunk_size: int = 4096) -> None:
+    def __init__(self, blocks: Mapping[str, npt.ArrayLike], chunk_size: int = 4096) -> None:
         self._blocks = {k: np.asarray(v) for k, v in blocks.items()}
         sizes = {v.shape[0] for v in self._blocks.values()}
         if len(sizes) != 1:
@@ -153,7 +156,7 @@ class EngineResult:
         return -self.scores
 
 
-def as_query_matrix(query: Mapping[str, Any], blocks: list[str]) -> tuple[dict[str, np.ndarray], bool]:
+def as_query_matrix(query: Mapping[str, npt.ArrayLike], blocks: list[str]) -> tuple[dict[str, np.ndarray], bool]:
     """``{block: [queries, width]}`` float64, and whether the input was a single query."""
     missing = [b for b in blocks if b not in query]
     if missing:
@@ -187,9 +190,11 @@ class CurvaturePasses(Protocol):
     @property
     def block_dims(self) -> dict[str, int]: ...
 
-    def factor_sums(self, fisher_seed: int | None = None, draw: int = 0) -> Iterator[tuple[int, dict[str, Any], int]]: ...
+    def factor_sums(self, fisher_seed: int | None = None,
+                    draw: int = 0) -> Iterator[tuple[int, dict[str, tuple[np.ndarray, np.ndarray, int]], int]]: ...
 
-    def layer_gradients(self, fisher_seed: int | None = None, draw: int = 0) -> Iterator[tuple[int, dict[str, Any]]]: ...
+    def layer_gradients(self, fisher_seed: int | None = None,
+                        draw: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]: ...
 
 
 class CollectedFactors(Protocol):
@@ -212,7 +217,7 @@ class CheckpointGradients:
 
     weight: float
     train: TrainGradients
-    query: Mapping[str, Any] | None = None
+    query: Mapping[str, npt.ArrayLike] | None = None
     label: str = ""
     view: object = None
     passes: CurvaturePasses | None = None
@@ -266,7 +271,7 @@ class EngineState:
     """
 
     engine: str
-    train: Any
+    train: TrainGradients
     arrays: dict[str, np.ndarray] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     state_id: str | None = None
@@ -318,15 +323,15 @@ class Engine(ABC):
     #: the fitted state is worth storing beside the index (it cost a pass over the data)
     persist_state: bool = False
 
-    def settings(self, config: Any) -> dict[str, Any]:
+    def settings(self, config: EngineConfig) -> Mapping[str, object]:
         """The settings the fitted state depends on (with the index id, they make its id)."""
         return {}
 
-    def persists(self, settings: dict[str, Any]) -> bool:
+    def persists(self, settings: Mapping[str, object]) -> bool:
         """Whether a state fitted with ``settings`` is stored beside the index (``persist_state``)."""
         return self.persist_state
 
-    def damping_setting(self, config: Any) -> tuple[str, Any, str] | None:
+    def damping_setting(self, config: EngineConfig) -> tuple[str, float | None, str] | None:
         """``(config key, value, how to change it)`` of the damping this engine's inverse adds, or
         None for an engine without curvature: what a message about overflowing scores names."""
         if self.curvature == "none":
@@ -335,7 +340,7 @@ class Engine(ABC):
             return "engine.lambda_override", config.lambda_override, "raise it, or remove it to damp by engine.lambda_scale"
         return "engine.lambda_scale", getattr(config, "lambda_scale", None), "raise it (0.1 is the default)"
 
-    def describe(self, config: Any, state: EngineState | None = None) -> dict[str, Any]:
+    def describe(self, config: EngineConfig, state: EngineState | None = None) -> dict[str, JsonScalar]:
         """The settings a run of this engine is known by, as flat name -> value (a tracking store
         logs them as parameters): the damping for an engine with curvature, plus what the engine
         adds (``fisher``, ``ranking``, ``checkpoints`` for the Kronecker family)."""
@@ -345,16 +350,16 @@ class Engine(ABC):
         key, value, _ = setting
         return {"damping": value, "damping_kind": "absolute" if key == "engine.lambda_override" else "scale"}
 
-    def fit(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
+    def fit(self, train: TrainGradients, config: EngineConfig, context: FitContext | None = None) -> EngineState:
         """Compute what scoring needs once per index; the default keeps only the gradients."""
         return EngineState(self.name, train)
 
-    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: Any) -> Preconditioned:
+    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: EngineConfig) -> Preconditioned:
         """``query`` (``{block: [queries, width]}`` float64) through the engine's inverse curvature.
         The default is no curvature: the query itself."""
         return Preconditioned(dict(query))
 
-    def ranks_by_self_influence(self, config: Any) -> bool:
+    def ranks_by_self_influence(self, config: EngineConfig) -> bool:
         """Whether rows are ranked by RelatIF (``score / sqrt(self-influence)``) under ``config``."""
         return False
 
@@ -366,11 +371,11 @@ class Engine(ABC):
             raise NotImplementedError(f"engine '{self.name}' has no self-influence")
         return row_pass(state.train, own_rows, "self-influence", self.self_influence_inputs(state, pre))
 
-    def self_influence_inputs(self, state: EngineState, pre: Preconditioned) -> dict[str, Any]:
+    def self_influence_inputs(self, state: EngineState, pre: Preconditioned) -> dict[str, object]:
         """What the self-influence of a row depends on besides the row (the fitted state and the
         damping), for a resumable pass's key: the state's id and the damping by default."""
-        out: dict[str, Any] = {"engine": self.name,
-                               "damping": sorted(pre.damping.items()) if isinstance(pre.damping, dict) else repr(pre.damping)}
+        out: dict[str, object] = {"engine": self.name,
+                                  "damping": sorted(pre.damping.items()) if isinstance(pre.damping, dict) else repr(pre.damping)}
         if state.state_id:
             out["state"] = state.state_id
         else:  # a state kept in memory only: what it holds
@@ -384,7 +389,8 @@ class Engine(ABC):
         makes no second pass for it); None for an engine without one."""
         return None
 
-    def score_under(self, state: EngineState, query: Mapping[str, Any], config: Any) -> EngineResult:
+    def score_under(self, state: EngineState, query: Mapping[str, npt.ArrayLike],
+                    config: EngineConfig) -> EngineResult:
         """Score every training row of ``state`` against ``query``: the shared inner products with
         the preconditioned query, and the RelatIF ranking when the engine ranks by it."""
         train = state.train
@@ -404,7 +410,8 @@ class Engine(ABC):
         return EngineResult(self.name, scores[:, 0] if single else scores, notes=notes, damping=pre.damping,
                             ranking=None if ranking is None else (ranking[:, 0] if single else ranking))
 
-    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, **context: Any) -> EngineResult:
+    def score(self, state: EngineState, query: Mapping[str, npt.ArrayLike], config: EngineConfig,
+              **context: Any) -> EngineResult:
         """Score every training example against the query; see ``SIGN_CONVENTION``."""
         return self.score_under(state, query, config)
 
@@ -467,12 +474,13 @@ def check_widths(train: TrainGradients, query: dict[str, np.ndarray]) -> None:
             )
 
 
-def compute_dtype(array: np.ndarray) -> Any:
+def compute_dtype(array: np.ndarray) -> type[np.float64] | type[np.float32]:
     """float64 for float64 data, float32 otherwise (float16 stores are widened chunk by chunk)."""
     return np.float64 if array.dtype == np.float64 else np.float32
 
 
-def gradient_dot(train: TrainGradients, query: Mapping[str, Any], normalize_query: bool = False) -> tuple[np.ndarray, bool]:
+def gradient_dot(train: TrainGradients, query: Mapping[str, npt.ArrayLike],
+                 normalize_query: bool = False) -> tuple[np.ndarray, bool]:
     """``[n, queries]`` dot products of every training gradient with every query, and ``single``."""
     blocks = train.block_names
     q, single = as_query_matrix(query, blocks)
@@ -491,7 +499,7 @@ def _gathered(n: int, parts: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
     return out
 
 
-def chunk_pass(train: TrainGradients, name: str, inputs: Mapping[str, Any],
+def chunk_pass(train: TrainGradients, name: str, inputs: Mapping[str, object],
                of_chunk: Callable[[int, dict[str, np.ndarray]], ChunkOutputs], *, rows: Sequence[str] = (),
                sums: Sequence[str] = ()) -> ChunkOutputs:
     """One pass over ``train`` folding ``of_chunk`` (see ``fold``). A container that recomputes its
@@ -504,12 +512,12 @@ def chunk_pass(train: TrainGradients, name: str, inputs: Mapping[str, Any],
     return fold(train.iter_chunks(), train.n, of_chunk, rows, sums)
 
 
-def _inputs_of(direction: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def _inputs_of(direction: Mapping[str, np.ndarray]) -> dict[str, object]:
     return {f"direction.{b}": np.asarray(v) for b, v in direction.items()}
 
 
 def row_pass(train: TrainGradients, of_chunk: Callable[[dict[str, np.ndarray]], np.ndarray],
-             name: str = "rows", inputs: Mapping[str, Any] | None = None) -> np.ndarray:
+             name: str = "rows", inputs: Mapping[str, object] | None = None) -> np.ndarray:
     """``[n]``: ``of_chunk`` (one value per row of a chunk) over every chunk of one pass; ``name``
     and ``inputs`` identify the pass to a resumable container (see ``chunk_pass``)."""
     if inputs is None:
@@ -521,7 +529,7 @@ def row_pass(train: TrainGradients, of_chunk: Callable[[dict[str, np.ndarray]], 
 
 def dot_pass(train: TrainGradients, direction: Mapping[str, np.ndarray],
              also: Callable[[dict[str, np.ndarray]], np.ndarray] | None = None,
-             also_inputs: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+             also_inputs: Mapping[str, object] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """``([n, queries], [n] or None)``: ``sum_l <direction_l, g_j^(l)>`` for every row, in one pass
     over ``train`` (``direction`` is ``{block: [queries, width]}``), and ``also`` (one value per row
     of a chunk, e.g. the self-influence) computed in the same pass while the gradients are at hand.

@@ -3,14 +3,17 @@ counterfactual fidelity tables (``gradian.counterfactual.datamodel``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["rank_correlation", "rowwise_rank_correlation"]
 
 
-def rowwise_rank_correlation(a: Any, b: Any) -> np.ndarray:
+def rowwise_rank_correlation(a: npt.ArrayLike, b: npt.ArrayLike) -> np.ndarray:
     """Spearman of matching rows of ``a`` and ``b`` (``[..., m]``; average ranks for ties, as
     scipy's ``spearmanr``), in [-1, 1]; NaN where either row is constant."""
     from scipy.stats import rankdata
@@ -23,7 +26,7 @@ def rowwise_rank_correlation(a: Any, b: Any) -> np.ndarray:
         return np.where(denom > 0, (ra * rb).sum(axis=-1) / np.where(denom > 0, denom, 1.0), np.nan)
 
 
-def rank_correlation(a: Any, b: Any) -> float:
+def rank_correlation(a: npt.ArrayLike, b: npt.ArrayLike) -> float:
     """Spearman rank correlation of two score vectors over the same examples, in [-1, 1].
 
     Returns NaN when either vector is constant (no ranking to compare) or has fewer than 2 values.

@@ -20,12 +20,15 @@ No matrix is formed; ``precondition`` is one pass over the stored gradients and 
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from gradian.engines.base import Engine, EngineState, Preconditioned, chunk_pass, compute_dtype
 from gradian.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gradian.config import EngineConfig
 
 __all__ = ["DataInfEngine", "block_damping"]
 
@@ -53,7 +56,7 @@ class DataInfEngine(Engine):
     curvature = "datainf"
     default_cross_check = "graddot"
 
-    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: Any) -> Preconditioned:
+    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: EngineConfig) -> Preconditioned:
         """``r_l = (1/lam_l) [q_l - (1/n) sum_i (g_i . q_l)/(lam_l + |g_i|^2) g_i]`` per block, every
         query at once, in one pass over the stored gradients."""
         train = state.train

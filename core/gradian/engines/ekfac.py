@@ -24,7 +24,7 @@ accepted under its earlier name ``true``) samples the labels of the supervised p
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, TypedDict
 
 import numpy as np
 
@@ -44,6 +44,12 @@ from gradian.engines.base import (
 from gradian.engines.kronecker import KroneckerEigen, KroneckerFactors, corrected_eigenvalues, damped_inverse, eigendecompose
 from gradian.errors import ConfigError
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from gradian.config import EngineConfig, GradsConfig
+    from gradian.jsontypes import JsonScalar
+
 __all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS", "TRAIN_NORMALIZATIONS", "layer_eigen", "self_influence"]
 
 FISHER_KINDS = ("empirical", "sampled")
@@ -56,7 +62,28 @@ CHECKPOINT_MODES = ("final", "all")
 TRAIN_NORMALIZATIONS = ("none", "relatif")
 
 
-def _with_checkpoints(config: Any, mode: str) -> Any:
+class KroneckerSettings(TypedDict, total=False):
+    """What a Kronecker fit depends on (``Engine.settings``); the sampled Fisher's keys only under
+    ``fisher: sampled``, ``checkpoints`` only when it is not the final adapter."""
+
+    fisher: str
+    eigenvalue_correction: bool
+    fisher_samples: int
+    fisher_seed: int
+    checkpoints: str
+
+
+class _CheckpointFit(TypedDict):
+    """One checkpoint's fit, kept in ``EngineState.extra["checkpoints"]``."""
+
+    label: str
+    weight: float
+    state: EngineState
+    gm: object
+    is_final: bool
+
+
+def _with_checkpoints(config: EngineConfig, mode: str) -> EngineConfig:
     """``config`` with ``checkpoints`` set to ``mode`` (an ``EngineConfig`` or any plain object)."""
     import copy
     import dataclasses
@@ -74,16 +101,16 @@ class _KroneckerEngine(Engine):
     persist_state = True
     correct_eigenvalues = True
 
-    def settings(self, config: Any) -> dict[str, Any]:
+    def settings(self, config: EngineConfig) -> KroneckerSettings:
         fisher = getattr(config, "fisher", "empirical")
         fisher = FISHER_ALIASES.get(fisher, fisher)
         if fisher not in FISHER_KINDS:
             raise ConfigError(f"engine.fisher '{fisher}' is not one of {', '.join(FISHER_KINDS)}")
-        out: dict[str, Any] = {"fisher": fisher, "eigenvalue_correction": self.correct_eigenvalues}
+        out: KroneckerSettings = {"fisher": fisher, "eigenvalue_correction": self.correct_eigenvalues}
         if fisher == "sampled":
             if int(config.fisher_samples) < 1:
                 raise ConfigError(f"engine.fisher_samples must be at least 1, got {config.fisher_samples}")
-            out.update(fisher_samples=int(config.fisher_samples), fisher_seed=int(config.fisher_seed))
+            out.update({"fisher_samples": int(config.fisher_samples), "fisher_seed": int(config.fisher_seed)})
         mode = getattr(config, "checkpoints", "final")
         if mode not in CHECKPOINT_MODES:
             raise ConfigError(f"engine.checkpoints '{mode}' is not one of {', '.join(CHECKPOINT_MODES)}")
@@ -91,13 +118,13 @@ class _KroneckerEngine(Engine):
             out["checkpoints"] = mode  # absent for the final adapter, so those state ids stay as they were
         return out
 
-    def persists(self, settings: dict[str, Any]) -> bool:
+    def persists(self, settings: Mapping[str, object]) -> bool:
         # over checkpoints the state holds an index and an adapter per checkpoint, in memory only
         return self.persist_state and settings.get("checkpoints", "final") == "final"
 
     # -- fit --------------------------------------------------------------------------------------
 
-    def fit(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
+    def fit(self, train: TrainGradients, config: EngineConfig, context: FitContext | None = None) -> EngineState:
         if getattr(config, "checkpoints", "final") == "all" and context is not None and context.checkpoints is not None:
             paths = list(getattr(context.run, "checkpoints", None) or [])
             if paths:
@@ -117,7 +144,7 @@ class _KroneckerEngine(Engine):
                 "docs/validation.md)")
         return state
 
-    def _fit_checkpoints(self, train: TrainGradients, config: Any, context: FitContext,
+    def _fit_checkpoints(self, train: TrainGradients, config: EngineConfig, context: FitContext,
                          paths: list[str]) -> EngineState:
         """One fit per saved checkpoint, each on the training set's gradients under that checkpoint
         (indexed here, through the content-addressed index cache); scores are summed with the
@@ -132,7 +159,7 @@ class _KroneckerEngine(Engine):
 
         from gradian.engines.state import fit_engine
 
-        fits: list[dict[str, Any]] = []
+        fits: list[_CheckpointFit] = []
         single = _with_checkpoints(config, "final")
 
         def fit_under(checkpoint: CheckpointGradients) -> None:  # runs while the checkpoint's adapter is active
@@ -154,7 +181,8 @@ class _KroneckerEngine(Engine):
                 "eigenvalues_from": fits[0]["state"].meta.get("eigenvalues_from")}
         return EngineState(self.name, train, meta=meta, extra={"checkpoints": fits})
 
-    def _fit_adapter(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
+    def _fit_adapter(self, train: TrainGradients, config: EngineConfig,
+                     context: FitContext | None = None) -> EngineState:
         """The curvature of the adapter ``context.passes`` runs under, on its gradients ``train``."""
         if context is None or context.passes is None:
             raise ConfigError(f"engine '{self.name}' fits its curvature on the model: it needs the model and the "
@@ -194,8 +222,8 @@ class _KroneckerEngine(Engine):
                 context.progress(done[0], total_steps)
 
         for draw in range(draws_to_run):
-            for _, sums, examples in passes.factor_sums(seed, draw):
-                for key, (xx, gg, tokens) in sums.items():
+            for _, batch_sums, examples in passes.factor_sums(seed, draw):
+                for key, (xx, gg, tokens) in batch_sums.items():
                     factors[key].add_sums(xx, gg, tokens, examples)
                 tick(examples)
         eigen = {}
@@ -244,7 +272,7 @@ class _KroneckerEngine(Engine):
         return EngineState(self.name, train, arrays=arrays, meta=meta)
 
     @staticmethod
-    def _second_pass(settings: dict[str, Any], grads: Any) -> bool:
+    def _second_pass(settings: KroneckerSettings, grads: GradsConfig | None) -> bool:
         """The stored gradients are not the Fisher's per-example gradients: recompute them."""
         if settings["fisher"] != "empirical":
             return True
@@ -252,8 +280,9 @@ class _KroneckerEngine(Engine):
 
     # -- score ------------------------------------------------------------------------------------
 
-    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, query_for: Any = None,
-              **context: Any) -> EngineResult:
+    def score(self, state: EngineState, query: Mapping[str, npt.ArrayLike], config: EngineConfig,
+              query_for: Callable[[object], Mapping[str, npt.ArrayLike]] | None = None,
+              **context: object) -> EngineResult:
         fits = state.extra.get("checkpoints")
         if not fits:
             result = self.score_under(state, query, config)
@@ -276,7 +305,7 @@ class _KroneckerEngine(Engine):
         notes = [n + f"; summed over {len(fits)} checkpoints weighted by their learning rates" for n in parts[-1][1].notes]
         return EngineResult(self.name, total, notes=notes, damping=damping, ranking=ranked)
 
-    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: Any) -> Preconditioned:
+    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: EngineConfig) -> Preconditioned:
         """``(F_l + lam_l I)^-1 q_l`` per LoRA matrix, in its Kronecker eigenbasis."""
         train = state.train
         q = query
@@ -306,7 +335,7 @@ class _KroneckerEngine(Engine):
                  + (f"{override:g} (absolute)" if override is not None else f"{scale:g} x each matrix's mean eigenvalue")]
         return Preconditioned(pre, damping=damping, notes=notes)
 
-    def describe(self, config: Any, state: EngineState | None = None) -> dict[str, Any]:
+    def describe(self, config: EngineConfig, state: EngineState | None = None) -> dict[str, JsonScalar]:
         settings = (state.meta.get("settings") if state is not None else None) or self.settings(config)
         out = super().describe(config, state) | {"fisher": settings.get("fisher"),
                                                  "ranking": getattr(config, "normalize_train", "relatif")}
@@ -314,13 +343,14 @@ class _KroneckerEngine(Engine):
             out["checkpoints"] = settings["checkpoints"]
         return out
 
-    def ranks_by_self_influence(self, config: Any) -> bool:
+    def ranks_by_self_influence(self, config: EngineConfig) -> bool:
         normalize = getattr(config, "normalize_train", "relatif")
         if normalize not in TRAIN_NORMALIZATIONS:
             raise ConfigError(f"engine.normalize_train '{normalize}' is not one of {', '.join(TRAIN_NORMALIZATIONS)}")
         return bool(normalize == "relatif")
 
-    def self_influence_rows(self, state: EngineState, pre: Preconditioned) -> Any:
+    def self_influence_rows(self, state: EngineState,
+                            pre: Preconditioned) -> Callable[[dict[str, np.ndarray]], np.ndarray]:
         assert pre.damping is not None
         return self_influence_rows(state, pre.damping)
 

@@ -7,11 +7,14 @@ unchanged; the scores become comparable across queries).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gradian.engines.base import Engine, EngineState, Preconditioned, gradient_dot
+
+if TYPE_CHECKING:
+    from gradian.config import EngineConfig
 
 __all__ = ["GradDotEngine", "gradient_dot"]
 
@@ -19,7 +22,7 @@ __all__ = ["GradDotEngine", "gradient_dot"]
 class GradDotEngine(Engine):
     name = "graddot"
 
-    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: Any) -> Preconditioned:
+    def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: EngineConfig) -> Preconditioned:
         if not getattr(config, "normalize_query", False):
             return Preconditioned(dict(query))
         total = np.sqrt(sum((v ** 2).sum(axis=1) for v in query.values()))

@@ -9,11 +9,14 @@ Only the engine asked for is imported.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 from gradian.config.engines import engine_entry, engine_names
 from gradian.engines.base import Engine, EngineState
 from gradian.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gradian.config import GradsConfig
 
 __all__ = ["get_engine", "engine_class", "available_engines", "engine_summaries", "needs_whole_gradients",
            "whole_gradient_engines", "resolve_cross_check", "independent_cross_check", "check_projection"]
@@ -62,7 +65,7 @@ def whole_gradient_engines(names: "Iterable[str | None]") -> list[str]:
     return [name for name in dict.fromkeys(n for n in names if n) if needs_whole_gradients(name)]
 
 
-def check_projection(grads: Any, names: "Iterable[str | None]") -> None:
+def check_projection(grads: GradsConfig, names: "Iterable[str | None]") -> None:
     """Refuse, before any work, a flat projection of the index under an engine that fits Kronecker
     curvature on it (``grads.projection_dim`` with ``projection_kind`` countsketch or rademacher);
     the ``kronecker`` kind keeps each LoRA matrix's sides apart and is accepted."""

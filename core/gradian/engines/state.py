@@ -22,25 +22,28 @@ import shutil
 import time
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 from gradian.engines.base import EngineState, FitContext, TrainGradients
 from gradian.engines.registry import get_engine
 
+if TYPE_CHECKING:
+    from gradian.config import EngineConfig
+
 __all__ = ["fit_engine", "state_id", "STATE_FORMAT_VERSION"]
 
 STATE_FORMAT_VERSION = 1
 
 
-def state_id(index_id: str, engine: str, settings: dict[str, Any]) -> str:
+def state_id(index_id: str, engine: str, settings: Mapping[str, object]) -> str:
     canonical = json.dumps({"format": STATE_FORMAT_VERSION, "index_id": index_id, "engine": engine,
                             "settings": settings}, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:20]
 
 
-def fit_engine(name: str, train: TrainGradients, config: Any, context: FitContext | None = None,
+def fit_engine(name: str, train: TrainGradients, config: EngineConfig, context: FitContext | None = None,
                cache_dir: str | Path | None = None) -> EngineState:
     """The fitted state of engine ``name`` on ``train``: from the cache when it was fitted before.
 
@@ -72,7 +75,7 @@ def fit_engine(name: str, train: TrainGradients, config: Any, context: FitContex
     return state
 
 
-def _checksum(record: dict[str, Any]) -> str:
+def _checksum(record: Mapping[str, object]) -> str:
     """sha256 of ``state.json``'s canonical JSON without its own ``checksum``."""
     body = {k: v for k, v in record.items() if k != "checksum"}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()

@@ -15,8 +15,7 @@ cross-check between the two is not mistaken for agreement).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
-
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from gradian.engines.base import (
     CheckpointGradients,
@@ -30,6 +29,12 @@ from gradian.engines.base import (
 )
 from gradian.errors import ConfigError
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from gradian.config import EngineConfig
+    from gradian.runs import RunRecord
+
 __all__ = ["TracInEngine", "TracInCheckpoint", "checkpoint_learning_rates"]
 
 
@@ -37,7 +42,7 @@ __all__ = ["TracInEngine", "TracInCheckpoint", "checkpoint_learning_rates"]
 TracInCheckpoint = CheckpointGradients
 
 
-def checkpoint_learning_rates(checkpoints: Sequence[str], record: Any) -> list[float]:
+def checkpoint_learning_rates(checkpoints: Sequence[str], record: RunRecord | None) -> list[float]:
     """Learning rate at each ``checkpoint-N`` (the logged rate at the last step <= N).
 
     Falls back to the run's configured learning rate, then 1.0, when nothing was logged.
@@ -64,7 +69,7 @@ class TracInEngine(Engine):
     curvature = "none"
     needs_model = True
 
-    def fit(self, train: TrainGradients, config: Any, context: FitContext | None = None) -> EngineState:
+    def fit(self, train: TrainGradients, config: EngineConfig, context: FitContext | None = None) -> EngineState:
         run = context.run if context is not None else None
         paths = list(getattr(run, "checkpoints", None) or [])
         if not paths or context is None or context.checkpoints is None:
@@ -78,9 +83,10 @@ class TracInEngine(Engine):
             meta["equivalent_to"] = "graddot"
         return EngineState(self.name, train, meta=meta, extra={"checkpoints": checkpoints})
 
-    def score(self, state: EngineState, query: Mapping[str, Any], config: Any,
-              checkpoints: Sequence[TracInCheckpoint] | None = None, query_for: Any = None,
-              **context: Any) -> EngineResult:
+    def score(self, state: EngineState, query: Mapping[str, npt.ArrayLike], config: EngineConfig,
+              checkpoints: Sequence[TracInCheckpoint] | None = None,
+              query_for: Callable[[object], Mapping[str, npt.ArrayLike]] | None = None,
+              **context: object) -> EngineResult:
         train = state.train
         normalize = getattr(config, "normalize_query", False)
         checkpoints = list(checkpoints or state.extra.get("checkpoints") or [])
