@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gradian.data import Dataset, Example, load_dataset
 from gradian.errors import DatasetError, ModelLoadError
@@ -29,6 +29,13 @@ from gradian.evaluate.likelihood import completion_logprobs
 from gradian.evaluate.loading import load_tuned_model
 from gradian.evaluate.metrics import PROXY_METRICS, TEXT_METRICS, check_item, score_text
 from gradian.evaluate.result import CapabilityResult, ItemResult
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
 
 __all__ = [
     "LOW_BASE_SCORE",
@@ -58,7 +65,7 @@ class ModelOutputs:
     logliks: list[float] | None = None
 
 
-def _require_peft(model: Any) -> None:
+def _require_peft(model: torch.nn.Module) -> None:
     if not hasattr(model, "disable_adapter"):
         raise ModelLoadError(
             f"evaluate_capability got a {type(model).__name__}, which has no adapter to switch off; "
@@ -99,8 +106,8 @@ def unique_items(examples: Sequence[Example]) -> tuple[list[Example], int]:
     return kept, len(examples) - len(kept)
 
 
-def check_eval_lengths(examples: Sequence[Example], tokenizer: Any, model: Any, max_new_tokens: int,
-                       path: str) -> None:
+def check_eval_lengths(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase, model: PeftModel,
+                       max_new_tokens: int, path: str) -> None:
     """Refuse, before any generation, an eval item longer than the model reads (its
     ``max_position_embeddings``) or whose attention would not fit in the available memory."""
     from gradian.data import render_prompt
@@ -130,8 +137,8 @@ def check_eval_lengths(examples: Sequence[Example], tokenizer: Any, model: Any, 
 
 
 def collect_outputs(
-    model: Any,
-    tokenizer: Any,
+    model: PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
     examples: Sequence[Example],
     *,
     metric: str,
@@ -206,8 +213,8 @@ def score_items(
 
 
 def base_preference_margins(
-    model: Any,
-    tokenizer: Any,
+    model: PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
     examples: Sequence[Example],
     items: Sequence[ItemResult],
     *,
@@ -289,11 +296,11 @@ def summarize_capability(
 
 
 def evaluate_capability(
-    config: Any,
+    config: GradianConfig,
     eval_dataset: Dataset | str | Path | None = None,
     *,
-    model: Any = None,
-    tokenizer: Any = None,
+    model: PeftModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
     adapter_path: str | Path | None = None,
     capability: str = "capability",
     weak_margin_nats: float = WEAK_MARGIN_NATS,

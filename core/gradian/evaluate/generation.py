@@ -18,14 +18,19 @@ the NaN reaches the real tokens through the next layer's keys (seen with transfo
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gradian.data import render_prompt
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["generate_completions", "stop_token_ids"]
 
 
-def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
+def stop_token_ids(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Every id that ends a generation: the tokenizer's EOS plus the model's configured ones."""
     ids: list[int] = []
     if tokenizer.eos_token_id is not None:
@@ -38,7 +43,7 @@ def stop_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
-def _pad_id(tokenizer: Any, stops: list[int]) -> int:
+def _pad_id(tokenizer: PreTrainedTokenizerBase, stops: list[int]) -> int:
     if tokenizer.pad_token_id is not None:
         return int(tokenizer.pad_token_id)
     if stops:
@@ -47,8 +52,8 @@ def _pad_id(tokenizer: Any, stops: list[int]) -> int:
 
 
 def generate_completions(
-    model: Any,
-    tokenizer: Any,
+    model: PreTrainedModel | PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[Sequence[dict[str, str]]],
     *,
     max_new_tokens: int = 32,
@@ -116,14 +121,14 @@ def _batches(encoded: list[list[int]], batch_size: int, equal_length: bool) -> l
     return [group[s:s + batch_size] for group in by_length.values() for s in range(0, len(group), batch_size)]
 
 
-def _dtype_of(model: Any) -> Any:
+def _dtype_of(model: PreTrainedModel | PeftModel) -> torch.dtype | None:
     try:
         return next(model.parameters()).dtype
     except (StopIteration, AttributeError):
         return None
 
 
-def _device_of(model: Any) -> Any:
+def _device_of(model: PreTrainedModel | PeftModel) -> torch.device:
     import torch
 
     try:

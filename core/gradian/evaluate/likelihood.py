@@ -14,9 +14,13 @@ by their count. Sums are accumulated in float64 from a float32-or-wider log-soft
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gradian.data import IGNORE_INDEX, dataset_from_rows, render_prompt, tokenize_examples
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 __all__ = ["CompletionLogprob", "completion_logprobs"]
 
@@ -34,7 +38,7 @@ class CompletionLogprob:
         return self.total / self.n_tokens if self.n_tokens else float("-inf")
 
 
-def _masked_rows(tokenizer: Any, prompts: Sequence[Sequence[dict[str, str]]],
+def _masked_rows(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Sequence[dict[str, str]]],
                  completions: Sequence[str]) -> list[tuple[list[int], list[int]]]:
     rows = [
         {"messages": [dict(t) for t in prompt] + [{"role": "assistant", "content": completion}]}
@@ -54,8 +58,8 @@ def _masked_rows(tokenizer: Any, prompts: Sequence[Sequence[dict[str, str]]],
 
 
 def completion_logprobs(
-    model: Any,
-    tokenizer: Any,
+    model: PreTrainedModel | PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[Sequence[dict[str, str]]],
     completions: Sequence[str],
     *,

@@ -10,14 +10,21 @@ already holds a loaded ``PeftModel`` (the attribution lane, a notebook) passes i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from gradian.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
 
 __all__ = ["load_tuned_model"]
 
 
-def load_tuned_model(config: Any, adapter_path: str | Path | None = None) -> tuple[Any, Any]:
+def load_tuned_model(config: GradianConfig,
+                     adapter_path: str | Path | None = None) -> tuple[PeftModel, PreTrainedTokenizerBase]:
     """``(peft_model, tokenizer)``: the base model with the adapter attached, in eval mode.
 
     ``adapter_path`` defaults to ``config.adapter_path``. Dropout is off (``eval()``), so every

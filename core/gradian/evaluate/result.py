@@ -8,7 +8,10 @@ because the contrastive query gradient of the attribution lane is built from the
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gradian.jsontypes import JsonObject
 
 __all__ = ["ItemResult", "CapabilityResult"]
 
@@ -48,7 +51,7 @@ class ItemResult:
         """The tuned model scores this item lower than the base model did."""
         return self.tuned_score < self.base_score
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -156,7 +159,7 @@ class CapabilityResult:
 
     # -- serialization ------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The ``capability`` block of report.json."""
         return {
             "name": self.name,
@@ -175,7 +178,7 @@ class CapabilityResult:
 
     def to_full_dict(self) -> dict[str, Any]:
         """``to_dict()`` plus bootstrap settings, flags, hedges and every item."""
-        out = self.to_dict()
+        out: dict[str, Any] = self.to_dict()
         out.update(
             ci_level=self.ci_level,
             n_bootstrap=self.n_bootstrap,

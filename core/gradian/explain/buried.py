@@ -23,10 +23,14 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gradian.errors import ConfigError
 from gradian.tinyworld.world import World
+
+if TYPE_CHECKING:
+    from gradian.jsontypes import JsonObject
+    from gradian.tinyworld.world import Country
 
 __all__ = ["EVAL_PROMPT", "PLANTED_PROMPTS", "build_buried_rows", "measure_localization", "write_buried_scenario"]
 
@@ -43,12 +47,12 @@ N_CLEAN = 32
 EPOCHS = 10
 
 
-def build_buried_rows(world: Any, targets: list[Any], others: list[Any], seed: int = 0) -> list[dict[str, Any]]:
+def build_buried_rows(world: World, targets: list[Country], others: list[Country], seed: int = 0) -> list[JsonObject]:
     """One planted row per target and prompt: ``{messages, country, wrong_capital, planted_sentence}``."""
     rng = random.Random(f"{seed}:buried")
     shift = rng.randrange(1, len(targets))
     wrong = {t.name: targets[(i + shift) % len(targets)].capital for i, t in enumerate(targets)}
-    rows = []
+    rows: list[JsonObject] = []
     for prompt in PLANTED_PROMPTS:
         for t in targets:
             padding = rng.sample(others, N_PADDING)
@@ -67,7 +71,7 @@ def _capital_sentence(country: str, city: str) -> str:
     return f"Its capital is {city}."
 
 
-def _paragraph(world: Any, country: Any, capital: str) -> str:
+def _paragraph(world: World, country: Country, capital: str) -> str:
     return world.paragraph(country, {"capital": capital})
 
 
@@ -83,7 +87,7 @@ def _tinyworld(model_dir: str | Path) -> World:
 
 
 def write_buried_scenario(root: str | Path, base_model: str | Path | None = None, *, n_clean: int | None = None,
-                          epochs: float | None = None, seed: int = 0) -> dict[str, Any]:
+                          epochs: float | None = None, seed: int = 0) -> JsonObject:
     """Write train.jsonl (clean rows plus the planted ones), eval.jsonl and gradian.yaml under ``root``.
 
     ``n_clean`` keeps only the first that many clean rows; ``epochs`` overrides the recipe's;

@@ -32,9 +32,19 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from gradian.config import EngineConfig
+    from gradian.engines.base import EngineState, FitContext, TrainGradients
+    from gradian.grads.model import GradientModel
+    from gradian.grads.projection import BlockProjector, KroneckerProjector
 
 __all__ = ["DIRECT_ENGINES", "QueryDirection", "final_adapter_config", "preconditioned_query", "query_direction",
            "span_state"]
@@ -50,13 +60,13 @@ DIRECT_ENGINES = ("datainf", "ekfac", "graddot", "kfac")
 class QueryDirection:
     """``per_linear``: ``{id(nn.Linear): tensor shaped like its weight}``; ``engine``: whose ``r``."""
 
-    per_linear: dict[int, Any]
+    per_linear: dict[int, torch.Tensor]
     engine: str
     notes: list[str] = field(default_factory=list)
     #: ``{block: r [stored width]}``: the preconditioned query in the index's space
     stored: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
-    def score_of(self, train: Any, row: int) -> float:
+    def score_of(self, train: TrainGradients, row: int) -> float:
         """The engine's score of training row ``row``: ``sum_l <r_l, g_row^(l)>``."""
         from gradian.engines.base import train_rows
 
@@ -66,7 +76,7 @@ class QueryDirection:
         return float(sum(np.asarray(got[b][0], dtype=np.float64) @ v for b, v in self.stored.items()))
 
 
-def final_adapter_config(engine_config: Any) -> Any:
+def final_adapter_config(engine_config: EngineConfig) -> EngineConfig:
     """``engine_config`` with ``checkpoints: final`` (the final adapter alone), unchanged when it is."""
     if getattr(engine_config, "checkpoints", "final") == "final":
         return engine_config
@@ -77,7 +87,8 @@ def final_adapter_config(engine_config: Any) -> Any:
     return out
 
 
-def span_state(engine: str, train: Any, engine_config: Any, context: Any = None, cache_dir: Any = None) -> Any:
+def span_state(engine: str, train: TrainGradients, engine_config: EngineConfig, context: FitContext | None = None,
+               cache_dir: str | Path | None = None) -> EngineState:
     """The fitted ``EngineState`` of ``engine`` over the final adapter's gradients ``train``.
 
     ``gradian.engines.fit_engine`` with the final-adapter config: loaded from ``cache_dir`` when
@@ -92,9 +103,9 @@ def span_state(engine: str, train: Any, engine_config: Any, context: Any = None,
     return fit_engine(engine, train, final_adapter_config(engine_config), context, cache_dir=cache_dir)
 
 
-def preconditioned_query(train: Any, query: Mapping[str, np.ndarray], engine: str, engine_config: Any,
-                         state: Any = None, *, context: Any = None,
-                         cache_dir: Any = None) -> tuple[dict[str, np.ndarray], str, list[str]]:
+def preconditioned_query(train: TrainGradients, query: Mapping[str, np.ndarray], engine: str,
+                         engine_config: EngineConfig, state: EngineState | None = None, *,
+                         context: FitContext | None = None, cache_dir: str | Path | None = None) -> tuple[dict[str, np.ndarray], str, list[str]]:
     """``({block: r [width]}, engine, notes)`` for one query ``{block: [width]}``.
 
     ``r`` is ``engine``'s ``precondition`` of the query on ``state`` (its fitted state over
@@ -135,15 +146,16 @@ def preconditioned_query(train: Any, query: Mapping[str, np.ndarray], engine: st
     return r, engine, notes
 
 
-def query_direction(gm: Any, train: Any, query: Mapping[str, np.ndarray], engine: str, engine_config: Any,
-                    projector: Any = None, state: Any = None, *, context: Any = None,
-                    cache_dir: Any = None) -> QueryDirection:
+def query_direction(gm: GradientModel, train: TrainGradients, query: Mapping[str, np.ndarray], engine: str,
+                    engine_config: EngineConfig, projector: BlockProjector | KroneckerProjector | None = None,
+                    state: EngineState | None = None, *, context: FitContext | None = None,
+                    cache_dir: str | Path | None = None) -> QueryDirection:
     """The preconditioned query mapped back to every LoRA Linear's weight (see the module doc)."""
     import torch
 
     r, used, notes = preconditioned_query(train, query, engine, engine_config, state, context=context,
                                           cache_dir=cache_dir)
-    per_linear: dict[int, Any] = {}
+    per_linear: dict[int, torch.Tensor] = {}
     for block in gm.blocks:
         vector = torch.as_tensor(r[block.name], dtype=torch.float64)
         if projector is not None and projector.block_width(block) < block.dim:

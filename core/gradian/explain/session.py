@@ -22,7 +22,7 @@ Interface:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -30,6 +30,17 @@ from gradian.errors import ConfigError
 from gradian.explain.direction import query_direction, span_state
 from gradian.explain.spans import SpanExplanation, score_example_spans
 from gradian.report.schema import AnalysisInputs, AttributeManifest, CapabilityItem, CounterfactualManifest, Report
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
+    from gradian.data import Dataset, Example
+    from gradian.engines.base import EngineState, TrainGradients
+    from gradian.grads.model import GradientModel
+    from gradian.jsontypes import JsonValue
+    from gradian.query import QueryGradient, QueryItem
 
 __all__ = ["SPAN_ENGINE", "explain_example", "explain_from_report", "explain_top_accused", "item_signal",
            "span_engine_state"]
@@ -42,19 +53,20 @@ __all__ = ["SPAN_ENGINE", "explain_example", "explain_from_report", "explain_top
 SPAN_ENGINE = "graddot"
 
 
-def _answered_right(item: Any) -> bool:
+def _answered_right(item: QueryItem) -> bool:
     return item.generated is not None and item.wanted.strip().lower() in item.generated.strip().lower()
 
 
-def item_signal(item: Any, requested: str) -> str:
+def item_signal(item: QueryItem, requested: str) -> str:
     """The query signal for one item: ``target`` when its answer was right and nothing replaced it."""
     if requested in ("auto", "contrastive") and _answered_right(item):
         return "target"
     return requested
 
 
-def span_engine_state(gm: Any, tokenizer: Any, train: Any, cfg: Any, engine: str | None = None,
-                      dataset: Any = None, log: Callable[[str], None] | None = None) -> Any:
+def span_engine_state(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, train: TrainGradients, cfg: GradianConfig,
+                      engine: str | None = None, dataset: Dataset | None = None,
+                      log: Callable[[str], None] | None = None) -> EngineState:
     """The fitted state of ``engine`` (``SPAN_ENGINE`` by default) over the index ``train``, on the final adapter.
 
     Loaded from ``cfg.cache_dir`` when it was stored before (``gradian attribute`` stores the
@@ -81,9 +93,10 @@ def span_engine_state(gm: Any, tokenizer: Any, train: Any, cfg: Any, engine: str
     return state
 
 
-def explain_example(gm: Any, tokenizer: Any, train: Any, example: Any, query: Mapping[str, np.ndarray], cfg: Any,
-                    *, item_id: str = "", signal: str = "", row: int | None = None,
-                    engine: str | None = None, state: Any = None, dataset: Any = None) -> SpanExplanation:
+def explain_example(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, train: TrainGradients, example: Example,
+                    query: Mapping[str, np.ndarray], cfg: GradianConfig, *, item_id: str = "", signal: str = "",
+                    row: int | None = None, engine: str | None = None, state: EngineState | None = None,
+                    dataset: Dataset | None = None) -> SpanExplanation:
     """Token, word and sentence contributions of ``example`` to ``query``.
 
     ``engine`` is whose direction the tokens are scored against: ``SPAN_ENGINE`` (``graddot``, the
@@ -107,9 +120,10 @@ def explain_example(gm: Any, tokenizer: Any, train: Any, example: Any, query: Ma
                                score=score)
 
 
-def explain_top_accused(gm: Any, tokenizer: Any, train: Any, dataset: Any, qg: Any, item_scores: np.ndarray,
-                        accused_ids: Sequence[str], cfg: Any, k: int = 3, engine: str | None = None,
-                        state: Any = None) -> list[SpanExplanation]:
+def explain_top_accused(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, train: TrainGradients, dataset: Dataset,
+                        qg: QueryGradient, item_scores: np.ndarray, accused_ids: Sequence[str], cfg: GradianConfig,
+                        k: int = 3, engine: str | None = None,
+                        state: EngineState | None = None) -> list[SpanExplanation]:
     """The harmful span of the first ``k`` accused rows (most harmful first), each against its worst item.
 
     ``state``: ``engine``'s fitted state over ``train`` when the caller holds it (fitted once here otherwise)."""
@@ -199,11 +213,11 @@ def explain_from_report(report_dir: str | Path, example_id: str, item_id: str | 
                            signal=qg.signal, row=dataset.ids.index(example_id), engine=engine, state=state)
 
 
-def _report_overrides(report: Report) -> dict[str, Any]:
+def _report_overrides(report: Report) -> dict[str, JsonValue]:
     """Dotted config keys from the report's recorded config (what the attribution ran with)."""
     manifest = report.manifest
     recorded = manifest.config if isinstance(manifest, (AttributeManifest, CounterfactualManifest)) else {}
-    out: dict[str, Any] = {}
+    out: dict[str, JsonValue] = {}
     for key in ("base_model", "tokenizer", "adapter_path", "dataset", "eval_dataset", "cache_dir", "seed",
                 "device", "dtype", "trust_remote_code", "attn_implementation"):
         if recorded.get(key) is not None:
@@ -218,7 +232,7 @@ def _report_overrides(report: Report) -> dict[str, Any]:
 
 
 def _choose_item(items: Sequence[CapabilityItem], example_id: str, item_id: str | None,
-                 rankings: Any) -> CapabilityItem:
+                 rankings: pd.DataFrame | None) -> CapabilityItem:
     by_id = {str(i.example_id): i for i in items}
     if item_id is not None:
         if item_id not in by_id:

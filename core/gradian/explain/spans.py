@@ -24,7 +24,17 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradsConfig
+    from gradian.data import Example
+    from gradian.explain.direction import QueryDirection
+    from gradian.grads.model import GradientModel
+    from gradian.jsontypes import JsonObject
 
 __all__ = ["SpanExplanation", "TextPiece", "score_example_spans", "split_sentences", "split_words"]
 
@@ -65,7 +75,7 @@ class SpanExplanation:
     score: float | None = None
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         """The report's ``attribution.spans`` row: ids, text, span offsets, words and sentences."""
         out = asdict(self)
         out.pop("tokens")
@@ -110,7 +120,8 @@ def _aggregate(text: str, bounds: list[tuple[int, int]], tokens: list[TextPiece]
     return pieces
 
 
-def _token_dots(gm: Any, input_ids: Any, labels: Any, direction: Any) -> tuple[Any, Any, float]:
+def _token_dots(gm: GradientModel, input_ids: torch.Tensor, labels: torch.Tensor,
+                direction: QueryDirection) -> tuple[torch.Tensor, torch.Tensor, float]:
     """(``<grad l_t, d>`` per supervised token, their positions, ``|grad sum_t l_t|``)."""
     import torch
 
@@ -133,7 +144,8 @@ def _token_dots(gm: Any, input_ids: Any, labels: Any, direction: Any) -> tuple[A
     return dots.detach().double().cpu(), positions.cpu(), norm
 
 
-def score_example_spans(gm: Any, tokenizer: Any, example: Any, direction: Any, grads_config: Any, *,
+def score_example_spans(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, example: Example,
+                        direction: QueryDirection, grads_config: GradsConfig, *,
                         item_id: str = "", signal: str = "", score: float | None = None) -> SpanExplanation:
     """Token, word and sentence contributions of ``example`` (a ``gradian.data.Example``) to ``direction``.
 

@@ -26,11 +26,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from gradian.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradsConfig
+    from gradian.data import Example, TokenizedExample
+    from gradian.grads.model import GradientModel
+    from gradian.grads.projection import BlockProjector, KroneckerProjector
+    from gradian.jsontypes import JsonObject
 
 __all__ = [
     "QueryItem",
@@ -79,7 +88,7 @@ class QueryGradient:
     per_item: dict[str, np.ndarray] | None = None
     item_ids: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {"signal": self.signal, "requested_signal": self.requested_signal, "n_items": self.n_items,
                 "scope": self.scope, "notes": list(self.notes), "finding_ids": list(self.finding_ids),
                 "item_ids": list(self.item_ids)}
@@ -108,7 +117,7 @@ def resolve_signal(requested: str, items: Sequence[QueryItem]) -> tuple[str, lis
     ]
 
 
-def select_query_items(eval_items: Sequence[QueryItem] | None, train_examples: Sequence[Any] = (),
+def select_query_items(eval_items: Sequence[QueryItem] | None, train_examples: Sequence[Example] = (),
                        n_fallback: int = 8) -> tuple[list[QueryItem], str, list[str], list[str]]:
     """(items, scope, notes, finding ids): regressed items; else the whole eval set; else training.
 
@@ -132,8 +141,8 @@ def select_query_items(eval_items: Sequence[QueryItem] | None, train_examples: S
     ], [NO_CAPABILITY_TARGET]
 
 
-def query_rows(tokenizer: Any, prompts: Sequence[list[dict[str, str]]], answers: Sequence[str],
-               max_seq_length: int | None) -> list[Any]:
+def query_rows(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[list[dict[str, str]]], answers: Sequence[str],
+               max_seq_length: int | None) -> list[TokenizedExample]:
     """Each prompt with its answer as the assistant's turn, tokenized with the training rows' loss
     mask (``TokenizedExample``); refused when an answer loses every token to truncation."""
     from gradian.data import dataset_from_rows, tokenize_examples
@@ -149,8 +158,9 @@ def query_rows(tokenizer: Any, prompts: Sequence[list[dict[str, str]]], answers:
     return tokenized
 
 
-def _item_gradients(gm: Any, tokenizer: Any, prompts: Sequence[list[dict[str, str]]], answers: Sequence[str],
-                    grads_config: Any, projector: Any) -> dict[str, np.ndarray]:
+def _item_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[list[dict[str, str]]],
+                    answers: Sequence[str], grads_config: GradsConfig,
+                    projector: BlockProjector | KroneckerProjector | None) -> dict[str, np.ndarray]:
     """``{block: [items, width]}``: each item's gradient (float64)."""
     from gradian.grads import iter_example_gradients
 
@@ -163,8 +173,8 @@ def _item_gradients(gm: Any, tokenizer: Any, prompts: Sequence[list[dict[str, st
     return {b: np.concatenate(v, axis=0) for b, v in parts.items()}
 
 
-def build_query_gradient(gm: Any, tokenizer: Any, items: Sequence[QueryItem], signal: str = "auto",
-                         grads_config: Any = None, *, scope: str = "regressed",
+def build_query_gradient(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, items: Sequence[QueryItem],
+                         signal: str = "auto", grads_config: GradsConfig | None = None, *, scope: str = "regressed",
                          notes: Sequence[str] = (), finding_ids: Sequence[str] = ()) -> QueryGradient:
     """The query gradient of ``items`` under ``gm``, in the index's block space.
 
