@@ -40,9 +40,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gradian.engines.base import TrainGradients
+    from gradian.jsontypes import JsonObject
 
 __all__ = ["AccusedCandidate", "AccusedSet", "SIBLING_COSINE", "add_gradient_siblings", "gradient_cosines_to",
            "harm_transform", "refine_accused", "sibling_anchors"]
@@ -70,7 +74,7 @@ class AccusedCandidate:
     estimated_harmful_share: float
     score: float
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -115,7 +119,7 @@ class AccusedSet:
     def n_left_out(self) -> int:
         return len(self.left_out_ids)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         out = asdict(self)
         out["n"] = self.n
         out["n_left_out"] = self.n_left_out
@@ -260,7 +264,7 @@ def refine_accused(cluster: str, member_ids: Sequence[str], member_scores: Seque
     )
 
 
-def gradient_cosines_to(train: Any, anchors: Sequence[int]) -> np.ndarray:
+def gradient_cosines_to(train: TrainGradients, anchors: Sequence[int]) -> np.ndarray:
     """``[n, len(anchors)]`` cosines between every row's full gradient and each anchor row's.
 
     ``train`` is any ``TrainGradients``: the anchors are read through its ``rows`` when it has

@@ -29,11 +29,16 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from gradian.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gradian.config import ClusteringConfig
+    from gradian.data import Example
+    from gradian.jsontypes import JsonObject
 
 __all__ = ["AUTO_MAX_NOISE_SHARE", "NOISE", "ClusterAssignment", "cluster_examples"]
 
@@ -75,7 +80,7 @@ class ClusterAssignment:
         """Example ids in ``cluster``, in dataset order."""
         return [eid for eid, key in self.labels.items() if key == str(cluster)]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return asdict(self)
 
 
@@ -107,7 +112,7 @@ def _hdbscan(vectors: np.ndarray, min_cluster_size: int) -> list[str]:
     return _renumber(raw)
 
 
-def cluster_examples(examples: Sequence[Any], config: Any, seed: int = 1234, *,
+def cluster_examples(examples: Sequence[Example], config: ClusteringConfig, seed: int = 1234, *,
                      gradient_vectors: np.ndarray | None = None, space: str | None = None) -> ClusterAssignment:
     """Assign every example (``gradian.data.Example``) to a cluster per ``config`` (a ``ClusteringConfig``).
 

@@ -17,11 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from gradian.errors import ConfigError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+    from gradian.config import ClusteringConfig
 
 __all__ = ["DEFAULT_EMBED_MODEL", "Embeddings", "embed_texts", "resolve_embed_model"]
 
@@ -66,7 +71,7 @@ def resolve_embed_model(name: str) -> Path:
 
 
 @lru_cache(maxsize=2)
-def _load_encoder(model_path: str) -> Any:
+def _load_encoder(model_path: str) -> SentenceTransformer:
     """Loaded once per process: reloading the encoder costs seconds per clustering call."""
     try:
         from sentence_transformers import SentenceTransformer
@@ -103,7 +108,7 @@ def _tfidf_vectors(texts: Sequence[str], max_features: int, svd_dim: int, seed: 
     return normalize(np.asarray(reduced, dtype=np.float64))
 
 
-def embed_texts(texts: Sequence[str], config: Any, seed: int) -> Embeddings:
+def embed_texts(texts: Sequence[str], config: ClusteringConfig, seed: int) -> Embeddings:
     """Embed ``texts`` per ``config`` (a ``ClusteringConfig``); see the module docstring."""
     backend = config.embed_backend
     if backend not in ("auto", "sentence-transformers", "tfidf"):

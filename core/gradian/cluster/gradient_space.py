@@ -15,9 +15,12 @@ even when a sentence encoder puts them side by side, which is why the accused se
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from gradian.engines.base import TrainGradients
 
 __all__ = ["DEFAULT_GRADIENT_DIM", "gradient_features"]
 
@@ -25,7 +28,7 @@ __all__ = ["DEFAULT_GRADIENT_DIM", "gradient_features"]
 DEFAULT_GRADIENT_DIM = 256
 
 
-def gradient_features(train: Any, rows: Sequence[int] | None = None, dim: int = DEFAULT_GRADIENT_DIM,
+def gradient_features(train: TrainGradients, rows: Sequence[int] | None = None, dim: int = DEFAULT_GRADIENT_DIM,
                       seed: int = 0) -> np.ndarray:
     """Unit-length, seeded-projected gradients of ``rows`` (all rows when None), in ``rows`` order.
 
@@ -61,7 +64,8 @@ def gradient_features(train: Any, rows: Sequence[int] | None = None, dim: int = 
     return _unit_rows(out)
 
 
-def _wanted_chunks(train: Any, wanted: np.ndarray, every: bool) -> Any:
+def _wanted_chunks(train: TrainGradients, wanted: np.ndarray,
+                   every: bool) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
     """``(slots, {block: [rows, width]})``: the gradients of ``wanted[slots]``, a chunk at a time.
 
     A subset is read through the container's ``rows`` when it has one and says its ``chunk_size``
@@ -69,10 +73,11 @@ def _wanted_chunks(train: Any, wanted: np.ndarray, every: bool) -> Any:
     pass would give them, so each product below has the same operands either way; otherwise, and
     for every row, from one pass over the chunks."""
     size = getattr(train, "chunk_size", None)
-    if not every and callable(getattr(train, "rows", None)) and isinstance(size, int) and size > 0:
+    fetch = getattr(train, "rows", None)
+    if not every and callable(fetch) and isinstance(size, int) and size > 0:
         for k in sorted(set((wanted // size).tolist())):
             slots = np.flatnonzero(wanted // size == k)
-            yield slots, train.rows(wanted[slots])
+            yield slots, fetch(wanted[slots])
         return
     for start, chunk in train.iter_chunks():
         size = len(next(iter(chunk.values()))) if chunk else 0

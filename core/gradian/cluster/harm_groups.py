@@ -48,11 +48,15 @@ harmful rows, or no group found.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from gradian.cluster.assign import NOISE, ClusterAssignment, _renumber
+
+if TYPE_CHECKING:
+    from gradian.config import ClusteringConfig
+    from gradian.data import Example
 
 __all__ = ["HARM_GROUP_METHOD", "HARM_GROUP_PREFIX", "harm_groups"]
 
@@ -62,7 +66,8 @@ HARM_GROUP_PREFIX = "harm-"
 HARM_GROUP_METHOD = "harm_groups"
 
 
-def harm_groups(examples: Sequence[Any], scores: Sequence[float] | np.ndarray, config: Any, seed: int = 1234, *,
+def harm_groups(examples: Sequence[Example], scores: Sequence[float] | np.ndarray, config: ClusteringConfig,
+                seed: int = 1234, *,
                 base: ClusterAssignment, text_vectors: np.ndarray | None = None) -> ClusterAssignment | None:
     """``base`` with the groups HDBSCAN finds among the rows whose score is negative carved out.
 

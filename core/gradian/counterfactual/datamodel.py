@@ -27,11 +27,14 @@ Interface: ``sample_subsets``, ``subset_score_sums``, ``spearman``, ``linear_dat
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, TypedDict
 
 import numpy as np
 
 from gradian.engines.correlation import rank_correlation, rowwise_rank_correlation
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 #: a vector of floats: a sequence or a 1-d array
 Floats = Sequence[float] | np.ndarray
@@ -46,6 +49,42 @@ __all__ = [
     "spearman",
     "subset_score_sums",
 ]
+
+
+class EngineAgreement(TypedDict):
+    """One engine's Spearman with the measurements: the point estimate, the bootstrap mean and interval."""
+
+    spearman: float
+    bootstrap_mean: float | None
+    ci: list[float | None]
+
+
+class Margin(TypedDict):
+    """The best engine against another one, on the same resamples."""
+
+    difference: float
+    ci: list[float | None]
+    share_best_wins: float | None
+
+
+class RankingComparison(TypedDict):
+    """What ``compare_rankings`` returns."""
+
+    n: int
+    n_bootstrap: int
+    ci_level: float
+    engines: dict[str, EngineAgreement]
+    ranking: list[str]
+    best: str | None
+    margins: dict[str, Margin]
+
+
+class BootstrapSettings(TypedDict, total=False):
+    """The keyword arguments ``lds_table`` and ``group_removal_table`` pass on to ``compare_rankings``."""
+
+    n_bootstrap: int
+    ci_level: float
+    seed: int
 
 
 def sample_subsets(n: int, k: int, fraction: float = 0.5, seed: int = 0) -> np.ndarray:
@@ -93,7 +132,7 @@ def group_removal_sums(groups: Sequence[Sequence[int]], scores: Floats) -> np.nd
 
 
 def compare_rankings(measured: Floats, predicted: Mapping[str, Floats], *,
-                     n_bootstrap: int = 2000, ci_level: float = 0.95, seed: int = 0) -> dict[str, Any]:
+                     n_bootstrap: int = 2000, ci_level: float = 0.95, seed: int = 0) -> RankingComparison:
     """Spearman of ``measured`` with each engine's ``predicted`` values, with bootstrap intervals.
 
     Returns ``{"n", "engines": {name: {"spearman", "bootstrap_mean", "ci"}}, "ranking",
@@ -120,7 +159,7 @@ def compare_rankings(measured: Floats, predicted: Mapping[str, Floats], *,
         return [float(np.quantile(finite, lo_q)), float(np.quantile(finite, hi_q))]
 
     rho = {k: spearman(y, preds[k]) for k in names}
-    engines: dict[str, dict[str, Any]] = {}
+    engines: dict[str, EngineAgreement] = {}
     for k in names:
         finite = boot[k][np.isfinite(boot[k])]
         engines[k] = {"spearman": rho[k],
@@ -128,7 +167,7 @@ def compare_rankings(measured: Floats, predicted: Mapping[str, Floats], *,
                       "ci": interval(boot[k])}
     ranking = sorted(names, key=lambda k: -np.nan_to_num(rho[k], nan=-np.inf))
     best = ranking[0] if ranking else None
-    margins: dict[str, dict[str, Any]] = {}
+    margins: dict[str, Margin] = {}
     if best is not None:
         for k in ranking[1:]:
             diff = boot[best] - boot[k]
@@ -141,12 +180,12 @@ def compare_rankings(measured: Floats, predicted: Mapping[str, Floats], *,
 
 
 def lds_table(losses: Floats, masks: np.ndarray, scores: Mapping[str, Floats],
-              **bootstrap: Any) -> dict[str, Any]:
+              **bootstrap: Unpack[BootstrapSettings]) -> RankingComparison:
     """``compare_rankings`` of the measured subset losses with each engine's predicted ordering."""
     return compare_rankings(losses, {k: -subset_score_sums(masks, s) for k, s in scores.items()}, **bootstrap)
 
 
 def group_removal_table(deltas: Floats, groups: Sequence[Sequence[int]],
-                        scores: Mapping[str, Floats], **bootstrap: Any) -> dict[str, Any]:
+                        scores: Mapping[str, Floats], **bootstrap: Unpack[BootstrapSettings]) -> RankingComparison:
     """``compare_rankings`` of measured ``phi(D \\ c) - phi(D)`` with each engine's group sums."""
     return compare_rankings(deltas, {k: group_removal_sums(groups, s) for k, s in scores.items()}, **bootstrap)

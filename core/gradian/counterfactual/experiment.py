@@ -18,7 +18,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from gradian.counterfactual.figures import (
     capability_recovery,
@@ -44,6 +44,11 @@ from gradian.report.schema import (
     Verdict,
 )
 
+if TYPE_CHECKING:
+    from gradian.config import GradianConfig, TrainConfig
+    from gradian.evaluate.result import CapabilityResult
+    from gradian.runs import RunRecord
+
 __all__ = ["CounterfactualOutcome", "retrain_config", "run_counterfactual", "KEPT_DATA_FILE", "RETRAIN_SUBDIR"]
 
 #: inside the output folder: the kept rows, and the retrained run
@@ -56,18 +61,18 @@ _NOT_RECIPE = ("backend", "base_model", "output_dir", "logging_steps", "save_ste
 @dataclass
 class CounterfactualOutcome:
     #: report.json as written: ``report_obj.to_json()``
-    report: dict[str, Any]
+    report: Mapping[str, object]
     plan: RemovalPlan
     #: the retrained model's ``CapabilityResult`` (base vs retrained)
-    capability: Any
+    capability: CapabilityResult
     #: the retrained run's ``RunRecord``
-    run: Any
+    run: RunRecord
     files: list[Path] = field(default_factory=list)
     #: the typed report (``gradian.report.schema.Report``) that ``report`` is the JSON of
     report_obj: Report | None = None
 
 
-def _train_at_defaults(train: Any) -> bool:
+def _train_at_defaults(train: TrainConfig) -> bool:
     from gradian.config import TrainConfig
 
     default = TrainConfig()
@@ -75,7 +80,7 @@ def _train_at_defaults(train: Any) -> bool:
                for f in dataclasses.fields(train) if f.name not in _NOT_RECIPE)
 
 
-def retrain_config(cfg: Any, run: Any = None) -> tuple[Any, str]:
+def retrain_config(cfg: GradianConfig, run: RunRecord | None = None) -> tuple[GradianConfig, str]:
     """``(config, source)``: the config's own ``train:`` recipe, or the one ``run`` recorded."""
     if run is None or not _train_at_defaults(cfg.train):
         return cfg, "config train section"
@@ -105,7 +110,7 @@ def retrain_config(cfg: Any, run: Any = None) -> tuple[Any, str]:
     return dataclasses.replace(cfg, train=train, seed=seed), f"run {run.source}"
 
 
-def _capability_before(cfg: Any, before: Mapping[str, Any] | None, capability: str,
+def _capability_before(cfg: GradianConfig, before: Mapping[str, Any] | None, capability: str,
                        log: Callable[[str], None]) -> tuple[dict[str, Any] | None, str]:
     """The original fine-tune's capability block and where it came from."""
     if before is not None:
@@ -120,14 +125,14 @@ def _capability_before(cfg: Any, before: Mapping[str, Any] | None, capability: s
 
 
 def run_counterfactual(
-    cfg: Any,
+    cfg: GradianConfig,
     plan: RemovalPlan,
     *,
     out_dir: str | Path,
     capability: str = "capability",
     before: Mapping[str, Any] | None = None,
     planted: Iterable[int] | None = None,
-    run: Any = None,
+    run: RunRecord | None = None,
     write: bool = True,
     log: Callable[[str], None] = lambda message: None,
 ) -> CounterfactualOutcome:

@@ -19,7 +19,10 @@ Interface:
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping, TypedDict
+
+if TYPE_CHECKING:
+    from gradian.jsontypes import JsonScalar
 
 __all__ = [
     "OUTCOMES",
@@ -36,14 +39,31 @@ OUTCOMES = ("recovered", "partial", "not_recovered", "nothing_to_recover")
 _ITEM_METRICS = ("exact_match", "contains", "not_contains")
 
 
+class CapabilityRecovery(TypedDict):
+    """What ``capability_recovery`` returns (see the module doc)."""
+
+    metric: str
+    n_items: int
+    base: float
+    before: float | None
+    after: float
+    delta_before: float | None
+    delta_after: float
+    status_after: str | None
+    recovered_fraction: float | None
+    items_below_base_before: float | None
+    items_below_base_after: float | None
+    within_one_item: bool | None
+
+
 def capability_recovery(base: float, before: float | None, after: float, n_items: int, metric: str,
-                        status_after: str | None = None) -> dict[str, Any]:
+                        status_after: str | None = None) -> CapabilityRecovery:
     """Recovery of a capability once the removed examples are gone (see the module docstring).
 
     ``base``: the base model's score; ``before``: the original fine-tune's (None when unknown);
     ``after``: the retrained fine-tune's; ``status_after``: the bootstrap status of after vs base.
     """
-    out: dict[str, Any] = {
+    out: CapabilityRecovery = {
         "metric": metric,
         "n_items": n_items,
         "base": base,
@@ -61,14 +81,15 @@ def capability_recovery(base: float, before: float | None, after: float, n_items
         out["recovered_fraction"] = (after - before) / (base - before)
     if metric in _ITEM_METRICS:
         # scores are shares of n_items; round away float noise before counting items
-        out["items_below_base_after"] = round((base - after) * n_items, 6)
+        below_after = round((base - after) * n_items, 6)
+        out["items_below_base_after"] = below_after
         if before is not None:
             out["items_below_base_before"] = round((base - before) * n_items, 6)
-        out["within_one_item"] = out["items_below_base_after"] <= 1.0
+        out["within_one_item"] = below_after <= 1.0
     return out
 
 
-def counterfactual_outcome(recovery: Mapping[str, Any]) -> tuple[str, str]:
+def counterfactual_outcome(recovery: CapabilityRecovery) -> tuple[str, str]:
     """``(outcome, verdict kind)``.
 
     - ``nothing_to_recover`` (kind ``no_regression``): the original fine-tune lost nothing;
@@ -90,7 +111,7 @@ def counterfactual_outcome(recovery: Mapping[str, Any]) -> tuple[str, str]:
     return "not_recovered", "inconclusive"
 
 
-def removal_precision(removed: Iterable[int], planted: Iterable[int]) -> dict[str, Any]:
+def removal_precision(removed: Iterable[int], planted: Iterable[int]) -> dict[str, JsonScalar]:
     """Precision and recall of the removed rows against the planted ones (row indices)."""
     removed_set, planted_set = set(removed), set(planted)
     hit = len(removed_set & planted_set)
@@ -107,7 +128,7 @@ def _sign(x: float) -> int:
     return 0 if x == 0 or math.isnan(x) else (1 if x > 0 else -1)
 
 
-def predicted_score_sums(scores: Mapping[str, float], removed: Iterable[str]) -> dict[str, Any]:
+def predicted_score_sums(scores: Mapping[str, float], removed: Iterable[str]) -> dict[str, JsonScalar]:
     """Summed scores of all, removed and kept examples (``scores``: example id -> score)."""
     removed_set = set(removed)
     n = len(scores)

@@ -16,10 +16,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gradian.errors import ConfigError, DatasetError
 from gradian.report.schema import Report, version_problem
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from gradian.config import ClusteringConfig
+    from gradian.data import Dataset
+    from gradian.jsontypes import JsonObject
 
 __all__ = ["DROP_CHOICES", "RemovalPlan", "load_planted", "load_report", "plan_removal", "parse_id_list"]
 
@@ -56,7 +63,7 @@ class RemovalPlan:
         dropped = set(self.drop_indices)
         return [i for i in range(self.n_examples) if i not in dropped]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonObject:
         return {
             "reason": self.reason,
             "cluster": self.cluster,
@@ -68,7 +75,7 @@ class RemovalPlan:
         }
 
 
-def load_report(path: str | Path) -> tuple[dict[str, Any], Any]:
+def load_report(path: str | Path) -> tuple[JsonObject, pd.DataFrame | None]:
     """``(report dict, rankings DataFrame or None)`` from a report.json (or the folder holding it)."""
     path = Path(path)
     if path.is_dir():
@@ -124,7 +131,8 @@ def parse_id_list(value: str) -> list[str]:
     return list(dict.fromkeys(i for i in items if i))
 
 
-def _cluster_labels(dataset: Any, rankings: Any, clustering: Any, seed: int) -> tuple[dict[str, str], str]:
+def _cluster_labels(dataset: Dataset, rankings: pd.DataFrame | None, clustering: ClusteringConfig | None,
+                    seed: int) -> tuple[dict[str, str], str]:
     """example id -> cluster key, and where the membership came from."""
     if rankings is not None and {"example_id", "cluster"} <= set(rankings.columns):
         return dict(zip(rankings["example_id"].astype(str), rankings["cluster"].astype(str))), "the report's rankings"
@@ -141,13 +149,13 @@ def _report_dataset_sha(report: Report) -> str | None:
 
 
 def plan_removal(
-    dataset: Any,
+    dataset: Dataset,
     *,
-    report: Report | Mapping[str, Any] | None = None,
-    rankings: Any = None,
+    report: Report | Mapping[str, object] | None = None,
+    rankings: pd.DataFrame | None = None,
     drop_cluster: str | None = None,
     drop_ids: Sequence[str] | None = None,
-    clustering: Any = None,
+    clustering: ClusteringConfig | None = None,
     seed: int = 1234,
     drop: str | None = None,
 ) -> RemovalPlan:
@@ -239,7 +247,7 @@ def plan_removal(
     )
 
 
-def _report_accused(report: Report, rankings: Any) -> list[str]:
+def _report_accused(report: Report, rankings: pd.DataFrame | None) -> list[str]:
     """The accused set's ids: the rankings' ``accused`` column, else the report's list."""
     if rankings is not None and {"example_id", "accused"} <= set(rankings.columns):
         return [str(i) for i in rankings.loc[rankings["accused"].astype(bool), "example_id"]]
@@ -247,7 +255,7 @@ def _report_accused(report: Report, rankings: Any) -> list[str]:
     return [str(i) for i in accused.example_ids] if accused is not None else []
 
 
-def load_planted(path: str | Path, dataset: Any) -> list[int]:
+def load_planted(path: str | Path, dataset: Dataset) -> list[int]:
     """Row indices of the known-bad rows, for removal precision.
 
     ``path`` is a tinyworld ``scenario.json`` (its ``planted.indices``), a JSON list of row indices
@@ -257,7 +265,7 @@ def load_planted(path: str | Path, dataset: Any) -> list[int]:
     if not path.is_file():
         raise ConfigError(f"--truth {path}: no such file; pass a scenario.json or a list of planted rows")
     text = path.read_text(encoding="utf-8").strip()
-    data: Any = [line.strip() for line in text.splitlines() if line.strip()]
+    data: object = [line.strip() for line in text.splitlines() if line.strip()]
     if text and text[0] in "[{":
         try:
             data = json.loads(text)

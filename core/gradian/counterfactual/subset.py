@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gradian.atomic import write_text_atomic
 from gradian.errors import DatasetError
 
+if TYPE_CHECKING:
+    from gradian.data import Dataset, Example
+
 __all__ = ["write_kept_rows"]
 
 
-def _raw_rows(dataset: Any) -> list[str] | None:
+def _raw_rows(dataset: Dataset) -> list[str] | None:
     """One JSON line per row of the source file, or None when only normalized rows exist."""
     path = Path(dataset.path)
     if not path.is_file():
@@ -46,14 +49,14 @@ def _raw_rows(dataset: Any) -> list[str] | None:
     return [json.dumps(r, ensure_ascii=False, default=str) for r in rows]
 
 
-def _normalized_row(example: Any) -> str:
-    row: dict[str, Any] = {"messages": example.messages} if example.messages else {"text": example.text or ""}
+def _normalized_row(example: Example) -> str:
+    row: dict[str, list[dict[str, str]] | str] = {"messages": example.messages} if example.messages else {"text": example.text or ""}
     if example.cluster not in (None, ""):
         row["cluster"] = example.cluster
     return json.dumps(row, ensure_ascii=False)
 
 
-def write_kept_rows(dataset: Any, keep_indices: Sequence[int], path: str | Path) -> Path:
+def write_kept_rows(dataset: Dataset, keep_indices: Sequence[int], path: str | Path) -> Path:
     """Write rows ``keep_indices`` of ``dataset`` (a ``gradian.data.Dataset``) to ``path`` (.jsonl)."""
     path = Path(path)
     if path.suffix.lower() != ".jsonl":

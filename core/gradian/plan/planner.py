@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from gradian.errors import ConfigError
 from gradian.sizes import format_size, parse_size
@@ -25,6 +25,14 @@ from gradian.plan.memory import CaptureSettings, MemoryEstimate, block_widths, e
 from gradian.plan.shapes import DTYPE_BYTES, AdapterShape, BatchShape, DatasetShape, LoraLinear, ModelShape, lora_linears
 from gradian.plan.stores import (GIB, CurvatureCost, IndexCost, Passes, StreamCost, auto_store, curvature_cost,
                                  engine_passes, lora_matrices)
+
+if TYPE_CHECKING:
+    from gradian.config import GradianConfig
+
+    #: a setting under its config key, as ``PlanSettings.config_values`` gives it
+    ConfigValue = str | int | float | None
+    #: per ``(batch_size, max_seq_length)``: the worst batch of each row count
+    _BatchCache = dict[tuple[int, int | None], dict[int, BatchShape]]
 
 __all__ = ["PlanSettings", "Budgets", "Plan", "Proposal", "make_plan", "propose_settings", "parse_size",
            "format_size", "HEADROOM", "HOST_SHARE", "STORES", "KRONECKER_FLOOR", "kronecker_widths"]
@@ -73,7 +81,7 @@ class PlanSettings:
     cross_check: str | None = "auto"
 
     @classmethod
-    def from_config(cls, config: Any, device: str) -> "PlanSettings":
+    def from_config(cls, config: GradianConfig, device: str) -> "PlanSettings":
         """From a ``GradianConfig``; ``dtype: auto`` is bfloat16 on CUDA and float32 elsewhere."""
         grads = config.grads
         dtype = config.dtype if config.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
@@ -100,7 +108,7 @@ class PlanSettings:
         changes.pop("projection_kind", None)
         return replace(self, capture=capture, **changes)
 
-    def config_values(self) -> dict[str, Any]:
+    def config_values(self) -> dict[str, ConfigValue]:
         """The settings under their config keys (``grads.*``, ``engine.*``)."""
         return {"engine.store": self.store, "grads.batch_size": self.batch_size,
                 "grads.projection_kind": self.projection_kind,
@@ -144,7 +152,7 @@ class Budgets:
 class Proposal:
     """Settings that fit the budgets: the changed config keys and what they cost."""
 
-    changes: dict[str, Any]
+    changes: dict[str, ConfigValue]
     #: peak on the device (on a CPU run, everything in the one memory)
     peak_memory: int
     #: the index's bytes under the proposed settings, written or not
@@ -237,7 +245,7 @@ class Plan:
 
 
 def _cost(model: ModelShape, linears: list[LoraLinear], dataset: DatasetShape, settings: PlanSettings,
-          cache: dict[Any, Any] | None = None) -> tuple[BatchShape, MemoryEstimate, int]:
+          cache: _BatchCache | None = None) -> tuple[BatchShape, MemoryEstimate, int]:
     """The worst batch, its memory, and the index bytes, under ``settings``."""
     capture = replace(settings.capture, projection_dim=settings.projection_dim, storage_dtype=settings.storage_dtype,
                       chunk_size=settings.chunk_size)
@@ -306,7 +314,7 @@ class _Priced:
 
 
 def _price(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, settings: PlanSettings,
-           budgets: Budgets, cache: dict[Any, Any] | None = None) -> _Priced | None:
+           budgets: Budgets, cache: _BatchCache | None = None) -> _Priced | None:
     """``settings`` priced (None when no LoRA module is selected)."""
     linears = lora_linears(model, adapter, settings.module_filter)
     if not linears:
@@ -458,7 +466,7 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
     ``grads.max_index_gb``) is written again instead of streamed, as ``engine.store`` would
     choose.
     """
-    cache: dict[Any, Any] = {}
+    cache: _BatchCache = {}
     current = settings
     reasons: list[str] = []
     device = settings.device
@@ -497,7 +505,7 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
     def memory_ok(s: PlanSettings) -> bool:
         return device_ok(s) and host_ok(s)
 
-    def kronecker(s: PlanSettings, ok: Any) -> PlanSettings | None:
+    def kronecker(s: PlanSettings, ok: Callable[[PlanSettings], bool]) -> PlanSettings | None:
         """``s`` under ``grads.projection_kind: kronecker`` at the widest width for which ``ok``
         holds (narrower than one configured already); None when none does, or the engine has no
         Kronecker curvature, or a flat projection is configured (the run refuses it: a note)."""

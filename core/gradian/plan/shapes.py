@@ -18,9 +18,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from gradian.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gradian.data import TokenizedExample
 
 __all__ = [
     "ModelShape",
@@ -256,7 +259,7 @@ class DatasetShape:
         return out
 
     @classmethod
-    def from_tokenized(cls, tokenized: Sequence[Any], source: str = "") -> "DatasetShape":
+    def from_tokenized(cls, tokenized: Sequence[TokenizedExample], source: str = "") -> "DatasetShape":
         """From ``TokenizedExample`` rows (``gradian.data.tokenize_examples``, already truncated)."""
         return cls([len(t.input_ids) for t in tokenized], [t.n_supervised for t in tokenized], source,
                    truncated=sum(1 for t in tokenized if t.truncated))

@@ -21,9 +21,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gradian.plan.shapes import AdapterShape, DatasetShape, ModelShape
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+
+    from gradian.config import GradianConfig
+    from gradian.data import TokenizedExample
 
 __all__ = ["TimeEstimate", "calibrate_time", "MAX_RANDOM_PARAMETERS", "CPU_TOKENS"]
 
@@ -52,8 +59,8 @@ def _padded_tokens(dataset: DatasetShape, batch_size: int, limit: int | None) ->
                for i in range(0, len(lengths), batch_size))
 
 
-def _random_model(model: ModelShape, adapter: AdapterShape, config_dict: dict[str, Any], dtype: Any,
-                  attn: str, device: Any) -> Any:
+def _random_model(model: ModelShape, adapter: AdapterShape, config_dict: Mapping[str, object], dtype: torch.dtype,
+                  attn: str, device: torch.device) -> PeftModel:
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -71,10 +78,10 @@ def _random_model(model: ModelShape, adapter: AdapterShape, config_dict: dict[st
     return get_peft_model(base, lora).to(device).eval()
 
 
-def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, config: Any, *,
-                   config_dict: dict[str, Any] | None = None, base: str | None = None, adapter_dir: str | None = None,
-                   tokenized: Sequence[Any] | None = None, pad_id: int = 0, batches: int = 2,
-                   max_random_parameters: int | None = None) -> TimeEstimate:
+def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, config: GradianConfig, *,
+                   config_dict: Mapping[str, object] | None = None, base: str | None = None,
+                   adapter_dir: str | None = None, tokenized: Sequence[TokenizedExample] | None = None,
+                   pad_id: int = 0, batches: int = 2, max_random_parameters: int | None = None) -> TimeEstimate:
     """Measure ``batches`` capture batches (after a warm-up) and scale to the whole dataset.
 
     ``config`` is the ``GradianConfig`` the run will use (batch size, truncation, dtype, device,
