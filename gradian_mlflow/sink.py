@@ -5,11 +5,13 @@ source, so the MLflow UI nests it under the training run and diagnoses can be co
 side. Inside ``mlflow run`` the project's own run becomes the child when it is in the source's
 experiment; otherwise a fresh child is created there and the project run links to it.
 
-A child run Gradian creates is named for what it is (``child_run_name``: ``diagnose``,
+What a child run holds (its name, start time, metrics, params, tags and tables) is the report's
+projection for every tracker, ``gradian.report.tracker.tracker_view``; this module makes the
+MLflow calls. A child run Gradian creates is named for what it is (``diagnose``,
 ``attribute-<engine>-<capability>``, ``counterfactual-<what was dropped>-<capability>``,
-``index-<index id>``) and starts when the work started (``work_started_ms``: the report's
-``manifest.started_at``, else its ``manifest.seconds`` before now), so the UI shows how long the
-diagnosis took rather than how long logging it did.
+``index-<index id>``) and starts when the work started (the report's ``manifest.started_at``, else
+its ``manifest.seconds`` before now), so the UI shows how long the diagnosis took rather than how
+long logging it did.
 
 What is logged (artifact keys in ``ArtifactKeys``):
 - tags ``gradian.source_run_id``, ``gradian.kind``, ``gradian.verdict``, ``gradian.index_id``,
@@ -32,31 +34,28 @@ FAILED and tagged ``gradian.stale=true``.
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from gradian.redact import redact
-from gradian.report.schema import (
-    AttributeManifest,
-    CounterfactualManifest,
-    DiagnoseManifest,
-    IndexBuildManifest,
-    IndexSummary,
-    Manifest,
-    Report,
-)
+from gradian.report.schema import Report
+from gradian.runs.ref import RunRef
+from gradian.report.tracker import TrackerView, top_rows_csv, tracker_view, work_started_ms
 from gradian.termination import sigterm_raises
 from gradian_mlflow.client import TrackingError, call, get_client, parse_run_ref
 
-__all__ = ["ArtifactKeys", "STALE_AFTER_HOURS", "child_run_name", "flatten_numbers", "log_diagnosis", "publish",
-           "report_metrics", "stale_children", "work_started_ms"]
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import DatasetInput, Run
+    from pandas import DataFrame
+
+__all__ = ["ArtifactKeys", "STALE_AFTER_HOURS", "dataset_inputs", "log_diagnosis", "publish", "run_url",
+           "stale_children"]
 
 #: a RUNNING child older than this is stale whatever host it came from (logging one takes minutes)
 STALE_AFTER_HOURS = 6.0
@@ -79,197 +78,7 @@ class ArtifactKeys:
     PLOTS = "gradian/plots"
 
 
-def _num(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)) and math.isfinite(float(value)):
-        return float(value)
-    return None
-
-
-def flatten_numbers(data: Any, prefix: str = "", *, key: Callable[[str], str] = str,
-                    max_list: int = 0) -> dict[str, float]:
-    """Finite numbers (booleans as 0/1) in nested mappings, keyed by their dotted path.
-
-    ``key`` rewrites each mapping key (e.g. into MLflow-safe characters); lists of at most
-    ``max_list`` items are flattened by position, longer ones (and all, at 0) are skipped.
-    """
-    out: dict[str, float] = {}
-    if isinstance(data, Mapping):
-        for k, v in data.items():
-            name = key(str(k))
-            out.update(flatten_numbers(v, f"{prefix}.{name}" if prefix else name, key=key, max_list=max_list))
-    elif isinstance(data, list) and len(data) <= max_list:
-        for i, v in enumerate(data):
-            out.update(flatten_numbers(v, f"{prefix}.{i}", key=key, max_list=max_list))
-    elif (number := _num(data)) is not None:
-        out[prefix] = number
-    return out
-
-
-def report_metrics(report: "Report | Mapping[str, Any]") -> dict[str, float]:
-    """Flat metric dict of a report (finite numbers only)."""
-    report = Report.of(report)
-    metrics: dict[str, float] = {}
-    cap = report.capability
-    if cap is not None:
-        for key, value in (("base", cap.base), ("tuned", cap.tuned), ("delta", cap.delta), ("n_items", cap.n_items),
-                           ("n_flipped", cap.n_flipped), ("n_base_failing", cap.n_base_failing)):
-            _put(metrics, f"capability.{key}", value)
-        ci = cap.ci or []
-        if len(ci) == 2 and all(_num(v) is not None for v in ci):
-            metrics["capability.ci_low"], metrics["capability.ci_high"] = float(ci[0]), float(ci[1])
-        # a regression read from fewer items than evaluation.min_items is not one
-        metrics["capability.regressed"] = float(cap.status == "regressed" and not cap.too_few_items)
-
-    attribution = report.attribution
-    if attribution is not None:
-        _put(metrics, "attribution.engine_agreement_spearman", attribution.engine_agreement_spearman)
-        # the report's ``gated`` means the gate failed and scores were computed anyway (gate off)
-        metrics["attribution.gate_passed"] = float(not attribution.gated)
-        clusters = attribution.clusters
-        metrics["attribution.n_clusters"] = float(len(clusters))
-        if clusters:
-            top = max(clusters, key=lambda c: c.share_of_negative or 0.0)
-            _put(metrics, "attribution.top_cluster_share_of_negative", top.share_of_negative)
-        accused = attribution.accused
-        if accused is not None:
-            metrics["attribution.accused_n"] = float(accused.n)
-            for key, value in (("share_of_negative", accused.share_of_negative),
-                               ("share_of_cluster_harm", accused.share_of_cluster_harm),
-                               ("estimated_harmful_share", accused.estimated_harmful_share)):
-                _put(metrics, f"attribution.accused_{key}", value)
-        if attribution.metrics is not None:
-            for key, value in attribution.metrics.to_json().items():
-                _put(metrics, f"attribution.{key}", value)
-
-    metrics["audit.n_findings"] = float(len(report.findings))
-    for severity in ("critical", "high", "medium", "low", "info"):
-        metrics[f"audit.n_{severity}"] = float(sum(f.severity == severity for f in report.findings))
-
-    counterfactual = report.counterfactual
-    if counterfactual is not None:
-        for key, value in counterfactual.capability.to_json().items():
-            _put(metrics, f"counterfactual.{key}", value)
-        for key, value in (counterfactual.predicted.to_json() if counterfactual.predicted else {}).items():
-            _put(metrics, f"counterfactual.predicted.{key}", value)
-        truth = counterfactual.ground_truth
-        if truth is not None:
-            _put(metrics, "counterfactual.removal_precision", truth.precision)
-            _put(metrics, "counterfactual.removal_recall", truth.recall)
-        _put(metrics, "counterfactual.n_removed", counterfactual.removal.n_removed)
-        if counterfactual.seconds is not None:
-            _put(metrics, "counterfactual.train_seconds", counterfactual.seconds.train)
-            _put(metrics, "counterfactual.evaluate_seconds", counterfactual.seconds.evaluate)
-    _put(metrics, "gradian.total_seconds", _seconds(report.manifest))
-
-    index = _index(report.manifest)
-    for key, value in (index.to_json() if index is not None else {}).items():
-        _put(metrics, f"index.{key}", value)
-    return metrics
-
-
-def _put(metrics: dict[str, float], name: str, value: Any) -> None:
-    """Set ``metrics[name]`` when ``value`` is a finite number (a boolean as 0/1)."""
-    number = _num(value)
-    if number is not None:
-        metrics[name] = number
-
-
-def _seconds(manifest: Manifest) -> float | None:
-    """How long the work took, when the manifest records it."""
-    if isinstance(manifest, (AttributeManifest, DiagnoseManifest, IndexBuildManifest, CounterfactualManifest)):
-        return manifest.seconds
-    return None
-
-
-def _index(manifest: Manifest) -> IndexSummary | None:
-    """The gradient index the work used or built, when the manifest names one."""
-    if isinstance(manifest, (AttributeManifest, IndexBuildManifest)):
-        return manifest.index
-    return None
-
-
-_NAME_PART = re.compile(r"[^A-Za-z0-9_.]+")
-_EPOCH_2000_MS = 946_684_800_000
-
-
-def _name_part(value: Any, limit: int = 40) -> str:
-    """``value`` as one hyphen-free piece of a run name: other characters become ``_``."""
-    return _NAME_PART.sub("_", str(value)).strip("_")[:limit] or "none"
-
-
-def child_run_name(report: "Report | Mapping[str, Any]", kind: str) -> str:
-    """The name of the child run that holds ``report``: short, deterministic, saying what it is.
-
-    ``diagnose``; ``attribute-<engine>-<capability>`` (``attribute-<capability>`` when nothing was
-    attributed); ``counterfactual-<dropped>-<capability>`` with ``accused``, ``cluster<name>`` or
-    ``<n>ids`` for what was dropped; ``index-<first 12 of the index id>``; else ``<kind>``.
-    """
-    report = Report.of(report)
-    inputs = report.inputs
-    capability = (report.capability.name if report.capability is not None else None) \
-        or (inputs.capability if inputs is not None else None)
-    cap = [_name_part(capability)] if capability else []
-    if kind == "attribute":
-        engine = report.attribution.engine if report.attribution is not None else None
-        return "-".join(["attribute", *([_name_part(engine)] if engine else []), *cap])
-    if kind == "counterfactual":
-        removal = report.counterfactual.removal if report.counterfactual is not None else None
-        if removal is not None and removal.cluster is not None:
-            dropped = f"cluster{_name_part(removal.cluster, 24)}"
-        elif removal is not None and removal.reason.startswith("the report's accused set"):
-            dropped = "accused"
-        else:
-            dropped = f"{removal.n_removed if removal is not None else 0}ids"
-        return "-".join(["counterfactual", dropped, *cap])
-    if kind == "index":
-        index = _index(report.manifest)
-        return f"index-{_name_part(index.index_id, 12)}" if index is not None and index.index_id else "index"
-    return _name_part(kind)
-
-
-def work_started_ms(report: "Report | Mapping[str, Any]", now_ms: int, started_at: float | None = None) -> int:
-    """When the work behind ``report`` started, in ms since the epoch (the child run's start time).
-
-    ``started_at`` (seconds since the epoch) when the caller knows it, else the manifest's
-    ``started_at``, else ``now_ms`` minus the manifest's ``seconds``, else ``now_ms``. A time in the
-    future or before 2000 is ignored.
-    """
-    manifest = Report.of(report).manifest
-    recorded = manifest.started_at if isinstance(manifest, (DiagnoseManifest, IndexBuildManifest)) else None
-    candidates = [number * 1000 for number in (_num(v) for v in (started_at, recorded) if not isinstance(v, bool))
-                  if number is not None]
-    seconds = _num(_seconds(manifest))
-    if seconds is not None:
-        candidates.append(now_ms - seconds * 1000)
-    for ms in candidates:
-        if _EPOCH_2000_MS <= ms <= now_ms:
-            return int(ms)
-    return now_ms
-
-
-def _params(report: Report) -> dict[str, str]:
-    """The child run's parameters: Gradian's version and config hash, the engines and the query,
-    the engine's own settings as it describes them (``manifest.engine_state.params``), the metric."""
-    manifest = report.manifest
-    attribution = report.attribution
-    state = manifest.engine_state if isinstance(manifest, AttributeManifest) else None
-    raw: dict[str, Any] = {
-        "gradian.version": manifest.gradian_version if isinstance(
-            manifest, (AttributeManifest, DiagnoseManifest, CounterfactualManifest)) else None,
-        "gradian.config_hash": manifest.config_hash if isinstance(
-            manifest, (AttributeManifest, CounterfactualManifest)) else None,
-        "engine": attribution.engine if attribution is not None else None,
-        "cross_check": attribution.cross_check if attribution is not None else None,
-        "query_signal": attribution.query_signal if attribution is not None else None,
-        **(state.params if state is not None else {}),
-        "metric": report.capability.metric if report.capability is not None else None,
-    }
-    return {k: str(v)[:500] for k, v in raw.items() if v is not None}
-
-
-def _resolved_params(client: Any, run_id: str, params: dict[str, str]) -> dict[str, str]:
+def _resolved_params(client: MlflowClient, run_id: str, params: dict[str, str]) -> dict[str, str]:
     """``params`` minus what the run already holds; a differing value goes under ``<key>.resolved``.
 
     Under ``mlflow run`` the project's parameters are logged before Gradian starts, and MLflow
@@ -286,47 +95,9 @@ def _resolved_params(client: Any, run_id: str, params: dict[str, str]) -> dict[s
     return out
 
 
-def _tags(report: Report, source_run_id: str, kind: str) -> dict[str, str]:
-    tags = {
-        "gradian.source_run_id": source_run_id,
-        "gradian.kind": kind,
-        "gradian.verdict": report.verdict.kind,
-        "mlflow.note.content": report.verdict.summary,
-    }
-    index = _index(report.manifest)
-    if index is not None and index.index_id:
-        tags["gradian.index_id"] = index.index_id
-    if report.capability is not None and report.capability.name:
-        tags["gradian.capability"] = report.capability.name
-    if report.counterfactual is not None and report.counterfactual.outcome:
-        tags["gradian.counterfactual_outcome"] = report.counterfactual.outcome
-    return tags
-
-
-def _findings_table(report: Report) -> dict[str, list[Any]]:
-    findings = report.findings
-    return {
-        "id": [f.id for f in findings],
-        "severity": [f.severity for f in findings],
-        "title": [f.title for f in findings],
-        "n_examples": [len(f.example_ids) for f in findings],
-        "evidence": [json.dumps(f.evidence, sort_keys=True, default=str) for f in findings],
-        "fix": [f.fix for f in findings],
-    }
-
-
-def _clusters_table(report: Report) -> dict[str, list[Any]] | None:
-    clusters = report.attribution.clusters if report.attribution is not None else []
-    if not clusters:
-        return None
-    return {
-        "cluster": [c.cluster for c in clusters],
-        "label": [c.label for c in clusters],
-        "n": [c.n for c in clusters],
-        "signed_influence": [c.signed_influence for c in clusters],
-        "share_of_negative": [c.share_of_negative for c in clusters],
-        "mean_per_example": [c.mean_per_example for c in clusters],
-    }
+def _tags(view: TrackerView) -> dict[str, str]:
+    """The view's tags, with the verdict's summary as the run's description (MLflow's note tag)."""
+    return {**view.tags, "mlflow.note.content": view.description}
 
 
 def _warn(text: str) -> None:
@@ -346,7 +117,7 @@ def _process_gone(host: str | None, pid: str | None) -> bool:
     return False
 
 
-def stale_children(client: Any, source: Any, *, now_ms: int | None = None) -> list[tuple[Any, str]]:
+def stale_children(client: MlflowClient, source: Run, *, now_ms: int | None = None) -> list[tuple[Run, str]]:
     """(run, why) for each of the source run's RUNNING children that Gradian created and that
     nothing will close any more.
 
@@ -381,7 +152,7 @@ def stale_children(client: Any, source: Any, *, now_ms: int | None = None) -> li
     return stale
 
 
-def _close_stale_children(client: Any, source: Any) -> None:
+def _close_stale_children(client: MlflowClient, source: Run) -> None:
     """Warn about, mark FAILED and tag ``gradian.stale`` each stale child; never fails the new run."""
     try:
         stale = stale_children(client, source)
@@ -399,7 +170,7 @@ def _close_stale_children(client: Any, source: Any) -> None:
               f"{source.info.run_id} was left RUNNING and {why}; {done}")
 
 
-def _open_child(client: Any, source: Any, tags: dict[str, str], into_run: str | None, *, run_name: str,
+def _open_child(client: MlflowClient, source: Run, tags: dict[str, str], into_run: str | None, *, run_name: str,
                 start_ms: int) -> tuple[str, bool]:
     """(run id, whether we created it). Reuses the project run inside ``mlflow run`` (which already
     spans the work, under the name ``mlflow run`` gave it); a created run is named ``run_name`` and
@@ -431,13 +202,13 @@ def _open_child(client: Any, source: Any, tags: dict[str, str], into_run: str | 
 
 
 def log_diagnosis(
-    report: "Report | Mapping[str, Any]",
+    report: "Report | Mapping[str, object]",
     source_run: str,
     *,
     kind: str,
     files: Sequence[str | Path] = (),
-    rankings: Any = None,
-    client: Any = None,
+    rankings: DataFrame | None = None,
+    client: MlflowClient | None = None,
     started_at: float | None = None,
     into_run: str | None = None,
 ) -> str:
@@ -457,12 +228,13 @@ def log_diagnosis(
     from gradian_mlflow.experiment import mark_training_experiment
 
     mark_training_experiment(client, source.info.experiment_id)  # so the UI opens it where the runs are
-    tags = _tags(report, source_id, kind)
+    view = tracker_view(report, kind, source_id)
+    tags = _tags(view)
     with sigterm_raises():
-        run_id, created = _open_child(client, source, tags, into_run, run_name=child_run_name(report, kind),
+        run_id, created = _open_child(client, source, tags, into_run, run_name=view.run_name,
                                       start_ms=work_started_ms(report, int(time.time() * 1000), started_at))
         try:
-            _log_into(client, run_id, source_id, report, kind=kind, tags=tags, files=files,
+            _log_into(client, run_id, source_id, report, view, kind=kind, tags=tags, files=files,
                       rankings=rankings, close=created)
         except TrackingError as err:  # the server failed or refused: retry closing while it may come back
             if not created:
@@ -475,7 +247,7 @@ def log_diagnosis(
     return run_id
 
 
-def _close_failed(client: Any, run_id: str, *, attempts: int) -> str:
+def _close_failed(client: MlflowClient, run_id: str, *, attempts: int) -> str:
     """Mark ``run_id`` FAILED, retrying while the server may come back; the sentence to tell the user."""
     for attempt in range(attempts):
         try:
@@ -488,22 +260,22 @@ def _close_failed(client: Any, run_id: str, *, attempts: int) -> str:
             "gradian run logged under the same source run marks it FAILED")
 
 
-def _log_into(client: Any, run_id: str, source_id: str, report: Report, *, kind: str,
-              tags: dict[str, str], files: Sequence[str | Path], rankings: Any, close: bool) -> None:
+def _log_into(client: MlflowClient, run_id: str, source_id: str, report: Report, view: TrackerView, *, kind: str,
+              tags: dict[str, str], files: Sequence[str | Path], rankings: DataFrame | None, close: bool) -> None:
     """Everything the child run holds, then (``close``) FINISHED."""
     from mlflow.entities import Metric, Param, RunTag
 
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, 0) for k, v in sorted(report_metrics(report).items())]
-    params = [Param(k, v) for k, v in sorted(_resolved_params(client, run_id, _params(report)).items())]
+    metrics = [Metric(k, v, now, 0) for k, v in sorted(view.metrics.items())]
+    params = [Param(k, v) for k, v in sorted(_resolved_params(client, run_id, view.params).items())]
     tag_list = [RunTag(k, v) for k, v in tags.items()] + [RunTag("mlflow.parentRunId", source_id)]
     call("logging metrics", lambda: client.log_batch(run_id, metrics=metrics, params=params, tags=tag_list))
     datasets = dataset_inputs(report)
     if datasets:
         call("logging the datasets as the run's inputs", lambda: client.log_inputs(run_id, datasets=datasets))
     call("logging the manifest", lambda: client.log_dict(run_id, report.manifest.to_json(), ArtifactKeys.MANIFEST))
-    call("logging the findings table", lambda: client.log_table(run_id, data=_findings_table(report), artifact_file=ArtifactKeys.FINDINGS_TABLE))
-    clusters = _clusters_table(report)
+    call("logging the findings table", lambda: client.log_table(run_id, data=view.findings, artifact_file=ArtifactKeys.FINDINGS_TABLE))
+    clusters = view.clusters
     if clusters:
         call("logging the clusters table", lambda: client.log_table(run_id, data=clusters, artifact_file=ArtifactKeys.CLUSTERS_TABLE))
     for path in map(Path, files):
@@ -550,7 +322,7 @@ def _file_digest(path: str) -> str:
         return ""
 
 
-def dataset_inputs(report: Report) -> list[Any]:
+def dataset_inputs(report: Report) -> list[DatasetInput]:
     """The training data and the eval set the report analyzed, as MLflow dataset inputs (name,
     digest from the file's sha256, source path, row count as the profile; context ``training`` /
     ``evaluation``), so the child run's "Datasets" show what it read. A counterfactual's training
@@ -577,17 +349,6 @@ def dataset_inputs(report: Report) -> list[Any]:
     return out
 
 
-#: rows of rankings_top.csv
-TOP_ROWS = 100
-
-
-def top_rows_csv(rankings: Any, k: int = TOP_ROWS) -> bytes:
-    """The ``k`` most harmful rows of a rankings frame (by ``harm_rank`` when it has one, else by
-    ``score``), as UTF-8 CSV with a header."""
-    order = "harm_rank" if "harm_rank" in rankings.columns else "score"
-    return rankings.sort_values(order, kind="stable").head(k).to_csv(index=False).encode("utf-8")
-
-
 def run_url(run_id: str) -> str | None:
     """The ``gradian.report_sinks`` link hook: where to see ``run_id`` (a child run ``publish``
     returned) in the MLflow UI's training view, or None when the store has no UI address."""
@@ -596,8 +357,8 @@ def run_url(run_id: str) -> str | None:
     return training_run_url(run_id)
 
 
-def publish(source: str, report: "Report | Mapping[str, Any]", *, kind: str, files: Sequence[str | Path] = (),
-            rankings: Any = None, into_run: str | None = None, started_at: float | None = None) -> str:
-    """The ``gradian.report_sinks`` entry point: ``source`` is ``mlflow:<run_id>``."""
-    return log_diagnosis(report, source, kind=kind, files=files, rankings=rankings, into_run=into_run,
-                         started_at=started_at)
+def publish(ref: RunRef, report: Report, *, kind: str, files: Sequence[Path] = (),
+            rankings: DataFrame | None = None, into_run: str | None = None) -> str:
+    """The ``gradian.report_sinks`` entry point (a ``gradian.report.sinks.ReportSink``): ``ref`` is
+    the ``mlflow:`` (or ``runs:``) reference of the run the report diagnoses."""
+    return log_diagnosis(report, str(ref), kind=kind, files=files, rankings=rankings, into_run=into_run)

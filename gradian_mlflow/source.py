@@ -32,7 +32,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from gradian.errors import RunRecordError
 from gradian.runs import (
@@ -46,6 +46,10 @@ from gradian.runs import (
 from gradian.runs.record import LogStep
 from gradian.runs.ref import RunRef
 from gradian_mlflow.client import call, get_client, parse_run_ref
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import FileInfo, Run
 
 __all__ = ["read_mlflow_run", "MlflowRunSource", "RUN_SOURCE", "AdapterLocation", "find_adapters", "default_cache_dir",
            "BASE_MODEL_TAG"]
@@ -76,7 +80,7 @@ def default_cache_dir() -> Path:
     return Path(".gradian") / "mlflow"
 
 
-def _walk(list_fn: Any, path: str, depth: int) -> list[str]:
+def _walk(list_fn: Callable[[str], Sequence[FileInfo]], path: str, depth: int) -> list[str]:
     """Every file path under ``path``, ``depth`` folders deep at most."""
     out: list[str] = []
     for info in list_fn(path):
@@ -101,13 +105,13 @@ def _rank(folder: str) -> tuple[int, int]:
     return (1, -int(match.group(1))) if match else (0, folder.count("/"))
 
 
-def _run_files(client: Any, run_id: str) -> list[str]:
+def _run_files(client: MlflowClient, run_id: str) -> list[str]:
     """Every artifact file path of the run, four folders deep at most (listed once per read)."""
     return call(f"listing artifacts of run {run_id}",
                 lambda: _walk(lambda p: client.list_artifacts(run_id, p or None), "", 4))
 
 
-def find_adapters(client: Any, run: Any, files: list[str] | None = None,
+def find_adapters(client: MlflowClient, run: Run, files: list[str] | None = None,
                   ) -> tuple[AdapterLocation | None, list[AdapterLocation]]:
     """(the final adapter, checkpoints oldest first) from run artifacts, then logged models.
 
@@ -132,7 +136,7 @@ def _step(folder: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _from_logged_models(client: Any, run: Any) -> list[AdapterLocation]:
+def _from_logged_models(client: MlflowClient, run: Run) -> list[AdapterLocation]:
     from mlflow.artifacts import list_artifacts
 
     model_ids: list[str] = []
@@ -169,7 +173,7 @@ def _hash_tree(folder: Path) -> dict[str, str]:
     }
 
 
-def _cache_damage(recorded: Any, artifact_uri: str, found: dict[str, str]) -> str | None:
+def _cache_damage(recorded: object, artifact_uri: str, found: dict[str, str]) -> str | None:
     """What is wrong with a cached download against its marker, in words; None when it is whole."""
     if not isinstance(recorded, dict) or not isinstance(recorded.get("files"), dict):
         return "its record of the files is damaged"
@@ -235,7 +239,7 @@ def _cached_download(artifact_uri: str, cache_dir: Path, only: re.Pattern | None
     return target
 
 
-def _logs_from_history(client: Any, run_id: str) -> TrainingLogs:
+def _logs_from_history(client: MlflowClient, run_id: str) -> TrainingLogs:
     by_step: dict[int, LogStep] = {}
     for key in _LOG_METRICS:
         history = call(f"reading metric {key} of run {run_id}", lambda: client.get_metric_history(run_id, key))
@@ -256,7 +260,7 @@ class _DatasetInputs:
     refused: str | None = None
 
 
-def _dataset_from_inputs(run: Any, cache_dir: Path, *, trust: bool) -> _DatasetInputs:
+def _dataset_from_inputs(run: Run, cache_dir: Path, *, trust: bool) -> _DatasetInputs:
     refused = None
     inputs = getattr(run, "inputs", None)
     for dataset_input in getattr(inputs, "dataset_inputs", None) or []:
@@ -298,7 +302,7 @@ def _readable(uri: str) -> bool:
     return Path(local).exists() if local is not None else uri.startswith(_ARTIFACT_SCHEMES)
 
 
-def _is_own_artifact(uri: str, run: Any) -> bool:
+def _is_own_artifact(uri: str, run: Run) -> bool:
     """Whether ``uri`` lies inside the run's own artifacts (``runs:/<this run>/...`` or under its
     artifact URI); ``..`` segments never count as inside."""
     if uri.startswith("runs:/"):
@@ -378,7 +382,7 @@ def _fill_from_json_artifacts(run_id: str, files: list[str], record: RunRecord, 
                 setattr(record.config, field_name, value)
 
 
-def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any = None, *,
+def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: MlflowClient | None = None, *,
                     trust_run_dataset: bool = False, dataset_given: bool = False) -> RunRecord:
     """Build a RunRecord from a run id or ``runs:/<id>``; adapters are downloaded to the cache.
 
@@ -391,7 +395,7 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Any =
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     run = call(f"reading run {run_id}", lambda: client.get_run(run_id))
 
-    record = RunRecord(source=f"mlflow:{run_id}")
+    record = RunRecord(ref=RunRef("mlflow", run_id, f"mlflow:{run_id}"))
     record.config = normalize_trainer_config(run.data.params)
     run_cache = cache / run_id
     files = _run_files(client, run_id)

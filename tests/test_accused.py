@@ -251,7 +251,7 @@ def test_ontopic_poison_accused_set_reaches_precision_and_recall(tmp_path_factor
                                               "evaluation.query_signal": "contrastive"})
     out = root / "report"
     outcome = run_attribution(cfg, capability="capitals", cross_check="none", out_dir=out)
-    report = outcome.report
+    report = outcome.report.to_json()
     planted = set(info["planted"]["indices"])
     assert report["verdict"]["kind"] == "data"
     accused = report["attribution"]["accused"]
@@ -271,7 +271,8 @@ def test_ontopic_poison_accused_set_reaches_precision_and_recall(tmp_path_factor
 
 def test_the_mlflow_child_run_gets_the_accused_metrics():
     from gradian.report.schema import Accused, Attribution, Report
-    from gradian_mlflow.sink import ArtifactKeys, report_metrics
+    from gradian.report.tracker import report_metrics
+    from gradian_mlflow.sink import ArtifactKeys
 
     accused = Accused(cluster="3", cluster_label="capitals", cluster_n=48, example_ids=[f"r{i}" for i in range(44)],
                       left_out_ids=["r44", "r45", "r46", "r47"], share_of_cluster_harm=0.99, share_of_negative=0.69,

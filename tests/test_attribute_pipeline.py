@@ -50,7 +50,7 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
     out = tmp_path / "out"
     outcome = run_attribution(cfg, capability="capitals", out_dir=out)
     report = json.loads((out / "report.json").read_text())
-    assert json.loads(json.dumps(outcome.report)) == report  # what was returned is what was written
+    assert json.loads(json.dumps(outcome.report.to_json())) == report  # what was returned is what was written
     assert report["capability"]["name"] == "capitals" and report["capability"]["n_items"] == 4
     attr = report["attribution"]
     assert attr["engine"] == "ekfac" and attr["cross_check"] == "datainf"  # the defaults
@@ -90,7 +90,7 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
 
     # a second run with the same inputs is served from the index cache
     again = run_attribution(cfg, capability="capitals")
-    assert again.report["manifest"]["index"]["index_id"] == report["manifest"]["index"]["index_id"]
+    assert again.report.to_json()["manifest"]["index"]["index_id"] == report["manifest"]["index"]["index_id"]
     assert again.rankings["score"].tolist() == pytest.approx(rankings["score"].tolist())
 
 
@@ -101,9 +101,9 @@ def test_gate_refuses_attribution_inside_the_noise_band(tmp_path, tiny_lora_dirs
     cfg = make_config(tmp_path, base_dir, adapter_dir, *data_files, **{"evaluation.require_significant": True})
     outcome = run_attribution(cfg, capability="capitals")
     # the random adapter barely moves 4 items: the interval straddles zero (deterministic for the seed)
-    assert outcome.report["capability"]["status"] != "regressed"
-    assert outcome.report["attribution"] is None and outcome.rankings is None
-    assert any(f["id"] == "attribution.gate_failed" for f in outcome.report["findings"])
+    assert outcome.report.to_json()["capability"]["status"] != "regressed"
+    assert outcome.report.to_json()["attribution"] is None and outcome.rankings is None
+    assert any(f["id"] == "attribution.gate_failed" for f in outcome.report.to_json()["findings"])
 
 
 def test_attribute_cli_requires_an_adapter(tmp_path, data_files):
@@ -162,7 +162,7 @@ def test_without_an_eval_set_the_report_says_it_has_no_capability_target(tmp_pat
     cfg = load_config(overrides={"base_model": str(base_dir), "adapter_path": str(adapter_dir),
                                  "dataset": str(train), "cache_dir": str(tmp_path / "cache"),
                                  "clustering.method": "declared", "grads.chunk_size": 8})
-    report = run_attribution(cfg, cross_check="none").report
+    report = run_attribution(cfg, cross_check="none").report.to_json()
     ids = [f["id"] for f in report["findings"]]
     assert ids.count("attribution.no_capability_target") == 1
     assert report["capability"] is None and report["attribution"]["query"]["scope"] == "training_fallback"
@@ -175,18 +175,18 @@ def test_ekfac_through_the_pipeline_caches_its_state_and_picks_an_independent_cr
     base_dir, adapter_dir = tiny_lora_dirs
     cfg = make_config(tmp_path, base_dir, adapter_dir, *data_files, **{"engine.name": "ekfac"})
     first = run_attribution(cfg, capability="capitals", cross_check="kfac")
-    attr, manifest = first.report["attribution"], first.report["manifest"]
+    attr, manifest = first.report.to_json()["attribution"], first.report.to_json()["manifest"]
     assert attr["engine"] == "ekfac" and attr["cross_check"] == "kfac"
     state = manifest["engine_state"]
     assert state["engine"] == "ekfac" and state["state_id"] and not state["cache_hit"]
     assert state["settings"] == {"fisher": "empirical", "eigenvalue_correction": True}
     assert (tmp_path / "cache" / "engines" / state["state_id"] / "arrays.npz").is_file()
     again = run_attribution(cfg, capability="capitals", cross_check="ekfac")
-    assert again.report["manifest"]["engine_state"]["cache_hit"]
+    assert again.report.to_json()["manifest"]["engine_state"]["cache_hit"]
     assert again.rankings["score"].tolist() == first.rankings["score"].tolist()
     # ekfac cross-checked against itself is no cross-check: graddot (no curvature) is used instead
-    assert again.report["attribution"]["cross_check"] == "graddot"
-    assert any("not independent" in n for n in again.report["attribution"]["notes"])
+    assert again.report.to_json()["attribution"]["cross_check"] == "graddot"
+    assert any("not independent" in n for n in again.report.to_json()["attribution"]["notes"])
 
 
 def test_a_lora_module_left_out_of_the_gradients_is_a_finding_of_the_report(tmp_path, tiny_lora_dirs, data_files):
@@ -207,7 +207,7 @@ def test_a_lora_module_left_out_of_the_gradients_is_a_finding_of_the_report(tmp_
     cfg = load_config(overrides={"base_model": str(base_dir), "adapter_path": str(adapter), "dataset": str(train),
                                  "cache_dir": str(tmp_path / "cache"), "clustering.method": "declared",
                                  "engine.name": "datainf", "grads.chunk_size": 8})
-    report = run_attribution(cfg, cross_check="none", out_dir=tmp_path / "out").report
+    report = run_attribution(cfg, cross_check="none", out_dir=tmp_path / "out").report.to_json()
     (left_out,) = [f for f in report["findings"] if f["id"] == "attribution.lora_modules_skipped"]
     assert left_out["evidence"]["skipped_modules"] == ["model.embed_tokens"]
     assert "attribution.lora_modules_skipped" in (tmp_path / "out" / "report.md").read_text()

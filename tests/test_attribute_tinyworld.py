@@ -51,10 +51,10 @@ def _harm_figures(rankings, planted: set[int]) -> dict[str, float]:
 
 def test_poisoned_run_ranks_the_planted_rows_at_the_harmful_end(attributed):
     run, outcome, _ = attributed("poison_capitals")
-    attr = outcome.report["attribution"]
-    assert attr is not None, outcome.report["verdict"]
+    attr = outcome.report.to_json()["attribution"]
+    assert attr is not None, outcome.report.to_json()["verdict"]
     assert attr["engine"] == "ekfac" and attr["query_signal"] == "contrastive"  # the default engine
-    assert outcome.report["capability"]["status"] == "regressed"
+    assert outcome.report.to_json()["capability"]["status"] == "regressed"
 
     rankings = outcome.rankings
     assert len(rankings) == run.info["n_train"]
@@ -75,7 +75,7 @@ def test_poisoned_run_ranks_the_planted_rows_at_the_harmful_end(attributed):
 
 def test_poisoned_run_accuses_the_planted_cluster_with_a_data_verdict(attributed):
     _, outcome, out = attributed("poison_capitals")
-    report = outcome.report
+    report = outcome.report.to_json()
     clusters = report["attribution"]["clusters"]
     by_share = max(clusters, key=lambda c: c["share_of_negative"])
     by_rate = min(clusters, key=lambda c: c["mean_per_example"])
@@ -103,7 +103,7 @@ def test_poisoned_report_html_opens_in_headless_chromium(attributed):
     page = render_page(out / "report.html")
     for element in KEY_ELEMENTS + ('id="engine-agreement"',):
         assert element in page, element
-    rho = outcome.report["attribution"]["engine_agreement_spearman"]
+    rho = outcome.report.to_json()["attribution"]["engine_agreement_spearman"]
     assert f"{rho:.3f}" in page
     assert f"Cluster {PLANTED_CLUSTER} " in page
 
@@ -115,7 +115,7 @@ def test_poisoned_report_html_opens_in_headless_chromium(attributed):
                                                    ("lr_10x", "config.lr_too_high", "regressed")])
 def test_config_fault_leads_and_nothing_is_offered_for_deletion(attributed, name, finding, status):
     run, outcome, _ = attributed(name)
-    report = outcome.report
+    report = outcome.report.to_json()
     assert finding in run.info["expected_findings"]
     findings = report["findings"]
     assert findings and findings[0]["id"] == finding, [(f["id"], f["severity"]) for f in findings]
@@ -144,7 +144,7 @@ def test_config_fault_leads_and_nothing_is_offered_for_deletion(attributed, name
 
 def test_duplicated_poison_matches_the_duplicates_finding(attributed):
     run, outcome, _ = attributed("poison_duplicates")
-    report = outcome.report
+    report = outcome.report.to_json()
     ids = [f["id"] for f in report["findings"]]
     assert "data.duplicates" in ids, ids
     assert report["verdict"]["kind"] == "data" and report["verdict"]["accused_cluster"] == PLANTED_CLUSTER
@@ -173,7 +173,7 @@ def test_lr_10x_with_discovered_clusters_still_blames_the_setting(tinyworld_run,
                                 for row in rows), encoding="utf-8")
     cfg = run.config(**{"evaluation.query_signal": "contrastive", "clustering.method": "auto",
                         "dataset": str(stripped)})
-    report = run_attribution(cfg, capability="capitals", cross_check="none").report
+    report = run_attribution(cfg, capability="capitals", cross_check="none").report.to_json()
     assert report["capability"]["status"] == "regressed"
     assert report["verdict"]["kind"] == "config" and report["verdict"]["accused_cluster"] is None, report["verdict"]
     assert report["attribution"]["accused"] is None

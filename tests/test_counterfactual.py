@@ -86,9 +86,9 @@ def dataset(tmp_path):
 
 
 def _report(dataset, accused="bad"):
-    from gradian.report.schema import AnalysisInputs, AttributeManifest, DatasetRef, Report, Verdict
+    from gradian.report.schema import AnalysisInputs, AttributeManifest, DatasetSummary, Report, Verdict
 
-    inputs = AnalysisInputs(dataset=DatasetRef(path=str(dataset.path), sha256=dataset.sha256))
+    inputs = AnalysisInputs(dataset=DatasetSummary(path=str(dataset.path), sha256=dataset.sha256))
     return Report(verdict=Verdict(kind="data", summary="", accused_cluster=accused),
                   manifest=AttributeManifest(inputs=inputs)).to_json()
 
@@ -367,8 +367,8 @@ def test_rounds_from_half_the_poison_accumulate_the_rest_until_the_capitals_retu
     assert 20 <= len(first) <= 28
     plan = plan_removal(data, drop_ids=first)
     rounds = run_until_recovered(cfg, plan, out_dir=tmp_path / "rounds", capability="capitals",
-                                 before=outcome.report["capability"], planted=planted, max_rounds=3)
-    table = rounds.report["counterfactual"]["rounds"]
+                                 before=outcome.report.to_json()["capability"], planted=planted, max_rounds=3)
+    table = rounds.report.to_json()["counterfactual"]["rounds"]
     for r in table:  # shown with -s: the figures docs/counterfactual.md quotes
         print(f"round {r['round']}: removed {r['n_removed']}, {r['outcome']}, after {r['after']:.4f}, "
               f"precision {r['precision']}, recall {r['recall']}, accused next {len(r['added'])}, stopped {r['stopped']}")
@@ -377,10 +377,10 @@ def test_rounds_from_half_the_poison_accumulate_the_rest_until_the_capitals_retu
     added = [a["example_id"] for r in table for a in r["added"]]
     position = {eid: i for i, eid in enumerate(data.ids)}
     assert sum(position[a] in set(planted) for a in added) / len(added) >= 0.8
-    truth = rounds.report["counterfactual"]["ground_truth"]
+    truth = rounds.report.to_json()["counterfactual"]["ground_truth"]
     assert truth["precision"] >= 0.9 and truth["recall"] >= 0.9
-    assert rounds.report["counterfactual"]["capability"]["within_one_item"] is True
+    assert rounds.report.to_json()["counterfactual"]["capability"]["within_one_item"] is True
     for r in table:
         assert (tmp_path / "rounds" / r["report"]).is_file()
     assert (tmp_path / "rounds" / "round-1" / "attribution" / "report.json").is_file()
-    assert rounds.report["verdict"]["summary"].startswith(f"After {len(table)} round(s)")
+    assert rounds.report.to_json()["verdict"]["summary"].startswith(f"After {len(table)} round(s)")

@@ -96,7 +96,7 @@ def test_the_attribute_lane_projects_the_index_and_the_query_alike(tmp_path, tin
     cfg = load_config(overrides={**overrides, "grads.max_index_gb": (projected + full) / 2 / GIB})
     notes: list[str] = []
     outcome = run_attribution(cfg, cross_check="none", log=notes.append)
-    report = outcome.report
+    report = outcome.report.to_json()
     dim = report["manifest"]["config"]["grads"]["projection_dim"]
     assert dim == AUTO_PROJECTION_FLOOR
     decision = report["manifest"]["index_manifest"]["projection_auto"]

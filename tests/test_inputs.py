@@ -7,7 +7,7 @@ import json
 
 from gradian.config import load_config
 from gradian.inputs import resolve_inputs
-from gradian.report.schema import AnalysisInputs, DatasetRef
+from gradian.report.schema import AnalysisInputs, DatasetSummary
 from gradian.runs.record import DatasetRef as RunDataset
 from gradian.runs.record import LoraSettings, RunRecord
 
@@ -22,8 +22,8 @@ def _run(tmp_path, *, data_exists=True, base="org/base-model"):
 
 def test_the_config_wins_then_the_report_then_the_run(tmp_path):
     run = _run(tmp_path)
-    report = AnalysisInputs(dataset=DatasetRef(path="report-train.jsonl", sha256=None), adapter="report-adapter",
-                            eval_dataset=DatasetRef(path="report-eval.jsonl", sha256=None))
+    report = AnalysisInputs(dataset=DatasetSummary(path="report-train.jsonl", sha256=None), adapter="report-adapter",
+                            eval_dataset=DatasetSummary(path="report-eval.jsonl", sha256=None))
     cfg = load_config(overrides={"base_model": "given-base"})
     resolved = resolve_inputs(cfg, run, report)
     filled = resolved.config

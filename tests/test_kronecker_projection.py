@@ -163,9 +163,9 @@ def test_attribute_with_a_compact_index_still_finds_the_planted_rows(attributed,
                         "grads.projection_kind": "kronecker", "grads.projection_dim": 16,
                         "cache_dir": str(tmp_path / "cache")})
     outcome = run_attribution(cfg, capability="capitals", out_dir=tmp_path / "out")
-    manifest = outcome.report["manifest"]
+    manifest = outcome.report.to_json()["manifest"]
     assert manifest["config"]["grads"]["projection_kind"] == "kronecker"
-    stored, whole = manifest["index"]["bytes"], full.report["manifest"]["index"]["bytes"]
+    stored, whole = manifest["index"]["bytes"], full.report.to_json()["manifest"]["index"]["bytes"]
     assert 0 < stored < 0.15 * whole, (stored, whole)
     planted = set(run.planted_rows)
 
@@ -175,8 +175,8 @@ def test_attribute_with_a_compact_index_still_finds_the_planted_rows(attributed,
 
     got, want = auc(outcome.rankings), auc(full.rankings)
     assert got >= want - 0.05 and got >= 0.9, (got, want)
-    assert outcome.report["verdict"]["kind"] == full.report["verdict"]["kind"]
-    spans = (outcome.report["attribution"] or {}).get("spans") or []
+    assert outcome.report.to_json()["verdict"]["kind"] == full.report.to_json()["verdict"]["kind"]
+    spans = (outcome.report.to_json()["attribution"] or {}).get("spans") or []
     assert spans, "no harmful spans were computed through the projection"
 
 

@@ -225,7 +225,7 @@ def test_log_diagnosis_as_child_run(tracking, adapter_dir, data_file, tmp_path):
 
 
 def test_child_runs_are_named_for_what_they_hold():
-    from gradian_mlflow.sink import child_run_name
+    from gradian.report.tracker import child_run_name
 
     cap = _capability()
     index = IndexSummary(index_id="0123456789abcdef", n_examples=800, bytes=8000, bytes_per_example=10.0)
@@ -245,7 +245,7 @@ def test_child_runs_are_named_for_what_they_hold():
 
 
 def test_the_work_starts_when_the_report_says():
-    from gradian_mlflow.sink import work_started_ms
+    from gradian.report.tracker import work_started_ms
 
     def report(manifest) -> dict:
         return Report(manifest=manifest).to_json()
@@ -391,7 +391,7 @@ def test_attribute_on_a_run_without_adapter_exits_2_naming_the_search(tracking, 
 
 
 def test_report_metrics_cover_counterfactual_reports():
-    from gradian_mlflow.sink import _tags, report_metrics
+    from gradian.report.tracker import report_metrics, run_tags
 
     counterfactual = _counterfactual(
         _removal("cluster poison: --drop-cluster", "poison", 48),
@@ -406,11 +406,11 @@ def test_report_metrics_cover_counterfactual_reports():
     assert metrics["counterfactual.removal_precision"] == 1.0 and metrics["counterfactual.n_removed"] == 48
     assert metrics["counterfactual.predicted.sign_changed"] == 1.0 and "counterfactual.note" not in metrics
     assert "counterfactual.before_source" not in metrics
-    assert _tags(Report.of(report), "a" * 32, "counterfactual")["gradian.counterfactual_outcome"] == "recovered"
+    assert run_tags(Report.of(report), "a" * 32, "counterfactual")["gradian.counterfactual_outcome"] == "recovered"
 
 
 def test_a_regression_read_from_too_few_items_is_not_logged_as_one():
-    from gradian_mlflow.sink import report_metrics
+    from gradian.report.tracker import report_metrics
 
     capability = _capability(name="c", delta=-1.0, n_items=1, min_items=5)
     assert report_metrics(Report(capability=capability).to_json())["capability.regressed"] == 1.0

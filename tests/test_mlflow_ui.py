@@ -78,7 +78,8 @@ def test_fine_tune_page_lists_its_diagnoses_and_compare_view_shows_shared_metric
 
     from gradian.attribution import run_attribution
     from gradian.config import load_config
-    from gradian.runs import publish_report, resolve_run
+    from gradian.report.sinks import publish_report
+    from gradian.runs import resolve_run
     from gradian_mlflow.experiment import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, training_view_url
     from gradian_mlflow.training import train_and_log
 
@@ -97,7 +98,7 @@ def test_fine_tune_page_lists_its_diagnoses_and_compare_view_shows_shared_metric
                                           rankings=outcome.rankings)
         # the child run spans the attribution (the manifest's seconds), not only its logging
         info = client.get_run(children[engine]).info
-        assert info.end_time - info.start_time >= outcome.report["manifest"]["seconds"] * 1000
+        assert info.end_time - info.start_time >= outcome.report.to_json()["manifest"]["seconds"] * 1000
     names = {engine: client.get_run(run_id).info.run_name for engine, run_id in children.items()}
     assert names == {engine: f"attribute-{engine}-capitals" for engine in ENGINES}
 

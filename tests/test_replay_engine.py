@@ -39,7 +39,7 @@ def replayed(tinyworld_run, tmp_path_factory):
 
 
 def test_the_replay_reproduces_the_run_and_says_so(replayed):
-    report = replayed.outcome.report
+    report = replayed.outcome.report.to_json()
     assert report["attribution"]["engine"] == "replay"
     params = report["manifest"]["engine_state"]["params"]
     state = json.loads((replayed.run.root / "run" / "trainer_state.json").read_text())
@@ -59,9 +59,9 @@ def test_the_replay_ranks_the_planted_rows_as_harmful(replayed):
 
 
 def test_the_child_run_parameters_name_the_engine_and_its_fidelity(replayed):
-    from gradian_mlflow.sink import _params
+    from gradian.report.tracker import run_params
 
-    params = _params(replayed.outcome.report_obj)
+    params = run_params(replayed.outcome.report)
     assert params["engine"] == "replay"
     assert float(params["replay_fidelity_rel_diff"]) < 1e-3
     assert params["replay_fidelity_faithful"] == "True"

@@ -169,6 +169,25 @@ def test_diagnose_only_report_renders(tmp_path):
     assert "No check fired." in bare
 
 
+def test_diagnose_writes_through_the_one_writer_with_its_nan_guard(tmp_path):
+    """diagnose.json/.md/.html come from the same renderer table as report.*, and a non-finite
+    figure in a finding's evidence is written as null, so the file is strict JSON."""
+    from gradian.audit.report import build_diagnosis_report, write_diagnosis
+    from gradian.audit.runner import AuditResult
+    from gradian.report.write import RENDERERS
+
+    finding = lr_finding("high")
+    finding.evidence = {**finding.evidence, "ratio": float("nan"), "peak": float("inf")}
+    report = build_diagnosis_report(AuditResult(findings=[finding], ran=["config.lr_too_high"]))
+    paths = write_diagnosis(report, tmp_path / "d")
+    assert [p.name for p in paths] == [f"diagnose{r.suffix}" for r in RENDERERS.values()]
+    text = paths[0].read_text()
+    written = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in diagnose.json"))
+    assert written["findings"][0]["evidence"]["ratio"] is None and written["findings"][0]["evidence"]["peak"] is None
+    assert paths[1].read_text() == render_markdown(report) and "<html" in paths[2].read_text()
+    assert not (tmp_path / "d" / "plots").exists()
+
+
 def test_flagged_steps_reads_dynamics_evidence():
     assert flagged_steps({"spikes": [{"step": 12}, {"step": 30}], "n_spikes": 2}) == [12, 30]
     assert flagged_steps({"steps": [20, 21], "n_blowups": 2}) == [20, 21]

@@ -115,9 +115,9 @@ def attribute_outcome(attribute_inputs):
 def test_the_attribute_report_is_its_typed_report(attribute_outcome):
     outcome, out = attribute_outcome
     written = json.loads((out / "report.json").read_text())
-    assert outcome.report_obj is not None and outcome.report == outcome.report_obj.to_json()
-    assert_contract(outcome.report_obj, written)
-    report = outcome.report_obj
+    assert isinstance(outcome.report, Report)
+    assert_contract(outcome.report, written)
+    report = outcome.report
     assert isinstance(report.manifest, AttributeManifest) and report.kind == "attribute"
     assert report.manifest.index is not None and report.manifest.index.n_examples == 20
     assert report.manifest.engine_state is not None and report.manifest.clustering.method == "declared"
@@ -135,9 +135,9 @@ def test_a_gated_attribute_report_has_no_attribution_block(attribute_inputs):
     outcome = run_attribution(config(**{"evaluation.require_significant": True}), capability="capitals",
                               cross_check="none")
     # the random adapter barely moves 4 items: the interval straddles zero (as in test_attribute_pipeline)
-    assert outcome.report_obj.attribution is None and outcome.report_obj.capability.status != "regressed"
-    assert "index" not in outcome.report["manifest"]  # kind-specific manifest parts are left out, not null
-    assert_contract(outcome.report_obj, outcome.report)
+    assert outcome.report.attribution is None and outcome.report.capability.status != "regressed"
+    assert "index" not in outcome.report.to_json()["manifest"]  # kind-specific parts are left out, not null
+    assert_contract(outcome.report, outcome.report.to_json())
 
 
 def test_the_index_report(attribute_inputs, attribute_outcome):
@@ -232,7 +232,7 @@ def test_an_accused_set_and_its_spans_go_through_the_typed_builder():
 
 def test_a_report_without_schema_version_loads_as_version_1(attribute_outcome):
     outcome, _ = attribute_outcome
-    old = dict(outcome.report)
+    old = outcome.report.to_json()
     del old["schema_version"]
     assert Report.from_json(old).schema_version == 1
     # the barest report an old diagnose could write
@@ -244,7 +244,7 @@ def test_a_report_without_schema_version_loads_as_version_1(attribute_outcome):
 
 def test_unknown_keys_are_kept_and_written_back(attribute_outcome):
     outcome, _ = attribute_outcome
-    newer = json.loads(json.dumps(outcome.report))
+    newer = json.loads(json.dumps(outcome.report.to_json()))
     newer["schema_version"] = SCHEMA_VERSION + 1
     newer["provenance"] = {"signed_by": "x"}
     newer["attribution"]["clusters"][0]["median"] = -1.5
@@ -258,11 +258,11 @@ def test_unknown_keys_are_kept_and_written_back(attribute_outcome):
 
 def test_a_wrong_type_or_a_missing_key_names_the_path(attribute_outcome):
     outcome, _ = attribute_outcome
-    broken = json.loads(json.dumps(outcome.report))
+    broken = json.loads(json.dumps(outcome.report.to_json()))
     broken["attribution"]["clusters"][1]["n"] = "many"
     with pytest.raises(ReportSchemaError, match=r"attribution\.clusters\[1\]\.n: expected an integer"):
         Report.from_json(broken)
-    broken = json.loads(json.dumps(outcome.report))
+    broken = json.loads(json.dumps(outcome.report.to_json()))
     del broken["verdict"]["kind"]
     with pytest.raises(ReportSchemaError, match=r"verdict: the required key 'kind' is missing"):
         Report.from_json(broken)
@@ -276,7 +276,7 @@ def test_the_json_schema_rejects_what_the_builders_never_write(attribute_outcome
     for mutate in (lambda r: r["verdict"].update(kind="probably_data"),
                    lambda r: r["attribution"]["clusters"][0].pop("signed_influence"),
                    lambda r: r["manifest"].update(kind="attribute", typo=1)):
-        report = _on_disk(outcome.report)
+        report = _on_disk(outcome.report.to_json())
         mutate(report)
         assert not validator.is_valid(report)
 
@@ -295,3 +295,83 @@ def test_the_schema_module_prints_the_schema():
     assert proc.returncode == 0 and not proc.stderr, proc.stderr[-2000:]
     assert json.loads(proc.stdout) == json_schema()
     assert proc.stdout == SCHEMA_FILE.read_text(encoding="utf-8")
+
+
+def test_every_artifact_is_written_once_from_the_lane_to_the_mlflow_child_run(attribute_inputs, tracking,
+                                                                             monkeypatch, tmp_path):
+    """An attribution written to a folder and then logged as a child run on a real server: each
+    file is written once (one all-or-nothing write of the report and its tables), each table is
+    serialized once, the sink logs every written file as it is, and no artifact is logged twice."""
+    from collections import Counter
+
+    import mlflow
+    import pandas as pd
+    from mlflow import MlflowClient
+
+    import gradian.report.write as write_module
+    from gradian.attribution import run_attribution
+    from gradian.report.sinks import publish_report
+    from gradian_mlflow.sink import ArtifactKeys
+
+    _, config = attribute_inputs
+    written: Counter[str] = Counter()
+    serialized: Counter[str] = Counter()
+    logged: Counter[str] = Counter()
+    real_write, real_parquet = write_module.write_files_atomic, pd.DataFrame.to_parquet
+    real_artifact, real_dict, real_table = MlflowClient.log_artifact, MlflowClient.log_dict, MlflowClient.log_table
+
+    def write(out, files):
+        written.update(list(files))
+        return real_write(out, files)
+
+    def to_parquet(frame, *args, **kwargs):
+        serialized["accused" if "accused" in frame.columns and bool(frame["accused"].all()) else "rankings"] += 1
+        return real_parquet(frame, *args, **kwargs)
+
+    inside: list[str] = []  # log_dict and log_table upload through log_artifact: count the outer call
+
+    def log_artifact(client, run_id, local_path, artifact_path=None):
+        if not inside:
+            logged[f"{artifact_path}/{Path(local_path).name}"] += 1
+        return real_artifact(client, run_id, local_path, artifact_path)
+
+    def log_dict(client, run_id, dictionary, artifact_file):
+        logged[artifact_file] += 1
+        inside.append(artifact_file)
+        try:
+            return real_dict(client, run_id, dictionary, artifact_file)
+        finally:
+            inside.pop()
+
+    def log_table(client, run_id, data, artifact_file):
+        logged[artifact_file] += 1
+        inside.append(artifact_file)
+        try:
+            return real_table(client, run_id, data=data, artifact_file=artifact_file)
+        finally:
+            inside.pop()
+
+    monkeypatch.setattr(write_module, "write_files_atomic", write)
+    monkeypatch.setattr(pd.DataFrame, "to_parquet", to_parquet)
+    monkeypatch.setattr(MlflowClient, "log_artifact", log_artifact)
+    monkeypatch.setattr(MlflowClient, "log_dict", log_dict)
+    monkeypatch.setattr(MlflowClient, "log_table", log_table)
+
+    outcome = run_attribution(config(), capability="capitals", out_dir=tmp_path / "out")
+    with mlflow.start_run() as source:
+        pass
+    child = publish_report(f"mlflow:{source.info.run_id}", outcome.report, "attribute", outcome.files,
+                           rankings=outcome.rankings)
+    assert child is not None and outcome.rankings is not None
+
+    assert written and set(written.values()) == {1}, written
+    assert {"report.json", "report.md", "report.html", "rankings.parquet"} <= set(written)
+    tables = {name.removesuffix(".parquet") for name in written if name.endswith(".parquet")}
+    assert serialized == Counter({name: 1 for name in tables}), (serialized, tables)
+    assert set(logged.values()) == {1}, logged
+    for name in written:  # each written file logged as it is, under plots/ or the report folder
+        folder = ArtifactKeys.PLOTS if name.endswith(".png") else ArtifactKeys.ROOT
+        assert logged[f"{folder}/{Path(name).name}"] == 1, (name, logged)
+    assert logged[f"{ArtifactKeys.ROOT}/rankings_top.csv"] == 1 and logged[ArtifactKeys.MANIFEST] == 1
+    names = {a.path for a in MlflowClient().list_artifacts(child, ArtifactKeys.ROOT)}
+    assert f"{ArtifactKeys.ROOT}/rankings.parquet" in names and f"{ArtifactKeys.ROOT}/report.json" in names

@@ -222,23 +222,35 @@ def test_console_refuses_an_unknown_scheme_and_a_claimed_twice_one(myscheme, riv
 # -- reports go back by the same scheme, into the run the caller names -----------------------------
 
 def test_the_report_sink_is_the_one_of_the_record_scheme(monkeypatch):
-    from gradian.runs import has_report_sink, publish_report
+    """The sink of the run's scheme gets the parsed reference and the typed report, whatever the
+    caller held (a report.json dict here)."""
+    from gradian.report.schema import Report
+    from gradian.report.sinks import ReportSink, publish_report
+    from gradian.runs import RunRef, has_report_sink
 
     logged = []
+
+    def sink(ref, report, **kw):
+        assert isinstance(ref, RunRef) and isinstance(report, Report)
+        logged.append((str(ref), report.verdict.kind, kw.get("into_run")))
+        return "child-1"
+
+    assert isinstance(sink, ReportSink)
 
     class SinkEntryPoint:
         name, group, value, dist = "myscheme", "gradian.report_sinks", "tests:sink", None
 
         def load(self):
-            return lambda source, report, **kw: logged.append((source, kw.get("into_run"))) or "child-1"
+            return sink
 
     monkeypatch.setattr("gradian.runs.sources.entry_points",
                         lambda group: [SinkEntryPoint()] if group == "gradian.report_sinks" else [])
     assert has_report_sink("myscheme:abc") and not has_report_sink("mlflow:" + "a" * 32)
-    assert publish_report("myscheme:abc", {}, "diagnose", into_run="project-7") == "child-1"
-    assert publish_report("myscheme:abc", {}, "diagnose") == "child-1"
-    assert publish_report("mlflow:" + "a" * 32, {}, "diagnose") is None  # no sink for it: nothing logged
-    assert logged == [("myscheme:abc", "project-7"), ("myscheme:abc", None)]
+    report = {"verdict": {"kind": "data", "summary": "s"}}
+    assert publish_report("myscheme:abc", report, "diagnose", into_run="project-7") == "child-1"
+    assert publish_report(RunRef.parse("myscheme:abc"), report, "diagnose") == "child-1"
+    assert publish_report("mlflow:" + "a" * 32, report, "diagnose") is None  # no sink for it: nothing logged
+    assert logged == [("myscheme:abc", "data", "project-7"), ("myscheme:abc", "data", None)]
 
 
 def test_the_mlflow_entry_passes_the_project_run_down_explicitly(monkeypatch):

@@ -12,6 +12,7 @@ from gradian.errors import RunRecordError
 from gradian.runs import (
     LoraSettings,
     RunRecord,
+    RunRef,
     TrainingLogs,
     normalize_trainer_config,
     parse_param_value,
@@ -160,7 +161,7 @@ def test_resolve_run_dispatches_local_and_remote(tmp_path, monkeypatch):
         def load(self):
             def reader(ref, cache_dir):
                 seen["ref"], seen["cache"] = ref, cache_dir
-                return RunRecord(source=f"mlflow:{ref}")
+                return RunRecord(ref=RunRef.parse(f"mlflow:{ref}"))
             return reader
 
     monkeypatch.setattr("gradian.runs.sources.entry_points",

@@ -485,8 +485,8 @@ def test_bestiary_poison_without_declared_clusters_is_accused_row_for_row(reques
     planted = set(info["planted"]["indices"])
     rankings = outcome.rankings
     accused = set(rankings.loc[rankings["accused"], "row_index"].astype(int))
-    assert outcome.report["verdict"]["kind"] == "data", outcome.report["verdict"]["summary"]
-    assert str(outcome.report["verdict"]["accused_cluster"]).startswith("harm-")
+    assert outcome.report.verdict.kind == "data", outcome.report.verdict.summary
+    assert str(outcome.report.verdict.accused_cluster).startswith("harm-")
     precision, recall = len(accused & planted) / max(len(accused), 1), len(accused & planted) / len(planted)
     assert precision >= 0.95 and recall >= 0.95, (len(accused), precision, recall)
 

@@ -220,22 +220,22 @@ def test_attribute_streams_end_to_end_with_the_index_runs_rankings(attributed, t
     from gradian.attribution import run_attribution
 
     run, indexed, _ = attributed("poison_capitals")
-    assert indexed.report["manifest"]["index"]["store"] == "index"
+    assert indexed.report.to_json()["manifest"]["index"]["store"] == "index"
     cfg = run.config(**{"evaluation.query_signal": "contrastive", "engine.store": "stream",
                         "cache_dir": str(tmp_path / "stream")})
     notes: list[str] = []
     streamed = run_attribution(cfg, capability="capitals", out_dir=tmp_path / "out-stream", log=notes.append)
     assert any(n.startswith("streaming per-example gradients") for n in notes), notes
-    summary = streamed.report["manifest"]["index"]
+    summary = streamed.report.to_json()["manifest"]["index"]
     assert summary["store"] == "stream" and summary["bytes"] == 0 and summary["passes"] >= 3
-    assert summary["index_id"] == indexed.report["manifest"]["index"]["index_id"]
-    assert streamed.report["manifest"]["index_manifest"]["store"] == "stream"
+    assert summary["index_id"] == indexed.report.to_json()["manifest"]["index"]["index_id"]
+    assert streamed.report.to_json()["manifest"]["index_manifest"]["store"] == "stream"
     assert not (tmp_path / "stream" / "index").exists()
     a, b = indexed.rankings, streamed.rankings
     assert list(a["example_id"]) == list(b["example_id"])
     for column in ("score", "rank_score", "cross_check_score"):
         np.testing.assert_allclose(b[column], a[column], rtol=1e-5, atol=1e-9 * np.abs(a[column]).max())
     assert list(a["accused"]) == list(b["accused"])
-    assert streamed.report["verdict"]["kind"] == indexed.report["verdict"]["kind"]
+    assert streamed.report.to_json()["verdict"]["kind"] == indexed.report.to_json()["verdict"]["kind"]
     written = json.loads((tmp_path / "out-stream" / "report.json").read_text())
     assert written["manifest"]["index"]["store"] == "stream"

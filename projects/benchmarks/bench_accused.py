@@ -90,7 +90,7 @@ def measure(root: Path, planted: set[int], capability: str, engine: str, overrid
                                               "evaluation.query_signal": "contrastive",
                                               "engine.name": engine, **overrides})
     outcome = run_attribution(cfg, capability=capability, cross_check="none", out_dir=root / f"report-{engine}")
-    report, rankings = Report.of(outcome.report_obj or outcome.report), outcome.rankings
+    report, rankings = Report.of(outcome.report), outcome.rankings
     accused = report.attribution.accused if report.attribution is not None else None
     from sklearn.metrics import roc_auc_score
 

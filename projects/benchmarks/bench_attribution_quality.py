@@ -135,7 +135,7 @@ def measure(config_path: Path, info: dict[str, Any], save_steps: int, engines: t
             started = time.perf_counter()
             outcome = run_attribution(cfg, capability=(info.get("capability") or {}).get("name", "capitals"), cross_check=None)
             seconds = time.perf_counter() - started
-            report = Report.of(outcome.report_obj or outcome.report)
+            report = Report.of(outcome.report)
             attribution = report.attribution
             if attribution is None:
                 raise SystemExit(f"attribution did not run for {engine}/{signal}: {report.verdict.summary}")

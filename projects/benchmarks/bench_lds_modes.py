@@ -84,7 +84,7 @@ def measure(workdir: Path, scenario: str, modes: list[str]) -> dict[str, Any]:
         scores[mode] = rankings["score"].to_numpy(dtype=np.float64)
         if "rank_score" in rankings.columns:  # EK-FAC's RelatIF order: how well the ranking values predict, too
             scores[f"{mode} (ranking)"] = rank_values(rankings)
-        attribution = Report.of(outcome.report_obj or outcome.report).attribution
+        attribution = Report.of(outcome.report).attribution
         runs[mode] = {"seconds": round(seconds, 1), "query_signal": attribution.query_signal if attribution else None}
         print(f"  {mode}: scored in {seconds:.0f} s", flush=True)
     table = lds_table(losses, masks, scores, n_bootstrap=2000, seed=seed)

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "ekfac_seconds": round(ekfac_s, 1), "replay": {}}
             for horizon in args.horizons.split(","):
                 outcome, seconds = _attribute(root, capability, "replay", horizon)
-                params = outcome.report["manifest"]["engine_state"]["params"]
+                params = outcome.report.to_json()["manifest"]["engine_state"]["params"]
                 row["replay"][horizon] = {
                     "auc": round(_auc(outcome.rankings, planted), 4),
                     "steps": params.get("replay_steps"), "horizon_steps": params.get("replay_horizon"),

@@ -9,7 +9,7 @@ Params are the verdict's parameters under ``validation.`` (``mlflow run`` has al
 entry point's own). Metrics are the verdict's numeric figures, flattened to dotted keys
 (``lds.datainf.spearman``);
 ``validation.pass`` is 1 for PASS, 0 for FAIL and -1 for INCONCLUSIVE. Reports that Gradian itself
-wrote (the attribution, the counterfactual) are logged through ``gradian.runs.publish_report`` as
+wrote (the attribution, the counterfactual) are logged through ``gradian.report.sinks.publish_report`` as
 child runs of the experiment's run, the way a user's diagnosis hangs under their training run.
 """
 
@@ -48,7 +48,7 @@ class ExperimentResult:
 
 def flatten_numbers(data: Any, prefix: str = "") -> dict[str, float]:
     """Finite numbers (and booleans) in nested dicts, keyed by their dotted path."""
-    from gradian_mlflow.sink import flatten_numbers as flatten
+    from gradian.report.tracker import flatten_numbers as flatten
 
     return flatten(data, prefix)
 
@@ -82,7 +82,7 @@ def log_result(result: ExperimentResult, *, nested: bool = False) -> str:
     """Log one experiment; returns its run id."""
     import mlflow
 
-    from gradian.runs import publish_report
+    from gradian.report.sinks import publish_report
 
     v = result.verdict
     with _start(f"validation-{v.experiment}", nested=nested) as run:

@@ -139,7 +139,8 @@ class Workspace:
         t0 = time.time()
         outcome = run_attribution(config, capability=capability, cross_check=cross_check, out_dir=out)
         run.seconds["attribute"] = round(time.time() - t0, 2)
-        run.report, run.rankings, run.report_files = outcome.report, outcome.rankings, list(outcome.files)
+        run.report = outcome.report.to_json() if outcome.report is not None else None
+        run.rankings, run.report_files = outcome.rankings, list(outcome.files)
         marker.write_text(fingerprint + "\n")
         return run.report
 

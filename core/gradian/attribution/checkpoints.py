@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from gradian.engines.base import CheckpointGradients, FitContext, TrainGradients
 from gradian.engines.tracin import checkpoint_learning_rates
@@ -24,6 +24,11 @@ from gradian.grads.collectors import KroneckerCollector, ModelPasses
 from gradian.index.stream import StoreChoice, capture_training_gradients
 
 if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.data import TokenizedExample
     from gradian.config import GradianConfig
     from gradian.data import Dataset
     from gradian.grads import GradientModel
@@ -41,11 +46,11 @@ class CheckpointSet:
     """
 
     gm: GradientModel
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     dataset: Dataset
     config: GradianConfig
     run: RunRecord | None
-    tokenized: Sequence[Any]
+    tokenized: Sequence[TokenizedExample]
     collected: KroneckerCollector | None = None
     log: Callable[[str], None] | None = None
     #: ``index`` (each checkpoint's gradients written to its own index) or ``stream`` (recomputed
@@ -97,8 +102,8 @@ class CheckpointSet:
         return out
 
 
-def fit_context(config: GradianConfig, gm: GradientModel, tokenizer: Any, dataset: Dataset, run: RunRecord | None,
-                *, tokenized: Sequence[Any] | None = None, collected: KroneckerCollector | None = None,
+def fit_context(config: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset,
+                run: RunRecord | None, *, tokenized: Sequence[TokenizedExample] | None = None, collected: KroneckerCollector | None = None,
                 progress: Callable[[int, int], None] | None = None, log: Callable[[str], None] | None = None,
                 needs_model: bool = True, store: str = "index") -> FitContext:
     """The ``FitContext`` of an engine fit on ``dataset`` under ``gm``: the curvature passes over
@@ -118,7 +123,7 @@ def fit_context(config: GradianConfig, gm: GradientModel, tokenizer: Any, datase
                       cache_dir=config.cache_dir, progress=progress, log=log)
 
 
-def same_adapter_weights(model: Any, first: str, second: str) -> bool:
+def same_adapter_weights(model: PeftModel, first: str, second: str) -> bool:
     """Adapters ``first`` and ``second`` of a PEFT ``model`` have the same LoRA settings and weights."""
     import torch
 
@@ -132,8 +137,8 @@ def same_adapter_weights(model: Any, first: str, second: str) -> bool:
     if any(getattr(a, k, None) != getattr(b, k, None) for k in keys):
         return False
     mine, theirs = f".{first}.", f".{second}."
-    left: dict[str, Any] = {}
-    right: dict[str, Any] = {}
+    left: dict[str, torch.Tensor] = {}
+    right: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
         if mine in name:
             left[name.replace(mine, ".<adapter>.")] = param

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from gradian.engines.registry import whole_gradient_engines
 from gradian.errors import ConfigError
@@ -22,7 +22,12 @@ from gradian.index.sizing import auto_projection
 from gradian.index.store import GradientIndex
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
+    from gradian.data import Dataset
     from gradian.distributed import ShardGroup
+    from gradian.grads import GradientModel
     from gradian.index.sizing import AutoProjection
 
 __all__ = ["IndexBuild", "index_from_config"]
@@ -31,18 +36,18 @@ __all__ = ["IndexBuild", "index_from_config"]
 @dataclass
 class IndexBuild:
     index: GradientIndex
-    model: Any
-    tokenizer: Any
-    dataset: Any
+    model: GradientModel
+    tokenizer: PreTrainedTokenizerBase
+    dataset: Dataset
     #: True when the index came from the cache unchanged
     cache_hit: bool
     #: the config the index was built under (with an automatic projection, when one was turned on)
-    config: Any = None
+    config: GradianConfig | None = None
     #: why a projection was turned on, if it was
     projection_auto: "AutoProjection | None" = None
 
 
-def index_from_config(config: Any, *, force: bool = False, progress: Callable[[int, int], None] | None = None,
+def index_from_config(config: GradianConfig, *, force: bool = False, progress: Callable[[int, int], None] | None = None,
                       shard: "ShardGroup | None" = None, log: Callable[[str], None] | None = None) -> IndexBuild:
     import torch
 
@@ -54,13 +59,14 @@ def index_from_config(config: Any, *, force: bool = False, progress: Callable[[i
 
     if not config.dataset:
         raise ConfigError("no training dataset; pass --dataset/-d or set `dataset:` in the config")
-    if not config.adapter_path:
+    adapter = config.adapter_path
+    if not adapter:
         raise ConfigError("no adapter; pass --adapter/-a or set `adapter_path:` in the config")
     dataset = load_dataset(config.dataset)
     if shard is not None:
         config = dataclasses.replace(config, device=shard_device(config.device, shard))
     torch.manual_seed(config.seed)
-    model = load_model_for_gradients(config.base_model, config.adapter_path, config)
+    model = load_model_for_gradients(config.base_model, adapter, config)
     name, origin, _ = tokenizer_source(config)  # the inputs were filled from the run already
     tokenizer = load_tokenizer(name or "", config.trust_remote_code, origin)
     config, auto = auto_projection(config, model, len(dataset), whole_gradient_engines([config.engine.name]))

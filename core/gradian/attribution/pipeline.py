@@ -24,7 +24,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -47,7 +47,26 @@ from gradian.report.schema import (
 )
 
 if TYPE_CHECKING:
+    from pandas import DataFrame
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.audit.runner import SkippedCheck
+    from gradian.audit.session import Diagnosis
+    from gradian.cluster.accused import AccusedSet
+    from gradian.cluster.assign import ClusterAssignment
+    from gradian.config import EngineConfig, GradianConfig
+    from gradian.data import Dataset
+    from gradian.data import TokenizedExample
     from gradian.distributed import ShardGroup
+    from gradian.engines.base import EngineResult, EngineState
+    from gradian.evaluate.result import CapabilityResult
+    from gradian.findings import Finding
+    from gradian.grads import GradientModel
+    from gradian.grads.collectors import KroneckerCollector
+    from gradian.index.store import GradientIndex
+    from gradian.index.stream import GradientStream
+    from gradian.query import QueryGradient, QueryItem
+    from gradian.runs import RunRecord
 
 __all__ = ["AttributionOutcome", "accused_ids", "run_attribution", "rankings_frame", "rank_values", "fill_from_run"]
 
@@ -56,18 +75,17 @@ Progress = Callable[[int, int], None]
 
 @dataclass
 class AttributionOutcome:
-    #: report.json as written: ``report_obj.to_json()``
-    report: dict[str, Any]
+    #: the report as written (report.json is ``report.to_json()``); None only on a helper rank of a
+    #: sharded run, which computes its share of the passes and leaves the reporting to rank 0
+    report: Report | None
     #: one row per training example (pandas DataFrame), or None when attribution did not run
-    rankings: Any = None
-    capability: Any = None
+    rankings: DataFrame | None = None
+    capability: CapabilityResult | None = None
     files: list[Path] = field(default_factory=list)
-    run: Any = None
-    #: the typed report (``gradian.report.schema.Report``) that ``report`` is the JSON of
-    report_obj: Report | None = None
+    run: RunRecord | None = None
 
 
-def fill_from_run(cfg: Any, run: Any) -> Any:
+def fill_from_run(cfg: GradianConfig, run: RunRecord | None) -> GradianConfig:
     """Fill adapter, base model and dataset from the run record where the config leaves them empty
     (``gradian.inputs.resolve_inputs``, the rule every lane shares).
 
@@ -88,11 +106,11 @@ def fill_from_run(cfg: Any, run: Any) -> Any:
 
 
 def run_attribution(
-    cfg: Any,
+    cfg: GradianConfig,
     *,
     capability: str = "capability",
     cross_check: str | None = "auto",
-    run: Any = None,
+    run: RunRecord | None = None,
     force: bool = False,
     progress: Progress | None = None,
     out_dir: str | Path | None = None,
@@ -110,47 +128,105 @@ def run_attribution(
     calls this, on its own device; rank 0 alone evaluates and builds the query gradient and hands
     both to the others, so every rank makes the same streamed passes, each computing its share
     of every pass (``gradian.index.stream``). After the last scoring pass the ranks leave the
-    group together; rank 0 goes on to cluster and report, the others return an outcome with an
-    empty report.
-    """
-    import torch
+    group together; rank 0 goes on to cluster and report, the others return an outcome with no
+    report.
 
-    from gradian import __version__
-    from gradian.audit.session import diagnose
-    from gradian.config import config_hash, config_to_dict
-    from gradian.config.loader import validate_for_dataset
-    from gradian.data import load_dataset
-    from gradian.engines import equivalent_engines, rank_correlation
-    from gradian.engines.registry import (check_projection, get_engine, independent_cross_check, resolve_cross_check,
-                                          whole_gradient_engines)
-    from gradian.evaluate import evaluate_capability, gate_attribution
-    from gradian.grads import load_model_for_gradients, skipped_modules_finding
-    from gradian.index.stream import capture_training_gradients, choose_store
-    from gradian.model_loading import check_attention_kernel, load_tokenizer
-    from gradian.query import build_query_gradient, select_query_items
-    from gradian.report import build_report, top_examples, write_report
-    from gradian.runs import resolve_run
+    The stages, each a function below: ``_open`` (inputs, audit, model), ``_measure`` (the
+    capability and the gate), ``_score_all`` (gradients, query, the engine and its cross-check),
+    ``_attribute`` (clusters, the accused set, spans, the attribution block), ``_finish`` (the
+    verdict, the report and its tables, written once).
+    """
+    from gradian.report import build_report
 
     started = time.time()
+    lane, cross_check = _open(cfg, cross_check, run, shard, log)
+    measured = _measure(lane, capability)
+    if not measured.allowed and lane.leave_group():
+        return AttributionOutcome(report=None, run=lane.run)
+    manifest = _manifest(lane, capability)
+    attribution: Attribution | None = None
+    rankings: DataFrame | None = None
+    assignment: ClusterAssignment | None = None
+    if measured.allowed:
+        scored = _score_all(lane, cross_check, measured, manifest, force, progress)
+        if lane.leave_group():  # the last sharded pass is done
+            return AttributionOutcome(report=None, run=lane.run)
+        attribution, rankings, assignment = _attribute(lane, scored, measured.gated, manifest)
+    manifest.seconds = round(time.time() - started, 2)
+    report = build_report(
+        Capability.from_json(measured.cap.to_full_dict(), "capability") if measured.cap is not None else None,
+        lane.findings,
+        attribution,
+        manifest,
+        thresholds=lane.cfg.verdict,
+        assignment=assignment,
+        skipped=lane.skipped,
+    )
+    return _finish(lane, report, rankings, measured.cap, out_dir)
+
+
+# -- the stages ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Lane:
+    """What every stage reads: the config as filled from the run, the audit's inputs and findings,
+    the model with its adapter, and the launch (shard group, log)."""
+
+    cfg: GradianConfig
+    run: RunRecord | None
+    diagnosis: Diagnosis
+    dataset: Dataset
+    gm: GradientModel
+    tokenizer: PreTrainedTokenizerBase
+    findings: list[Finding]
+    skipped: list[SkippedCheck]
+    shard: "ShardGroup | None"
+    log: Callable[[str], None]
+
+    @property
+    def helper(self) -> bool:
+        """A rank that only computes its share of each pass."""
+        return self.shard is not None and not self.shard.is_main
+
+    def leave_group(self) -> bool:
+        """Every rank leaves the shard group here, after the last sharded pass; True on a helper
+        rank, which stops here (rank 0 clusters and reports alone)."""
+        if self.shard is not None:
+            self.shard.leave()
+        return self.helper
+
+
+def _open(cfg: GradianConfig, cross_check: str | None, run: RunRecord | None, shard: "ShardGroup | None",
+          log: Callable[[str], None]) -> tuple[_Lane, str | None]:
+    """The inputs checked and filled from the run, the audit run, the model and tokenizer loaded."""
+    import torch
+
+    from gradian.audit.session import diagnose
+    from gradian.config.loader import validate_for_dataset
+    from gradian.data import load_dataset
+    from gradian.engines.registry import check_projection, resolve_cross_check
+    from gradian.grads import load_model_for_gradients, skipped_modules_finding
+    from gradian.model_loading import check_attention_kernel, load_tokenizer
+    from gradian.runs import resolve_run
+
     cross_check = resolve_cross_check(cfg.engine.name, cross_check)
     check_projection(cfg.grads, [cfg.engine.name, cross_check])  # before the audit, the index and the eval
     if run is None and cfg.run:
         run = resolve_run(cfg.run, cache_dir=cfg.cache_dir)
     cfg = fill_from_run(cfg, run)  # read once above, so every stage below sees this record
-    helper = shard is not None and not shard.is_main  # a rank that only computes its share of each pass
     if shard is not None:
         from gradian.distributed import shard_device
 
         cfg = dataclasses.replace(cfg, device=shard_device(cfg.device, shard))
     check_attention_kernel(cfg.attn_implementation)  # before the audit, not after it
     torch.manual_seed(cfg.seed)
+    assert cfg.dataset and cfg.adapter_path  # fill_from_run refused a config without either
 
-    findings: list[Any] = []
-    skipped: list[Any] = []
     log("auditing the dataset, config and logs")
     diagnosis = diagnose(cfg, run=run)
-    findings += diagnosis.result.findings
-    skipped += diagnosis.result.skipped
+    findings: list[Finding] = list(diagnosis.result.findings)
+    skipped: list[SkippedCheck] = list(diagnosis.result.skipped)
     dataset = diagnosis.inputs.dataset or load_dataset(cfg.dataset)
     validate_for_dataset(cfg, len(dataset), dataset.path)
 
@@ -162,174 +238,240 @@ def run_attribution(
         log(f"note: {left_out.title}: {', '.join(gm.skipped[:5])}")
     # the audit loaded the same tokenizer already (config tokenizer, else the base model's)
     tokenizer = diagnosis.inputs.tokenizer or load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
+    lane = _Lane(cfg=cfg, run=run, diagnosis=diagnosis, dataset=dataset, gm=gm, tokenizer=tokenizer,
+                 findings=findings, skipped=skipped, shard=shard, log=log)
+    return lane, cross_check
 
-    cap = None
-    eval_items = None
-    allowed = True
-    gated = False
-    if cfg.eval_dataset and not helper:
-        log(f"measuring '{capability}' on the base and tuned models")
-        eval_set = diagnosis.inputs.eval_dataset or load_dataset(cfg.eval_dataset)
-        cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability=capability)
-        gate = gate_attribution(cap, cfg.evaluation.require_significant, cfg.evaluation.min_items)
-        allowed, gated = gate.allowed, gate.gated
+
+@dataclass
+class _Measured:
+    """The capability on the base and tuned models, and whether the gate lets attribution run."""
+
+    cap: CapabilityResult | None = None
+    eval_items: list[QueryItem] | None = None
+    allowed: bool = True
+    gated: bool = False
+
+
+def _measure(lane: _Lane, capability: str) -> _Measured:
+    """The capability measured and gated (rank 0 only; its verdict and items reach every rank)."""
+    from gradian.data import load_dataset
+    from gradian.evaluate import evaluate_capability, gate_attribution
+
+    measured = _Measured()
+    cfg = lane.cfg
+    if cfg.eval_dataset and not lane.helper:
+        lane.log(f"measuring '{capability}' on the base and tuned models")
+        eval_set = lane.diagnosis.inputs.eval_dataset or load_dataset(cfg.eval_dataset)
+        measured.cap = evaluate_capability(cfg, eval_set, model=lane.gm.model, tokenizer=lane.tokenizer,
+                                           capability=capability)
+        gate = gate_attribution(measured.cap, cfg.evaluation.require_significant, cfg.evaluation.min_items)
+        measured.allowed, measured.gated = gate.allowed, gate.gated
         if gate.finding is not None:
-            findings.append(gate.finding)
-        eval_items = _query_items(cap, eval_set)
+            lane.findings.append(gate.finding)
+        measured.eval_items = _query_items(measured.cap, eval_set)
+    if lane.shard is not None:  # rank 0's verdict and items, so that every rank scores the same query
+        measured.allowed, measured.gated, measured.eval_items = lane.shard.broadcast(
+            (measured.allowed, measured.gated, measured.eval_items))
+    return measured
 
-    def leave_group() -> bool:
-        """Every rank leaves the shard group here, after the last sharded pass; True on a helper
-        rank, which stops here (rank 0 clusters and reports alone)."""
-        if shard is not None:
-            shard.leave()
-        return helper
 
-    if shard is not None:  # rank 0's verdict and items, so that every rank scores the same query
-        allowed, gated, eval_items = shard.broadcast((allowed, gated, eval_items))
-        if not allowed and leave_group():
-            return AttributionOutcome(report={}, run=run)
+def _manifest(lane: _Lane, capability: str) -> AttributeManifest:
+    from gradian import __version__
+    from gradian.config import config_hash, config_to_dict
 
-    manifest = AttributeManifest(
+    return AttributeManifest(
         gradian_version=__version__,
-        config_hash=config_hash(cfg),
-        config=config_to_dict(cfg),
-        inputs=AnalysisInputs.from_json(diagnosis.inputs.manifest() | {"adapter": cfg.adapter_path,
-                                                                       "capability": capability}, "manifest.inputs"),
+        config_hash=config_hash(lane.cfg),
+        config=config_to_dict(lane.cfg),
+        inputs=AnalysisInputs.from_json(lane.diagnosis.inputs.manifest() | {"adapter": lane.cfg.adapter_path,
+                                                                            "capability": capability},
+                                        "manifest.inputs"),
     )
-    attribution = None
-    rankings = None
-    assignment = None
-    if allowed:
-        cfg, choice = choose_store(cfg, gm, tokenizer, dataset, whole_gradient_engines([cfg.engine.name, cross_check]))
-        if choice.projection is not None:
-            log(f"note: {choice.projection.message()}")
-            manifest.config, manifest.config_hash = config_to_dict(cfg), config_hash(cfg)
-        elif cfg.engine.store == "auto":
-            log(f"note: {choice.message()}")
-        tokenized = _Tokenized(dataset, tokenizer, cfg.grads.max_seq_length)  # shared by every pass below
-        t0 = time.time()
-        collect = bool(whole_gradient_engines([cfg.engine.name, None if cross_check == "none" else cross_check]))
-        if choice.store == "stream":
-            log("streaming per-example gradients (recomputed in each pass, nothing written)"
-                + ("; a first pass for the norms and the Kronecker factors" if collect else ""))
-        else:
-            log("indexing per-example gradients")
-        # Kronecker factors gathered in the gradients' first pass, when a Kronecker engine will need them
-        index, collector = capture_training_gradients(gm, tokenizer, dataset, cfg, choice, collect=collect, force=force,
-                                                      progress=progress, log=log,
-                                                      tokenized=tokenized.rows() if choice.store == "stream" else None,
-                                                      shard=shard)
-        index_seconds = time.time() - t0
-        items, scope, notes, finding_ids = select_query_items(eval_items, dataset.examples)
-        if shard is None or shard.is_main:
-            qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
-                                      scope=scope, notes=notes, finding_ids=finding_ids)
-        if shard is not None:  # rank 0's query on every rank: the same numbers, the same passes
-            qg = shard.broadcast(qg if shard.is_main else None)
-        log(f"fitting and scoring with {cfg.engine.name}" + (f" and {cross_check}" if cross_check and cross_check != "none" else ""))
-        t0 = time.time()
-        main_state = _fit(cfg, cfg.engine.name, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
-        fit_seconds = {cfg.engine.name: round(time.time() - t0, 3)}
-        main = _score(cfg, main_state, qg, gm, tokenizer, items, progress)
-        item_scores = np.asarray(main.scores, dtype=np.float64)
-        scores = _mean_over_items(item_scores)
-        # what rows are ordered by (EK-FAC's RelatIF ranking); harm sums and loss figures use scores
-        rank = _mean_over_items(main.rank_scores)
-        agreement = None
-        cross = None
-        cross_scores = None
-        cross_note = None
-        if cross_check and cross_check != "none":
-            t0 = time.time()
-            cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
-            same = equivalent_engines(main_state, cross_state)
-            if same:
-                # an engine agrees with itself: pick one that ranks by another method
-                other = independent_cross_check(cfg.engine.name, main_state)
-                cross_note = (f"cross-check {cross_check} is not independent of {cfg.engine.name} ({same}); "
-                              f"cross-checking with {other} instead")
-                log(cross_note)
-                cross_check = other
-                cross_state = _fit(cfg, cross_check, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
-            fit_seconds[cross_check] = round(time.time() - t0, 3)
-            cross = _score(cfg, cross_state, qg, gm, tokenizer, items, progress)
-            cross_scores = _mean_over_items(cross.scores)
-            agreement = float(rank_correlation(rank, cross_scores))
-        if leave_group():  # the last sharded pass is done
-            return AttributionOutcome(report={}, run=run)
-        log("clustering the training examples")
-        ids = dataset.ids
-        assignment, clusters, features = _cluster_in_space(cfg, dataset, index, scores)
-        accused = _accused_set(cfg, index, ids, scores, assignment, clusters, features)
-        spans = []
-        if accused is not None and cfg.clustering.explain_top_accused > 0:
-            from gradian.explain import explain_top_accused
 
-            log(f"locating the harmful span of the top {min(cfg.clustering.explain_top_accused, accused.n)} accused rows")
-            spans = [Span.of(s) for s in explain_top_accused(
-                gm, tokenizer, index, dataset, qg, item_scores, accused.example_ids, cfg,
-                k=cfg.clustering.explain_top_accused)]
-        top_harmful = _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True,
-                                                    order_by=rank), ids, item_scores, qg.item_ids)
-        attribution = Attribution(
-            engine=cfg.engine.name,
-            cross_check=cross_check if cross_check and cross_check != "none" else None,
-            engine_agreement_spearman=agreement,
-            query_signal=qg.signal,
-            query=QuerySummary.of(qg),
-            gated=gated,
-            n_examples=len(ids),
-            clusters=[ClusterRow.from_json(c, "attribution.clusters[]") for c in clusters],
-            top_harmful=[ExampleRow.from_json(r, "attribution.top_harmful[]") for r in top_harmful],
-            top_helpful=[ExampleRow.from_json(r, "attribution.top_helpful[]") for r in
-                         top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False,
-                                      order_by=rank)],
-            accused=Accused.of(accused) if accused is not None else None,
-            spans=spans,
-            notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
-                  + ([cross_note] if cross_note else []) + list(getattr(index, "notes", None) or []),
-            # one name whatever the engine, so runs of different engines compare
-            metrics=AttributionMetrics(index_seconds=round(index_seconds, 3),
-                                       fit_seconds=fit_seconds[cfg.engine.name]),
-        )
-        # attribution.no_capability_target (no eval set) is raised by the verdict synthesis
-        manifest.index = IndexSummary(
-            index_id=index.index_id,
-            path=str(index.root) if index.root is not None else None,
-            n_examples=index.n,
-            bytes=index.disk_bytes(),
-            bytes_per_example=round(index.disk_bytes() / max(index.n, 1), 1),
-            build_seconds=round(index_seconds, 3),
-            repaired=list(index.repaired),
-            store=index.store,
-            passes=getattr(index, "passes", None),
-        )
-        manifest.index_manifest = index.manifest
-        manifest.damping = main.damping
-        manifest.engine_state = EngineStateSummary(
-            engine=main_state.engine, state_id=main_state.state_id, cache_hit=main_state.cache_hit,
-            settings=main_state.meta.get("settings", {}), fit_seconds=round(main_state.fit_seconds, 3),
-            stage_seconds=fit_seconds, repaired=main_state.repaired,
-            params=get_engine(main_state.engine).describe(dataclasses.replace(cfg.engine, name=main_state.engine),
-                                                          main_state),
-        )
-        manifest.clustering = ClusteringSummary.from_json(
-            {k: v for k, v in assignment.to_dict().items() if k != "labels"}, "manifest.clustering")
-        rankings = rankings_frame(dataset, scores, assignment, findings, cross_scores if cross else None,
-                                  item_scores=item_scores if item_scores.ndim == 2 else None, item_ids=qg.item_ids,
-                                  rank_scores=rank if main.ranking is not None else None)
-    manifest.seconds = round(time.time() - started, 2)
 
-    report_obj = build_report(
-        Capability.from_json(cap.to_full_dict(), "capability") if cap is not None else None,
-        findings,
-        attribution,
-        manifest,
-        thresholds=cfg.verdict,
-        assignment=assignment,
-        skipped=skipped,
+@dataclass
+class _Scored:
+    """The training set's gradients (an index or a stream), the query, and both engines' scores."""
+
+    index: GradientIndex | GradientStream
+    index_seconds: float
+    qg: QueryGradient
+    main_state: EngineState
+    main: EngineResult
+    fit_seconds: dict[str, float]
+    #: ``[n, items]`` (or ``[n]``) as the engine gave them; ``scores`` their mean over items, and
+    #: ``rank`` what rows are ordered by (EK-FAC's RelatIF ranking; harm sums use ``scores``)
+    item_scores: np.ndarray
+    scores: np.ndarray
+    rank: np.ndarray
+    cross_check: str | None
+    cross: EngineResult | None
+    cross_scores: np.ndarray | None
+    agreement: float | None
+    cross_note: str | None
+
+
+def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manifest: AttributeManifest, force: bool,
+               progress: Progress | None) -> _Scored:
+    """Capture the training gradients (index or stream), build the query, fit and score the engine
+    and its cross-check. The store chosen may project the gradients, which changes the config the
+    manifest records."""
+    from gradian.config import config_hash, config_to_dict
+    from gradian.engines import equivalent_engines, rank_correlation
+    from gradian.engines.registry import independent_cross_check, whole_gradient_engines
+    from gradian.index.stream import capture_training_gradients, choose_store
+    from gradian.query import build_query_gradient, select_query_items
+
+    log, shard, gm, tokenizer, dataset, run = lane.log, lane.shard, lane.gm, lane.tokenizer, lane.dataset, lane.run
+    cfg, choice = choose_store(lane.cfg, gm, tokenizer, dataset, whole_gradient_engines([lane.cfg.engine.name,
+                                                                                          cross_check]))
+    lane.cfg = cfg
+    if choice.projection is not None:
+        log(f"note: {choice.projection.message()}")
+        manifest.config, manifest.config_hash = config_to_dict(cfg), config_hash(cfg)
+    elif cfg.engine.store == "auto":
+        log(f"note: {choice.message()}")
+    tokenized = _Tokenized(dataset, tokenizer, cfg.grads.max_seq_length)  # shared by every pass below
+    t0 = time.time()
+    collect = bool(whole_gradient_engines([cfg.engine.name, None if cross_check == "none" else cross_check]))
+    if choice.store == "stream":
+        log("streaming per-example gradients (recomputed in each pass, nothing written)"
+            + ("; a first pass for the norms and the Kronecker factors" if collect else ""))
+    else:
+        log("indexing per-example gradients")
+    # Kronecker factors gathered in the gradients' first pass, when a Kronecker engine will need them
+    index, collector = capture_training_gradients(gm, tokenizer, dataset, cfg, choice, collect=collect, force=force,
+                                                  progress=progress, log=log,
+                                                  tokenized=tokenized.rows() if choice.store == "stream" else None,
+                                                  shard=shard)
+    index_seconds = time.time() - t0
+    items, scope, notes, finding_ids = select_query_items(measured.eval_items, dataset.examples)
+    qg: QueryGradient | None = None
+    if shard is None or shard.is_main:
+        qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
+                                  scope=scope, notes=notes, finding_ids=finding_ids)
+    if shard is not None:  # rank 0's query on every rank: the same numbers, the same passes
+        qg = shard.broadcast(qg if shard.is_main else None)
+    assert qg is not None
+    log(f"fitting and scoring with {cfg.engine.name}" + (f" and {cross_check}" if cross_check and cross_check != "none" else ""))
+
+    def fit(engine: str) -> EngineState:
+        return _fit(cfg, engine, index, gm, tokenizer, dataset, run, progress, log, collector, tokenized)
+
+    t0 = time.time()
+    main_state = fit(cfg.engine.name)
+    fit_seconds = {cfg.engine.name: round(time.time() - t0, 3)}
+    main = _score(cfg, main_state, qg, gm, tokenizer, items, progress)
+    item_scores = np.asarray(main.scores, dtype=np.float64)
+    agreement = None
+    cross = None
+    cross_scores = None
+    cross_note = None
+    rank = _mean_over_items(main.rank_scores)
+    if cross_check and cross_check != "none":
+        t0 = time.time()
+        cross_state = fit(cross_check)
+        same = equivalent_engines(main_state, cross_state)
+        if same:
+            # an engine agrees with itself: pick one that ranks by another method
+            other = independent_cross_check(cfg.engine.name, main_state)
+            cross_note = (f"cross-check {cross_check} is not independent of {cfg.engine.name} ({same}); "
+                          f"cross-checking with {other} instead")
+            log(cross_note)
+            cross_check = other
+            cross_state = fit(cross_check)
+        fit_seconds[cross_check] = round(time.time() - t0, 3)
+        cross = _score(cfg, cross_state, qg, gm, tokenizer, items, progress)
+        cross_scores = _mean_over_items(cross.scores)
+        agreement = float(rank_correlation(rank, cross_scores))
+    return _Scored(index=index, index_seconds=index_seconds, qg=qg, main_state=main_state, main=main,
+                   fit_seconds=fit_seconds, item_scores=item_scores, scores=_mean_over_items(item_scores), rank=rank,
+                   cross_check=cross_check, cross=cross, cross_scores=cross_scores, agreement=agreement,
+                   cross_note=cross_note)
+
+
+def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeManifest
+               ) -> tuple[Attribution, DataFrame, ClusterAssignment]:
+    """Clusters, the accused set and its spans, the attribution block and the rankings; the
+    manifest gets the index, the damping and the engine state."""
+    from gradian.engines.registry import get_engine
+    from gradian.report import top_examples
+
+    cfg, dataset, index, qg, main = lane.cfg, lane.dataset, scored.index, scored.qg, scored.main
+    scores, rank, item_scores = scored.scores, scored.rank, scored.item_scores
+    cross_check, cross = scored.cross_check, scored.cross
+    lane.log("clustering the training examples")
+    ids = dataset.ids
+    assignment, clusters, features = _cluster_in_space(cfg, dataset, index, scores)
+    accused = _accused_set(cfg, index, ids, scores, assignment, clusters, features)
+    spans = []
+    if accused is not None and cfg.clustering.explain_top_accused > 0:
+        from gradian.explain import explain_top_accused
+
+        lane.log(f"locating the harmful span of the top {min(cfg.clustering.explain_top_accused, accused.n)} accused rows")
+        spans = [Span.of(s) for s in explain_top_accused(
+            lane.gm, lane.tokenizer, index, dataset, qg, item_scores, accused.example_ids, cfg,
+            k=cfg.clustering.explain_top_accused)]
+    top_harmful = _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True,
+                                                order_by=rank), ids, item_scores, qg.item_ids)
+    attribution = Attribution(
+        engine=cfg.engine.name,
+        cross_check=cross_check if cross_check and cross_check != "none" else None,
+        engine_agreement_spearman=scored.agreement,
+        query_signal=qg.signal,
+        query=QuerySummary.of(qg),
+        gated=gated,
+        n_examples=len(ids),
+        clusters=[ClusterRow.from_json(c, "attribution.clusters[]") for c in clusters],
+        top_harmful=[ExampleRow.from_json(r, "attribution.top_harmful[]") for r in top_harmful],
+        top_helpful=[ExampleRow.from_json(r, "attribution.top_helpful[]") for r in
+                     top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False,
+                                  order_by=rank)],
+        accused=Accused.of(accused) if accused is not None else None,
+        spans=spans,
+        notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
+              + ([scored.cross_note] if scored.cross_note else []) + list(getattr(index, "notes", None) or []),
+        # one name whatever the engine, so runs of different engines compare
+        metrics=AttributionMetrics(index_seconds=round(scored.index_seconds, 3),
+                                   fit_seconds=scored.fit_seconds[cfg.engine.name]),
     )
-    report = report_obj.to_json()
+    # attribution.no_capability_target (no eval set) is raised by the verdict synthesis
+    manifest.index = IndexSummary(
+        index_id=index.index_id,
+        path=str(index.root) if index.root is not None else None,
+        n_examples=index.n,
+        bytes=index.disk_bytes(),
+        bytes_per_example=round(index.disk_bytes() / max(index.n, 1), 1),
+        build_seconds=round(scored.index_seconds, 3),
+        repaired=list(index.repaired),
+        store=index.store,
+        passes=getattr(index, "passes", None),
+    )
+    manifest.index_manifest = index.manifest
+    manifest.damping = main.damping
+    main_state = scored.main_state
+    manifest.engine_state = EngineStateSummary(
+        engine=main_state.engine, state_id=main_state.state_id, cache_hit=main_state.cache_hit,
+        settings=main_state.meta.get("settings", {}), fit_seconds=round(main_state.fit_seconds, 3),
+        stage_seconds=scored.fit_seconds, repaired=main_state.repaired,
+        params=get_engine(main_state.engine).describe(dataclasses.replace(cfg.engine, name=main_state.engine),
+                                                      main_state),
+    )
+    manifest.clustering = ClusteringSummary.from_json(
+        {k: v for k, v in assignment.to_dict().items() if k != "labels"}, "manifest.clustering")
+    rankings = rankings_frame(dataset, scores, assignment, lane.findings, scored.cross_scores if cross else None,
+                              item_scores=item_scores if item_scores.ndim == 2 else None, item_ids=qg.item_ids,
+                              rank_scores=rank if main.ranking is not None else None)
+    return attribution, rankings, assignment
+
+
+def _finish(lane: _Lane, report: Report, rankings: DataFrame | None, cap: CapabilityResult | None,
+            out_dir: str | Path | None) -> AttributionOutcome:
+    """The rankings' ``accused`` column from the verdict, then (with ``out_dir``) the report and its
+    tables in one all-or-nothing write: a full disk leaves no report without its tables."""
+    from gradian.report import write_report
+
     if rankings is not None:
         rankings["accused"] = rankings["example_id"].isin(set(accused_ids(report)))
     files: list[Path] = []
@@ -339,29 +481,37 @@ def run_attribution(
             tables["rankings.parquet"] = _parquet_bytes(rankings)
             if bool(rankings["accused"].any()):
                 tables["accused.parquet"] = _parquet_bytes(rankings[rankings["accused"]].sort_values("score"))
-        # one all-or-nothing write: a full disk leaves no report without its tables
-        files = write_report(report_obj, out_dir, rankings=rankings, logs=run.logs if run is not None else None,
+        run = lane.run
+        files = write_report(report, out_dir, rankings=rankings, logs=run.logs if run is not None else None,
                              extra_files=tables)
-    return AttributionOutcome(report=report, rankings=rankings, capability=cap, files=files, run=run,
-                              report_obj=report_obj)
+    return AttributionOutcome(report=report, rankings=rankings, capability=cap, files=files, run=lane.run)
 
 
-def accused_ids(report: "Report | dict[str, Any]") -> list[str]:
+# -- the pieces ---------------------------------------------------------------------------------
+
+
+def accused_ids(report: "Report | Mapping[str, object]") -> list[str]:
     """The accused set's example ids in a report (empty when the verdict accuses nothing)."""
     attribution = Report.of(report).attribution
     accused = attribution.accused if attribution is not None else None
     return list(accused.example_ids) if accused is not None else []
 
 
-def _lumpiness_rank(lump: dict[str, Any]) -> tuple[bool, float]:
+def _lumpiness_rank(lump: Mapping[str, object]) -> tuple[bool, float]:
     """Order of preference between two clusterings: lumpy first, then harm share over row share."""
     if not lump.get("cluster"):
         return (False, 0.0)
-    fraction = float(lump.get("fraction_of_dataset") or 1.0)
-    return (bool(lump.get("lumpy")), float(lump.get("share") or 0.0) / max(fraction, 1e-12))
+    fraction = _figure(lump.get("fraction_of_dataset"), 1.0)
+    return (bool(lump.get("lumpy")), _figure(lump.get("share"), 0.0) / max(fraction, 1e-12))
 
 
-def _cluster_in_space(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> tuple[Any, list[dict[str, Any]], Any]:
+def _figure(value: object, default: float) -> float:
+    """A number of the lumpiness test as a float; ``default`` when it is missing or zero."""
+    return float(value) if isinstance(value, (int, float)) and value else default
+
+
+def _cluster_in_space(cfg: GradianConfig, dataset: Dataset, index: GradientIndex | GradientStream, scores: np.ndarray
+                      ) -> tuple[ClusterAssignment, Sequence[Mapping[str, object]], np.ndarray | None]:
     """(assignment, cluster table, gradient features or None): the topic clusters, or, when no
     topic holds the harm (not lumpy), the groups the harmful rows form among themselves
     (``gradian.cluster.harm_groups``) if those are lumpy."""
@@ -381,7 +531,8 @@ def _cluster_in_space(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) ->
     return assignment, clusters, features
 
 
-def _topic_clusters(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> tuple[Any, list[dict[str, Any]], Any]:
+def _topic_clusters(cfg: GradianConfig, dataset: Dataset, index: GradientIndex | GradientStream, scores: np.ndarray
+                    ) -> tuple[ClusterAssignment, Sequence[Mapping[str, object]], np.ndarray | None]:
     """(assignment, cluster table, gradient features or None) in ``clustering.space``.
 
     ``auto`` clusters over text and over gradients and keeps the lumpier table (a lumpy one over a
@@ -393,7 +544,7 @@ def _topic_clusters(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> t
     space = cfg.clustering.space
     top_k = cfg.clustering.top_examples_per_cluster
 
-    def table(assignment: Any) -> list[dict[str, Any]]:
+    def table(assignment: ClusterAssignment) -> Sequence[Mapping[str, object]]:
         return cluster_table(scores, dataset.ids, assignment, dataset.examples, top_k)
 
     if space == "text":
@@ -421,8 +572,9 @@ def _topic_clusters(cfg: Any, dataset: Any, index: Any, scores: np.ndarray) -> t
     return assignment, clusters, features
 
 
-def _accused_set(cfg: Any, index: Any, ids: list[str], scores: np.ndarray, assignment: Any,
-                 clusters: list[dict[str, Any]], features: Any) -> Any:
+def _accused_set(cfg: GradianConfig, index: GradientIndex | GradientStream, ids: list[str], scores: np.ndarray,
+                 assignment: ClusterAssignment, clusters: Sequence[Mapping[str, object]],
+                 features: np.ndarray | None) -> AccusedSet | None:
     """The accused set inside the cluster the lumpiness test singles out, or None when none is."""
     from gradian.cluster import (DEFAULT_GRADIENT_DIM, add_gradient_siblings, gradient_cosines_to, gradient_features,
                                  refine_accused, sibling_anchors)
@@ -448,7 +600,7 @@ def _accused_set(cfg: Any, index: Any, ids: list[str], scores: np.ndarray, assig
     return accused
 
 
-def _query_items(cap: Any, eval_set: Any) -> list[Any]:
+def _query_items(cap: CapabilityResult, eval_set: Dataset) -> list[QueryItem]:
     """Eval items as the query sees them: the prompt turns, the wanted answer, the tuned answer.
 
     A ``not_contains`` item's completion lists what must *not* be said (refusal markers, say), so
@@ -475,11 +627,11 @@ def _query_items(cap: Any, eval_set: Any) -> list[Any]:
 class _Tokenized:
     """The training rows tokenized once, on first use, for every fit that reads the model."""
 
-    def __init__(self, dataset: Any, tokenizer: Any, max_seq_length: int | None) -> None:
+    def __init__(self, dataset: Dataset, tokenizer: PreTrainedTokenizerBase, max_seq_length: int | None) -> None:
         self._args = dataset, tokenizer, max_seq_length
-        self._rows: list[Any] | None = None
+        self._rows: list[TokenizedExample] | None = None
 
-    def rows(self) -> list[Any]:
+    def rows(self) -> list[TokenizedExample]:
         if self._rows is None:
             from gradian.data import tokenize_examples
 
@@ -488,9 +640,10 @@ class _Tokenized:
         return self._rows
 
 
-def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any,
-         progress: Progress | None, log: Callable[[str], None], collected: Any = None,
-         tokenized: _Tokenized | None = None) -> Any:
+def _fit(cfg: GradianConfig, engine: str, index: GradientIndex | GradientStream, gm: GradientModel,
+         tokenizer: PreTrainedTokenizerBase, dataset: Dataset, run: RunRecord | None, progress: Progress | None,
+         log: Callable[[str], None], collected: KroneckerCollector | None = None,
+         tokenized: _Tokenized | None = None) -> EngineState:
     """The engine's fitted state on ``index`` (from the cache beside it when fitted before)."""
     from gradian.attribution.checkpoints import fit_context
     from gradian.engines import fit_engine, get_engine
@@ -514,7 +667,8 @@ def _fit(cfg: Any, engine: str, index: Any, gm: Any, tokenizer: Any, dataset: An
     return state
 
 
-def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any, progress: Progress | None = None) -> Any:
+def _score(cfg: GradianConfig, state: EngineState, qg: QueryGradient, gm: GradientModel,
+           tokenizer: PreTrainedTokenizerBase, items: Sequence[QueryItem], progress: Progress | None = None) -> EngineResult:
     """The engine's ``[n, items]`` scores, one column per query item (their mean is the ranking)."""
     from gradian.engines import get_engine
     from gradian.attribution.checkpoints import activate
@@ -522,7 +676,7 @@ def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any, p
 
     engine_cfg = dataclasses.replace(cfg.engine, name=state.engine)
 
-    def query_for(view: Any) -> Any:  # the query measured under another adapter (TracIn checkpoints)
+    def query_for(view: GradientModel) -> dict[str, np.ndarray] | None:  # the query under another adapter (TracIn checkpoints)
         try:
             q = build_query_gradient(activate(view, None, cfg), tokenizer, items, qg.signal, cfg.grads,
                                      scope=qg.scope)
@@ -538,7 +692,7 @@ def _score(cfg: Any, state: Any, qg: Any, gm: Any, tokenizer: Any, items: Any, p
     return result
 
 
-def _check_finite_scores(scores: Any, engine_cfg: Any) -> None:
+def _check_finite_scores(scores: np.ndarray, engine_cfg: EngineConfig) -> None:
     """Non-finite scores are refused before anything is ranked or written, naming the setting.
 
     With finite gradients (the adapter's weights are checked on load) a NaN or inf score comes from
@@ -565,7 +719,7 @@ def _check_finite_scores(scores: Any, engine_cfg: Any) -> None:
     )
 
 
-def _mean_over_items(scores: Any) -> np.ndarray:
+def _mean_over_items(scores: np.ndarray) -> np.ndarray:
     values = np.asarray(scores, dtype=np.float64)
     return values.mean(axis=1) if values.ndim == 2 else values
 
@@ -584,14 +738,14 @@ def item_harm(item_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return worst, share
 
 
-def _with_items_hurt(rows: list[dict[str, Any]], ids: list[str], item_scores: np.ndarray,
-                     item_ids: list[str], k: int = 3) -> list[dict[str, Any]]:
+def _with_items_hurt(rows: list[dict[str, object]], ids: list[str], item_scores: np.ndarray,
+                     item_ids: list[str], k: int = 3) -> list[dict[str, object]]:
     """Each listed row with the query items it hurts most: ``items_hurt`` [{item_id, share}]."""
     if item_scores.ndim != 2 or not rows:
         return rows
     position = {eid: j for j, eid in enumerate(ids)}
     for row in rows:
-        harm = np.clip(-item_scores[position[row["example_id"]]], 0.0, None)
+        harm = np.clip(-item_scores[position[str(row["example_id"])]], 0.0, None)
         total = float(harm.sum())
         order = [int(i) for i in np.argsort(-harm, kind="stable")[:k] if harm[i] > 0]
         row["items_hurt"] = [{"item_id": item_ids[i] if i < len(item_ids) else str(i),
@@ -599,9 +753,10 @@ def _with_items_hurt(rows: list[dict[str, Any]], ids: list[str], item_scores: np
     return rows
 
 
-def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: list[Any],
-                   cross_scores: Any = None, item_scores: Any = None, item_ids: list[str] | None = None,
-                   rank_scores: Any = None) -> Any:
+def rankings_frame(dataset: Dataset, scores: np.ndarray, assignment: ClusterAssignment | None,
+                   findings: Sequence[Finding], cross_scores: np.ndarray | None = None,
+                   item_scores: np.ndarray | None = None, item_ids: list[str] | None = None,
+                   rank_scores: np.ndarray | None = None) -> DataFrame:
     """One row per training example: id, score, predicted loss delta, cluster, flags.
 
     ``harm_rank`` orders the rows by ``rank_scores`` when the engine ranks by something other than
@@ -638,21 +793,21 @@ def rankings_frame(dataset: Any, scores: np.ndarray, assignment: Any, findings: 
         frame["cross_check_score"] = np.asarray(cross_scores, dtype=np.float64)
     if item_scores is not None:
         worst, share = item_harm(item_scores)
-        names = list(item_ids or [])
-        frame["worst_item"] = [names[w] if s > 0 and w < len(names) else ("" if s <= 0 else str(w))
+        item_names = list(item_ids or [])
+        frame["worst_item"] = [item_names[w] if s > 0 and w < len(item_names) else ("" if s <= 0 else str(w))
                                for w, s in zip(worst, share)]
         frame["worst_item_share"] = share
     return frame
 
 
-def rank_values(rankings: Any) -> np.ndarray:
+def rank_values(rankings: DataFrame) -> np.ndarray:
     """What a rankings frame orders its rows by: ``rank_score`` when the engine ranks by something
     other than its influence (EK-FAC's RelatIF), else ``score``. Harm below zero either way."""
     column = "rank_score" if "rank_score" in rankings.columns else "score"
     return np.asarray(rankings[column].to_numpy(), dtype=np.float64)
 
 
-def _parquet_bytes(frame: Any) -> bytes:
+def _parquet_bytes(frame: DataFrame) -> bytes:
     import io
 
     buffer = io.BytesIO()

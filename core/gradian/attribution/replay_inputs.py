@@ -14,19 +14,29 @@ everything that touches the model or the run here, so the engine stays math over
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from gradian.errors import ConfigError
 from gradian.replay.engine import ReplayInputs
 from gradian.replay.recipe import recipe_from_run
+
+if TYPE_CHECKING:
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
+    from gradian.data import Dataset, TokenizedExample
+    from gradian.grads import GradientModel
+    from gradian.runs import RunRecord
 
 __all__ = ["replay_inputs"]
 
 _INIT_ADAPTER = "gradian-replay-init"
 
 
-def replay_inputs(cfg: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any,
-                  tokenized: Sequence[Any] | None = None) -> ReplayInputs:
+def replay_inputs(cfg: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset,
+                  run: RunRecord | None, tokenized: Sequence[TokenizedExample] | None = None) -> ReplayInputs:
     """``tokenized``: the rows as the lane tokenized them (at ``grads.max_seq_length``), reused when
     the run truncated at the same length."""
     from gradian.data import tokenize_examples
@@ -67,7 +77,7 @@ def replay_inputs(cfg: Any, gm: Any, tokenizer: Any, dataset: Any, run: Any,
                         horizon=cfg.engine.replay_horizon)
 
 
-def _adapter_tensors(model: Any, adapter: str) -> dict[str, Any]:
+def _adapter_tensors(model: PeftModel, adapter: str) -> dict[str, torch.nn.Parameter]:
     """Every LoRA A/B tensor of ``adapter``: the replay trains what the run trained, whatever
     ``grads.module_filter`` selected for the index."""
     marker = f".{adapter}."
@@ -78,7 +88,7 @@ def _adapter_tensors(model: Any, adapter: str) -> dict[str, Any]:
     return out
 
 
-def _initial_tensors(model: Any, adapter: str, seed: int) -> dict[str, Any]:
+def _initial_tensors(model: PeftModel, adapter: str, seed: int) -> dict[str, torch.Tensor]:
     """The adapter's LoRA tensors as peft initializes them right after ``set_seed(seed)``."""
     import copy
 

@@ -22,12 +22,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 
 from gradian.counterfactual.experiment import KEPT_DATA_FILE, RETRAIN_SUBDIR, CounterfactualOutcome, run_counterfactual
 from gradian.counterfactual.selection import RemovalPlan
 from gradian.errors import ConfigError
 from gradian.report.schema import CounterfactualRound, Report
+
+if TYPE_CHECKING:
+    from gradian.config import GradianConfig
+    from gradian.data import Dataset
+    from gradian.runs import RunRecord
 
 __all__ = ["MAX_ROUNDS", "RoundsOutcome", "run_until_recovered"]
 
@@ -41,15 +46,14 @@ _DONE = ("recovered", "nothing_to_recover")
 class RoundsOutcome:
     #: every round's counterfactual, in order
     rounds: list[CounterfactualOutcome]
-    #: the final report (the last round's, with ``counterfactual.rounds``) and its JSON
-    report_obj: Report
-    report: dict[str, Any]
+    #: the final report (the last round's, with ``counterfactual.rounds``)
+    report: Report
     #: why the rounds stopped
     stopped: str
     files: list[Path] = field(default_factory=list)
 
 
-def _round_plan(first: RemovalPlan, dataset: Any, ids: list[str], round_no: int, added: int) -> RemovalPlan:
+def _round_plan(first: RemovalPlan, dataset: Dataset, ids: list[str], round_no: int, added: int) -> RemovalPlan:
     position = {eid: i for i, eid in enumerate(dataset.ids)}
     return dataclasses.replace(
         first, drop_ids=list(ids), drop_indices=[position[i] for i in ids],
@@ -59,14 +63,14 @@ def _round_plan(first: RemovalPlan, dataset: Any, ids: list[str], round_no: int,
 
 
 def run_until_recovered(
-    cfg: Any,
+    cfg: GradianConfig,
     plan: RemovalPlan,
     *,
     out_dir: str | Path,
     capability: str = "capability",
-    before: Mapping[str, Any] | None = None,
+    before: Mapping[str, object] | None = None,
     planted: Iterable[int] | None = None,
-    run: Any = None,
+    run: RunRecord | None = None,
     max_rounds: int = 3,
     log: Callable[[str], None] = lambda message: None,
 ) -> RoundsOutcome:
@@ -120,7 +124,8 @@ def run_until_recovered(
                                             run=str(out / f"round-{k}" / RETRAIN_SUBDIR))
         log(f"round {k}: attributing what is left of the regression on the retrained adapter")
         attributed = run_attribution(attribute_cfg, capability=capability, out_dir=out / f"round-{k}" / "attribution")
-        typed = Report.of(attributed.report_obj or attributed.report)
+        typed = attributed.report
+        assert typed is not None  # a single process always reports
         accused = typed.attribution.accused if typed.attribution is not None else None
         if accused is None or not accused.example_ids:
             stopped = (f"round {k}: {block.outcome.replace('_', ' ')}; the attribution of its retrain accuses no "
@@ -142,4 +147,4 @@ def run_until_recovered(
         verdict=dataclasses.replace(last.verdict, summary=f"After {len(rows)} round(s) ({stopped}). {last.verdict.summary}"))
     files = write_report(final, out, extra_files={
         "removed_ids.txt": "".join(i + "\n" for i in outcomes[-1].plan.drop_ids).encode("utf-8")})
-    return RoundsOutcome(rounds=outcomes, report_obj=final, report=final.to_json(), stopped=stopped, files=files)
+    return RoundsOutcome(rounds=outcomes, report=final, stopped=stopped, files=files)

@@ -7,7 +7,6 @@ run and why. Both files are written atomically.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -64,16 +63,9 @@ def render_diagnosis_markdown(report: Report | Mapping[str, object]) -> str:
 
 
 def write_diagnosis(report: Report | Mapping[str, object], out_dir: str | Path) -> tuple[Path, Path, Path]:
-    """Write ``diagnose.json``, ``diagnose.md`` and ``diagnose.html`` into ``out_dir``, all three or none."""
-    from gradian.report import render_html
+    """Write ``diagnose.json``, ``diagnose.md`` and ``diagnose.html`` into ``out_dir``, all three or
+    none, through the one report writer (``gradian.report.write``)."""
+    from gradian.report.write import write_report
 
-    from gradian.report.write import write_report_files
-
-    if isinstance(report, Report):
-        report = report.to_json()
-    json_path, md_path, html_path = write_report_files(out_dir, {
-        "diagnose.json": (json.dumps(report, indent=2, sort_keys=False, default=str) + "\n").encode("utf-8"),
-        "diagnose.md": render_diagnosis_markdown(report).encode("utf-8"),
-        "diagnose.html": render_html(report).encode("utf-8"),
-    })
+    json_path, md_path, html_path = write_report(report, out_dir, stem="diagnose", figures=False)
     return json_path, md_path, html_path

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import typer
 
@@ -13,6 +13,8 @@ from gradian.engines.registry import available_engines
 from gradian.errors import ConfigError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from gradian.report.schema import Report
 
 __all__ = ["register", "print_summary"]
@@ -106,7 +108,8 @@ def attribute_command(
             )
         if not main:
             return
-        report = outcome.report_obj if outcome.report_obj is not None else outcome.report
+        report = outcome.report
+        assert report is not None  # rank 0 (or a single process) always reports
         print_summary(Console(), report)
         if out is not None:
             Console().print(f"wrote {out / 'report.html'} (and report.json, report.md, rankings.parquet)", highlight=False)
@@ -115,7 +118,7 @@ def attribute_command(
                           into_run=into_run)
 
 
-def print_summary(console: Any, report: "Report | Mapping[str, Any]") -> None:
+def print_summary(console: Console, report: "Report | Mapping[str, object]") -> None:
     """One screen: the verdict, the capability change, the accused cluster and set, the agreement, hedges."""
     from rich.panel import Panel
 

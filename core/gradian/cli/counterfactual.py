@@ -14,7 +14,7 @@ retrained adapter is attributed again and its accused rows are removed too, at m
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import typer
 
@@ -22,6 +22,8 @@ from gradian.cli.run_flags import INTO_RUN_HELP, TRUST_RUN_DATASET_HELP
 from gradian.errors import ConfigError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from gradian.report.schema import Report
 
 __all__ = ["register", "print_counterfactual"]
@@ -82,7 +84,7 @@ def counterfactual_command(
 
     accusing, rankings = load_report(report) if report is not None else (None, None)
     accusing_report = Report.of(accusing) if accusing is not None else None
-    flags: dict[str, Any] = {"dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
+    flags: dict[str, object] = {"dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
                              "adapter_path": adapter, "run": run}
     cfg = load_config(config, overrides=flags)
     record = read_run(cfg, trust_run_dataset)
@@ -108,14 +110,14 @@ def counterfactual_command(
     if until_recovered:
         rounds = run_until_recovered(cfg, plan, out_dir=out_dir, capability=name, before=before, planted=planted,
                                      run=record, max_rounds=max_rounds, log=log)
-        print_counterfactual(Console(), rounds.report_obj)
+        print_counterfactual(Console(), rounds.report)
         Console().print(f"wrote {out_dir / 'report.html'} (and report.json, report.md; each round in "
                         f"{out_dir / 'round-<k>'})", highlight=False)
         # every round but the last is its own child run; the last is the final report, with the rounds table
         for earlier in rounds.rounds[:-1]:
             publish_to_source(record, earlier.report_obj or earlier.report, "counterfactual", earlier.files,
                               no_log=no_log, console=Console(), into_run=into_run)
-        publish_to_source(record, rounds.report_obj, "counterfactual", rounds.files, no_log=no_log, console=Console(),
+        publish_to_source(record, rounds.report, "counterfactual", rounds.files, no_log=no_log, console=Console(),
                           into_run=into_run)
         return
     outcome = run_counterfactual(cfg, plan, out_dir=out_dir, capability=name, before=before, planted=planted,
@@ -127,7 +129,7 @@ def counterfactual_command(
     publish_to_source(record, written, "counterfactual", outcome.files, no_log=no_log, console=Console(), into_run=into_run)
 
 
-def print_counterfactual(console: Any, report: "Report | Mapping[str, Any]") -> None:
+def print_counterfactual(console: Console, report: "Report | Mapping[str, object]") -> None:
     """One screen: the outcome, the verdict's summary and its hedges."""
     from rich.panel import Panel
 

@@ -12,11 +12,16 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
 from gradian.errors import ConfigError
 
 if TYPE_CHECKING:
+    from pandas import DataFrame
+    from rich.console import Console
+
+    from gradian.config import GradianConfig
+    from gradian.report.schema import Report
     from gradian.runs import RunRecord
 
 __all__ = ["run_reference", "read_run", "publish_to_source", "index_progress", "TRUST_RUN_DATASET_HELP",
@@ -41,7 +46,7 @@ def run_reference(run: str | None, mlflow_run: str | None) -> str | None:
     return RunRef.parse(run).raw if run else None
 
 
-def read_run(cfg: Any, trust_run_dataset: bool = False) -> "RunRecord | None":
+def read_run(cfg: GradianConfig, trust_run_dataset: bool = False) -> "RunRecord | None":
     """The RunRecord ``cfg.run`` names, or None.
 
     A tracking-server run's dataset input outside its own artifacts is read only with
@@ -67,28 +72,28 @@ def read_run(cfg: Any, trust_run_dataset: bool = False) -> "RunRecord | None":
     return record
 
 
-def publish_to_source(record: "RunRecord | None", report: Any, kind: str, files: Sequence[Path] = (), *,
-                      rankings: Any = None, no_log: bool = False, console: Any = None,
+def publish_to_source(record: "RunRecord | None", report: "Report | Mapping[str, object]", kind: str,
+                      files: Sequence[Path] = (), *, rankings: DataFrame | None = None, no_log: bool = False,
+                      console: Console | None = None,
                       into_run: str | None = None) -> str | None:
     """Log ``report`` back to where ``record`` came from, through the report sink of its scheme
     (nothing for a local run, or a source without a sink). ``into_run``: ``--into-run``."""
-    from gradian.runs import RunRef, publish_report, report_link
+    from gradian.report.sinks import publish_report, report_link
 
-    source = record.source if record is not None else None
-    if no_log or not source:
+    ref = record.ref if record is not None else None
+    if no_log or ref is None:
         return None
-    child = publish_report(source, report, kind=kind, files=list(files), rankings=rankings, into_run=into_run)
+    child = publish_report(ref, report, kind=kind, files=list(files), rankings=rankings, into_run=into_run)
     if child is not None and console is not None:
-        ref = RunRef.parse(source)
         console.print(f"logged the {kind} report as {ref.scheme} run {child} (child of {ref.id})", highlight=False)
-        link = report_link(source, child)
+        link = report_link(ref, child)
         if link:
             console.print(f"see it at {link}", highlight=False, soft_wrap=True)
     return child
 
 
 @contextmanager
-def index_progress(console: Any) -> Iterator[Callable[[int, int], None]]:
+def index_progress(console: Console) -> Iterator[Callable[[int, int], None]]:
     """A progress bar for an index build; yields ``progress(done, total)`` with examples/second.
 
     ``progress.relabel(what, unit)`` starts the bar over for other work (``replaying``, ``steps``),

@@ -1,9 +1,13 @@
-"""``write_report``: report.json, report.md, report.html and plots/*.png into one folder.
+"""``write_report``: one writer for every command's report, from one table of renderers.
 
-Everything is rendered first and then written all or nothing (``write_report_files``): a disk
-that fills up part way leaves none of this report's files, never a report.json without its html
-or its rankings, and stops with one line (``DiskFullError``, exit code 3). The returned paths are
-what the MLflow sink logs as artifacts.
+``RENDERERS`` lists the forms a report is written in (``json``, ``markdown``, ``html``: the file
+suffix and the function that renders it); ``write_report(report, out_dir, stem=...)`` renders
+every one of them (``report.*`` for attribute and counterfactual, ``diagnose.*`` for diagnose),
+the figures under ``plots/`` when asked, and the tables handed in, and writes them all or
+nothing (``write_report_files``): a disk that fills up part way leaves none of this report's
+files, never a report.json without its html or its rankings, and stops with one line
+(``DiskFullError``, exit code 3). The JSON form goes through the NaN guard (a non-finite number
+is written as null: strict JSON has none). The returned paths are what a report sink logs.
 """
 
 from __future__ import annotations
@@ -12,8 +16,9 @@ import errno
 import json
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 from gradian.atomic import write_files_atomic
 from gradian.sizes import format_size
@@ -28,10 +33,7 @@ if TYPE_CHECKING:
 
     from gradian.runs import TrainingLogs
 
-__all__ = ["REPORT_FILES", "write_report", "write_report_files"]
-
-#: file names inside the output folder
-REPORT_FILES = {"json": "report.json", "markdown": "report.md", "html": "report.html", "plots": "plots"}
+__all__ = ["REPORT_FILES", "RENDERERS", "Renderer", "write_report", "write_report_files"]
 
 
 def _jsonable(value: object) -> object:
@@ -45,27 +47,56 @@ def _jsonable(value: object) -> object:
     return value
 
 
+@dataclass(frozen=True)
+class Renderer:
+    """One form of a report: its file suffix, and how a typed report (with the names of the plots
+    beside it, which may be none) becomes that file's text."""
+
+    suffix: str
+    render: Callable[[Report, Mapping[str, bytes]], str]
+
+
+def _json(report: Report, plots: Mapping[str, bytes]) -> str:
+    return json.dumps(_jsonable(report.to_json()), indent=2, default=str, allow_nan=False) + "\n"
+
+
+def _markdown(report: Report, plots: Mapping[str, bytes]) -> str:
+    return render_markdown(report, plots=list(plots))
+
+
+def _html(report: Report, plots: Mapping[str, bytes]) -> str:
+    return render_html(report, plots)
+
+
+#: every form a report is written in, by name; a new renderer is one line here
+RENDERERS: dict[str, Renderer] = {
+    "json": Renderer(".json", _json),
+    "markdown": Renderer(".md", _markdown),
+    "html": Renderer(".html", _html),
+}
+#: the folder the figures go in
+PLOTS_DIR = "plots"
+#: file names inside the output folder of an attribute or counterfactual report
+REPORT_FILES = {**{name: f"report{r.suffix}" for name, r in RENDERERS.items()}, "plots": PLOTS_DIR}
+
+
 def write_report(report: Report | Mapping[str, object], out_dir: str | Path, rankings: pd.DataFrame | None = None,
-                 logs: TrainingLogs | None = None, extra_files: Mapping[str, bytes] | None = None) -> list[Path]:
-    """Write the report in all three forms plus its figures; returns every path written.
+                 logs: TrainingLogs | None = None, extra_files: Mapping[str, bytes] | None = None, *,
+                 stem: str = "report", figures: bool = True) -> list[Path]:
+    """Write the report in every form of ``RENDERERS`` (``<stem>.json``, ``.md``, ``.html``) plus
+    its figures; returns every path written, the forms first in the table's order.
 
-    ``report`` is a ``Report`` (written through ``to_json()``) or a dict of its shape.
-
-    ``rankings``: a DataFrame with ``score`` (and ``cluster``) per example, for the score
-    distribution; ``logs``: a ``gradian.runs.TrainingLogs`` for the training curves. Either may be
-    None, and the report may lack ``capability``/``attribution`` (a diagnose report).
+    ``report`` is a ``Report`` or a dict of its shape. ``figures``: draw ``plots/*.png`` (a
+    diagnose report has none): ``rankings``, a DataFrame with ``score`` (and ``cluster``) per
+    example, for the score distribution; ``logs``, a ``gradian.runs.TrainingLogs`` for the training
+    curves. Either may be None, and the report may lack ``capability``/``attribution``.
     ``extra_files`` (``{name: bytes}``, e.g. rankings.parquet) are written with the report, in the
     same all-or-nothing write, and returned after it.
     """
     typed = Report.of(report)
-    document = report.to_json() if isinstance(report, Report) else report
-    plots = draw_plots(typed, rankings, logs)
-    files = {
-        REPORT_FILES["json"]: (json.dumps(_jsonable(document), indent=2, default=str, allow_nan=False) + "\n").encode("utf-8"),
-        REPORT_FILES["markdown"]: render_markdown(typed, plots=list(plots)).encode("utf-8"),
-        REPORT_FILES["html"]: render_html(typed, plots).encode("utf-8"),
-    }
-    files.update({f"{REPORT_FILES['plots']}/{name}.png": png for name, png in plots.items()})
+    plots = draw_plots(typed, rankings, logs) if figures else {}
+    files = {f"{stem}{r.suffix}": r.render(typed, plots).encode("utf-8") for r in RENDERERS.values()}
+    files.update({f"{PLOTS_DIR}/{name}.png": png for name, png in plots.items()})
     files.update(extra_files or {})
     return write_report_files(out_dir, files)
 

@@ -5,8 +5,9 @@ Public interface: ``RunRecord`` (with ``TrainerConfig``, ``LoraSettings``, ``Tra
 ``read_run_dir``, ``find_adapter_dir``, ``list_checkpoints``, ``RunRef`` (a ``--run`` value parsed
 once: scheme, id, as written), ``resolve_run`` (a local dir or, through the ``gradian.run_sources``
 entry point named by the reference's scheme, a run elsewhere; ``resolve_run_ref``,
-``installed_schemes``), ``publish_report`` and ``has_report_sink`` (the ``gradian.report_sinks``
-entry point of the record's scheme), ``read_training_args``
+``installed_schemes``; ``RunSource`` is a source's contract), ``has_report_sink`` (whether the
+record's scheme has a ``gradian.report_sinks`` entry point; ``gradian.report.sinks`` publishes
+through it), ``read_training_args``
 (``training_args.bin`` through ``torch.load(weights_only=True)`` and an allowlist;
 ``TrainingArgsRefused`` otherwise) and ``fill_config_from_logs`` (learning rate, schedule and
 warmup fitted to the logged rates when no argument file recorded them).
@@ -17,11 +18,10 @@ from gradian.runs.schedule import fill_config_from_logs
 from gradian.runs.training_args import TrainingArgsRefused, read_training_args
 from gradian.runs.ref import RunRef
 from gradian.runs.sources import (
+    RunSource,
     has_report_sink,
     installed_schemes,
     is_remote_run_ref,
-    publish_report,
-    report_link,
     resolve_run,
     resolve_run_ref,
 )
@@ -42,6 +42,7 @@ __all__ = [
     "LoraSettings",
     "RunRecord",
     "RunRef",
+    "RunSource",
     "TrainerConfig",
     "TrainingArgsRefused",
     "TrainingLogs",
@@ -53,8 +54,6 @@ __all__ = [
     "list_checkpoints",
     "normalize_trainer_config",
     "parse_param_value",
-    "publish_report",
-    "report_link",
     "read_run_dir",
     "read_training_args",
     "resolve_run",

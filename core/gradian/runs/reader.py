@@ -27,6 +27,7 @@ from gradian.runs.record import (
     TrainingLogs,
     normalize_trainer_config,
 )
+from gradian.runs.ref import RunRef
 from gradian.runs.schedule import fill_config_from_logs
 
 if TYPE_CHECKING:
@@ -118,7 +119,7 @@ def read_run_dir(path: str | Path) -> RunRecord:
     if not run_dir.is_dir():
         raise RunRecordError(f"run directory not found: {run_dir}. Pass the trainer's output_dir with --run.")
 
-    record = RunRecord(source=str(run_dir))
+    record = RunRecord(ref=RunRef.parse(str(run_dir)))
     own = run_dir / "gradian_run.json"
     if own.is_file():
         record = RunRecord.from_dict(_load_json(own), where=str(own))

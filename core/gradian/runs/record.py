@@ -15,9 +15,10 @@ import json
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Iterable, Mapping, SupportsFloat, SupportsIndex, TypeVar, cast
 
 from gradian.errors import RunRecordError
+from gradian.runs.ref import RunRef
 
 __all__ = [
     "TrainerConfig",
@@ -29,6 +30,13 @@ __all__ = [
     "normalize_trainer_config",
     "parse_param_value",
 ]
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+#: the builtin a reader helper checks a value against, and the dataclass it builds
+_T = TypeVar("_T")
+_D = TypeVar("_D", bound="DataclassInstance")
 
 
 @dataclass
@@ -56,7 +64,7 @@ class TrainerConfig:
     bf16: bool | None = None
     eval_strategy: str | None = None
     #: the keys the trainer recorded that were not mapped to a field, verbatim
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass
@@ -71,7 +79,7 @@ class LoraSettings:
     base_model: str | None = None
 
     @classmethod
-    def from_adapter_config(cls, data: Mapping[str, Any]) -> "LoraSettings":
+    def from_adapter_config(cls, data: Mapping[str, object]) -> "LoraSettings":
         targets = data.get("target_modules")
         if isinstance(targets, str):  # peft allows a regex string here
             targets = [targets]
@@ -79,9 +87,9 @@ class LoraSettings:
             r=_as_int(data.get("r")),
             alpha=_as_float(data.get("lora_alpha")),
             dropout=_as_float(data.get("lora_dropout")),
-            target_modules=list(targets) if targets is not None else None,
+            target_modules=[str(t) for t in targets] if isinstance(targets, (list, tuple)) else None,
             use_rslora=bool(data.get("use_rslora") or False),
-            base_model=data.get("base_model_name_or_path"),
+            base_model=_text(data.get("base_model_name_or_path")),
         )
 
     @property
@@ -117,7 +125,7 @@ class TrainingLogs:
         return sorted(out, key=lambda item: item[0])
 
     @classmethod
-    def from_log_history(cls, history: Iterable[Mapping[str, Any]]) -> "TrainingLogs":
+    def from_log_history(cls, history: Iterable[Mapping[str, object]]) -> "TrainingLogs":
         """Build from HF ``trainer_state.json`` ``log_history`` (one dict per log call).
 
         Entries for the same step (a train log and an eval log) are merged; the final summary
@@ -160,8 +168,8 @@ class RunRecord:
     logs: TrainingLogs = field(default_factory=TrainingLogs)
     adapter_dir: str | None = None
     dataset: DatasetRef = field(default_factory=DatasetRef)
-    #: a local directory, or ``mlflow:<run_id>``
-    source: str | None = None
+    #: where the run was read from: a local directory, or ``mlflow:<run id>`` (its spelling is ``source``)
+    ref: RunRef | None = None
     #: checkpoint directories found beside the adapter, oldest first (for TracIn)
     checkpoints: list[str] = field(default_factory=list)
     #: optimizer steps the trainer planned (``max_steps`` in trainer_state.json), whether the
@@ -171,6 +179,16 @@ class RunRecord:
     inferred: dict[str, str] = field(default_factory=dict)
     #: what the reader had to say about the run's files (a refused training_args.bin, ...)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def source(self) -> str | None:
+        """The run's reference as reports spell it: the path of a local directory, ``<scheme>:<id>``
+        otherwise; None for a record read from nowhere."""
+        return str(self.ref) if self.ref is not None else None
+
+    @source.setter
+    def source(self, value: "str | RunRef | None") -> None:
+        self.ref = RunRef.parse(value) if value else None
 
     # -- derived figures, computed here once -------------------------------------------------
 
@@ -256,18 +274,21 @@ class RunRecord:
             return 0.0 if c.warmup_steps == 0 else None
         return None
 
-    def label_inferred(self, evidence: dict[str, Any], *names: str) -> dict[str, Any]:
+    def label_inferred(self, evidence: Mapping[str, object], *names: str) -> dict[str, object]:
         """``evidence`` plus ``inferred`` {field: how} for those of ``names`` the reader inferred."""
         used = {name: self.inferred[name] for name in names if name in self.inferred}
-        return {**evidence, "inferred": used} if used else evidence
+        return {**evidence, "inferred": used} if used else dict(evidence)
 
     # -- serialization: the ``gradian_run.json`` artifact ------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)
+        del data["ref"]
+        data["source"] = self.source  # the file keeps the reference as one string
+        return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str = "run record") -> "RunRecord":
+    def from_dict(cls, data: Mapping[str, object], where: str = "run record") -> "RunRecord":
         """The record ``to_dict`` wrote. Every section and field is type-checked: a wrong type
         is a ``RunRecordError`` naming ``where`` (the file) and the key."""
         data = _section(data, where, "")
@@ -279,9 +300,9 @@ class RunRecord:
             logs=TrainingLogs(steps=[_dataclass_from(LogStep, s, where, f"logs.steps[{k}]") for k, s in enumerate(steps)]),
             adapter_dir=_typed(data.get("adapter_dir"), str, where, "adapter_dir"),
             dataset=_dataclass_from(DatasetRef, data.get("dataset") or {}, where, "dataset"),
-            source=_typed(data.get("source"), str, where, "source"),
-            checkpoints=[_typed(c, str, where, f"checkpoints[{k}]")
-                         for k, c in enumerate(_list(data.get("checkpoints") or [], where, "checkpoints"))],
+            ref=_run_ref(_typed(data.get("source"), str, where, "source")),
+            checkpoints=[path for k, c in enumerate(_list(data.get("checkpoints") or [], where, "checkpoints"))
+                         if (path := _typed(c, str, where, f"checkpoints[{k}]")) is not None],
             planned_steps=_as_int(_typed(data.get("planned_steps"), int, where, "planned_steps")),
             inferred={str(k): str(v) for k, v in _section(data.get("inferred") or {}, where, "inferred").items()},
             notes=[str(n) for n in _list(data.get("notes") or [], where, "notes")],
@@ -293,13 +314,13 @@ class RunRecord:
         write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     kinds = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
              dict: "an object", type(None): "null"}
     return kinds.get(type(value), type(value).__name__)
 
 
-def _bad(where: str, key: str, value: Any, wanted: str) -> RunRecordError:
+def _bad(where: str, key: str, value: object, wanted: str) -> RunRecordError:
     shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
     name = f"'{key}'" if key else "the file"
     return RunRecordError(
@@ -309,19 +330,19 @@ def _bad(where: str, key: str, value: Any, wanted: str) -> RunRecordError:
     )
 
 
-def _section(data: Any, where: str, key: str) -> Mapping[str, Any]:
+def _section(data: object, where: str, key: str) -> Mapping[str, object]:
     if not isinstance(data, Mapping):
         raise _bad(where, key, data, "an object")
     return data
 
 
-def _list(data: Any, where: str, key: str) -> list[Any]:
+def _list(data: object, where: str, key: str) -> list[object]:
     if not isinstance(data, list):
         raise _bad(where, key, data, "a list")
     return data
 
 
-def _typed(value: Any, kind: type, where: str, key: str) -> Any:
+def _typed(value: object, kind: type[_T], where: str, key: str) -> _T | None:
     """``value`` if it is ``None`` or of ``kind`` (an int where a float is wanted too); else an error."""
     if value is None:
         return None
@@ -330,11 +351,11 @@ def _typed(value: Any, kind: type, where: str, key: str) -> Any:
     if not ok:
         raise _bad(where, key, value, {bool: "true or false", int: "an integer", float: "a number",
                                        str: "a string", list: "a list", dict: "an object"}[kind])
-    return value
+    return cast(_T, value)  # of ``kind``, or an int where a float is wanted: a float by the numeric tower
 
 
-def _field_kind(annotation: Any) -> type | None:
-    """The one builtin a dataclass field holds (``int | None`` -> int); ``None`` for ``Any``."""
+def _field_kind(annotation: object) -> type | None:
+    """The one builtin a dataclass field holds (``int | None`` -> int); ``None`` for any other type."""
     text = str(annotation).replace(" ", "")
     for name, kind in (("bool", bool), ("int", int), ("float", float), ("str", str)):
         if text in (name, f"{name}|None"):
@@ -346,7 +367,7 @@ def _field_kind(annotation: Any) -> type | None:
     return None
 
 
-def _dataclass_from(cls: type, data: Any, where: str = "run record", key: str = "") -> Any:
+def _dataclass_from(cls: type[_D], data: object, where: str = "run record", key: str = "") -> _D:
     data = _section(data, where, key)
     values = {}
     for f in fields(cls):
@@ -356,7 +377,7 @@ def _dataclass_from(cls: type, data: Any, where: str = "run record", key: str = 
         value = data[f.name]
         if kind is not None:
             _typed(value, kind, where, f"{key}.{f.name}" if key else f.name)
-        if kind is list and value is not None:
+        if kind is list and isinstance(value, list):  # a list by the check above
             for k, item in enumerate(value):
                 _typed(item, str, where, f"{key}.{f.name}[{k}]")
         values[f.name] = value
@@ -410,7 +431,7 @@ _FLOAT_FIELDS = {"learning_rate", "num_train_epochs", "max_grad_norm", "weight_d
 _BOOL_FIELDS = {"packing", "completion_only_loss", "fp16", "bf16"}
 
 
-def parse_param_value(value: Any) -> Any:
+def parse_param_value(value: object) -> object:
     """Turn a logged string ("2e-4", "True", "None", "[1, 2]") back into a Python value.
 
     The HF MLflow callback logs every argument as a string; JSON dumps keep types. Values that
@@ -449,7 +470,7 @@ def parse_param_value(value: Any) -> Any:
     return text
 
 
-def normalize_trainer_config(raw: Mapping[str, Any]) -> TrainerConfig:
+def normalize_trainer_config(raw: Mapping[str, object]) -> TrainerConfig:
     """Map trainer arguments (typed, or strings as an MLflow param store holds them) to fields.
 
     Today's trainers need care: transformers 5 dropped ``warmup_ratio`` and reads a float
@@ -494,8 +515,16 @@ def normalize_trainer_config(raw: Mapping[str, Any]) -> TrainerConfig:
     return config
 
 
-def _as_float(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
+def _run_ref(text: str | None) -> RunRef | None:
+    return RunRef.parse(text) if text else None
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _as_float(value: object) -> float | None:
+    if value is None or isinstance(value, bool) or not isinstance(value, (SupportsFloat, SupportsIndex, str, bytes)):
         return None
     try:
         return float(value)
@@ -503,7 +532,7 @@ def _as_float(value: Any) -> float | None:
         return None
 
 
-def _as_int(value: Any) -> int | None:
+def _as_int(value: object) -> int | None:
     number = _as_float(value)
     if number is None or math.isnan(number) or math.isinf(number):
         return None

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
 from gradian.errors import ConfigError, GradianError, MissingDependencyError, ModelLoadError
-from gradian.runs import DatasetRef, LoraSettings, RunRecord, TrainingLogs, normalize_trainer_config
+from gradian.runs import DatasetRef, LoraSettings, RunRecord, RunRef, TrainingLogs, normalize_trainer_config
 from gradian.train.backends import require_backend
 from gradian.train.data import PadCollator, build_train_features
 
@@ -136,7 +136,7 @@ def train_lora(
         adapter_dir=str(adapter_dir.resolve()),
         dataset=DatasetRef(path=str(Path(data.path).resolve()), sha256=data.sha256,
                            n_examples=len(data)),
-        source=str(out.resolve()),
+        ref=RunRef.parse(str(out.resolve())),
         checkpoints=[str(p.resolve()) for p in _checkpoints(out)],
     )
     record.config.extra.update({
