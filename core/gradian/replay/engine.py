@@ -28,14 +28,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
-from gradian.engines.base import Engine, EngineResult, EngineState, FitContext
+from gradian.engines.base import Engine, EngineResult, EngineState, FitContext, TrainGradients
 from gradian.errors import ConfigError
 from gradian.replay.recipe import RunRecipe
 from gradian.replay.unrolled import ReplayedModel, metagradient, row_losses
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import torch
+    from peft import PeftModel
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import EngineConfig
+    from gradian.data import TokenizedExample
+    from gradian.grads.loss import TokenBatch
+    from gradian.jsontypes import JsonScalar
+    from gradian.query import QueryItem
 
 __all__ = ["FIDELITY_REL_DIFF", "Fidelity", "ReplayEngine", "ReplayFitContext", "ReplayInputs"]
 
@@ -54,15 +66,15 @@ class ReplayInputs:
     in the dataset (rows without a supervised token were not trained on).
     """
 
-    model: Any
-    lora_params: dict[str, Any]
-    init: dict[str, Any]
-    rows: Sequence[Any]
+    model: PeftModel
+    lora_params: dict[str, torch.Tensor]
+    init: dict[str, torch.Tensor]
+    rows: Sequence[TokenizedExample]
     positions: list[int]
     n_examples: int
     run_recipe: RunRecipe
     pad_id: int
-    tokenizer: Any
+    tokenizer: PreTrainedTokenizerBase
     #: the truncation of the query items (``grads.max_seq_length``, as the query gradient's)
     query_max_seq_length: int | None
     #: what the replay could not reproduce or had to assume (lora dropout, a missing data_seed)
@@ -100,7 +112,7 @@ class Fidelity:
     def faithful(self) -> bool:
         return self.rel_diff <= FIDELITY_REL_DIFF
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, float | int | bool]:
         return {"rel_diff": self.rel_diff, "measurement_replayed": self.measurement_replayed,
                 "measurement_run": self.measurement_run, "steps": self.steps, "faithful": self.faithful}
 
@@ -124,7 +136,7 @@ class ReplayEngine(Engine):
     #: the lane builds ``ReplayFitContext.replay`` for an engine that asks for it
     needs_replay = True
 
-    def fit(self, train: Any, config: Any, context: FitContext | None = None) -> EngineState:
+    def fit(self, train: TrainGradients, config: EngineConfig, context: FitContext | None = None) -> EngineState:
         inputs = getattr(context, "replay", None)
         if not isinstance(inputs, ReplayInputs):
             raise ConfigError("engine.name replay needs the training run (its recipe and adapter) from the "
@@ -136,7 +148,7 @@ class ReplayEngine(Engine):
                 "optimizer": inputs.run_recipe.recipe.optimizer, "reduction": inputs.run_recipe.recipe.reduction}
         return EngineState(self.name, train, meta=meta, extra={"inputs": inputs})
 
-    def describe(self, config: Any, state: EngineState | None = None) -> dict[str, Any]:
+    def describe(self, config: EngineConfig, state: EngineState | None = None) -> dict[str, JsonScalar]:
         if state is None:
             return {}
         out = {f"replay_{k}": v for k, v in state.meta.items() if k in ("steps", "checkpoint_every", "horizon", "optimizer")}
@@ -146,8 +158,9 @@ class ReplayEngine(Engine):
                         "replay_fidelity_faithful": fidelity["faithful"]})
         return out
 
-    def score(self, state: EngineState, query: Mapping[str, Any], config: Any, query_items: Sequence[Any] = (),
-              query_signal: str = "target", progress: Any = None, **context: Any) -> EngineResult:
+    def score(self, state: EngineState, query: Mapping[str, npt.ArrayLike], config: EngineConfig,
+              query_items: Sequence[QueryItem] = (), query_signal: str = "target",
+              progress: Callable[[int, int], None] | None = None, **context: object) -> EngineResult:
         import torch
 
         inputs: ReplayInputs = state.extra["inputs"]
@@ -184,7 +197,7 @@ class ReplayEngine(Engine):
         return EngineResult(self.name, scores, notes=notes)
 
 
-def _rel_diff(replayed: Mapping[str, Any], run: Mapping[str, Any]) -> float:
+def _rel_diff(replayed: Mapping[str, torch.Tensor], run: Mapping[str, torch.Tensor]) -> float:
     import torch
 
     num = sum(float(((replayed[n].detach().to(torch.float64) - p.detach().to(torch.float64)) ** 2).sum())
@@ -193,7 +206,8 @@ def _rel_diff(replayed: Mapping[str, Any], run: Mapping[str, Any]) -> float:
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
 
-def _query_measure(inputs: ReplayInputs, items: Sequence[Any], signal: str) -> Any:
+def _query_measure(inputs: ReplayInputs, items: Sequence[QueryItem],
+                   signal: str) -> Callable[[ReplayedModel], torch.Tensor]:
     """The query measurement as a function of the replayed model: the mean item loss of the wanted
     answers (``target``), minus that of the generated ones (``contrastive``)."""
     from gradian.grads.loss import collate
@@ -208,11 +222,11 @@ def _query_measure(inputs: ReplayInputs, items: Sequence[Any], signal: str) -> A
                                        inputs.query_max_seq_length), inputs.pad_id)
     device = next(iter(inputs.lora_params.values())).device
 
-    def loss(model: Any, batch: Any) -> Any:
+    def loss(model: ReplayedModel, batch: TokenBatch) -> torch.Tensor:
         out = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device))
         return row_losses(out.logits, batch.labels.to(device)).mean()
 
-    def measure(model: Any) -> Any:
+    def measure(model: ReplayedModel) -> torch.Tensor:
         value = loss(model, wanted)
         return value - loss(model, generated) if generated is not None else value
 

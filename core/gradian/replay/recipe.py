@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from gradian.errors import ConfigError
 from gradian.replay.unrolled import Recipe
+
+if TYPE_CHECKING:
+    from gradian.runs import TrainerConfig
 
 __all__ = ["RunRecipe", "recipe_from_run", "learning_rates"]
 
@@ -51,14 +54,17 @@ class RunRecipe:
         return len(self.batches)
 
 
-def _setting(config: Any, key: str, default: Any = None) -> Any:
+def _setting(config: TrainerConfig, key: str, default: object = None) -> Any:
+    """A trainer setting as the run recorded it (a field, else the verbatim ``extra``), of whatever type it
+    was written in: the caller converts it."""
     value = getattr(config, key, None)
     if value is None:
         value = (config.extra or {}).get(key)
     return default if value is None else value
 
 
-def learning_rates(scheduler: str, peak: float, warmup: int, total: int, kwargs: dict[str, Any] | None = None) -> list[float]:
+def learning_rates(scheduler: str, peak: float, warmup: int, total: int,
+                   kwargs: Mapping[str, object] | None = None) -> list[float]:
     """The learning rate of each of ``total`` optimizer steps under transformers' scheduler ``scheduler``."""
     import torch
     from transformers import get_scheduler
@@ -107,7 +113,7 @@ def _order(n_rows: int, batch_size: int, accumulation: int, epochs: float, max_s
     return steps, per_epoch_steps
 
 
-def recipe_from_run(config: Any, n_rows: int) -> RunRecipe:
+def recipe_from_run(config: TrainerConfig | None, n_rows: int) -> RunRecipe:
     """The replayable recipe of the run whose trainer arguments are ``config`` (a ``TrainerConfig``),
     trained on ``n_rows`` rows (those with a supervised token, in dataset order)."""
     if config is None:

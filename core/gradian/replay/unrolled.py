@@ -33,11 +33,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from gradian.data import IGNORE_INDEX
 from gradian.errors import ConfigError
 from gradian.grads.loss import collate
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+    from transformers.utils import ModelOutput
+
+    from gradian.data import TokenizedExample
+
+    #: the optimizer state between steps: ``(theta, m, v)``, each one tensor per LoRA tensor
+    State = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
 
 __all__ = ["OPTIMIZERS", "REDUCTIONS", "Recipe", "ReplayResult", "metagradient", "replay", "row_losses"]
 
@@ -91,30 +101,30 @@ class ReplayResult:
     """The measurement after the replayed run, its gradient in the row weights, the final LoRA tensors."""
 
     value: float
-    grad: Any
-    params: dict[str, Any] = field(default_factory=dict)
+    grad: torch.Tensor
+    params: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class ReplayedModel:
     """Calls the model with the replayed LoRA tensors in place of its own (``measure`` gets one)."""
 
-    def __init__(self, model: Any, params: Mapping[str, Any]) -> None:
+    def __init__(self, model: nn.Module, params: Mapping[str, torch.Tensor]) -> None:
         self.model = model
         self.params = dict(params)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> ModelOutput:
         from torch.func import functional_call
 
         return functional_call(self.model, self.params, args, kwargs)
 
 
-def row_losses(logits: Any, labels: Any) -> Any:
+def row_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token loss per row over its supervised tokens (0 for a row with none); twice differentiable."""
     total, count = _row_token_losses(logits, labels)
     return total / count.clamp(min=1)
 
 
-def _row_token_losses(logits: Any, labels: Any) -> tuple[Any, Any]:
+def _row_token_losses(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row: the summed next-token loss over its supervised tokens, and how many there are."""
     import torch
 
@@ -126,8 +136,8 @@ def _row_token_losses(logits: Any, labels: Any) -> tuple[Any, Any]:
     return -(picked * keep.to(upcast)).sum(dim=1), keep.sum(dim=1).to(upcast)
 
 
-def _check_inputs(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
-                  weights: Any) -> None:
+def _check_inputs(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
+                  batches: Sequence[Sequence[int]], weights: torch.Tensor) -> None:
     import torch
 
     named = dict(model.named_parameters())
@@ -155,7 +165,7 @@ def _check_inputs(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any
                 raise ConfigError(f"replay batches[{t}] holds row {r!r}, outside 0..{len(rows) - 1}")
 
 
-def _safe_sqrt(x: Any) -> Any:
+def _safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     """``sqrt(x)`` whose derivative at 0 is 0 instead of inf (an entry whose gradient was always 0)."""
     import torch
 
@@ -163,7 +173,7 @@ def _safe_sqrt(x: Any) -> Any:
     return torch.where(pos, torch.sqrt(torch.where(pos, x, torch.ones_like(x))), torch.zeros_like(x))
 
 
-def _clip(grads: list[Any], max_norm: float) -> list[Any]:
+def _clip(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
     import torch
 
     norm = torch.sqrt(sum((g * g).sum() for g in grads))
@@ -171,7 +181,8 @@ def _clip(grads: list[Any], max_norm: float) -> list[Any]:
     return [g * coef for g in grads]
 
 
-def _adamw(theta: Any, g: Any, m: Any, v: Any, step: int, lr: float, recipe: Recipe) -> tuple[Any, Any, Any]:
+def _adamw(theta: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int, lr: float,
+           recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One ``torch.optim.AdamW`` step (``step`` counts from 1), returned as new tensors.
 
     ``theta <- theta (1 - lr wd)``; ``m <- b1 m + (1 - b1) g``; ``v <- b2 v + (1 - b2) g^2``;
@@ -194,12 +205,12 @@ class _Steps:
     one and of ``w`` (for the reverse sweep); without it the step is a plain training step.
     """
 
-    def __init__(self, model: Any, names: list[str], rows: Sequence[Any], batches: Sequence[Sequence[int]],
-                 recipe: Recipe, pad_id: int) -> None:
+    def __init__(self, model: nn.Module, names: list[str], rows: Sequence[TokenizedExample],
+                 batches: Sequence[Sequence[int]], recipe: Recipe, pad_id: int) -> None:
         self.model, self.names, self.rows, self.batches = model, names, rows, batches
         self.recipe, self.pad_id = recipe, pad_id
 
-    def loss(self, t: int, theta: list[Any], w: Any) -> Any:
+    def loss(self, t: int, theta: list[torch.Tensor], w: torch.Tensor) -> torch.Tensor:
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -217,8 +228,7 @@ class _Steps:
             return (weights * total).sum() / count.sum().clamp(min=1)
         return (weights * (total / count.clamp(min=1))).sum() / len(step)
 
-    def step(self, t: int, state: tuple[list[Any], list[Any], list[Any]], w: Any, *,
-             create_graph: bool) -> tuple[list[Any], list[Any], list[Any]]:
+    def step(self, t: int, state: State, w: torch.Tensor, *, create_graph: bool) -> State:
         import torch
 
         theta, m, v = state
@@ -239,7 +249,7 @@ class _Steps:
             return [n[0] for n in new], [n[1] for n in new], [n[2] for n in new]
 
 
-def _initial_state(lora_params: Mapping[str, Any]) -> tuple[list[str], tuple[list[Any], list[Any], list[Any]]]:
+def _initial_state(lora_params: Mapping[str, torch.Tensor]) -> tuple[list[str], State]:
     import torch
 
     names = list(lora_params)
@@ -247,8 +257,8 @@ def _initial_state(lora_params: Mapping[str, Any]) -> tuple[list[str], tuple[lis
     return names, (theta, [torch.zeros_like(p) for p in theta], [torch.zeros_like(p) for p in theta])
 
 
-def _unroll(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
-            w: Any, recipe: Recipe, pad_id: int) -> dict[str, Any]:
+def _unroll(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
+            batches: Sequence[Sequence[int]], w: torch.Tensor, recipe: Recipe, pad_id: int) -> dict[str, torch.Tensor]:
     """The final LoRA tensors as a differentiable function of ``w`` (and of the initial tensors)."""
     names, (theta, m, v) = _initial_state(lora_params)
     # leaves that require grad, so each step's gradient in theta exists; never written back
@@ -259,12 +269,13 @@ def _unroll(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], bat
     return dict(zip(names, state[0]))
 
 
-def _detached(state: tuple[list[Any], list[Any], list[Any]]) -> tuple[list[Any], list[Any], list[Any]]:
+def _detached(state: State) -> State:
     return tuple([x.detach() for x in part] for part in state)  # type: ignore[return-value]
 
 
-def _segmented(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
-               w: Any, recipe: Recipe, measure: Callable[["ReplayedModel"], Any], pad_id: int,
+def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
+               batches: Sequence[Sequence[int]], w: torch.Tensor, recipe: Recipe,
+               measure: Callable[["ReplayedModel"], torch.Tensor], pad_id: int,
                every: int, progress: Callable[[int, int], None] | None, horizon: int | None = None) -> ReplayResult:
     """The metagradient by a reverse sweep one step at a time, never holding more than one step's graph.
 
@@ -335,8 +346,9 @@ def _segmented(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], 
     return ReplayResult(float(value.detach()), w_bar, {n: p.detach() for n, p in zip(names, final)})
 
 
-def replay(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batches: Sequence[Sequence[int]],
-           weights: Any, recipe: Recipe, *, pad_id: int) -> dict[str, Any]:
+def replay(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
+           batches: Sequence[Sequence[int]], weights: torch.Tensor, recipe: Recipe, *,
+           pad_id: int) -> dict[str, torch.Tensor]:
     """The LoRA tensors after the replayed run (detached), without a metagradient."""
     _check_inputs(model, lora_params, rows, batches, weights)
     recipe.check(len(batches))
@@ -348,13 +360,13 @@ def replay(model: Any, lora_params: Mapping[str, Any], rows: Sequence[Any], batc
 
 
 def metagradient(
-    model: Any,
-    lora_params: Mapping[str, Any],
-    rows: Sequence[Any],
+    model: nn.Module,
+    lora_params: Mapping[str, torch.Tensor],
+    rows: Sequence[TokenizedExample],
     batches: Sequence[Sequence[int]],
-    weights: Any,
+    weights: torch.Tensor,
     recipe: Recipe,
-    measure: Callable[[ReplayedModel], Any],
+    measure: Callable[[ReplayedModel], torch.Tensor],
     *,
     pad_id: int,
     checkpoint_every: int | None = None,
