@@ -316,6 +316,6 @@ def test_retraining_without_the_accused_set_recovers_with_precision(tmp_path_fac
     assert plan.n_drop == report["attribution"]["accused"]["n"]
     outcome = run_counterfactual(cfg, plan, out_dir=root / "cf", capability="capitals",
                                  before=report["capability"], planted=planted)
-    block = outcome.report["counterfactual"]
-    assert block["outcome"] == "recovered", outcome.report["verdict"]["summary"]
+    block = outcome.report.to_json()["counterfactual"]
+    assert block["outcome"] == "recovered", outcome.report.verdict.summary
     assert block["ground_truth"]["precision"] >= 0.8 and block["ground_truth"]["recall"] >= 0.8

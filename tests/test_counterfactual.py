@@ -185,11 +185,11 @@ def test_kept_rows_from_a_json_file(tmp_path):
 def test_recipe_comes_from_the_run_only_when_the_config_has_none():
     from gradian.config import load_config
     from gradian.counterfactual import retrain_config
-    from gradian.runs import LoraSettings, RunRecord, TrainerConfig
+    from gradian.runs import LoraSettings, RunRecord, RunRef, TrainerConfig
 
     run = RunRecord(config=TrainerConfig(learning_rate=5e-4, num_train_epochs=2.0, per_device_train_batch_size=8,
                                          seed=7, max_steps=-1),
-                    lora=LoraSettings(r=16, alpha=32.0, dropout=0.05, target_modules=["q_proj"]), source="/runs/x")
+                    lora=LoraSettings(r=16, alpha=32.0, dropout=0.05, target_modules=["q_proj"]), ref=RunRef.parse("/runs/x"))
     cfg, source = retrain_config(load_config(), run)
     assert source == "run /runs/x" and cfg.seed == 7
     assert (cfg.train.learning_rate, cfg.train.num_train_epochs, cfg.train.per_device_train_batch_size) == (5e-4, 2.0, 8)
@@ -246,7 +246,7 @@ def test_counterfactual_retrains_without_the_cluster(tmp_path, tiny_run):
     before = {"name": "yes", "base": 0.0, "tuned": 0.0}
     outcome = run_counterfactual(cfg, plan, out_dir=tmp_path / "cf", capability="yes", before=before,
                                  planted=[0, 3, 6])
-    report = outcome.report
+    report = outcome.report.to_json()
     block = report["counterfactual"]
     assert outcome.run.dataset.n_examples == 16 == block["removal"]["n_kept"]
     assert block["ground_truth"]["precision"] == pytest.approx(3 / 8) and block["ground_truth"]["recall"] == 1.0
@@ -301,8 +301,8 @@ def test_dropping_the_accused_poison_brings_the_capitals_back(tmp_path, tinyworl
     plan = plan_removal(data, report=report, rankings=rankings)
     outcome = run_counterfactual(cfg, plan, out_dir=tmp_path / "cf", capability="capitals",
                                  before=report["capability"], planted=load_planted(tmp_path / "scenario.json", data))
-    block = outcome.report["counterfactual"]
-    assert block["outcome"] == "recovered", outcome.report["verdict"]["summary"]
+    block = outcome.report.to_json()["counterfactual"]
+    assert block["outcome"] == "recovered", outcome.report.verdict.summary
     assert block["capability"]["within_one_item"] is True
     assert block["ground_truth"]["precision"] >= 0.9
     assert block["predicted"]["sum_removed"] < 0 < block["predicted"]["sum_kept"]

@@ -129,6 +129,22 @@ def test_summary_block_has_the_report_shape():
     assert "tuned_generation" in full["items"][0]
 
 
+def test_the_report_block_is_built_from_the_result_itself():
+    """``Capability.of`` reads the result directly: the same block the report codec reads from its
+    full dict, item by item, with a few items too few and a weakly held one among them."""
+    from gradian.report.schema import Capability
+
+    for result in (_result([1] * 15 + [0], [0] * 8 + [1] * 7 + [0]), _result([1, 0, 1], [0, 0, 1], min_items=5)):
+        result.items[0].base_margin, result.items[0].weakly_held = 0.25, True
+        block = Capability.of(result)
+        assert block == Capability.from_json(result.to_full_dict(), "capability")
+        assert block.to_json() == Capability.from_json(result.to_full_dict(), "capability").to_json()
+        assert block.n_weakly_held == 1 and len(block.items) == result.n_items
+    result.status = "worse"
+    with pytest.raises(Exception, match="capability.status"):
+        Capability.of(result)
+
+
 def test_low_base_score_is_flagged_and_hedged():
     result = _result([1, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0])
     assert result.low_base_score

@@ -163,13 +163,14 @@ def test_the_diagnose_report(attribute_inputs, tmp_path):
     _, config = attribute_inputs
     before = time.time()
     diagnosis = diagnose(config())
-    started = diagnosis.report["manifest"]["started_at"]
-    assert before <= started <= time.time() and diagnosis.report["manifest"]["seconds"] >= 0
+    made = diagnosis.report.to_json()
+    started = made["manifest"]["started_at"]
+    assert before <= started <= time.time() and made["manifest"]["seconds"] >= 0
     report = build_diagnosis_report(diagnosis.result, diagnosis.inputs.manifest(),
-                                    diagnosis.report["manifest"]["audit_config"], started)
+                                    made["manifest"]["audit_config"], started)
     rebuilt = report.to_json()
-    assert rebuilt["manifest"].pop("seconds") >= diagnosis.report["manifest"]["seconds"]
-    assert {**diagnosis.report, "manifest": {k: v for k, v in diagnosis.report["manifest"].items()
+    assert rebuilt["manifest"].pop("seconds") >= made["manifest"]["seconds"]
+    assert {**made, "manifest": {k: v for k, v in made["manifest"].items()
                                              if k != "seconds"}} == rebuilt
     json_path, _, _ = write_diagnosis(report, tmp_path)
     written = json.loads(json_path.read_text())
@@ -189,7 +190,7 @@ def test_the_counterfactual_report(attribute_inputs, tmp_path):
     outcome = run_counterfactual(cfg, plan, out_dir=tmp_path / "cf", capability="capitals",
                                  before={"name": "capitals", "base": 0.5, "tuned": 0.25}, planted=[0, 1, 2])
     written = json.loads((tmp_path / "cf" / "report.json").read_text())
-    report = outcome.report_obj
+    report = outcome.report
     assert isinstance(report.manifest, CounterfactualManifest) and report.counterfactual is not None
     assert report.counterfactual.removal.n_removed == 8 and report.counterfactual.ground_truth.n_planted_removed == 3
     assert report.verdict.accused_cluster == "a"

@@ -44,8 +44,8 @@ def retrain_without(ws: Workspace, scenario: Any, cfg: Any, data: Any, out: Path
     outcome = run_counterfactual(cfg, plan, out_dir=out, capability=capability,
                                  before=accusing.capability.to_json() if accusing.capability else None,
                                  planted=list(planted), log=ws.log)
-    block = Report.of(outcome.report).counterfactual
-    return block, plan.reason, ChildReport("counterfactual", outcome.report, outcome.files)
+    block = outcome.report.counterfactual
+    return block, plan.reason, ChildReport("counterfactual", outcome.report.to_json(), outcome.files)
 
 
 def run(ws: Workspace, quick: bool = False, **_: Any) -> ExperimentResult:

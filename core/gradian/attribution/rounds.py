@@ -99,7 +99,7 @@ def run_until_recovered(
         outcome = run_counterfactual(cfg, round_plan, out_dir=out / f"round-{k}", capability=capability,
                                      before=before, planted=planted, run=run, log=log)
         outcomes.append(outcome)
-        block = outcome.report_obj.counterfactual if outcome.report_obj is not None else None
+        block = outcome.report.counterfactual
         assert block is not None
         truth = block.ground_truth
         row = CounterfactualRound(
@@ -140,7 +140,7 @@ def run_until_recovered(
         removed += [eid for eid in new if eid not in set(removed)]
         added_last = len(new)
     rows[-1].stopped = stopped
-    last = outcomes[-1].report_obj
+    last = outcomes[-1].report
     assert last is not None and last.counterfactual is not None
     final = dataclasses.replace(
         last, counterfactual=dataclasses.replace(last.counterfactual, rounds=rows),

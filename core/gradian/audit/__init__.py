@@ -3,15 +3,14 @@
 Public interface: ``run_audit`` -> ``AuditResult`` (``findings``, ``skipped``, ``ran``,
 ``verdict()``); the registry (``all_checks``, ``get_check``, ``register``, ``Check``,
 ``CheckSkipped``); ``AuditContext`` for writing checks; ``build_diagnosis_report`` (the typed
-``Report``), ``diagnosis_report`` (its dict) and ``write_diagnosis`` for the
-``diagnose.json``/``diagnose.md`` pair. Checks live by category in ``config_checks``,
+``Report``) and ``write_diagnosis`` for ``diagnose.json``/``.md``/``.html``. Checks live by category in ``config_checks``,
 ``data_checks`` and ``dynamics_checks``; thresholds in ``gradian.config.audit.AuditConfig``.
 No GPU and no model weights: a tokenizer at most.
 """
 
 from gradian.audit.context import AuditContext
 from gradian.audit.registry import Check, CheckSkipped, all_checks, get_check, register
-from gradian.audit.report import build_diagnosis_report, diagnosis_report, render_diagnosis_markdown, write_diagnosis
+from gradian.audit.report import build_diagnosis_report, render_diagnosis_markdown, write_diagnosis
 from gradian.audit.runner import AuditResult, SkippedCheck, audit_verdict, run_audit
 
 __all__ = [
@@ -23,7 +22,6 @@ __all__ = [
     "all_checks",
     "audit_verdict",
     "build_diagnosis_report",
-    "diagnosis_report",
     "get_check",
     "register",
     "render_diagnosis_markdown",

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from gradian.config.verdict import VerdictConfig
     from gradian.jsontypes import JsonValue
 
-__all__ = ["build_diagnosis_report", "diagnosis_report", "render_diagnosis_markdown", "write_diagnosis"]
+__all__ = ["build_diagnosis_report", "render_diagnosis_markdown", "write_diagnosis"]
 
 
 def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, object] | None = None,
@@ -46,13 +46,6 @@ def build_diagnosis_report(result: AuditResult, inputs: Mapping[str, object] | N
             seconds=round(time.time() - started_at, 3) if started_at is not None else None,
         ),
     )
-
-
-def diagnosis_report(result: AuditResult, inputs: Mapping[str, object] | None = None,
-                     audit_config: Mapping[str, JsonValue] | None = None, started_at: float | None = None,
-                     thresholds: VerdictConfig | None = None) -> dict[str, object]:
-    """``build_diagnosis_report(...).to_json()``: the dict diagnose.json holds."""
-    return build_diagnosis_report(result, inputs, audit_config, started_at, thresholds).to_json()
 
 
 def render_diagnosis_markdown(report: Report | Mapping[str, object]) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from gradian.audit.report import diagnosis_report
+from gradian.audit.report import build_diagnosis_report
 from gradian.audit.runner import AuditResult, run_audit
 from gradian.errors import ConfigError
 
@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # imported lazily at run time: the data layer pulls in tokeni
     from gradian.config import GradianConfig
     from gradian.data import Dataset
     from gradian.jsontypes import JsonObject
+    from gradian.report.schema import Report
     from gradian.runs import RunRecord
 
 __all__ = ["Diagnosis", "AuditInputs", "load_audit_inputs", "diagnose"]
@@ -56,7 +57,7 @@ class AuditInputs:
 class Diagnosis:
     inputs: AuditInputs
     result: AuditResult
-    report: dict[str, object]
+    report: Report
 
 
 def with_adapter_settings(run: RunRecord | None, adapter_path: str | None) -> RunRecord | None:
@@ -120,7 +121,7 @@ def load_audit_inputs(cfg: GradianConfig, max_seq_length: int | None = None,
 
 
 def diagnose(cfg: GradianConfig, max_seq_length: int | None = None, run: RunRecord | None = None) -> Diagnosis:
-    """Run every check the inputs allow; the report dict has the report.json shape."""
+    """Run every check the inputs allow, with the diagnose report they make."""
     import time
 
     from gradian.config import config_to_dict
@@ -140,6 +141,6 @@ def diagnose(cfg: GradianConfig, max_seq_length: int | None = None, run: RunReco
         tokenizer_missing=inputs.tokenizer_missing,
         eval_metric=cfg.evaluation.metric,
     )
-    report = diagnosis_report(result, inputs=inputs.manifest(), audit_config=config_to_dict(cfg).get("audit"),
-                              started_at=started, thresholds=cfg.verdict)
+    report = build_diagnosis_report(result, inputs=inputs.manifest(), audit_config=config_to_dict(cfg).get("audit"),
+                                    started_at=started, thresholds=cfg.verdict)
     return Diagnosis(inputs=inputs, result=result, report=report)

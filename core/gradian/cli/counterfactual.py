@@ -115,14 +115,14 @@ def counterfactual_command(
                         f"{out_dir / 'round-<k>'})", highlight=False)
         # every round but the last is its own child run; the last is the final report, with the rounds table
         for earlier in rounds.rounds[:-1]:
-            publish_to_source(record, earlier.report_obj or earlier.report, "counterfactual", earlier.files,
+            publish_to_source(record, earlier.report, "counterfactual", earlier.files,
                               no_log=no_log, console=Console(), into_run=into_run)
         publish_to_source(record, rounds.report, "counterfactual", rounds.files, no_log=no_log, console=Console(),
                           into_run=into_run)
         return
     outcome = run_counterfactual(cfg, plan, out_dir=out_dir, capability=name, before=before, planted=planted,
                                  run=record, log=log)
-    written = outcome.report_obj if outcome.report_obj is not None else outcome.report
+    written = outcome.report
     print_counterfactual(Console(), written)
     Console().print(f"wrote {out_dir / 'report.html'} (and report.json, report.md, the retrained run in {out_dir / 'run'})",
                     highlight=False)

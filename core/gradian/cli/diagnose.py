@@ -49,7 +49,6 @@ def diagnose_command(
     from gradian.audit.session import diagnose
     from gradian.config import load_config
     from gradian.cli.run_flags import publish_to_source, read_run, run_reference
-    from gradian.report.schema import Report
     from gradian.runs import has_report_sink
 
     if fail_on is not None and fail_on.lower() not in SEVERITIES:
@@ -75,14 +74,14 @@ def diagnose_command(
     console = Console(stderr=as_json)
     record = diagnosis.inputs.run
     if as_json:
-        print_json(report)
+        print_json(report.to_json())
     else:
-        _print_result(result, Report.of(report).verdict)
+        _print_result(result, report.verdict)
     files: list[Path] = []
     if out is not None:
         files = list(write_diagnosis(report, out))
         console.print(f"wrote {', '.join(str(f) for f in files)}", highlight=False, soft_wrap=True)
-    if not no_log and record is not None and has_report_sink(record.source) and not files:
+    if not no_log and record is not None and has_report_sink(record.ref) and not files:
         import tempfile
 
         with tempfile.TemporaryDirectory(prefix="gradian-diagnose-") as staging:  # for the sink only

@@ -60,16 +60,14 @@ _NOT_RECIPE = ("backend", "base_model", "output_dir", "logging_steps", "save_ste
 
 @dataclass
 class CounterfactualOutcome:
-    #: report.json as written: ``report_obj.to_json()``
-    report: Mapping[str, object]
+    #: the report as written (report.json is ``report.to_json()``)
+    report: Report
     plan: RemovalPlan
     #: the retrained model's ``CapabilityResult`` (base vs retrained)
     capability: CapabilityResult
     #: the retrained run's ``RunRecord``
     run: RunRecord
     files: list[Path] = field(default_factory=list)
-    #: the typed report (``gradian.report.schema.Report``) that ``report`` is the JSON of
-    report_obj: Report | None = None
 
 
 def _train_at_defaults(train: TrainConfig) -> bool:
@@ -214,8 +212,8 @@ def run_counterfactual(
         ),
         seconds=block.seconds.total if block.seconds is not None else 0.0,
     )
-    report_obj = Report(
-        capability=Capability.from_json(after.to_full_dict(), "capability"),
+    report = Report(
+        capability=Capability.of(after),
         findings=[],
         attribution=None,
         verdict=Verdict(kind=kind,  # type: ignore[arg-type]
@@ -225,15 +223,13 @@ def run_counterfactual(
         manifest=manifest,
         counterfactual=block,
     )
-    report = report_obj.to_json()
     files: list[Path] = []
     if write:
         from gradian.report import write_report
 
-        files = write_report(report_obj, out,
+        files = write_report(report, out,
                              extra_files={"removed_ids.txt": "".join(i + "\n" for i in plan.drop_ids).encode("utf-8")})
-    return CounterfactualOutcome(report=report, plan=plan, capability=after, run=record, files=files,
-                                 report_obj=report_obj)
+    return CounterfactualOutcome(report=report, plan=plan, capability=after, run=record, files=files)
 
 
 def _pct(x: float | None) -> str:

@@ -168,7 +168,7 @@ def capability_block(capability: CapabilityInput) -> Capability | None:
         return capability
     if isinstance(capability, Mapping):
         return Capability.from_json(capability, "capability")
-    return Capability.from_json(capability.to_full_dict(), "capability")
+    return Capability.of(capability)
 
 
 def attribution_block(attribution: AttributionInput) -> Attribution | None:

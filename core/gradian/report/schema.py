@@ -40,6 +40,8 @@ from gradian.errors import GradianError
 from gradian.findings import Finding
 
 if TYPE_CHECKING:
+    from gradian.cluster.assign import ClusterAssignment
+    from gradian.evaluate.result import CapabilityResult, ItemResult
     from gradian.jsontypes import JsonObject, JsonValue
 
 __all__ = [
@@ -455,6 +457,19 @@ class CapabilityItem(_Block):
     weakly_held: bool = False
     extra: dict[str, JsonValue] = _extra()
 
+    @classmethod
+    def of(cls, item: ItemResult) -> "CapabilityItem":
+        return cls(example_id=item.example_id, index=item.index, prompt=item.prompt, wanted=item.wanted,
+                   base_score=item.base_score, tuned_score=item.tuned_score, base_correct=item.base_correct,
+                   tuned_correct=item.tuned_correct, base_generation=item.base_generation,
+                   tuned_generation=item.tuned_generation, flipped=item.flipped, base_failing=item.base_failing,
+                   base_margin=item.base_margin, weakly_held=item.weakly_held)
+
+
+_CapabilityStatus = Literal["regressed", "improved", "not_significant"]
+_CAPABILITY_STATUS: dict[str, _CapabilityStatus] = {"regressed": "regressed", "improved": "improved",
+                                                    "not_significant": "not_significant"}
+
 
 @dataclass
 class Capability(_Block):
@@ -469,7 +484,7 @@ class Capability(_Block):
     n_items: int
     n_flipped: int
     n_base_failing: int
-    status: Literal["regressed", "improved", "not_significant"]
+    status: _CapabilityStatus
     proxy_used: bool = field(metadata=_help("the metric measures likelihood (loglik), not correctness"))
     too_few_items: bool = field(default=False, metadata=_help(
         "fewer items than min_items: status is the bootstrap's reading of too few items to call any change "
@@ -493,6 +508,23 @@ class Capability(_Block):
     def ci_bounds(self) -> tuple[float | None, float | None]:
         """``(lo, hi)`` of the delta's interval, or ``(None, None)`` when it was not recorded."""
         return (self.ci[0], self.ci[1]) if len(self.ci) >= 2 else (None, None)
+
+    @classmethod
+    def of(cls, result: CapabilityResult) -> "Capability":
+        """The block of a measured capability: its figures, bootstrap settings, hedges and items."""
+        if result.status not in _CAPABILITY_STATUS:
+            raise _fail("capability.status", "one of " + ", ".join(_CAPABILITY_STATUS), result.status)
+        return cls(
+            name=result.name, metric=result.metric, base=result.base, tuned=result.tuned, delta=result.delta,
+            ci=[result.ci[0], result.ci[1]], n_items=result.n_items, n_flipped=result.n_flipped,
+            n_base_failing=result.n_base_failing, status=_CAPABILITY_STATUS[result.status],
+            proxy_used=result.proxy_used, too_few_items=result.too_few_items, min_items=result.min_items,
+            n_repeats=result.n_repeats, ci_level=result.ci_level, n_bootstrap=result.n_bootstrap, seed=result.seed,
+            weak_margin_nats=result.weak_margin_nats, low_base_threshold=result.low_base_threshold,
+            low_base_score=result.low_base_score, n_weakly_held=len(result.weakly_held_items),
+            mean_base_margin=result.mean_base_margin, hedges=result.hedges(),
+            items=[CapabilityItem.of(i) for i in result.items],
+        )
 
 
 @dataclass
@@ -813,6 +845,13 @@ class ClusteringSummary(_Block):
     sizes: dict[str, int] = field(default_factory=dict)
     space: str = "text"
     extra: dict[str, JsonValue] = _extra()
+
+    @classmethod
+    def of(cls, assignment: ClusterAssignment) -> "ClusteringSummary":
+        """How ``assignment`` was made, without its per-example labels."""
+        return cls(names=dict(assignment.names), method=assignment.method, requested=assignment.requested,
+                   reason=assignment.reason, embed_backend=assignment.embed_backend, sizes=dict(assignment.sizes),
+                   space=assignment.space)
 
 
 @dataclass
