@@ -154,7 +154,7 @@ def run_attribution(
         attribution, rankings, assignment = _attribute(lane, scored, measured.gated, manifest)
     manifest.seconds = round(time.time() - started, 2)
     report = build_report(
-        Capability.from_json(measured.cap.to_full_dict(), "capability") if measured.cap is not None else None,
+        Capability.of(measured.cap) if measured.cap is not None else None,
         lane.findings,
         attribution,
         manifest,
@@ -205,13 +205,16 @@ def _open(cfg: GradianConfig, cross_check: str | None, run: RunRecord | None, sh
     from gradian.audit.session import diagnose
     from gradian.config.loader import validate_for_dataset
     from gradian.data import load_dataset
-    from gradian.engines.registry import check_projection, resolve_cross_check
+    from gradian.engines.registry import check_projection, get_engine, resolve_cross_check
     from gradian.grads import load_model_for_gradients, skipped_modules_finding
     from gradian.model_loading import check_attention_kernel, load_tokenizer
     from gradian.runs import resolve_run
 
     cross_check = resolve_cross_check(cfg.engine.name, cross_check)
     check_projection(cfg.grads, [cfg.engine.name, cross_check])  # before the audit, the index and the eval
+    for name in (cfg.engine.name, cross_check):  # each engine's own options, checked as early
+        if name and name != "none":
+            get_engine(name).options(cfg.engine)
     if run is None and cfg.run:
         run = resolve_run(cfg.run, cache_dir=cfg.cache_dir)
     cfg = fill_from_run(cfg, run)  # read once above, so every stage below sees this record
@@ -458,8 +461,7 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
         params=get_engine(main_state.engine).describe(dataclasses.replace(cfg.engine, name=main_state.engine),
                                                       main_state),
     )
-    manifest.clustering = ClusteringSummary.from_json(
-        {k: v for k, v in assignment.to_dict().items() if k != "labels"}, "manifest.clustering")
+    manifest.clustering = ClusteringSummary.of(assignment)
     rankings = rankings_frame(dataset, scores, assignment, lane.findings, scored.cross_scores if cross else None,
                               item_scores=item_scores if item_scores.ndim == 2 else None, item_ids=qg.item_ids,
                               rank_scores=rank if main.ranking is not None else None)

@@ -241,7 +241,8 @@ def _check_dotted_key(key: str) -> None:
             raise ConfigError(f"unknown config key '{key}'{_suggest(part, known, prefix)}")
         sub = _dataclass_type(known[part].type)
         if sub is None:
-            if i != len(parts) - 1:
+            # a mapping field (engine.options, train.extra) takes keys of its own below it
+            if i != len(parts) - 1 and not str(known[part].type).replace("typing.", "").startswith(("Dict[", "dict[")):
                 raise ConfigError(f"unknown config key '{key}': '{prefix}{part}' is not a section")
             return
         cls = sub
@@ -375,6 +376,15 @@ def validate_config(config: GradianConfig, where: str = "config",
             raise bad(key, value, "greater than zero")
     if config.engine.lambda_override is not None and not config.engine.lambda_override > 0:
         raise bad("engine.lambda_override", config.engine.lambda_override, "greater than zero, or null")
+    known = set(engine_names())
+    for name, values in config.engine.options.items():
+        if name not in known:
+            close = difflib.get_close_matches(str(name), sorted(known), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise bad(f"engine.options.{name}", values, f"the options of an engine, under its name: one of "
+                      f"{', '.join(sorted(known))}{hint}")
+        if not isinstance(values, Mapping):
+            raise bad(f"engine.options.{name}", values, "a mapping of that engine's option names to values")
     if config.engine.replay_horizon is not None and config.engine.replay_horizon < 1:
         raise bad("engine.replay_horizon", config.engine.replay_horizon, "at least 1 (optimizer steps), or null")
     if config.grads.projection_dim is not None and config.grads.projection_dim < 1:

@@ -65,6 +65,7 @@ class EngineConfig:
     store: str = _f("auto", "Where the training gradients come from: index (written to the on-disk index once, read by every pass), stream (recomputed from the model in each pass, nothing written; the same numbers the index would hold), or auto (the index when it fits grads.max_index_gb and the free disk of cache_dir, the stream otherwise; the run says which)")
     replay_horizon: Optional[int] = _f(None, "Optimizer steps, counted from the end of the run, through which the replay engine differentiates each row's weight; null: the last epoch (every row once)")
     normalize_train: str = _f("relatif", "How ekfac/kfac order the rows: relatif (each row's influence divided by the square root of its self-influence, so rows with large gradients do not crowd the top) or none (raw influence); the scores, cluster harm and loss figures stay influence in loss units either way")
+    options: Dict[str, Dict[str, Any]] = _f({}, "One engine's own settings, by engine name (engine.options.<name>.<key>): the keys its options class declares, checked when it runs; for what only that engine reads, such as a plugin engine's settings")
 
 
 @dataclass

@@ -15,14 +15,16 @@ the state's id (``gradian.engines.state``).
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from gradian.chunks import ChunkOutputs, fold, pass_key
-from gradian.errors import IndexMismatchError
+from gradian.config.engine_options import read_engine_options
+from gradian.errors import ConfigError, IndexMismatchError
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -323,9 +325,26 @@ class Engine(ABC):
     #: the fitted state is worth storing beside the index (it cost a pass over the data)
     persist_state: bool = False
 
+    #: the engine's own settings (a dataclass), read from ``engine.options.<name>``; None: it has none
+    Options: ClassVar[type | None] = None
+
+    def options(self, config: EngineConfig | None) -> Any:
+        """This engine's ``Options`` as ``config`` sets them (``engine.options.<name>``, every key
+        and value checked), its defaults without a config; None for an engine that has none."""
+        values = (getattr(config, "options", None) or {}).get(self.name)
+        if self.Options is None:
+            if values:
+                raise ConfigError(f"engine.options.{self.name}.{sorted(values)[0]}: engine '{self.name}' takes no "
+                                  "options of its own; remove engine.options."
+                                  f"{self.name} (its settings are the engine.* keys)")
+            return None
+        return read_engine_options(self.Options, values, self.name)
+
     def settings(self, config: EngineConfig) -> Mapping[str, object]:
-        """The settings the fitted state depends on (with the index id, they make its id)."""
-        return {}
+        """The settings the fitted state depends on (with the index id, they make its id): the
+        engine's options by default."""
+        chosen = self.options(config)
+        return {"options": dataclasses.asdict(chosen)} if chosen is not None else {}
 
     def persists(self, settings: Mapping[str, object]) -> bool:
         """Whether a state fitted with ``settings`` is stored beside the index (``persist_state``)."""
@@ -344,11 +363,14 @@ class Engine(ABC):
         """The settings a run of this engine is known by, as flat name -> value (a tracking store
         logs them as parameters): the damping for an engine with curvature, plus what the engine
         adds (``fisher``, ``ranking``, ``checkpoints`` for the Kronecker family)."""
+        chosen = self.options(config)
+        own: dict[str, JsonScalar] = {} if chosen is None else {
+            f"options.{k}": v for k, v in dataclasses.asdict(chosen).items() if isinstance(v, (str, int, float, bool))}
         setting = self.damping_setting(config)
         if setting is None:
-            return {}
+            return own
         key, value, _ = setting
-        return {"damping": value, "damping_kind": "absolute" if key == "engine.lambda_override" else "scale"}
+        return {"damping": value, "damping_kind": "absolute" if key == "engine.lambda_override" else "scale", **own}
 
     def fit(self, train: TrainGradients, config: EngineConfig, context: FitContext | None = None) -> EngineState:
         """Compute what scoring needs once per index; the default keeps only the gradients."""
