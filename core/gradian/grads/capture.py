@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Callable
 
 from gradian.errors import ConfigError
+from gradian.grads.hooks import GradientTaker, OutputGradientHooks
 from gradian.grads.loss import TokenBatch, per_example_loss
 
 if TYPE_CHECKING:
@@ -160,14 +161,6 @@ def _capture_hooks(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict
     used_anchor = []
     differentiable_inputs: list[torch.Tensor] = []
 
-    def per_example(key: int, x: torch.Tensor) -> Callable[[torch.Tensor], None]:
-        def take(g: torch.Tensor) -> None:
-            g3 = g.reshape(g.shape[0], -1, g.shape[-1])
-            x3 = x.reshape(x.shape[0], -1, x.shape[-1])
-            # [rows, out, tokens] @ [rows, tokens, in]: the transpose is a stride change, not a copy
-            targets[key].add_(torch.bmm(g3.transpose(1, 2).to(out_dtype), x3.to(out_dtype)))
-        return take
-
     def keep_parent_input(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         parent_input[id(module)] = inputs[0]
 
@@ -179,24 +172,13 @@ def _capture_hooks(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict
         used_anchor.append(True)
         return (inputs[0] + anchor.to(inputs[0].dtype), *inputs[1:])
 
-    def remember(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-        x = inputs[0]
-        parent = parents.get(id(module))
-        if parent is not None:
-            # A's input is the layer's input cast to the adapter's dtype (dropout is off in eval
-            # mode): keep the layer's own tensor, shared by the modules that read it, and upcast
-            # inside the product instead of holding PEFT's copy
-            original = parent_input.get(id(parent))
-            if original is not None and original.shape == x.shape:
-                x = original
-        output.register_hook(per_example(id(module), x.detach()))
-
+    products = _PerExampleProducts(targets, parents, parent_input, out_dtype)
     lora_weights = [p for block in gm.blocks for p in block.parameters]
     was_trainable = [p.requires_grad for p in lora_weights]
     handles = [parent.register_forward_pre_hook(keep_parent_input) for parent in parents.values()]
     linears = [lin for block in gm.blocks for lin in block.linears]
     handles += [lin.register_forward_pre_hook(start_gradient) for lin in linears]
-    handles += [lin.register_forward_hook(remember) for lin in linears]
+    products.attach(linears)
     try:
         for p in lora_weights:
             p.requires_grad_(False)
@@ -212,9 +194,40 @@ def _capture_hooks(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict
     finally:
         for handle in handles:
             handle.remove()
+        products.remove()
         for p, flag in zip(lora_weights, was_trainable):
             p.requires_grad_(flag)
     return results
+
+
+class _PerExampleProducts(OutputGradientHooks):
+    """Each row's weight gradient of every LoRA Linear, ``bmm(g^T, x)``, added in place into its
+    slice of the block's result the moment autograd has the call's output gradient."""
+
+    def __init__(self, targets: dict[int, torch.Tensor], parents: dict[int, LoraLayer],
+                 parent_input: dict[int, torch.Tensor], out_dtype: torch.dtype) -> None:
+        super().__init__()
+        self.targets, self.parents, self.parent_input, self.out_dtype = targets, parents, parent_input, out_dtype
+
+    def on_call(self, module: nn.Module, x: torch.Tensor) -> GradientTaker:
+        import torch
+
+        parent = self.parents.get(id(module))
+        if parent is not None:
+            # A's input is the layer's input cast to the adapter's dtype (dropout is off in eval
+            # mode): keep the layer's own tensor, shared by the modules that read it, and upcast
+            # inside the product instead of holding PEFT's copy
+            original = self.parent_input.get(id(parent))
+            if original is not None and original.shape == x.shape:
+                x = original.detach()
+        target, out_dtype = self.targets[id(module)], self.out_dtype
+
+        def take(g: torch.Tensor) -> None:
+            g3 = g.reshape(g.shape[0], -1, g.shape[-1])
+            x3 = x.reshape(x.shape[0], -1, x.shape[-1])
+            # [rows, out, tokens] @ [rows, tokens, in]: the transpose is a stride change, not a copy
+            target.add_(torch.bmm(g3.transpose(1, 2).to(out_dtype), x3.to(out_dtype)))
+        return take
 
 
 def _capture_loop(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict[str, torch.Tensor]:

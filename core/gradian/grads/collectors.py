@@ -22,13 +22,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 
 from gradian.grads.capture import linear_inputs_and_output_grads
+from gradian.grads.hooks import GradientTaker, OutputGradientHooks
 from gradian.grads.loss import TokenBatch, collate
 from gradian.grads.projection import KroneckerProjector
 
 if TYPE_CHECKING:
     import torch
     from torch import nn
-    from torch.utils.hooks import RemovableHandle
 
     from gradian.config import GradsConfig
     from gradian.data import TokenizedExample
@@ -98,7 +98,7 @@ def second_moments(x: torch.Tensor, g: torch.Tensor,
 
 
 
-class KroneckerCollector:
+class KroneckerCollector(OutputGradientHooks):
     """Collects the Kronecker factors while something else runs forward and backward passes.
 
     ``with KroneckerCollector(gm) as collector: GradientIndex.build(gm, ...)`` adds each LoRA
@@ -110,6 +110,7 @@ class KroneckerCollector:
     """
 
     def __init__(self, gm: "GradientModel", projector: KroneckerProjector | None = None) -> None:
+        super().__init__()
         self.gm = gm
         self.projector = projector
         self.layers = lora_layers(gm, projector)
@@ -118,7 +119,7 @@ class KroneckerCollector:
         # key -> [sum x x^T, sum g g^T, tokens]: two torch float64 tensors and an int, added to in place
         self._sums: dict[str, list[Any]] = {}
         self._mask: torch.Tensor | None = None
-        self._handles: list[RemovableHandle] = []
+        self._layer_of = {layer["id"]: layer for layer in self.layers}
 
     @property
     def sums(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
@@ -172,20 +173,14 @@ class KroneckerCollector:
 
     def __exit__(self, *exc: object) -> None:
         self._model_handle.remove()
-        self._remove_layer_hooks()
-
-    def _remove_layer_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles = []
+        self.remove()
 
     def _attach_layer_hooks(self) -> None:
         # attached at the start of every forward, so they run after any hook the gradient capture
         # registered for that pass and see the output tensor that autograd differentiates
-        self._remove_layer_hooks()
+        self.remove()
         modules = {id(lin): lin for block in self.gm.blocks for lin in block.linears}
-        for layer in self.layers:
-            self._handles.append(modules[layer["id"]].register_forward_hook(self._forward(layer)))
+        self.attach(modules[layer["id"]] for layer in self.layers)
 
     def complete(self, n: int) -> bool:
         """Exactly ``n`` examples went through, and every layer saw every real token of them."""
@@ -203,31 +198,26 @@ class KroneckerCollector:
             self._mask = mask.bool() if mask is not None else None
             self.real_tokens += int(self._mask.sum()) if self._mask is not None else int(ids.numel())
 
-    def _forward(self, layer: dict[str, Any]) -> Callable[[nn.Module, tuple[torch.Tensor, ...], torch.Tensor], None]:
+    def on_call(self, module: nn.Module, x: torch.Tensor) -> GradientTaker:
+        """This call's share of its layer's two sums, added when its output gradient arrives."""
+        layer, mask = self._layer_of[id(module)], self._mask
         key = layer["key"]
 
-        def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
-            if not output.requires_grad:
-                return
-            x, mask = inputs[0].detach(), self._mask
+        def on_grad(g: torch.Tensor) -> None:
+            x3 = x.reshape(x.shape[0], -1, x.shape[-1])
+            g3 = g.detach().reshape(g.shape[0], -1, g.shape[-1])
+            if self.projector is not None:
+                x3, g3 = self.projector.project_sides(layer["block"], layer["j"], x3, g3)
+            xx, gg, tokens = second_moments(x3, g3, mask)
+            # the batch's examples are counted once, by the model-level hook
+            if key in self._sums:
+                self._sums[key][0] += xx
+                self._sums[key][1] += gg
+                self._sums[key][2] += tokens
+            else:
+                self._sums[key] = [xx, gg, tokens]
 
-            def on_grad(g: torch.Tensor) -> None:
-                x3 = x.reshape(x.shape[0], -1, x.shape[-1])
-                g3 = g.detach().reshape(g.shape[0], -1, g.shape[-1])
-                if self.projector is not None:
-                    x3, g3 = self.projector.project_sides(layer["block"], layer["j"], x3, g3)
-                xx, gg, tokens = second_moments(x3, g3, mask)
-                # the batch's examples are counted once, by the model-level hook
-                if key in self._sums:
-                    self._sums[key][0] += xx
-                    self._sums[key][1] += gg
-                    self._sums[key][2] += tokens
-                else:
-                    self._sums[key] = [xx, gg, tokens]
-
-            output.register_hook(on_grad)
-
-        return hook
+        return on_grad
 
 
 
