@@ -18,7 +18,7 @@ from gradian.audit import all_checks, run_audit
 from gradian.config.audit import AuditConfig
 from gradian.data import dataset_from_rows
 from gradian.errors import ConfigError
-from gradian.runs import LogStep, LoraSettings, RunRecord, TrainingLogs, normalize_trainer_config
+from gradian.runs import LogStep, LoraSettings, RunRecord, RunRef, TrainingLogs, normalize_trainer_config
 
 # -- fixtures ---------------------------------------------------------------------------------
 
@@ -138,7 +138,7 @@ def make_run(args: dict | None = None, lora: dict | None = None, logs: list[LogS
         config=normalize_trainer_config(raw),
         lora=LoraSettings.from_adapter_config({**HEALTHY_LORA, **(lora or {})}),
         logs=TrainingLogs(steps=healthy_logs() if logs is None else logs),
-        source="memory",
+        ref=RunRef.parse("memory"),
     )
 
 
