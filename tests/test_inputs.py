@@ -10,6 +10,7 @@ from gradian.inputs import resolve_inputs
 from gradian.report.schema import AnalysisInputs, DatasetSummary
 from gradian.runs.record import DatasetRef as RunDataset
 from gradian.runs.record import LoraSettings, RunRecord
+from gradian.runs.ref import RunRef
 
 
 def _run(tmp_path, *, data_exists=True, base="org/base-model"):
@@ -17,7 +18,7 @@ def _run(tmp_path, *, data_exists=True, base="org/base-model"):
     if data_exists:
         data.write_text(json.dumps({"prompt": "q", "completion": "a"}) + "\n")
     return RunRecord(adapter_dir=str(tmp_path / "run-adapter"), lora=LoraSettings(base_model=base),
-                     dataset=RunDataset(path=str(data)), source=str(tmp_path))
+                     dataset=RunDataset(path=str(data)), ref=RunRef.parse(str(tmp_path)))
 
 
 def test_the_config_wins_then_the_report_then_the_run(tmp_path):
