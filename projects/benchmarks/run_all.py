@@ -45,7 +45,7 @@ def _slug(text: str) -> str:
 
 def flatten_numbers(data: Any, prefix: str = "") -> dict[str, float]:
     """Finite numbers in nested dicts and short lists, keyed by their dotted path (MLflow-safe)."""
-    from gradian_mlflow.sink import flatten_numbers as flatten
+    from gradian.report.tracker import flatten_numbers as flatten
 
     return flatten(data, prefix, key=_slug, max_list=16)
 
