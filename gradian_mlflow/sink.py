@@ -16,7 +16,12 @@ long logging it did.
 What is logged (artifact keys in ``ArtifactKeys``):
 - tags ``gradian.source_run_id``, ``gradian.kind``, ``gradian.verdict``, ``gradian.index_id``,
   ``gradian.capability``; the summary as the run description; a back-link tag on the source run;
-- metrics under ``capability.*``, ``attribution.*``, ``audit.*``, ``index.*``;
+  ``gradian.training_data`` (``same`` / ``changed``) when the source run logged its training data,
+  with ``gradian.training_data_note`` and a warning when it changed (``gradian_mlflow.lineage``);
+- inputs: the training data and the eval set as datasets, and the source run's LoggedModel the
+  adapter came from as a model input;
+- metrics under ``capability.*`` (tied to that LoggedModel and the eval set when there is one, so
+  they show on the model's page), ``attribution.*``, ``audit.*``, ``index.*``;
 - the report files, ``manifest.json``, ``rankings.parquet`` (every example, ``accused`` marking the
   accused set), ``accused.parquet`` (the accused set's rows alone, when the verdict names one),
   ``rankings_top.csv`` (the most harmful rows, which the UI previews as a table), the clusters and
@@ -33,7 +38,6 @@ FAILED and tagged ``gradian.stale=true``.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
@@ -48,10 +52,11 @@ from gradian.runs.ref import RunRef
 from gradian.report.tracker import TrackerView, top_rows_csv, tracker_view, work_started_ms
 from gradian.termination import sigterm_raises
 from gradian_mlflow.client import TrackingError, call, get_client, parse_run_ref
+from gradian_mlflow.lineage import analyzed_model, dataset_inputs, model_metrics, training_data_check
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-    from mlflow.entities import DatasetInput, Run
+    from mlflow.entities import Run
     from pandas import DataFrame
 
 __all__ = ["ArtifactKeys", "STALE_AFTER_HOURS", "dataset_inputs", "log_diagnosis", "publish", "run_url",
@@ -234,7 +239,7 @@ def log_diagnosis(
         run_id, created = _open_child(client, source, tags, into_run, run_name=view.run_name,
                                       start_ms=work_started_ms(report, int(time.time() * 1000), started_at))
         try:
-            _log_into(client, run_id, source_id, report, view, kind=kind, tags=tags, files=files,
+            _log_into(client, run_id, source, report, view, kind=kind, tags=tags, files=files,
                       rankings=rankings, close=created)
         except TrackingError as err:  # the server failed or refused: retry closing while it may come back
             if not created:
@@ -260,19 +265,30 @@ def _close_failed(client: MlflowClient, run_id: str, *, attempts: int) -> str:
             "gradian run logged under the same source run marks it FAILED")
 
 
-def _log_into(client: MlflowClient, run_id: str, source_id: str, report: Report, view: TrackerView, *, kind: str,
+def _log_into(client: MlflowClient, run_id: str, source: Run, report: Report, view: TrackerView, *, kind: str,
               tags: dict[str, str], files: Sequence[str | Path], rankings: DataFrame | None, close: bool) -> None:
     """Everything the child run holds, then (``close``) FINISHED."""
-    from mlflow.entities import Metric, Param, RunTag
+    from mlflow.entities import LoggedModelInput, Metric, Param, RunTag
 
     now = int(time.time() * 1000)
-    metrics = [Metric(k, v, now, 0) for k, v in sorted(view.metrics.items())]
+    datasets = dataset_inputs(report)
+    source_id = source.info.run_id
+    model_id = analyzed_model(client, source, report)
+    evaluation = next((d for d in datasets if d.tags and d.tags[0].value == "evaluation"), None)
+    metrics = model_metrics([Metric(k, v, now, 0) for k, v in sorted(view.metrics.items())], model_id, evaluation)
     params = [Param(k, v) for k, v in sorted(_resolved_params(client, run_id, view.params).items())]
     tag_list = [RunTag(k, v) for k, v in tags.items()] + [RunTag("mlflow.parentRunId", source_id)]
+    check = training_data_check(source, report)
+    if check is not None:
+        tag_list.append(RunTag("gradian.training_data", check.status))
+        if check.status == "changed":
+            tag_list.append(RunTag("gradian.training_data_note", check.message[:5000]))
+            _warn(check.message)
     call("logging metrics", lambda: client.log_batch(run_id, metrics=metrics, params=params, tags=tag_list))
-    datasets = dataset_inputs(report)
-    if datasets:
-        call("logging the datasets as the run's inputs", lambda: client.log_inputs(run_id, datasets=datasets))
+    models = [LoggedModelInput(model_id)] if model_id is not None else []
+    if datasets or models:
+        call("logging the datasets and the model as the run's inputs",
+             lambda: client.log_inputs(run_id, datasets=datasets, models=models))
     call("logging the manifest", lambda: client.log_dict(run_id, report.manifest.to_json(), ArtifactKeys.MANIFEST))
     call("logging the findings table", lambda: client.log_table(run_id, data=view.findings, artifact_file=ArtifactKeys.FINDINGS_TABLE))
     clusters = view.clusters
@@ -307,46 +323,6 @@ def _log_into(client: MlflowClient, run_id: str, source_id: str, report: Report,
     call("tagging the source run", lambda: client.set_tag(source_id, f"gradian.diagnosis.{kind}", run_id))
     if close:
         call("closing the diagnosis run", lambda: client.set_terminated(run_id, "FINISHED"))
-
-
-#: the input tag MLflow reads a dataset's role from, and Gradian's two roles
-DATA_CONTEXT_TAG = "mlflow.data.context"
-
-
-def _file_digest(path: str) -> str:
-    import hashlib
-
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return ""
-
-
-def dataset_inputs(report: Report) -> list[DatasetInput]:
-    """The training data and the eval set the report analyzed, as MLflow dataset inputs (name,
-    digest from the file's sha256, source path, row count as the profile; context ``training`` /
-    ``evaluation``), so the child run's "Datasets" show what it read. A counterfactual's training
-    data is the kept rows it retrained on."""
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-
-    inputs = getattr(report.manifest, "inputs", None)
-    training = getattr(inputs, "kept_dataset", None) or getattr(inputs, "dataset", None)
-    out = []
-    for ref, context in ((training, "training"), (getattr(inputs, "eval_dataset", None), "evaluation")):
-        path = ref if isinstance(ref, str) else getattr(ref, "path", None)
-        if not path:
-            continue
-        sha = (getattr(ref, "sha256", None) if not isinstance(ref, str) else None) or _file_digest(str(path))
-        rows = None if isinstance(ref, str) else getattr(ref, "n_examples", None)
-        dataset = Dataset(
-            name=Path(str(path)).name,
-            digest=sha[:16] or "unknown",
-            source_type="local",
-            source=json.dumps({"uri": str(path)}),
-            profile=json.dumps({"num_rows": rows}) if rows is not None else None,
-        )
-        out.append(DatasetInput(dataset=dataset, tags=[InputTag(DATA_CONTEXT_TAG, context)]))
-    return out
 
 
 def run_url(run_id: str) -> str | None:

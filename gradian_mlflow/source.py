@@ -46,6 +46,7 @@ from gradian.runs import (
 from gradian.runs.record import LogStep
 from gradian.runs.ref import RunRef
 from gradian_mlflow.client import call, get_client, parse_run_ref
+from gradian_mlflow.lineage import DOWNLOAD_RECORD, source_model_ids
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -63,7 +64,7 @@ _LOG_METRICS = ("loss", "grad_norm", "learning_rate", "epoch", "eval_loss")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 #: files an adapter needs; optimizer state and pickles are never downloaded
 _ADAPTER_FILES = re.compile(r"^(adapter_config\.json|adapter_model\.(safetensors|bin)|trainer_state\.json|README\.md)$")
-_MARKER = ".gradian-download.json"
+_MARKER = DOWNLOAD_RECORD
 _BARE_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -139,21 +140,8 @@ def _step(folder: str) -> int | None:
 def _from_logged_models(client: MlflowClient, run: Run) -> list[AdapterLocation]:
     from mlflow.artifacts import list_artifacts
 
-    model_ids: list[str] = []
-    outputs = getattr(run, "outputs", None)
-    for out in getattr(outputs, "model_outputs", None) or []:
-        model_ids.append(out.model_id)
-    if not model_ids:
-        found = call(
-            f"searching logged models of run {run.info.run_id}",
-            lambda: client.search_logged_models(
-                experiment_ids=[run.info.experiment_id],
-                filter_string=f"source_run_id = '{run.info.run_id}'",
-            ),
-        )
-        model_ids = [m.model_id for m in found]
     locations = []
-    for model_id in dict.fromkeys(model_ids):
+    for model_id in source_model_ids(client, run):
         model = call(f"reading logged model {model_id}", lambda: client.get_logged_model(model_id))
         base = model.artifact_location.rstrip("/")
         files = call(f"listing logged model {model.name}",

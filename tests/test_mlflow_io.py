@@ -606,3 +606,100 @@ def test_a_counterfactual_report_gives_the_kept_rows_and_the_eval_file_as_inputs
     seen = [(d.dataset.name, d.dataset.digest, d.tags[0].value) for d in dataset_inputs(report)]
     assert seen == [("kept.jsonl", "cd" * 8, "training"),
                     ("eval.jsonl", hashlib.sha256(evals.read_bytes()).hexdigest()[:16], "evaluation")]
+
+
+def _log_logged_model_run(mlflow, adapter_dir: Path, tmp_path: Path) -> str:
+    """A run whose only adapter is a LoggedModel, as the HF callback logs checkpoints in MLflow 3."""
+    ckpt = tmp_path / "out" / "checkpoint-6"
+    ckpt.mkdir(parents=True)
+    for f in adapter_dir.iterdir():
+        (ckpt / f.name).write_bytes(f.read_bytes())
+    with mlflow.start_run() as run:
+        mlflow.log_params({"learning_rate": "0.0002"})
+        mlflow.pyfunc.log_model(name="checkpoint-6", artifacts={"model_path": str(ckpt)},
+                                python_model=mlflow.pyfunc.PythonModel())
+    return run.info.run_id
+
+
+def _attribute_report(adapter: str | None, data_file: Path, eval_file: Path) -> Report:
+    from gradian.report.schema import AnalysisInputs, DatasetSummary
+
+    report = Report.of(REPORT)
+    report.manifest.inputs = AnalysisInputs(
+        dataset=DatasetSummary(path=str(data_file), sha256=None, n_examples=5),
+        eval_dataset=DatasetSummary(path=str(eval_file), sha256=None, n_examples=1), adapter=adapter)
+    return report
+
+
+def test_the_child_run_names_the_logged_model_it_analyzed_and_ties_the_capability_to_it(tracking, adapter_dir,
+                                                                                          data_file, tmp_path):
+    """An adapter read from a LoggedModel is the child's model input, and the capability metrics are
+    logged against that model and the eval set (so they show on the model's page); an adapter from a
+    local folder names no model."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from gradian_mlflow.sink import log_diagnosis
+    from gradian_mlflow.source import read_mlflow_run
+
+    client = MlflowClient()
+    source_id = _log_logged_model_run(mlflow, adapter_dir, tmp_path)
+    (model_output,) = client.get_run(source_id).outputs.model_outputs
+    record = read_mlflow_run(source_id, cache_dir=tmp_path / "cache")
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text('{"prompt": "q", "completion": "a"}\n')
+
+    child = log_diagnosis(_attribute_report(record.adapter_dir, data_file, eval_file), source_id, kind="attribute")
+    inputs = client.get_run(child).inputs
+    assert [m.model_id for m in inputs.model_inputs] == [model_output.model_id]
+    on_model = {m.key: m for m in client.get_logged_model(model_output.model_id).metrics}
+    assert on_model["capability.delta"].value == -0.5 and on_model["capability.delta"].run_id == child
+    eval_input = next(d.dataset for d in inputs.dataset_inputs if d.dataset.name == "eval.jsonl")
+    assert (on_model["capability.delta"].dataset_name, on_model["capability.delta"].dataset_digest) == (
+        "eval.jsonl", eval_input.digest)
+    assert not any(k.startswith("attribution.") for k in on_model)  # only the capability is the model's
+    assert client.get_run(child).data.metrics["capability.delta"] == -0.5  # still a metric of the run
+
+    local = log_diagnosis(_attribute_report(str(adapter_dir), data_file, eval_file), source_id, kind="attribute")
+    assert client.get_run(local).inputs.model_inputs == []
+    assert all(m.run_id != local for m in client.get_logged_model(model_output.model_id).metrics)
+
+
+def test_the_child_run_says_whether_the_training_data_is_the_one_the_run_logged(tracking, adapter_dir, data_file,
+                                                                                 tmp_path, capsys):
+    import hashlib
+
+    import mlflow
+    from mlflow import MlflowClient
+
+    from gradian_mlflow.sink import log_diagnosis
+
+    client = MlflowClient()
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text('{"prompt": "q", "completion": "a"}\n')
+    source_id = log_hf_style_run(mlflow, adapter_dir, data_file)  # a pandas dataset input, digest by MLflow
+    same = log_diagnosis(_attribute_report(None, data_file, eval_file), source_id, kind="attribute")
+    assert client.get_run(same).data.tags["gradian.training_data"] == "same"
+    assert "changed since training" not in capsys.readouterr().err
+
+    data_file.write_text(data_file.read_text() + json.dumps({"prompt": "q9", "completion": "a9"}) + "\n")
+    changed = log_diagnosis(_attribute_report(None, data_file, eval_file), source_id, kind="attribute")
+    tags = client.get_run(changed).data.tags
+    assert tags["gradian.training_data"] == "changed" and str(data_file) in tags["gradian.training_data_note"]
+    assert "changed since training" in capsys.readouterr().err
+
+    # a run trained through Gradian records the file's sha256, which decides alone
+    with mlflow.start_run() as run:
+        mlflow.set_tag("gradian.dataset_sha256", hashlib.sha256(data_file.read_bytes()).hexdigest())
+    recorded = log_diagnosis(_attribute_report(None, data_file, eval_file), run.info.run_id, kind="attribute")
+    assert client.get_run(recorded).data.tags["gradian.training_data"] == "same"
+    other = tmp_path / "other.jsonl"
+    other.write_text('{"prompt": "x", "completion": "y"}\n')
+    moved = log_diagnosis(_attribute_report(None, other, eval_file), run.info.run_id, kind="attribute")
+    assert client.get_run(moved).data.tags["gradian.training_data"] == "changed"
+
+    # a run that logged no training data has nothing to compare with: no claim either way
+    with mlflow.start_run() as bare:
+        mlflow.log_param("learning_rate", "1e-4")
+    quiet = log_diagnosis(_attribute_report(None, data_file, eval_file), bare.info.run_id, kind="attribute")
+    assert "gradian.training_data" not in client.get_run(quiet).data.tags
