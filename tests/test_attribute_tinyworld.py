@@ -202,7 +202,22 @@ def _machine() -> dict[str, str]:
 
     import torch
 
-    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine()}
+    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "machine": platform.machine(),
+            **_cpu_model()}
+
+
+def _cpu_model() -> dict[str, str]:
+    """The processor's model and a digest of its feature flags (Linux): two machines that report the
+    same vector capability can still round differently (another model, another set of extensions)."""
+    import hashlib
+
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return {}
+    first = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in lines[:40]) if k.strip()}
+    flags = " ".join(sorted(first.get("flags", "").split()))
+    return {"cpu_model": first.get("model name", ""), "cpu_flags": hashlib.sha256(flags.encode()).hexdigest()[:12]}
 
 
 def test_poisoned_report_and_rankings_match_the_stored_fixture(request, tmp_path):

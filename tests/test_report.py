@@ -266,9 +266,14 @@ def test_top_harmful_rows_show_the_items_they_hurt():
 
     rows = [ExampleRow.from_json(r) for r in [{"example_id": "abc123def456-7", "cluster": "0", "score": -2.0, "predicted_loss_delta_if_removed": -0.1,
              "excerpt": "row", "items_hurt": [{"item_id": "item-<3>", "share": 0.75}, {"item_id": "item-9", "share": 0.25}]}]]
-    md = "\n".join(_examples_table(rows))
-    assert "items it hurts most" in md and "item-<3> (75%), item-9 (25%)" in md
-    html = _example_rows(rows)
-    assert "item-&lt;3&gt; (75%), item-9 (25%)" in html  # escaped
-    # rows without per-item scores keep the plain table
-    assert "items it hurts" not in "\n".join(_examples_table([dataclasses.replace(rows[0], items_hurt=[])]))
+    md = "\n".join(_examples_table(rows, {}))
+    assert "items it hurts most" in md and "item-<3> (75%); item-9 (25%)" in md  # by id when no prompt is known
+    html = _example_rows(rows, {})
+    assert "item-&lt;3&gt; (75%); item-9 (25%)" in html  # escaped
+    # by their prompt when the report measured the items: a reader sees which questions a row breaks
+    prompts = {"item-<3>": "What is the capital of <Pailand>?\n", "item-9": "Name " + "a very long question " * 5}
+    md = "\n".join(_examples_table(rows, prompts))
+    assert "“What is the capital of <Pailand>?” (75%)" in md
+    assert "“Name a very long question a very long question a very long…” (25%)" in md
+    assert "&lt;Pailand&gt;" in _example_rows(rows, prompts)
+    assert "items it hurts" not in "\n".join(_examples_table([dataclasses.replace(rows[0], items_hurt=[])], {}))

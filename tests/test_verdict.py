@@ -4,6 +4,8 @@ tested apart."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -18,7 +20,7 @@ from gradian.report import (
     synthesize_verdict,
     top_examples,
 )
-from gradian.report.schema import Accused, Attribution, Capability, ClusterRow, ExampleRow, Lumpiness
+from gradian.report.schema import Accused, Attribution, Capability, ClusterRow, ExampleRow, Harm, Lumpiness
 from gradian.report.decision import CapabilityFigures, EngineAgreement, Hedge, VerdictDecision, lumpiness_of
 from gradian.report.verdict_prose import render_hedge
 
@@ -340,7 +342,7 @@ def test_verdict_block_words_the_decision():
     syn = synthesize_verdict(capability(), [], attribution(scores, ids, clusters, spearman=0.3))
     assert syn.verdict == {"kind": "data", "summary": render_verdict(syn.decision),
                            "hedges": [render_hedge(h) for h in syn.decision.hedges],
-                           "accused_cluster": "0", "accused_set_n": None}
+                           "accused_cluster": "0", "accused_set_n": None, "harm": None}
 
 
 def _decision(**fields) -> VerdictDecision:
@@ -364,10 +366,45 @@ def test_prose_of_a_lumpy_decision():
                                     accused_set=accused, engine_agreement=EngineAgreement("datainf", "graddot", 0.91)))
     assert text == (
         "'capitals' (contains) went 0.9375 -> 0.4375 (delta -0.5000, 95% CI [-0.7500, -0.2500]) over 16 items; "
-        "8 flipped from right to wrong. Cluster 0 (planted) carries 80% of the negative influence: 40 examples at "
-        "-100 per example against -0.5 for the rest (200x the rest's rate). Inside it, the accused set is 30 of its "
-        "40 rows: they carry 90% of the cluster's harm at -120 per example, an estimated 75% of them harmful; the "
-        "other 10 rows (mean -40) are left out. Engine agreement (Spearman, datainf vs graddot): 0.910.")
+        "8 flipped from right to wrong. Cluster 0 (planted) carries 80% of the negative influence: 40 examples, "
+        "each 200x as harmful as the rest on average. Inside it, the accused set is 30 of its 40 rows: they carry "
+        "90% of the cluster's harm, an estimated 75% of them harmful; the other 10 rows (their mean score -40 "
+        "against -120 for the set) are left out. Engine agreement (Spearman, datainf vs graddot): 0.910.")
+    assert "per example" not in text  # raw influence per row is not a unit a reader can act on
+
+    # with the query loss measured, the harm is stated in its units
+    harm = Harm(unit="nats per token", rise=2.0, cluster_share=0.8, cluster_loss=1.6, accused_share=0.7,
+                accused_loss=1.4, accused_first_order=-30.0)
+    text = render_verdict(_decision(kind="data", rule="lumpy", accused_cluster="0", lumpiness=lump,
+                                    accused_set=accused, harm=harm))
+    assert ("The regressed items' query loss rose 2 nats per token from base to tuned; by its share, about 1.6 "
+            "nats per token of that is this cluster's.") in text
+    assert ("Removing the accused set should lower that loss by about 1.4 nats per token (its 70% share of the "
+            "rise); the first-order estimate, 30 nats per token, is 21x that, as a linear estimate of removing "
+            "many rows at once overshoots.") in text
+    close = render_verdict(_decision(kind="data", rule="lumpy", accused_cluster="0", lumpiness=lump,
+                                     accused_set=accused, harm=dataclasses.replace(harm, accused_first_order=-1.2)))
+    assert "the first-order estimate, 1.2 nats per token, agrees." in close
+
+
+def test_harm_applies_the_shares_to_the_measured_rise_of_the_query_loss():
+    from gradian.report.decision import harm_of
+    from gradian.report.schema import QueryLoss
+
+    lump = lumpiness("r", lumpy=True, cluster="0", n=40, share_of_negative=0.8)
+    accused = Accused(cluster="0", cluster_label="planted", cluster_n=40, example_ids=[f"a{i}" for i in range(30)],
+                      left_out_ids=[], share_of_cluster_harm=0.9, share_of_negative=0.7, estimated_harmful_share=0.75,
+                      mean_per_example=-120.0, left_out_mean_per_example=None, method="gmm", reason="r")
+    attr = Attribution(engine="ekfac", n_examples=400,
+                       query_loss=QueryLoss(signal="contrastive", unit="nats per token", base=-1.0, tuned=1.5,
+                                            rise=2.5, n_items=8))
+    harm = harm_of(attr, lump, accused)
+    assert harm is not None and harm.unit == "nats per token" and harm.rise == 2.5
+    assert harm.cluster_loss == pytest.approx(2.0) and harm.accused_loss == pytest.approx(1.75)
+    assert harm.accused_first_order == pytest.approx(-120.0 * 30 / 400)
+    assert harm_of(Attribution(engine="ekfac", n_examples=400), lump, accused) is None  # nothing measured
+    fell = dataclasses.replace(attr, query_loss=dataclasses.replace(attr.query_loss, tuned=-2.0, rise=-1.0))
+    assert harm_of(fell, lump, accused) is None  # the query loss did not rise: no share of a rise to state
 
 
 def test_prose_of_a_critical_decision():

@@ -41,6 +41,7 @@ from gradian.report.schema import (
     EngineStateSummary,
     ExampleRow,
     IndexSummary,
+    QueryLoss,
     QuerySummary,
     Report,
     Span,
@@ -313,6 +314,8 @@ class _Scored:
     cross_scores: np.ndarray | None
     agreement: float | None
     cross_note: str | None
+    #: the query loss on the base and the tuned model (rank 0; None for a query of training rows)
+    query_loss: QueryLoss | None = None
 
 
 def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manifest: AttributeManifest, force: bool,
@@ -351,9 +354,15 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     index_seconds = time.time() - t0
     items, scope, notes, finding_ids = select_query_items(measured.eval_items, dataset.examples)
     qg: QueryGradient | None = None
+    query_loss = None
     if shard is None or shard.is_main:
         qg = build_query_gradient(gm, tokenizer, items, cfg.evaluation.query_signal, cfg.grads,
                                   scope=scope, notes=notes, finding_ids=finding_ids)
+        if scope != "training_fallback":
+            from gradian.evaluate.query_loss import query_loss_change
+
+            query_loss = QueryLoss.of(query_loss_change(gm.model, tokenizer, items, qg.signal, cfg.grads.loss_reduction,
+                                                        batch_size=cfg.evaluation.batch_size))
     if shard is not None:  # rank 0's query on every rank: the same numbers, the same passes
         qg = shard.broadcast(qg if shard.is_main else None)
     assert qg is not None
@@ -391,7 +400,7 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     return _Scored(index=index, index_seconds=index_seconds, qg=qg, main_state=main_state, main=main,
                    fit_seconds=fit_seconds, item_scores=item_scores, scores=_mean_over_items(item_scores), rank=rank,
                    cross_check=cross_check, cross=cross, cross_scores=cross_scores, agreement=agreement,
-                   cross_note=cross_note)
+                   cross_note=cross_note, query_loss=query_loss)
 
 
 def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeManifest
@@ -438,6 +447,7 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
         # one name whatever the engine, so runs of different engines compare
         metrics=AttributionMetrics(index_seconds=round(scored.index_seconds, 3),
                                    fit_seconds=scored.fit_seconds[cfg.engine.name]),
+        query_loss=scored.query_loss,
     )
     # attribution.no_capability_target (no eval set) is raised by the verdict synthesis
     manifest.index = IndexSummary(

@@ -49,6 +49,7 @@ from gradian.report.schema import (
     Attribution,
     Capability,
     ClusterRow,
+    Harm,
     Lumpiness,
 )
 from gradian.report.tables import AssignmentInput
@@ -58,7 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AttributionInput", "CapabilityFigures", "CapabilityInput", "EngineAgreement", "Hedge", "VerdictDecision",
            "VerdictKind", "VerdictRule", "VerdictThresholds", "as_finding", "assess_lumpiness", "attribution_block",
-           "attribution_findings", "capability_block", "decide_verdict", "lumpiness_of", "matching_accused",
+           "attribution_findings", "capability_block", "decide_verdict", "harm_of", "lumpiness_of", "matching_accused",
            "ratio_text", "share_text"]
 
 #: what the verdict takes as the capability: the typed block, the evaluate lane's result, or report.json's dict
@@ -148,6 +149,8 @@ class VerdictDecision:
     engine_agreement: EngineAgreement | None = None
     low_base: bool = False
     hedges: tuple[Hedge, ...] = ()
+    harm: Harm | None = field(default=None, metadata={"help": (
+        "the accused cluster's and set's harm in the query loss's units (harm_of)")})
 
 
 # -- small readers ------------------------------------------------------------------------------
@@ -455,7 +458,27 @@ def decide_verdict(capability: CapabilityInput, findings: Sequence[Finding | Map
         engine_agreement=None if rho is None or attr is None else EngineAgreement(attr.engine, attr.cross_check, rho),
         low_base=bool(cap is not None and cap.low_base_score),
         hedges=_hedges(cap, attr, t),
+        harm=harm_of(attr, lump, accused_set) if lumpy else None,
     )
+
+
+def harm_of(attribution: Attribution | None, lump: Lumpiness | None, accused: Accused | None) -> Harm | None:
+    """The accused cluster's and set's share of the negative influence applied to the measured rise
+    of the query loss (``attribution.query_loss``), with the set's first-order estimate (the sum of
+    score / n over its rows). None without a measured rise above zero or without an accused cluster."""
+    q = attribution.query_loss if attribution is not None else None
+    if q is None or lump is None or lump.cluster is None or not math.isfinite(q.rise) or q.rise <= 0:
+        return None
+    cluster_share = lump.share_of_negative
+    accused_share = accused.share_of_negative if accused is not None else None
+    first_order = None
+    if accused is not None and attribution is not None and attribution.n_examples \
+            and math.isfinite(accused.mean_per_example):
+        first_order = accused.mean_per_example * accused.n / attribution.n_examples
+    return Harm(unit=q.unit, rise=q.rise, cluster_share=cluster_share,
+                cluster_loss=None if cluster_share is None else cluster_share * q.rise,
+                accused_share=accused_share, accused_loss=None if accused_share is None else accused_share * q.rise,
+                accused_first_order=first_order)
 
 
 # -- the findings the decision raises -----------------------------------------------------------

@@ -14,6 +14,7 @@ from html import escape
 from typing import Mapping, Sequence
 
 from gradian.report.markdown import provenance
+from gradian.report.tables import item_prompts, items_hurt_text, query_loss_text
 from gradian.report.schema import (
     Accused,
     Attribution,
@@ -98,24 +99,20 @@ def _capability(cap: Capability, plot: bytes | None) -> str:
     return "".join(out) + "</section>"
 
 
-def _items_hurt(row: ExampleRow) -> str:
-    """The query items a row hurts most, with their share of its harm (``items_hurt``)."""
-    return ", ".join(f"{i.item_id} ({i.share:.0%})" for i in row.items_hurt or [])
-
-
-def _example_rows(rows: Sequence[ExampleRow]) -> str:
+def _example_rows(rows: Sequence[ExampleRow], prompts: Mapping[str, str]) -> str:
     hurt = any(r.items_hurt for r in rows)
     head = ("<table><tr><th>example</th><th>cluster</th><th>score</th><th>predicted Δloss if removed</th>"
             + ("<th>items it hurts most</th>" if hurt else "") + "<th>row</th></tr>")
     body = "".join(
         f"<tr><td><code>{_e(r.example_id)}</code></td><td>{_e(r.cluster)}</td>"
         f"<td class=num>{_num(r.score)}</td><td class=num>{_num(r.predicted_loss_delta_if_removed)}</td>"
-        + (f"<td>{_e(_items_hurt(r))}</td>" if hurt else "")
+        + (f"<td>{_e(items_hurt_text(r, prompts))}</td>" if hurt else "")
         + f"<td>{_e(r.excerpt)}</td></tr>" for r in rows)
     return head + body + "</table>"
 
 
-def _attribution(attr: Attribution, accused: str | None, plots: Mapping[str, bytes]) -> str:
+def _attribution(attr: Attribution, accused: str | None, plots: Mapping[str, bytes],
+                 prompts: Mapping[str, str]) -> str:
     rho = attr.engine_agreement_spearman
     out = ['<section id="clusters"><h2>Influence by cluster</h2>',
            f'<p>Engine <code>{_e(attr.engine)}</code>, cross-check <code>{_e(attr.cross_check)}</code>; '
@@ -123,6 +120,8 @@ def _attribution(attr: Attribution, accused: str | None, plots: Mapping[str, byt
            f'Query signal: {_e(attr.query_signal)}. Significance gate: {"failed, scores computed anyway" if attr.gated else "passed"}.</p>',
            '<p class="muted">A positive score reinforced the capability; a negative one degraded it. '
            "Predicted Δloss if removed = score / n.</p>"]
+    if attr.query_loss is not None:
+        out.append(f'<p id="query-loss">Measured: {_e(query_loss_text(attr.query_loss))}.</p>')
     if attr.clusters:
         out.append('<table id="cluster-table"><tr><th>cluster</th><th>label</th><th>n</th><th>signed influence</th>'
                    "<th>share of negative</th><th>mean per example</th></tr>")
@@ -136,7 +135,7 @@ def _attribution(attr: Attribution, accused: str | None, plots: Mapping[str, byt
         for c in attr.clusters:
             if c.top_examples:
                 out.append(f"<details><summary>Cluster {_e(c.cluster)}: top examples</summary>"
-                           f"{_example_rows(c.top_examples)}</details>")
+                           f"{_example_rows(c.top_examples, prompts)}</details>")
     if plots.get("clusters"):
         out.append(_img("clusters", plots["clusters"], "signed influence by cluster"))
     out.append("</section>")
@@ -149,13 +148,13 @@ def _attribution(attr: Attribution, accused: str | None, plots: Mapping[str, byt
     if attr.deletions_withheld:
         out.append(f'<p id="deletions-withheld">None offered: {_e(attr.deletions_withheld)}</p>')
     elif attr.top_harmful:
-        out.append(_example_rows(attr.top_harmful))
+        out.append(_example_rows(attr.top_harmful, prompts))
     else:
         out.append("<p>No example has a negative score.</p>")
     out.append("</section>")
     if attr.top_helpful:
         out.append('<section id="top-helpful"><h2>Top helpful examples</h2>'
-                   + _example_rows(attr.top_helpful) + "</section>")
+                   + _example_rows(attr.top_helpful, prompts) + "</section>")
     return "".join(out)
 
 
@@ -253,7 +252,7 @@ def render_html(report: Report | Mapping[str, object], plots: Mapping[str, bytes
     if cap is not None:
         parts.append(_capability(cap, plots.get("capability")))
     if attr is not None:
-        parts.append(_attribution(attr, verdict.accused_cluster, plots))
+        parts.append(_attribution(attr, verdict.accused_cluster, plots, item_prompts(report)))
     if plots.get("training"):
         parts.append('<section id="training"><h2>Training curves</h2>'
                      + _img("training", plots["training"], "loss and grad-norm curves with flagged steps")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Mapping, Sequence
 
+from gradian.report.tables import item_prompts, items_hurt_text, query_loss_text
 from gradian.report.schema import (
     Accused,
     AttributeManifest,
@@ -64,29 +65,27 @@ def _capability(cap: Capability) -> list[str]:
     return lines
 
 
-def _items_hurt(row: ExampleRow) -> str:
-    """The query items a row hurts most, with their share of its harm (``items_hurt``)."""
-    return ", ".join(f"{i.item_id} ({i.share:.0%})" for i in row.items_hurt or [])
-
-
-def _examples_table(rows: Sequence[ExampleRow]) -> list[str]:
+def _examples_table(rows: Sequence[ExampleRow], prompts: Mapping[str, str]) -> list[str]:
     hurt = any(r.items_hurt for r in rows)
     lines = ["| example | cluster | score | predicted Δloss if removed |" + (" items it hurts most |" if hurt else "")
              + " row |", "|---|---|---|---|" + ("---|" if hurt else "") + "---|"]
     lines += [f"| `{_cell(r.example_id)}` | {_cell(r.cluster)} | {_num(r.score)} | "
-              f"{_num(r.predicted_loss_delta_if_removed)} |" + (f" {_cell(_items_hurt(r))} |" if hurt else "")
+              f"{_num(r.predicted_loss_delta_if_removed)} |" + (f" {_cell(items_hurt_text(r, prompts))} |" if hurt else "")
               + f" {_cell(r.excerpt)} |" for r in rows]
     return lines + [""]
 
 
-def _attribution(attr: Attribution, accused: str | None) -> list[str]:
+def _attribution(attr: Attribution, accused: str | None, prompts: Mapping[str, str]) -> list[str]:
     rho = attr.engine_agreement_spearman
     lines = ["## Attribution", "",
              f"- Engine: `{_cell(attr.engine)}`; cross-check: `{_cell(attr.cross_check)}`; "
              f"engine agreement (Spearman): **{_num(rho, '.3f')}**",
              f"- Query signal: {_cell(attr.query_signal)}; significance gate: {'failed, scores computed anyway' if attr.gated else 'passed'}",
              "- Sign: a positive score reinforced the capability, a negative one degraded it; "
-             "predicted Δloss if removed = score / n.", ""]
+             "predicted Δloss if removed = score / n."]
+    if attr.query_loss is not None:
+        lines.append(f"- Measured: {_cell(query_loss_text(attr.query_loss))}")
+    lines.append("")
     if attr.clusters:
         lines += ["### Influence by cluster", "",
                   "| cluster | label | n | signed influence | share of negative | mean per example |",
@@ -102,9 +101,9 @@ def _attribution(attr: Attribution, accused: str | None) -> list[str]:
     if attr.deletions_withheld:
         lines += ["### Top harmful examples", "", f"None offered: {attr.deletions_withheld}", ""]
     elif attr.top_harmful:
-        lines += ["### Top harmful examples", ""] + _examples_table(attr.top_harmful)
+        lines += ["### Top harmful examples", ""] + _examples_table(attr.top_harmful, prompts)
     if attr.top_helpful:
-        lines += ["### Top helpful examples", ""] + _examples_table(attr.top_helpful)
+        lines += ["### Top helpful examples", ""] + _examples_table(attr.top_helpful, prompts)
     return lines
 
 
@@ -122,7 +121,9 @@ def _accused(acc: Accused, spans: Sequence[Span]) -> list[str]:
                 f"**{acc.eval_conflict_in_set}** | {acc.eval_conflict_rows - (acc.eval_conflict_in_set or 0)} |"]
                if acc.eval_conflict_rows is not None else []), "",
              f"Split by `{_cell(acc.method)}`: {_cell(acc.reason)}. The accused set is the "
-             "`accused` column of rankings.parquet; `gradian counterfactual --drop accused` retrains without it.", ""]
+             "`accused` column of rankings.parquet; `gradian counterfactual --drop accused` retrains without it.", "",
+             "Its ids, to save as a file for `gradian counterfactual --drop-ids @FILE`:", "", "```",
+             ",".join(acc.example_ids), "```", ""]
     if spans:
         lines += ["#### Harmful span of the top accused examples", "",
                   "| example | query item | span (bold) |", "|---|---|---|"]
@@ -196,7 +197,7 @@ def render_markdown(report: Report | Mapping[str, object], plots: Sequence[str] 
     if report.capability is not None:
         lines += _capability(report.capability)
     if report.attribution is not None:
-        lines += _attribution(report.attribution, verdict.accused_cluster)
+        lines += _attribution(report.attribution, verdict.accused_cluster, item_prompts(report))
     if report.counterfactual is not None and report.counterfactual.rounds:
         lines += _rounds(report.counterfactual.rounds)
     lines += _findings(report.findings)

@@ -41,6 +41,7 @@ from gradian.findings import Finding
 
 if TYPE_CHECKING:
     from gradian.cluster.assign import ClusterAssignment
+    from gradian.evaluate.query_loss import QueryLossChange as _QueryLossChange
     from gradian.evaluate.result import CapabilityResult, ItemResult
     from gradian.jsontypes import JsonObject, JsonValue
 
@@ -65,12 +66,14 @@ __all__ = [
     "DiagnoseManifest",
     "EngineStateSummary",
     "ExampleRow",
+    "Harm",
     "IndexBuildManifest",
     "IndexSummary",
     "ItemHurt",
     "Lumpiness",
     "Manifest",
     "OtherManifest",
+    "QueryLoss",
     "QuerySummary",
     "Report",
     "ReportFinding",
@@ -729,6 +732,26 @@ class AttributionMetrics(_Block):
 
 
 @dataclass
+class QueryLoss(_Block):
+    """The query's loss measured on the base and the tuned model: the function every score is a
+    first-order change of (mean over the query items of l(wanted), minus l(generated) when
+    contrastive), in nats per supervised token (loss_reduction mean) or nats (sum)."""
+
+    signal: str
+    unit: str
+    base: float
+    tuned: float
+    rise: float = field(metadata=_help("tuned - base: how much the fine-tune raised the query loss"))
+    n_items: int
+    extra: dict[str, JsonValue] = _extra()
+
+    @classmethod
+    def of(cls, change: _QueryLossChange) -> "QueryLoss":
+        return cls(signal=change.signal, unit=change.unit, base=float(change.base), tuned=float(change.tuned),
+                   rise=float(change.rise), n_items=int(change.n_items))
+
+
+@dataclass
 class Attribution(_Block):
     """The attribution lane: engines, query, clusters, rankings, accused set and spans."""
 
@@ -751,6 +774,26 @@ class Attribution(_Block):
     lumpiness: Lumpiness | None = None
     deletions_withheld: str | None = field(default=None, metadata=_optional(
         "why top_harmful is empty: no cluster carries the harm at a distinctly higher rate"))
+    query_loss: QueryLoss | None = field(default=None, metadata=_optional(
+        "the query's loss on the base and the tuned model; null when it was not measured"))
+    extra: dict[str, JsonValue] = _extra()
+
+
+@dataclass
+class Harm(_Block):
+    """The harm of the accused cluster and set in the query loss's own units: their share of the
+    negative influence applied to the measured rise, beside the first-order estimate (the sum of
+    score / n over the set), which overshoots when many rows are removed at once."""
+
+    unit: str
+    rise: float = field(metadata=_help("the query loss's rise from base to tuned (attribution.query_loss.rise)"))
+    cluster_share: float | None = None
+    cluster_loss: float | None = field(default=None, metadata=_help("cluster_share x rise"))
+    accused_share: float | None = None
+    accused_loss: float | None = field(default=None, metadata=_help(
+        "accused_share x rise: the drop of the query loss expected from removing the accused set"))
+    accused_first_order: float | None = field(default=None, metadata=_help(
+        "sum of score / n over the accused set: the linear estimate of the same drop (negative: the loss falls)"))
     extra: dict[str, JsonValue] = _extra()
 
 
@@ -763,6 +806,8 @@ class Verdict(_Block):
     hedges: list[str] = field(default_factory=list)
     accused_cluster: str | None = None
     accused_set_n: int | None = None
+    harm: Harm | None = field(default=None, metadata=_optional(
+        "the accused rows' harm in the query loss's units; null without a measured query loss or an accused cluster"))
     extra: dict[str, JsonValue] = _extra()
 
 

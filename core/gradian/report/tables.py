@@ -17,8 +17,11 @@ if TYPE_CHECKING:
 
     from gradian.cluster.assign import ClusterAssignment
     from gradian.data import Example
+    from gradian.report.schema import ExampleRow, QueryLoss, Report
 
-__all__ = ["EXCERPT_CHARS", "AssignmentInput", "cluster_table", "excerpt_of", "top_examples"]
+__all__ = ["EXCERPT_CHARS", "AssignmentInput", "cluster_table", "excerpt_of", "item_prompts", "items_hurt_text",
+           "query_loss_text",
+           "top_examples"]
 
 #: which cluster each example is in: a ``ClusterAssignment``, a plain ``{example_id: cluster}``
 #: mapping, or None (every example in cluster ``"0"``)
@@ -26,6 +29,32 @@ AssignmentInput = Union["ClusterAssignment", Mapping[str, object], None]
 
 #: longest excerpt of a training row shown in the report
 EXCERPT_CHARS = 160
+#: longest excerpt of an eval prompt named among the items a row hurts
+_PROMPT_CHARS = 60
+
+
+def item_prompts(report: "Report") -> dict[str, str]:
+    """Each measured eval item's prompt by its id (the query's item ids), for naming the items a row hurts."""
+    return {item.example_id: item.prompt for item in (report.capability.items if report.capability else [])}
+
+
+def items_hurt_text(row: "ExampleRow", prompts: Mapping[str, str]) -> str:
+    """The query items a row hurts most, each by its prompt (``prompts``: item id -> prompt text;
+    the id where the prompt is unknown), with its share of the row's harm."""
+    parts = []
+    for item in row.items_hurt or []:
+        prompt = " ".join(str(prompts.get(item.item_id) or "").split())
+        if len(prompt) > _PROMPT_CHARS:
+            prompt = prompt[:_PROMPT_CHARS - 1].rstrip() + "…"
+        parts.append(f"“{prompt}” ({item.share:.0%})" if prompt else f"{item.item_id} ({item.share:.0%})")
+    return "; ".join(parts)
+
+
+def query_loss_text(query_loss: "QueryLoss") -> str:
+    """The measured query loss in one line: base, tuned, the rise, over how many items."""
+    q = query_loss
+    return (f"query loss ({q.signal}) {q.base:.4g} on the base and {q.tuned:.4g} tuned, a rise of {q.rise:.4g} "
+            f"{q.unit} over {q.n_items} items; every score is a first-order change of this loss")
 
 
 def _shorten(text: str, limit: int) -> str:

@@ -145,6 +145,15 @@ def report_metrics(report: "Report | Mapping[str, object]") -> dict[str, float]:
         if attribution.metrics is not None:
             for key, figure in attribution.metrics.to_json().items():
                 _put(metrics, f"attribution.{key}", figure)
+        query_loss = attribution.query_loss
+        if query_loss is not None:
+            for key, value in (("base", query_loss.base), ("tuned", query_loss.tuned), ("rise", query_loss.rise)):
+                _put(metrics, f"attribution.query_loss_{key}", value)
+    harm = report.verdict.harm
+    if harm is not None:
+        for name, figure in (("cluster_loss", harm.cluster_loss), ("accused_loss", harm.accused_loss),
+                             ("accused_first_order", harm.accused_first_order)):
+            _put(metrics, f"attribution.harm_{name}", figure)
 
     metrics["audit.n_findings"] = float(len(report.findings))
     for severity in ("critical", "high", "medium", "low", "info"):

@@ -14,7 +14,7 @@ for any other cluster, or with no cluster accused, is dropped from the report wi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, cast
 
 from gradian.findings import EVAL_CONFLICT_ID, Finding, severity_rank
 from gradian.report.decision import (
@@ -75,7 +75,8 @@ def verdict_block(decision: VerdictDecision) -> JsonObject:
     """The report's ``verdict`` block (``gradian.report.schema.Verdict``) worded from ``decision``."""
     return {"kind": decision.kind, "summary": render_verdict(decision),
             "hedges": [render_hedge(h) for h in decision.hedges],
-            "accused_cluster": decision.accused_cluster, "accused_set_n": decision.accused_set_n}
+            "accused_cluster": decision.accused_cluster, "accused_set_n": decision.accused_set_n,
+            "harm": cast("JsonObject", decision.harm.to_json()) if decision.harm is not None else None}
 
 
 def synthesize_verdict(capability: CapabilityInput, findings: Sequence[Finding | Mapping[str, object]],

@@ -7,12 +7,13 @@ verdict, and a test of the decision never depends on a sentence.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from gradian.report.decision import ratio_text, share_text
 
 if TYPE_CHECKING:
-    from gradian.report.schema import Accused
+    from gradian.report.schema import Accused, Harm
     from gradian.report.decision import CapabilityFigures, Hedge, VerdictDecision
 
 __all__ = ["render_hedge", "render_verdict", "share_text", "ratio_text"]
@@ -37,18 +38,38 @@ def _capability_sentence(cap: "CapabilityFigures") -> str:
     return text + "."
 
 
-def _accused_text(accused: "Accused") -> str:
-    """One sentence on the accused set: how many rows, how much of the harm, what is left out."""
+def _loss(x: float, unit: str) -> str:
+    return f"{x:.3g} {unit}"
+
+
+def _accused_text(accused: "Accused", harm: "Harm | None") -> str:
+    """One sentence on the accused set: how many rows, how much of the harm, what is left out; with a
+    measured query loss, what removing them should give back, in its units."""
     n, total = accused.n, int(accused.cluster_n)
     if n >= total:
-        return (f"The whole cluster is the accused set ({total} rows, an estimated "
+        text = (f"The whole cluster is the accused set ({total} rows, an estimated "
                 f"{accused.estimated_harmful_share:.0%} of them harmful).")
-    rest = accused.left_out_mean_per_example
-    rest_text = f" (mean {rest:.4g})" if isinstance(rest, (int, float)) else ""
-    return (f"Inside it, the accused set is {n} of its {total} rows: they carry "
-            f"{accused.share_of_cluster_harm:.0%} of the cluster's harm at {accused.mean_per_example:.4g} "
-            f"per example, an estimated {accused.estimated_harmful_share:.0%} of them harmful; the other "
-            f"{total - n} rows{rest_text} are left out.")
+    else:
+        rest = accused.left_out_mean_per_example
+        rest_text = (f" (their mean score {rest:.3g} against {accused.mean_per_example:.3g} for the set)"
+                     if isinstance(rest, (int, float)) else "")
+        text = (f"Inside it, the accused set is {n} of its {total} rows: they carry "
+                f"{accused.share_of_cluster_harm:.0%} of the cluster's harm, an estimated "
+                f"{accused.estimated_harmful_share:.0%} of them harmful; the other {total - n} rows{rest_text} "
+                "are left out.")
+    if harm is not None and harm.accused_loss is not None and harm.accused_share is not None:
+        text += (f" Removing the accused set should lower that loss by about {_loss(harm.accused_loss, harm.unit)} "
+                 f"(its {harm.accused_share:.0%} share of the rise)")
+        first = harm.accused_first_order
+        if first is not None and harm.accused_loss > 0:
+            ratio = -first / harm.accused_loss
+            if 0.5 <= ratio <= 2:
+                text += f"; the first-order estimate, {_loss(-first, harm.unit)}, agrees"
+            elif ratio > 2:
+                text += (f"; the first-order estimate, {_loss(-first, harm.unit)}, is {ratio:.0f}x that, as a "
+                         "linear estimate of removing many rows at once overshoots")
+        text += "."
+    return text
 
 
 def _cluster_text(d: "VerdictDecision") -> str:
@@ -56,13 +77,16 @@ def _cluster_text(d: "VerdictDecision") -> str:
     if d.accused_cluster is None or lump is None:
         return ""
     label = f" ({lump.label})" if lump.label else ""
-    text = (
-        f"Cluster {d.accused_cluster}{label} carries {share_text(lump)}: "
-        f"{lump.n} examples at {lump.mean_per_example:.4g} per example against "
-        f"{lump.rest_mean_per_example:.4g} for the rest ({ratio_text(lump.rate_ratio)})."
-    )
+    text = f"Cluster {d.accused_cluster}{label} carries {share_text(lump)}: {lump.n} examples, "
+    text += ("and the rest of the data is net helpful." if lump.rate_ratio is None or math.isinf(lump.rate_ratio)
+             else f"each {lump.rate_ratio:.0f}x as harmful as the rest on average.")
+    harm = d.harm
+    if harm is not None:
+        text += (f" The regressed items' query loss rose {_loss(harm.rise, harm.unit)} from base to tuned")
+        text += (f"; by its share, about {_loss(harm.cluster_loss, harm.unit)} of that is this cluster's."
+                 if harm.cluster_loss is not None else ".")
     if d.accused_set is not None:
-        text += " " + _accused_text(d.accused_set)
+        text += " " + _accused_text(d.accused_set, harm)
     return text
 
 
