@@ -142,6 +142,9 @@ def test_id_list_from_a_file(tmp_path):
     (tmp_path / "ids.json").write_text('["c-3", "d-4"]')
     assert parse_id_list(f"@{tmp_path / 'ids.txt'}") == ["a-1", "b-2"]
     assert parse_id_list(f"@{tmp_path / 'ids.json'}") == ["c-3", "d-4"]
+    # the comma list report.md prints, pasted with its code fence, or several ids a line
+    (tmp_path / "pasted.txt").write_text("```\ne-5,f-6, `g-7`\n```\n# kept for later\nh-8\n")
+    assert parse_id_list(f"@{tmp_path / 'pasted.txt'}") == ["e-5", "f-6", "g-7", "h-8"]
     with pytest.raises(ConfigError, match="no such file"):
         parse_id_list(f"@{tmp_path / 'missing.txt'}")
 

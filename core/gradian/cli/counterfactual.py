@@ -34,7 +34,7 @@ def counterfactual_command(
     report: Optional[Path] = typer.Option(None, "--report", help="report.json from `gradian attribute`: drop its accused set (or cluster, see --drop)"),
     drop: Optional[str] = typer.Option(None, "--drop", help="With --report: accused (its accused set) or cluster (its whole accused cluster, the default)"),
     drop_cluster: Optional[str] = typer.Option(None, "--drop-cluster", help="Drop this cluster (by the report's rankings, else the config's clustering)"),
-    drop_ids: Optional[str] = typer.Option(None, "--drop-ids", help="Drop these example ids: a,b,c or @file (one per line, or a JSON list)"),
+    drop_ids: Optional[str] = typer.Option(None, "--drop-ids", help="Drop these example ids: a,b,c or @file (ids one a line or comma-separated, as report.md prints them, or a JSON list)"),
     truth: Optional[Path] = typer.Option(None, "--truth", help="Known-bad rows for removal precision: a tinyworld scenario.json or a list of row indices/ids"),
     dataset: Optional[str] = typer.Option(None, "--dataset", "-d", help="Training dataset the original fine-tune used"),
     eval_dataset: Optional[str] = typer.Option(None, "--eval-dataset", "-e", help="Items describing the capability, with the answers you wanted"),

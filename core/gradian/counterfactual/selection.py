@@ -112,7 +112,9 @@ def load_report(path: str | Path) -> tuple[JsonObject, pd.DataFrame | None]:
 
 
 def parse_id_list(value: str) -> list[str]:
-    """``a,b,c`` or ``@file`` (one id per line, or a JSON list) -> ids, in order, without repeats."""
+    """``a,b,c`` or ``@file`` -> ids, in order, without repeats. The file holds one id a line, the
+    comma list a report prints (lines may hold several, blank lines and ``#`` comments are
+    skipped), or a JSON list."""
     value = value.strip()
     if value.startswith("@"):
         path = Path(value[1:])
@@ -125,7 +127,8 @@ def parse_id_list(value: str) -> list[str]:
             except json.JSONDecodeError as err:
                 raise ConfigError(f"--drop-ids {value}: not a valid JSON list ({err.msg})") from None
         else:
-            items = [line.strip() for line in text.splitlines()]
+            items = [part.strip().strip("`'\"") for line in text.splitlines()
+                     if not line.lstrip().startswith(("#", "```")) for part in line.split(",")]
     else:
         items = [part.strip() for part in value.split(",")]
     return list(dict.fromkeys(i for i in items if i))
