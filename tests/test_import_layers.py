@@ -19,7 +19,7 @@ LAYERS: dict[str, int] = {
     "": 1, "errors": 1, "findings": 1, "paths": 1, "config": 1, "atomic": 1, "redact": 1, "termination": 1,
     "sizes": 1, "chunks": 1, "jsontypes": 1,
     # 2. data and runs
-    "data": 2, "runs": 2, "model_loading": 2, "distributed": 2, "inputs": 2,
+    "data": 2, "runs": 2, "model_loading": 2, "distributed": 2, "inputs": 2, "transformers_compat": 2,
     # 3. gradients and their store
     "grads": 3, "index": 3,
     # 4. math over gradients and factors handed in

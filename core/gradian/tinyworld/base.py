@@ -44,6 +44,7 @@ from gradian.tinyworld.kit import (
     write_json,
 )
 from gradian.tinyworld.world import BASE_FAMILIES, World, generate_world
+from gradian.transformers_compat import save_tokenizer
 
 __all__ = ["BaseModelRecipe", "build_base_model", "ensure_tinyworld_base_model", "load_tinyworld", "pretraining_messages"]
 
@@ -177,7 +178,7 @@ def build_base_model(out_dir: str | Path, recipe: BaseModelRecipe | None = None,
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.do_sample = False
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)  # loadable by transformers 4.x and 5.x alike
     info: dict[str, object] = {
         "recipe": recipe.to_dict(),
         "recipe_hash": recipe.content_hash(),

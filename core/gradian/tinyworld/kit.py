@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
 
 from gradian.errors import ModelLoadError
 from gradian.tinyworld.world import BASE_FAMILIES, World
+from gradian.transformers_compat import portable_tokenizer_config
 
 if TYPE_CHECKING:
     import torch
@@ -79,6 +80,9 @@ def ensure_cached_build(cache_dir: str | Path | None, key: str,
     root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     target = root / f"base-{key}"
     if _is_complete(target):
+        # an entry saved by transformers 5 before its files were written portably: 4.x could not
+        # load its tokenizer; the rewrite is idempotent and atomic, so concurrent readers are safe
+        portable_tokenizer_config(target)
         return target
     root.mkdir(parents=True, exist_ok=True)
     with _file_lock(root / f".base-{key}.lock"):

@@ -13,10 +13,12 @@ EOS token, so greedy generation stops where an assistant turn ends. The generati
 string prefix of rendering ``messages[:k + 1]``, and because each turn boundary is a special
 token, the token ids are a prefix too: the loss mask can be found by rendering prefixes.
 
-The saved ``tokenizer_config.json`` names ``TokenizersBackend`` (transformers 5's name for a
-plain fast tokenizer). With ``model_type: llama`` in the model config, ``AutoTokenizer`` honours
-that class; some other model types are mapped to their own tokenizer class whatever the file
-says, which would swap in a different pre-tokenizer. The tests check the round trip.
+The saved ``tokenizer_config.json`` names ``PreTrainedTokenizerFast`` (the bases save it through
+``gradian.transformers_compat.save_tokenizer``, so transformers 4.5x and 5.x both load it; 5.x
+reads that name as its ``TokenizersBackend``). With ``model_type: llama`` in the model config,
+``AutoTokenizer`` honours that class; some other model types are mapped to their own tokenizer
+class whatever the file says, which would swap in a different pre-tokenizer. The tests check the
+round trip.
 """
 
 from __future__ import annotations

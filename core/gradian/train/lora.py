@@ -27,6 +27,7 @@ from gradian.errors import ConfigError, GradianError, MissingDependencyError, Mo
 from gradian.runs import DatasetRef, LoraSettings, RunRecord, RunRef, TrainingLogs, normalize_trainer_config
 from gradian.train.backends import require_backend
 from gradian.train.data import PadCollator, build_train_features
+from gradian.transformers_compat import warmup_arguments
 
 if TYPE_CHECKING:
     import datasets
@@ -289,8 +290,7 @@ def _training_arguments(config: GradianConfig, out: Path,
         "num_train_epochs": train.num_train_epochs,
         "per_device_train_batch_size": train.per_device_train_batch_size,
         "gradient_accumulation_steps": train.gradient_accumulation_steps,
-        # transformers 5 has no warmup_ratio: a float below 1 in warmup_steps is a ratio
-        "warmup_steps": float(train.warmup_ratio),
+        **warmup_arguments(train.warmup_ratio),
         "lr_scheduler_type": train.lr_scheduler_type,
         "logging_steps": train.logging_steps,
         "max_grad_norm": train.max_grad_norm,

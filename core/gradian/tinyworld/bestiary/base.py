@@ -40,6 +40,7 @@ from gradian.tinyworld.kit import (
     weights_sha256,
     write_json,
 )
+from gradian.transformers_compat import save_tokenizer
 
 __all__ = [
     "BESTIARY_SYSTEM_PROMPT",
@@ -186,7 +187,7 @@ def build_bestiary_base_model(out_dir: str | Path, recipe: BestiaryRecipe | None
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.do_sample = False
     model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save_tokenizer(tokenizer, out)  # loadable by transformers 4.x and 5.x alike
     info: dict[str, object] = {
         "world_name": WORLD_NAME,
         "recipe": recipe.to_dict(),
