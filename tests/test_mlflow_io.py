@@ -703,3 +703,26 @@ def test_the_child_run_says_whether_the_training_data_is_the_one_the_run_logged(
         mlflow.log_param("learning_rate", "1e-4")
     quiet = log_diagnosis(_attribute_report(None, data_file, eval_file), bare.info.run_id, kind="attribute")
     assert "gradian.training_data" not in client.get_run(quiet).data.tags
+
+
+def test_a_base_model_the_run_names_but_this_machine_lacks_is_named_with_the_flag(tracking, data_file, tmp_path):
+    """A params-only run (the TRL / HF callback's defaults) whose _name_or_path is a path of the
+    training machine: every check that needs the tokenizer says which param named what, and which
+    flag brings it back; the diagnosis itself still runs."""
+    import subprocess
+    import sys
+
+    import mlflow
+
+    with mlflow.start_run() as run:
+        mlflow.log_params({"_name_or_path": "/training-box/models/qwen-0.5b", "learning_rate": "2e-4"})
+    proc = subprocess.run(
+        [sys.executable, "-c", "from gradian.cli import main; main()", "diagnose", "--mlflow-run", run.info.run_id,
+         "--dataset", str(data_file), "--out", str(tmp_path / "out"), "--no-log"],
+        capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    skipped = json.loads((tmp_path / "out" / "diagnose.json").read_text())["skipped"]
+    reasons = {s["reason"] for s in skipped if "tokenizer" in s["reason"]}
+    assert reasons, skipped
+    for reason in reasons:
+        assert "_name_or_path" in reason and "/training-box/models/qwen-0.5b" in reason and "--base-model" in reason
