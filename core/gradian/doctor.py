@@ -16,8 +16,8 @@ __all__ = ["PackageStatus", "FeatureStatus", "DoctorReport", "collect_report", "
 #: package -> (lowest supported, highest tested) inclusive; None means open-ended
 SUPPORTED_WINDOW: dict[str, tuple[str, str | None]] = {
     "torch": ("2.4", "2.14"),
-    "transformers": ("5.0", "5.24"),
-    "peft": ("0.18", "0.21"),
+    "transformers": ("4.57", "5.24"),
+    "peft": ("0.17", "0.21"),
     "accelerate": ("1.0", None),
     "tokenizers": ("0.21", None),
     "numpy": ("1.26", None),
