@@ -1,7 +1,9 @@
 """How big a full-width index would be, and the projection that keeps it under ``grads.max_index_gb``.
 
 Interface: ``index_bytes(gm, grads, n)`` is what ``n`` rows take on disk under these ``grads``
-settings; ``auto_projection(config, gm, n, engines) -> (config, AutoProjection | None)`` turns a
+settings; ``store_rule(full, max_index_gb, free, disk=...)`` is the one rule of ``engine.store:
+auto`` (the index when it fits the limit and the disk, the stream otherwise), which a run
+(``gradian.index.stream.choose_store``) and a plan (``gradian.plan``) both apply; ``auto_projection(config, gm, n, engines) -> (config, AutoProjection | None)`` turns a
 random projection on when ``grads.projection_dim`` is unset and the full-width index would pass
 ``grads.max_index_gb``. The width picked is the largest power of two, at least
 ``AUTO_PROJECTION_FLOOR``, whose index fits. Engines that fit Kronecker curvature (EK-FAC, K-FAC)
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
     from gradian.config import GradianConfig, GradsConfig
     from gradian.grads import GradientModel
 
-__all__ = ["AUTO_PROJECTION_FLOOR", "AutoProjection", "auto_projection", "index_bytes"]
+__all__ = ["AUTO_PROJECTION_FLOOR", "AutoProjection", "auto_projection", "index_bytes", "store_rule"]
 
 #: the narrowest projection chosen automatically; below it the ranking is too coarse to act on
 AUTO_PROJECTION_FLOOR = 256
@@ -46,6 +48,23 @@ class AutoProjection:
                 f"({format_size(self.limit_bytes)}): projecting each block to {self.projection_dim} values "
                 f"({format_size(self.stored_bytes)}); set grads.projection_dim to choose the width, or raise "
                 "grads.max_index_gb to keep full gradients")
+
+
+def store_rule(full: int, max_index_gb: float | None, free: int | None, *,
+               disk: str = "the disk of cache_dir") -> tuple[str, str]:
+    """``(store, reason)`` that ``engine.store: auto`` picks for a full index of ``full`` bytes: the
+    stream when it passes ``grads.max_index_gb`` or the ``free`` bytes of ``disk`` (None: assumed to
+    hold it), the index otherwise. The reason says which, and the way to the other store."""
+    size = format_size(full)
+    limit = None if max_index_gb is None else int(max_index_gb * GIB)
+    if limit is not None and full > limit:
+        return "stream", (f"the index would take {size}, over grads.max_index_gb ({format_size(limit)}), so the "
+                          "gradients are recomputed in each pass and nothing is written; raise grads.max_index_gb, "
+                          "or set engine.store: index, to write it")
+    if free is not None and full > free:
+        return "stream", (f"the index would take {size} and {disk} has {format_size(free)} free, so the gradients "
+                          f"are recomputed in each pass and nothing is written; give {disk} more room to write it")
+    return "index", f"the index takes {size}, within grads.max_index_gb and the free disk"
 
 
 def _itemsize(storage_dtype: str) -> int:

@@ -43,8 +43,7 @@ from gradian.grads.collectors import KroneckerCollector, structured_projector
 from gradian.index.build import _STORAGE, build_target, capture_rows, stored_norms
 from gradian.index.passes import PassProgress
 from gradian.index.sharded import ShardedBuildError, gather_outcomes, shard_of
-from gradian.index.sizing import AutoProjection, auto_projection, index_bytes
-from gradian.sizes import GIB, format_size
+from gradian.index.sizing import AutoProjection, auto_projection, index_bytes, store_rule
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -395,20 +394,8 @@ def choose_store(config: GradianConfig, gm: GradientModel, tokenizer: PreTrained
     target = build_target(gm, tokenizer, dataset, config, None, make_dirs=False)
     if (target.root / "manifest.json").is_file():
         return config, StoreChoice("index", f"index {target.index_id} is stored already")
-    full = index_bytes(gm, grads, len(dataset))
-    limit = None if grads.max_index_gb is None else int(grads.max_index_gb * GIB)
-    if limit is not None and full > limit:
-        return config, StoreChoice("stream", (
-            f"the index would take {format_size(full)}, over grads.max_index_gb ({format_size(limit)}), so the "
-            "gradients are recomputed in each pass and nothing is written; raise grads.max_index_gb, or set "
-            "engine.store: index, to write it"))
-    free = _free_disk(target.root.parent)
-    if full > free:
-        return config, StoreChoice("stream", (
-            f"the index would take {format_size(full)} and the disk of cache_dir has {format_size(free)} free, so "
-            "the gradients are recomputed in each pass and nothing is written; point cache_dir at a bigger disk to "
-            "write it"))
-    return config, StoreChoice("index", f"the index takes {format_size(full)}, within grads.max_index_gb and the free disk")
+    store, reason = store_rule(index_bytes(gm, grads, len(dataset)), grads.max_index_gb, _free_disk(target.root.parent))
+    return config, StoreChoice(store, reason)
 
 
 def training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset, config: GradianConfig,

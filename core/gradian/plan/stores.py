@@ -33,8 +33,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+from gradian.index.sizing import store_rule
 from gradian.plan.shapes import LoraLinear
-from gradian.sizes import GIB, format_size
+from gradian.sizes import GIB
 
 __all__ = ["Passes", "IndexCost", "StreamCost", "CurvatureCost", "engine_passes", "auto_store", "curvature_cost",
            "lora_matrices", "GIB"]
@@ -156,16 +157,11 @@ def engine_passes(engine: str, fisher: str = "empirical", fisher_samples: int = 
 
 
 def auto_store(data_bytes: int, max_index_gb: float | None, disk: int | None) -> tuple[str, str]:
-    """``(store, reason)`` that ``engine.store: auto`` picks for an index of ``data_bytes``: the
-    index when it fits ``grads.max_index_gb`` and the disk (the budget ``disk`` standing for the
-    free disk of ``cache_dir``; None: assumed to hold it), else the stream. An index stored
-    already is always read; a plan cannot know that."""
-    size = format_size(data_bytes)
-    if max_index_gb is not None and data_bytes > max_index_gb * GIB:
-        return "stream", f"the index ({size}) is over grads.max_index_gb ({format_size(int(max_index_gb * GIB))})"
-    if disk is not None and data_bytes > disk:
-        return "stream", f"the index ({size}) is over the disk budget ({format_size(disk)})"
-    return "index", f"the index ({size}) fits grads.max_index_gb and the disk"
+    """``(store, reason)`` that ``engine.store: auto`` picks for an index of ``data_bytes``: the run's
+    own rule (``gradian.index.sizing.store_rule``), with the budget ``disk`` standing for the free
+    disk of ``cache_dir`` (None: assumed to hold it). An index stored already is always read; a
+    plan cannot know that."""
+    return store_rule(data_bytes, max_index_gb, disk, disk="the disk budget")
 
 
 def lora_matrices(linears: Sequence[LoraLinear], projection_dim: int | None = None,
