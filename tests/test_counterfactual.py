@@ -25,15 +25,15 @@ def test_recovery_counts_items_and_the_share_recovered():
 
     rec = capability_recovery(base=1.0, before=0.25, after=0.9375, n_items=16, metric="contains",
                               status_after="not_significant")
-    assert rec["delta_before"] == pytest.approx(-0.75) and rec["delta_after"] == pytest.approx(-0.0625)
-    assert rec["recovered_fraction"] == pytest.approx(0.6875 / 0.75)
-    assert rec["items_below_base_before"] == 12 and rec["items_below_base_after"] == 1
-    assert rec["within_one_item"] is True
+    assert rec.delta_before == pytest.approx(-0.75) and rec.delta_after == pytest.approx(-0.0625)
+    assert rec.recovered_fraction == pytest.approx(0.6875 / 0.75)
+    assert rec.items_below_base_before == 12 and rec.items_below_base_after == 1
+    assert rec.within_one_item is True
     two_short = capability_recovery(1.0, 0.25, 0.875, 16, "exact_match", "regressed")
-    assert two_short["within_one_item"] is False
+    assert two_short.within_one_item is False
     proxy = capability_recovery(-0.5, -2.0, -0.7, 16, "loglik", "regressed")
-    assert proxy["within_one_item"] is None and proxy["items_below_base_after"] is None
-    assert proxy["recovered_fraction"] == pytest.approx(1.3 / 1.5)
+    assert proxy.within_one_item is None and proxy.items_below_base_after is None
+    assert proxy.recovered_fraction == pytest.approx(1.3 / 1.5)
 
 
 @pytest.mark.parametrize("before, after, status, outcome, kind", [

@@ -124,13 +124,13 @@ def test_badconfig_verdicts(v):
 def _block(after, outcome, before=0.25, within=None):
     from gradian.counterfactual import capability_recovery
 
-    from gradian.report.schema import Counterfactual, DatasetSummary, GroundTruth, Recovery, Removal
+    from gradian.report.schema import Counterfactual, DatasetSummary, GroundTruth, Removal
 
     rec = capability_recovery(1.0, before, after, 16, "contains", "not_significant" if after > 0.9 else "regressed")
     removal = Removal(reason="cluster 0", cluster="0", n_examples=800, n_removed=48, n_kept=752, removed_ids=[],
                       dataset=DatasetSummary(path="kept.jsonl", sha256=None))
     truth = GroundTruth(n_removed=48, n_planted=48, n_planted_removed=48, precision=1.0, recall=1.0)
-    return Counterfactual(outcome=outcome, removal=removal, capability=Recovery.from_json(rec),
+    return Counterfactual(outcome=outcome, removal=removal, capability=rec,
                           ground_truth=truth).to_json()
 
 

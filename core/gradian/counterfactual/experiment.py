@@ -188,7 +188,7 @@ def run_counterfactual(
     block = Counterfactual(
         outcome=outcome,  # type: ignore[arg-type]
         removal=Removal.of(plan),
-        capability=Recovery.from_json(recovery | {"before_source": before_source}, "counterfactual.capability"),
+        capability=dataclasses.replace(recovery, before_source=before_source),
         ground_truth=GroundTruth.from_json(truth, "counterfactual.ground_truth") if truth is not None else None,
         predicted=PredictedSums.from_json(predicted, "counterfactual.predicted") if predicted is not None else None,
         recipe_source=recipe_source,

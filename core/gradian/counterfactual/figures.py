@@ -2,7 +2,8 @@
 
 Interface:
 
-- ``capability_recovery(base, before, after, n_items, metric, status_after) -> dict``: how much of
+- ``capability_recovery(base, before, after, n_items, metric, status_after) -> Recovery`` (the
+  report's block): how much of
   the lost capability came back. With ``lost = base - before`` (the drop the original fine-tune
   caused) ``recovered_fraction = (after - before) / lost``; for pass/fail metrics
   ``items_below_base = (base - after) * n_items`` counts the items still lost.
@@ -19,7 +20,9 @@ Interface:
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Iterable, Mapping, TypedDict
+from typing import TYPE_CHECKING, Iterable, Mapping
+
+from gradian.report.schema import Recovery
 
 if TYPE_CHECKING:
     from gradian.jsontypes import JsonScalar
@@ -39,57 +42,28 @@ OUTCOMES = ("recovered", "partial", "not_recovered", "nothing_to_recover")
 _ITEM_METRICS = ("exact_match", "contains", "not_contains")
 
 
-class CapabilityRecovery(TypedDict):
-    """What ``capability_recovery`` returns (see the module doc)."""
-
-    metric: str
-    n_items: int
-    base: float
-    before: float | None
-    after: float
-    delta_before: float | None
-    delta_after: float
-    status_after: str | None
-    recovered_fraction: float | None
-    items_below_base_before: float | None
-    items_below_base_after: float | None
-    within_one_item: bool | None
-
-
 def capability_recovery(base: float, before: float | None, after: float, n_items: int, metric: str,
-                        status_after: str | None = None) -> CapabilityRecovery:
+                        status_after: str | None = None, before_source: str = "") -> Recovery:
     """Recovery of a capability once the removed examples are gone (see the module docstring).
 
     ``base``: the base model's score; ``before``: the original fine-tune's (None when unknown);
     ``after``: the retrained fine-tune's; ``status_after``: the bootstrap status of after vs base.
     """
-    out: CapabilityRecovery = {
-        "metric": metric,
-        "n_items": n_items,
-        "base": base,
-        "before": before,
-        "after": after,
-        "delta_before": None if before is None else before - base,
-        "delta_after": after - base,
-        "status_after": status_after,
-        "recovered_fraction": None,
-        "items_below_base_before": None,
-        "items_below_base_after": None,
-        "within_one_item": None,
-    }
-    if before is not None and base - before > 0:
-        out["recovered_fraction"] = (after - before) / (base - before)
+    recovered = (after - before) / (base - before) if before is not None and base - before > 0 else None
+    below_before = below_after = within = None
     if metric in _ITEM_METRICS:
         # scores are shares of n_items; round away float noise before counting items
         below_after = round((base - after) * n_items, 6)
-        out["items_below_base_after"] = below_after
         if before is not None:
-            out["items_below_base_before"] = round((base - before) * n_items, 6)
-        out["within_one_item"] = below_after <= 1.0
-    return out
+            below_before = round((base - before) * n_items, 6)
+        within = below_after <= 1.0
+    return Recovery(metric=metric, n_items=n_items, base=base, before=before, after=after,
+                    delta_before=None if before is None else before - base, delta_after=after - base,
+                    status_after=status_after, recovered_fraction=recovered, items_below_base_before=below_before,
+                    items_below_base_after=below_after, within_one_item=within, before_source=before_source)
 
 
-def counterfactual_outcome(recovery: CapabilityRecovery) -> tuple[str, str]:
+def counterfactual_outcome(recovery: Recovery) -> tuple[str, str]:
     """``(outcome, verdict kind)``.
 
     - ``nothing_to_recover`` (kind ``no_regression``): the original fine-tune lost nothing;
@@ -98,12 +72,12 @@ def counterfactual_outcome(recovery: CapabilityRecovery) -> tuple[str, str]:
     - ``partial`` (``inconclusive``): better than before, still a significant regression;
     - ``not_recovered`` (``inconclusive``): no better than before.
     """
-    delta_before = recovery.get("delta_before")
-    delta_after = recovery["delta_after"]
+    delta_before = recovery.delta_before
+    delta_after = recovery.delta_after
     if delta_before is not None and delta_before >= 0:
         return "nothing_to_recover", "no_regression"
     improved = delta_before is None or delta_after > delta_before
-    still_regressed = recovery.get("status_after") == "regressed"
+    still_regressed = recovery.status_after == "regressed"
     if improved and not still_regressed:
         return "recovered", "data"
     if improved:
