@@ -200,8 +200,10 @@ def test_a_sharded_run_killed_in_the_scoring_pass_resumes_with_the_chunks_left(i
         assert np.array_equal(got[name], value), name
 
 
-@pytest.mark.slow
-def test_attribute_under_torchrun_streams_on_both_ranks_and_ranks_what_one_process_ranks(tmp_path, tiny_lora_dirs):
+def _attribute_cli(tmp_path: Path, tiny_lora_dirs, name: str, nproc: int | None, engine_yaml: str,
+                   grads_yaml: str = "") -> tuple:
+    """``gradian attribute`` (under torchrun with ``nproc`` processes) on 12 rows: its process,
+    report.json and rankings."""
     import pandas as pd
 
     base, adapter = tiny_lora_dirs
@@ -210,33 +212,58 @@ def test_attribute_under_torchrun_streams_on_both_ranks_and_ranks_what_one_proce
                                          "cluster": "ab"[i % 2]}) + "\n" for i in range(12)))
     evals.write_text("".join(json.dumps({"prompt": f"what is item {i} ?", "completion": f"item {i} is {i % 5}"}) + "\n"
                              for i in range(4)))
+    config = tmp_path / f"{name}.yaml"
+    config.write_text(f"cache_dir: {tmp_path / name}\ndtype: float64\ndevice: cpu\n"
+                      f"engine:\n{engine_yaml}grads:\n  chunk_size: 4\n  batch_size: 2\n{grads_yaml}"
+                      "evaluation:\n  metric: contains\n  require_significant: false\n  max_new_tokens: 2\n"
+                      "  n_bootstrap: 50\nclustering:\n  method: declared\n  explain_top_accused: 0\n")
+    prefix = [sys.executable, "-m", "gradian"]
+    if nproc:
+        prefix = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
+                  "127.0.0.1", "--master-port", str(_free_port()), "-m", "gradian"]
+    environment = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                       TOKENIZERS_PARALLELISM="false")
+    for variable in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT"):
+        environment.pop(variable, None)
+    done = subprocess.run([*prefix, "attribute", "-c", str(config), "-m", str(base), "-a", str(adapter),
+                           "-d", str(train), "-e", str(evals), "--engine", "ekfac", "--cross-check", "datainf",
+                           "-o", str(tmp_path / f"{name}-out")], env=environment, capture_output=True, text=True,
+                          timeout=300)
+    _ran(done)
+    assert done.stdout.count("Verdict") == 1  # rank 1 leaves after its last sharded work
+    report = json.loads((tmp_path / f"{name}-out" / "report.json").read_text())
+    return done, report, pd.read_parquet(tmp_path / f"{name}-out" / "rankings.parquet").set_index("example_id")
 
-    def attribute(name: str, nproc: int | None) -> pd.DataFrame:
-        config = tmp_path / f"{name}.yaml"
-        config.write_text(f"cache_dir: {tmp_path / name}\ndtype: float64\ndevice: cpu\n"
-                          "engine:\n  store: stream\ngrads:\n  chunk_size: 4\n  batch_size: 2\n"
-                          "evaluation:\n  metric: contains\n  require_significant: false\n  max_new_tokens: 2\n"
-                          "  n_bootstrap: 50\nclustering:\n  method: declared\n  explain_top_accused: 0\n")
-        prefix = [sys.executable, "-m", "gradian"]
-        if nproc:
-            prefix = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-addr",
-                      "127.0.0.1", "--master-port", str(_free_port()), "-m", "gradian"]
-        environment = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                           TOKENIZERS_PARALLELISM="false")
-        for variable in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_PORT"):
-            environment.pop(variable, None)
-        done = subprocess.run([*prefix, "attribute", "-c", str(config), "-m", str(base), "-a", str(adapter),
-                               "-d", str(train), "-e", str(evals), "--engine", "ekfac", "--cross-check", "datainf",
-                               "-o", str(tmp_path / f"{name}-out")], env=environment, capture_output=True, text=True,
-                              timeout=300)
-        _ran(done)
-        assert done.stdout.count("Verdict") == 1  # rank 1 leaves after the last scoring pass
+
+@pytest.mark.slow
+def test_attribute_under_torchrun_streams_on_both_ranks_and_ranks_what_one_process_ranks(tmp_path, tiny_lora_dirs):
+    def attribute(name: str, nproc: int | None):
+        _, report, rankings = _attribute_cli(tmp_path, tiny_lora_dirs, name, nproc, "  store: stream\n")
         assert not (tmp_path / name / "index").exists()
-        report = json.loads((tmp_path / f"{name}-out" / "report.json").read_text())
         assert report["manifest"]["index_manifest"]["processes"] == (nproc or 1)
-        return pd.read_parquet(tmp_path / f"{name}-out" / "rankings.parquet").set_index("example_id")
+        return rankings
 
     sharded, single = attribute("sharded", 2), attribute("single", None)
     assert list(sharded.index) == list(single.index)
     for column in ("score", "cross_check_score"):
         _close(sharded[column].to_numpy(), single[column].to_numpy())
+
+
+@pytest.mark.slow
+def test_store_auto_under_torchrun_streams_past_the_index_limit_and_shards_the_index_below_it(tmp_path,
+                                                                                               tiny_lora_dirs):
+    """Under torchrun, ``engine.store: auto`` is rank 0's choice for both ranks: an index over
+    grads.max_index_gb is streamed, every pass sharded; one that fits is built by both ranks,
+    each its share of the chunks, and rank 0 fits and scores over it. Both rank as one process."""
+    done, streamed, streamed_rows = _attribute_cli(tmp_path, tiny_lora_dirs, "over", 2, "  store: auto\n",
+                                                   "  max_index_gb: 0.000000001\n")
+    assert not (tmp_path / "over" / "index").exists() and "over grads.max_index_gb" in done.stderr
+    assert streamed["manifest"]["index"]["store"] == "stream"
+    assert streamed["manifest"]["index_manifest"]["processes"] == 2
+    done, indexed, indexed_rows = _attribute_cli(tmp_path, tiny_lora_dirs, "fits", 2, "  store: auto\n")
+    assert indexed["manifest"]["index"]["store"] == "index" and (tmp_path / "fits" / "index").is_dir()
+    _, _, single = _attribute_cli(tmp_path, tiny_lora_dirs, "single", None, "  store: index\n")
+    for rows in (streamed_rows, indexed_rows):
+        assert list(rows.index) == list(single.index)
+        for column in ("score", "cross_check_score"):
+            _close(rows[column].to_numpy(), single[column].to_numpy())

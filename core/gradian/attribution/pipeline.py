@@ -125,12 +125,13 @@ def run_attribution(
     engine name, ``none``, or ``auto`` (the engine's own default cross-check, see
     ``gradian.engines.registry.resolve_cross_check``).
 
-    ``shard`` (the ``ShardGroup`` of a torchrun launch, under ``engine.store: stream``): every rank
-    calls this, on its own device; rank 0 alone evaluates and builds the query gradient and hands
-    both to the others, so every rank makes the same streamed passes, each computing its share
-    of every pass (``gradian.index.stream``). After the last scoring pass the ranks leave the
-    group together; rank 0 goes on to cluster and report, the others return an outcome with no
-    report.
+    ``shard`` (the ``ShardGroup`` of a torchrun launch, under ``engine.store: stream`` or
+    ``auto``): every rank calls this, on its own device; rank 0 alone evaluates, chooses the store
+    and builds the query gradient and hands them to the others. Over a stream every rank makes
+    the same passes, each computing its share of every pass (``gradian.index.stream``), and the
+    ranks leave the group together after the last scoring pass; over an index each rank builds
+    its share of the chunks and the ranks leave after the build. Rank 0 goes on to fit, cluster
+    and report, the others return an outcome with no report.
 
     The stages, each a function below: ``_open`` (inputs, audit, model), ``_measure`` (the
     capability and the gate), ``_score_all`` (gradients, query, the engine and its cross-check),
@@ -150,7 +151,7 @@ def run_attribution(
     assignment: ClusterAssignment | None = None
     if measured.allowed:
         scored = _score_all(lane, cross_check, measured, manifest, force, progress)
-        if lane.leave_group():  # the last sharded pass is done
+        if scored is None or lane.leave_group():  # the last sharded pass is done
             return AttributionOutcome(report=None, run=lane.run)
         attribution, rankings, assignment = _attribute(lane, scored, measured.gated, manifest)
     manifest.seconds = round(time.time() - started, 2)
@@ -319,10 +320,11 @@ class _Scored:
 
 
 def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manifest: AttributeManifest, force: bool,
-               progress: Progress | None) -> _Scored:
+               progress: Progress | None) -> _Scored | None:
     """Capture the training gradients (index or stream), build the query, fit and score the engine
     and its cross-check. The store chosen may project the gradients, which changes the config the
-    manifest records."""
+    manifest records. Sharded, rank 0 chooses the store for every rank; over an index every rank
+    builds its share and the others then return None, over a stream every rank makes every pass."""
     from gradian.config import config_hash, config_to_dict
     from gradian.engines import equivalent_engines, rank_correlation
     from gradian.engines.registry import independent_cross_check, whole_gradient_engines
@@ -330,8 +332,14 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     from gradian.query import build_query_gradient, select_query_items
 
     log, shard, gm, tokenizer, dataset, run = lane.log, lane.shard, lane.gm, lane.tokenizer, lane.dataset, lane.run
-    cfg, choice = choose_store(lane.cfg, gm, tokenizer, dataset, whole_gradient_engines([lane.cfg.engine.name,
-                                                                                          cross_check]))
+    decided = None
+    if shard is None or shard.is_main:
+        decided = choose_store(lane.cfg, gm, tokenizer, dataset, whole_gradient_engines([lane.cfg.engine.name,
+                                                                                           cross_check]))
+    if shard is not None:  # rank 0's choice on every rank: free disk read twice may differ
+        decided = shard.broadcast(decided)
+    assert decided is not None
+    cfg, choice = decided
     lane.cfg = cfg
     if choice.projection is not None:
         log(f"note: {choice.projection.message()}")
@@ -341,6 +349,10 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     tokenized = _Tokenized(dataset, tokenizer, cfg.grads.max_seq_length)  # shared by every pass below
     t0 = time.time()
     collect = bool(whole_gradient_engines([cfg.engine.name, None if cross_check == "none" else cross_check]))
+    # a sharded index build: each rank holds its share of the factor sums, so the fit on rank 0
+    # gathers its own; after the build the other ranks leave and rank 0 fits and scores alone
+    sharded_index = shard is not None and choice.store == "index"
+    collect = collect and not sharded_index
     if choice.store == "stream":
         log("streaming per-example gradients (recomputed in each pass, nothing written)"
             + ("; a first pass for the norms and the Kronecker factors" if collect else ""))
@@ -352,6 +364,10 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
                                                   tokenized=tokenized.rows() if choice.store == "stream" else None,
                                                   shard=shard)
     index_seconds = time.time() - t0
+    if sharded_index:
+        if lane.leave_group():
+            return None
+        shard = lane.shard = None  # rank 0 goes on alone over the whole index
     items, scope, notes, finding_ids = select_query_items(measured.eval_items, dataset.examples)
     qg: QueryGradient | None = None
     query_loss = None

@@ -36,7 +36,7 @@ def attribute_command(
     cross_check: str = typer.Option("auto", "--cross-check", help="Second engine for rank agreement (" + ", ".join(available_engines()) + "), none, or auto (the engine's own choice: datainf beside ekfac and kfac, graddot beside datainf); one that ranks by the same method as --engine is swapped for one that does not"),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write report.json/.md/.html, plots and rankings.parquet here"),
     force: bool = typer.Option(False, "--force", help="Rebuild the gradient index even if a cached one matches"),
-    distributed: Optional[bool] = typer.Option(None, "--distributed/--no-distributed", help=DISTRIBUTED_HELP + "; under torchrun the index is built first, then rank 0 alone runs the rest, or, under engine.store: stream, every streamed pass is sharded the same way and rank 0 clusters and reports"),
+    distributed: Optional[bool] = typer.Option(None, "--distributed/--no-distributed", help=DISTRIBUTED_HELP + "; under torchrun with engine.store: index the index is built first, then rank 0 alone runs the rest; under stream every streamed pass is sharded the same way and rank 0 clusters and reports; under auto rank 0 chooses one of the two for every rank"),
 ) -> None:
     """Attribute a capability regression to training examples and write the merged report."""
     import contextlib
@@ -77,7 +77,8 @@ def attribute_command(
     # without --out the report is written to a temporary folder for the sink, and removed after
     with contextlib.ExitStack() as stack:
         shard = stack.enter_context(join_shard_group(distributed))
-        streamed = shard is not None and cfg.engine.store == "stream"
+        # under engine.store: stream or auto every rank runs the lane, which chooses the store
+        streamed = shard is not None and cfg.engine.store in ("stream", "auto")
         if shard is not None and not streamed:
             # the indexing stage, sharded over every rank; the rest runs on rank 0 alone and finds
             # this index in the cache (audit and evaluation come after it, not before, here)
@@ -92,7 +93,7 @@ def attribute_command(
         else:
             record = read_run_on_ranks(cfg, trust_run_dataset, shard)
         main = shard is None or shard.is_main
-        if streamed and main and shard is not None:
+        if streamed and main and shard is not None and cfg.engine.store == "stream":
             console.print(f"[dim]streaming the passes over the training rows on {shard.world_size} processes[/]",
                           highlight=False)
         out_dir = out if out is not None else Path(stack.enter_context(

@@ -405,13 +405,14 @@ def training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, da
                        tokenized: Sequence[TokenizedExample] | None = None,
                        shard: "ShardGroup | None" = None) -> "GradientIndex | GradientStream":
     """The training gradients ``choice`` names: the index built (or found) in ``config.cache_dir``,
-    or a stream that writes nothing (its passes sharded over ``shard``'s ranks when given)."""
+    or a stream that writes nothing; either sharded over ``shard``'s ranks when given (each rank
+    builds its share of the index's chunks, or computes its share of every streamed pass)."""
     if choice.store == "stream":
         return GradientStream(gm, tokenizer, dataset, config, tokenized=tokenized, progress=progress, shard=shard)
     from gradian.index.store import GradientIndex
 
     extra = {"projection_auto": choice.projection.manifest()} if choice.projection is not None else None
-    return GradientIndex.build(gm, tokenizer, dataset, config, force=force, progress=progress,
+    return GradientIndex.build(gm, tokenizer, dataset, config, force=force, progress=progress, shard=shard,
                                extra_manifest=extra, log=log)
 
 
