@@ -148,7 +148,7 @@ def test_a_datainf_plan_over_disk_still_gets_float16_then_the_widest_projection_
     settings = PlanSettings(device="cuda", engine="datainf", capture=CaptureSettings(dtype="bfloat16", attn_implementation="sdpa"))
     budgets = Budgets(disk=parse_size("100GB"))
     plan = make_plan(shape, adapter, data, settings, budgets)
-    assert plan.index_bytes > 100e9 and plan.fits_memory
+    assert plan.priced.index.disk_bytes > 100e9 and plan.fits_memory
     proposal = plan.proposal
     assert proposal.fits and proposal.index_bytes <= 100e9 and proposal.store == "index"
     assert proposal.changes["grads.storage_dtype"] == "float16" and "engine.name" not in proposal.changes
@@ -156,10 +156,10 @@ def test_a_datainf_plan_over_disk_still_gets_float16_then_the_widest_projection_
     p = proposal.changes["grads.projection_dim"]
     assert p & (p - 1) == 0  # a power of two, and the next one up would not fit
     wider = settings.with_changes(storage_dtype="float16", projection_dim=2 * p)
-    assert make_plan(shape, adapter, data, wider, propose=False).index_bytes > 100e9
+    assert make_plan(shape, adapter, data, wider, propose=False).priced.index.disk_bytes > 100e9
     # the projected index is under grads.max_index_gb, so engine.store: auto writes it
     again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
-    assert again.store == again.auto_store == "index" and again.fits and again.disk_bytes == again.index_bytes
+    assert again.priced.store == again.priced.auto_store == "index" and again.fits and again.priced.disk_bytes == again.priced.index.disk_bytes
 
 
 def test_a_projected_index_over_max_index_gb_raises_the_limit_so_auto_writes_it():
@@ -169,9 +169,9 @@ def test_a_projected_index_over_max_index_gb_raises_the_limit_so_auto_writes_it(
     proposal = make_plan(shape, adapter, data, settings, budgets).proposal
     assert proposal.fits and "grads.projection_dim" in proposal.changes and "engine.name" not in proposal.changes
     again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
-    assert again.index.data_bytes > 100 * GIB  # over the default limit: auto alone would stream it
-    assert proposal.changes["grads.max_index_gb"] * GIB >= again.index.data_bytes
-    assert again.store == "index" and again.disk_bytes <= budgets.disk
+    assert again.priced.index.data_bytes > 100 * GIB  # over the default limit: auto alone would stream it
+    assert proposal.changes["grads.max_index_gb"] * GIB >= again.priced.index.data_bytes
+    assert again.priced.store == "index" and again.priced.disk_bytes <= budgets.disk
 
 
 def test_ekfac_over_disk_streams_at_full_width_instead_of_switching_engine():
@@ -187,12 +187,12 @@ def test_ekfac_over_disk_streams_at_full_width_instead_of_switching_engine():
     assert not any("datainf" in reason for reason in proposal.reasons)
     streamed = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
     # nothing of an index on disk: only the fitted EK-FAC state, under the budget
-    assert streamed.disk_bytes == streamed.curvature.state_bytes <= budgets.disk
-    assert streamed.stream.passes == engine_passes("ekfac").stream == 3
+    assert streamed.priced.disk_bytes == streamed.priced.curvature.state_bytes <= budgets.disk
+    assert streamed.priced.stream.passes == engine_passes("ekfac").stream == 3
     # where float16 is enough (and under grads.max_index_gb), the cheaper index is kept
     small = DatasetShape.uniform(1000, 1024)
     full = make_plan(shape, adapter, small, settings, propose=False)
-    disk = full.index_bytes * 3 // 4 + full.curvature.state_bytes
+    disk = full.priced.index.disk_bytes * 3 // 4 + full.priced.curvature.state_bytes
     half = make_plan(shape, adapter, small, settings, Budgets(disk=disk)).proposal
     assert half.changes == {"grads.storage_dtype": "float16"} and half.store == "index" and half.disk_bytes <= disk
 
@@ -283,10 +283,10 @@ def test_the_8b_plan_keeps_ekfac_and_projects_its_factors_instead_of_cutting_lay
         settings = PlanSettings(device=device, capture=CaptureSettings(dtype=dtype))
         plan = make_plan(shape, adapter, data, settings, budgets)
         full = plan.values_per_example
-        assert plan.index.data_bytes == 100_000 * full * 4 > disk  # the full-width index cannot be written
-        assert plan.auto_store == plan.store == "stream"
+        assert plan.priced.index.data_bytes == 100_000 * full * 4 > disk  # the full-width index cannot be written
+        assert plan.priced.auto_store == plan.priced.store == "stream"
         # at full width the factors alone are over the memory (a CPU run) or the device
-        assert plan.curvature.factor_bytes == _factor_bytes(linears) > HEADROOM * memory - plan.memory.weights
+        assert plan.priced.curvature.factor_bytes == _factor_bytes(linears) > HEADROOM * memory - plan.priced.memory.weights
         proposal = plan.proposal
         label = (device, host, proposal.changes)
         assert proposal.fits and "engine.name" not in proposal.changes, label
@@ -301,24 +301,24 @@ def test_the_8b_plan_keeps_ekfac_and_projects_its_factors_instead_of_cutting_lay
         assert len({lin.layer for lin in lora_linears(shape, adapter, again.settings.module_filter)}) == 32
         # everything priced at the projected width, by the formulas from the LoRA shapes
         factors, stored = _factor_bytes(linears, width), _stored_values(linears, width)
-        assert again.curvature.factor_bytes == again.curvature.device == factors < plan.curvature.factor_bytes / 10
-        assert again.curvature.host == 2 * factors + 5 * 8 * width**2  # the widest factor's side is now w
+        assert again.priced.curvature.factor_bytes == again.priced.curvature.device == factors < plan.priced.curvature.factor_bytes / 10
+        assert again.priced.curvature.host == 2 * factors + 5 * 8 * width**2  # the widest factor's side is now w
         assert again.stored_per_example == stored and again.values_per_example == full
-        assert again.curvature.state_bytes == factors + 8 * stored
-        assert again.index.data_bytes == 100_000 * stored * 4
+        assert again.priced.curvature.state_bytes == factors + 8 * stored
+        assert again.priced.index.data_bytes == 100_000 * stored * 4
         widths = [w for _, w in block_widths(linears, "module", width, "kronecker")]
         assert sum(widths) == stored
-        assert again.stream.host_buffer == stream_chunk_bytes(again.settings.chunk_size, stored, max(widths), "float32")
-        assert again.device_peak == proposal.peak_memory <= memory
-        assert again.disk_bytes == again.curvature.state_bytes == proposal.disk_bytes <= disk
-        assert again.host_buffer == again.stream.host_buffer <= 64 * GIB
+        assert again.priced.stream.host_buffer == stream_chunk_bytes(again.settings.chunk_size, stored, max(widths), "float32")
+        assert again.priced.device_peak == proposal.peak_memory <= memory
+        assert again.priced.disk_bytes == again.priced.curvature.state_bytes == proposal.disk_bytes <= disk
+        assert again.priced.host_buffer == again.priced.stream.host_buffer <= 64 * GIB
         if device == "cuda":
-            assert again.host_peak == proposal.host_peak <= host_budget  # --host-memory defaults to --memory
+            assert again.priced.host_peak == proposal.host_peak <= host_budget  # --host-memory defaults to --memory
         # the next width up does not fit even at one row per batch and per chunk: this is the widest
         wider = make_plan(shape, adapter, data, again.settings.with_changes(projection_dim=2 * width, batch_size=1,
                                                                             chunk_size=1), budgets, propose=False)
-        assert (wider.device_peak > HEADROOM * memory
-                or (device == "cuda" and wider.host_peak > HEADROOM * host_budget)), label
+        assert (wider.priced.device_peak > HEADROOM * memory
+                or (device == "cuda" and wider.priced.host_peak > HEADROOM * host_budget)), label
         # the reason says what the projection changes and where its accuracy is measured
         reason = next(r for r in proposal.reasons if "grads.projection_kind: kronecker" in r)
         for words in (f"grads.projection_dim: {width}", "model-wide side", "rank side (r=16) exact",
@@ -356,8 +356,8 @@ def test_projected_factor_bytes_are_the_formula_from_the_lora_shapes():
         settings = PlanSettings(device="cuda", projection_dim=w,
                                 capture=CaptureSettings(projection_dim=w, projection_kind="kronecker"))
         plan = make_plan(shape, adapter, data, settings, propose=False)
-        assert plan.curvature.factor_bytes == plan.curvature.device == expected
-        assert plan.device_peak == plan.memory.peak + expected
+        assert plan.priced.curvature.factor_bytes == plan.priced.curvature.device == expected
+        assert plan.priced.device_peak == plan.priced.memory.peak + expected
     # layer by layer at 4096: only the MLP's 8192-wide side is narrowed, the rank side never
     per_layer = 8 * (2 * (2048**2 + 16**2) + 2 * (2048**2 + 16**2 + 16**2 + 512**2) + 2 * (2048**2 + 16**2)
                      + 3 * (2048**2 + 2 * 16**2 + 4096**2))
@@ -374,12 +374,12 @@ def test_factors_that_fit_get_no_projection():
     assert not plan.fits_memory
     # at full width the factors fit beside a smaller batch, on the device and on the host
     smaller = make_plan(shape, adapter, data, settings.with_changes(batch_size=1), budgets, propose=False)
-    assert smaller.device_peak <= HEADROOM * budgets.memory and smaller.host_peak <= HEADROOM * budgets.host
+    assert smaller.priced.device_peak <= HEADROOM * budgets.memory and smaller.priced.host_peak <= HEADROOM * budgets.host
     proposal = plan.proposal
     assert proposal.fits and list(proposal.changes) == ["grads.batch_size"], proposal.changes
     assert not any("projection" in reason for reason in proposal.reasons)
     again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
-    assert again.curvature.factor_bytes == plan.curvature.factor_bytes == _factor_bytes(lora_linears(shape, adapter))
+    assert again.priced.curvature.factor_bytes == plan.priced.curvature.factor_bytes == _factor_bytes(lora_linears(shape, adapter))
 
 
 def test_a_model_too_narrow_to_project_still_cuts_layers():
@@ -393,7 +393,7 @@ def test_a_model_too_narrow_to_project_still_cuts_layers():
     # the most layers that fit: 3..5 (one more, from layer 2, would not)
     assert proposal.fits and proposal.changes == {"grads.module_filter": r"\.layers\.(3|4|5)\."}, proposal.changes
     more = settings.with_changes(module_filter=r"\.layers\.(2|3|4|5)\.")
-    assert make_plan(shape, adapter, data, more, propose=False).device_peak > HEADROOM * budget
+    assert make_plan(shape, adapter, data, more, propose=False).priced.device_peak > HEADROOM * budget
 
 
 def test_a_projected_index_that_fits_is_written_again_instead_of_streamed_or_halved():
@@ -406,7 +406,7 @@ def test_a_projected_index_that_fits_is_written_again_instead_of_streamed_or_hal
     for rows, dtype in ((3000, "float32"), (5000, "float16")):
         data = DatasetShape.uniform(rows, 1024)
         plan = make_plan(shape, adapter, data, settings, budgets)
-        assert plan.index.disk_bytes + plan.curvature.state_bytes > budgets.disk  # the full-width index does not fit
+        assert plan.priced.index.disk_bytes + plan.priced.curvature.state_bytes > budgets.disk  # the full-width index does not fit
         proposal = plan.proposal
         assert proposal.fits and proposal.changes["grads.projection_kind"] == "kronecker", proposal.changes
         assert "engine.store" not in proposal.changes and proposal.store == "index", proposal.changes
@@ -414,10 +414,10 @@ def test_a_projected_index_that_fits_is_written_again_instead_of_streamed_or_hal
         assert not any(reason.startswith(("the index (", "float16 storage")) for reason in proposal.reasons)
         assert any(reason.startswith("projected, the index (") for reason in proposal.reasons), proposal.reasons
         again = make_plan(shape, adapter, data, _applied(settings, proposal), budgets, propose=False)
-        assert again.store == again.auto_store == "index" and again.fits
-        assert again.index.data_bytes <= 100 * GIB and again.disk_bytes == proposal.disk_bytes <= budgets.disk
+        assert again.priced.store == again.priced.auto_store == "index" and again.fits
+        assert again.priced.index.data_bytes <= 100 * GIB and again.priced.disk_bytes == proposal.disk_bytes <= budgets.disk
         width = proposal.changes["grads.projection_dim"]
-        assert again.index.data_bytes == rows * _stored_values(lora_linears(shape, adapter), width) * (
+        assert again.priced.index.data_bytes == rows * _stored_values(lora_linears(shape, adapter), width) * (
             2 if dtype == "float16" else 4)
 
 
@@ -426,13 +426,13 @@ def test_kronecker_factors_are_priced_on_the_device_and_the_host():
     settings = PlanSettings(device="cuda", capture=CaptureSettings(dtype="bfloat16", attn_implementation="sdpa"))
     ekfac = make_plan(shape, adapter, data, settings, propose=False)
     datainf = make_plan(shape, adapter, data, settings.with_changes(engine="datainf"), propose=False)
-    f = ekfac.curvature.factor_bytes
+    f = ekfac.priced.curvature.factor_bytes
     assert f == curvature_cost("ekfac", lora_linears(shape, adapter)).factor_bytes > 0
-    assert ekfac.device_peak == ekfac.memory.peak + f and datainf.device_peak == datainf.memory.peak
-    assert ekfac.host_peak == ekfac.host_buffer + ekfac.curvature.host >= ekfac.host_buffer + 2 * f
+    assert ekfac.priced.device_peak == ekfac.priced.memory.peak + f and datainf.priced.device_peak == datainf.priced.memory.peak
+    assert ekfac.priced.host_peak == ekfac.priced.host_buffer + ekfac.priced.curvature.host >= ekfac.priced.host_buffer + 2 * f
     # on a CPU run everything is the one memory
     cpu = make_plan(shape, adapter, data, settings.with_changes(device="cpu"), propose=False)
-    assert cpu.device_peak == cpu.memory.peak + f + cpu.host_peak and cpu.fits_host
+    assert cpu.priced.device_peak == cpu.priced.memory.peak + f + cpu.priced.host_peak and cpu.fits_host
 
 
 def test_proposal_for_a_memory_budget_lowers_the_batch_size_to_the_largest_that_fits():
@@ -442,8 +442,8 @@ def test_proposal_for_a_memory_budget_lowers_the_batch_size_to_the_largest_that_
     proposal = propose_settings(shape, adapter, data, settings, Budgets(memory=budget, host=parse_size("1TiB")))
     size = proposal.changes["grads.batch_size"]
     assert 1 <= size < 8 and proposal.fits
-    assert make_plan(shape, adapter, data, settings.with_changes(batch_size=size), propose=False).device_peak <= HEADROOM * budget
-    assert make_plan(shape, adapter, data, settings.with_changes(batch_size=size + 1), propose=False).device_peak > HEADROOM * budget
+    assert make_plan(shape, adapter, data, settings.with_changes(batch_size=size), propose=False).priced.device_peak <= HEADROOM * budget
+    assert make_plan(shape, adapter, data, settings.with_changes(batch_size=size + 1), propose=False).priced.device_peak > HEADROOM * budget
 
 
 def test_proposal_restricts_layers_when_one_row_does_not_fit():
@@ -460,19 +460,19 @@ def test_proposal_restricts_layers_when_one_row_does_not_fit():
     assert 0 < first < 15 and kept.endswith("|15)\\.")
     # one layer fewer would not fit
     earlier = settings.with_changes(module_filter=kept.replace(f"({first}|", f"({first - 1}|{first}|"))
-    assert make_plan(shape, adapter, data, earlier, propose=False).device_peak > HEADROOM * parse_size("12GiB")
+    assert make_plan(shape, adapter, data, earlier, propose=False).priced.device_peak > HEADROOM * parse_size("12GiB")
     # EK-FAC: even the narrowest kronecker projection of every layer does not fit (the activations
     # are over), so it falls back to cutting layers; the factors of the layers the activations allow
     # do not fit at full width either, so those are projected rather than cut further
     ekfac_settings = settings.with_changes(engine="ekfac")
     narrowest = ekfac_settings.with_changes(projection_kind="kronecker", projection_dim=KRONECKER_FLOOR)
-    assert make_plan(shape, adapter, data, narrowest, propose=False).device_peak > HEADROOM * budgets.memory
+    assert make_plan(shape, adapter, data, narrowest, propose=False).priced.device_peak > HEADROOM * budgets.memory
     ekfac = make_plan(shape, adapter, data, ekfac_settings, budgets).proposal
     assert ekfac.fits and "engine.name" not in ekfac.changes
     assert ekfac.changes["grads.module_filter"] == kept, ekfac.changes
     assert ekfac.changes["grads.projection_kind"] == "kronecker"
     cut = ekfac_settings.with_changes(module_filter=kept)
-    assert make_plan(shape, adapter, data, cut, propose=False).device_peak > HEADROOM * budgets.memory
+    assert make_plan(shape, adapter, data, cut, propose=False).priced.device_peak > HEADROOM * budgets.memory
     assert any("the layers kept stay attributed" in reason for reason in ekfac.reasons), ekfac.reasons
 
 
@@ -570,7 +570,7 @@ def test_pass_counts_are_what_the_engines_make_on_a_real_run(tmp_path, tiny_lora
                 # the index auto compares: the plan's figure, and the same choice at limits around it
                 full = run_index_bytes(gm, cfg.grads, n)
                 plan = make_plan(shape, lora, DatasetShape.uniform(n, 8), PlanSettings(), propose=False)
-                assert plan.index.data_bytes == full
+                assert plan.priced.index.data_bytes == full
                 for limit in (full / 2 / GIB, 2 * full / GIB):
                     auto = load_config(overrides={"base_model": str(base), "cache_dir": str(tmp_path / "auto"),
                                                   "grads.max_index_gb": limit})

@@ -127,11 +127,8 @@ def plan_command(
                                       tokenized=tokenized if has_weights else None, pad_id=pad_id)
 
     if as_json:
-        data = dataclasses.asdict(plan)
-        data.update(device_peak=plan.device_peak, host_peak=plan.host_peak, host_buffer=plan.host_buffer,
-                    disk_bytes=plan.disk_bytes, fits=plan.fits, fits_memory=plan.fits_memory,
-                    fits_host=plan.fits_host, fits_disk=plan.fits_disk,
-                    time=dataclasses.asdict(estimate) if estimate else None)
+        data = plan.to_json()
+        data["time"] = dataclasses.asdict(estimate) if estimate else None
         print_json(data)
     else:
         _print_plan(plan, estimate, print_line, print_table, format_size)
@@ -171,7 +168,8 @@ def _config_dict(source: str) -> dict | None:
 def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
                 print_table: Callable[[str, Sequence[str], Iterable[Sequence[object]]], None],
                 fmt: Callable[[float], str]) -> None:
-    m, s, mem, curv = plan.model, plan.settings, plan.memory, plan.curvature
+    p = plan.priced
+    m, s, mem, curv = plan.model, plan.settings, p.memory, p.curvature
     cpu = s.device == "cpu"
     targets = plan.adapter.target_modules if isinstance(plan.adapter.target_modules, str) else ",".join(plan.adapter.target_modules)
     print_line(f"model: {m.name or m.model_type} ({m.n_parameters / 1e9:.2f}B parameters, {m.model_type}), "
@@ -181,7 +179,7 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
                + (f", stored {plan.stored_per_example:,} ({s.projection_kind} projection {s.projection_dim})"
                   if s.projection_dim else ""))
     print_line(f"dataset: {plan.n_examples:,} examples, {plan.total_tokens:,} tokens, longest {plan.max_tokens}")
-    w = plan.worst_batch
+    w = p.worst
     rows = [
         ("weights", fmt(mem.weights), f"{m.n_parameters:,} parameters x {s.capture.model_bytes} B"),
         ("adapter", fmt(mem.adapter_weights), "LoRA A and B"),
@@ -198,19 +196,19 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
         rows.append(("Kronecker factors", fmt(curv.device), f"{s.engine}'s float64 sums of x x^T and g g^T, on the "
                                                              "device from the first pass on"))
     if cpu:
-        rows.append(("device total", fmt(plan.device_peak), "capture peak" + (" + factors" if curv.device else "")
+        rows.append(("device total", fmt(p.device_peak), "capture peak" + (" + factors" if curv.device else "")
                      + " + host memory below"))
     elif curv.device:
-        rows.append(("device total", fmt(plan.device_peak), "capture peak + factors"))
+        rows.append(("device total", fmt(p.device_peak), "capture peak + factors"))
     print_table(f"memory per device (batch_size {s.batch_size})", ("component", "bytes", "what"), rows)
-    chosen = {"index": " (planned)" if plan.store == "index" else "", "stream": " (planned)" if plan.store == "stream" else ""}
+    chosen = {"index": " (planned)" if p.store == "index" else "", "stream": " (planned)" if p.store == "stream" else ""}
     host_rows = [
-        ("index writer", fmt(plan.index.host_buffer), f"chunks of {s.chunk_size} rows{chosen['index']}"),
-        ("stream chunk", fmt(plan.stream.host_buffer), f"one chunk of {s.chunk_size} rows in flight{chosen['stream']}"),
+        ("index writer", fmt(p.index.host_buffer), f"chunks of {s.chunk_size} rows{chosen['index']}"),
+        ("stream chunk", fmt(p.stream.host_buffer), f"one chunk of {s.chunk_size} rows in flight{chosen['stream']}"),
     ]
     if curv.host:
         host_rows.append((f"{s.engine} fit", fmt(curv.host), "Kronecker factors and their eigenbases"))
-    host_rows.append(("host total", fmt(plan.host_peak), f"{plan.store} buffer" + (f" + {s.engine} fit" if curv.host else "")))
+    host_rows.append(("host total", fmt(p.host_peak), f"{p.store} buffer" + (f" + {s.engine} fit" if curv.host else "")))
     print_table("host memory" + (" (the same memory on a CPU run)" if cpu else ""), ("component", "bytes", "what"),
                 host_rows)
     seconds = estimate.seconds if estimate is not None else None
@@ -218,27 +216,27 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
     def about(passes: int) -> str:
         return f", about {_duration(passes * seconds)}" if seconds is not None else ""
 
-    passes, index = plan.passes, plan.index
+    passes, index = p.passes, p.index
     print_line(f"stores ({s.engine}, one fit and one scoring: {passes.what()}):")
     print_line(f"  index: {fmt(index.disk_bytes)} on disk; {index.captures} forward+backward "
                f"pass{'es' if index.captures > 1 else ''}{about(index.captures)}, then {index.reads} "
                f"read{'s' if index.reads > 1 else ''} of the index")
-    print_line(f"  stream: nothing on disk; {plan.stream.passes} forward+backward "
-               f"pass{'es' if plan.stream.passes > 1 else ''}{about(plan.stream.passes)}")
+    print_line(f"  stream: nothing on disk; {p.stream.passes} forward+backward "
+               f"pass{'es' if p.stream.passes > 1 else ''}{about(p.stream.passes)}")
     if curv.state_bytes:
         print_line(f"  {s.engine} state: {fmt(curv.state_bytes)} on disk under either store (eigenbases and eigenvalues)")
-    cross = plan.cross_check
+    cross = p.cross_check
     if cross is not None:
         print_line(f"  gradian attribute's cross-check {cross.engine} adds {cross.gradients} "
                    f"pass{'es' if cross.gradients > 1 else ''} ({cross.what()}): recomputed by a stream"
                    + (f"{about(cross.gradients + cross.model)}" if seconds is not None else "") + ", read from the index")
     if s.store == "auto":
-        print_line(f"  engine.store auto chooses the {plan.auto_store}: {plan.auto_reason}")
+        print_line(f"  engine.store auto chooses the {p.auto_store}: {p.auto_reason}")
     else:
-        print_line(f"  engine.store is {s.store} (auto would choose the {plan.auto_store}: {plan.auto_reason})")
-    left = fmt(plan.disk_bytes) if plan.disk_bytes else "nothing"
-    print_line(f"disk: index {fmt(plan.index_bytes)} ({plan.n_examples:,} x {plan.stored_per_example:,} {s.storage_dtype}); "
-               f"the planned run ({plan.store}) leaves {left}")
+        print_line(f"  engine.store is {s.store} (auto would choose the {p.auto_store}: {p.auto_reason})")
+    left = fmt(p.disk_bytes) if p.disk_bytes else "nothing"
+    print_line(f"disk: index {fmt(index.disk_bytes)} ({plan.n_examples:,} x {plan.stored_per_example:,} {s.storage_dtype}); "
+               f"the planned run ({p.store}) leaves {left}")
     if estimate is not None:
         if estimate.seconds is None:
             print_line(f"time: {estimate.source}")
@@ -271,13 +269,13 @@ def _duration(seconds: float) -> str:
 
 # plan: a Plan; a budget it reads is set whenever the check on it failed, which the Optional fields do not say
 def _over_budget_line(plan: Any, fmt: Callable[[float], str]) -> str:
-    over = []
+    p, over = plan.priced, []
     if not plan.fits_memory:
-        over.append(f"{fmt(plan.device_peak)} of memory per device (budget {fmt(plan.budgets.memory)})")
+        over.append(f"{fmt(p.device_peak)} of memory per device (budget {fmt(plan.budgets.memory)})")
     if not plan.fits_host:
-        over.append(f"{fmt(plan.host_peak)} of host memory (budget {fmt(plan.budgets.host_memory(plan.settings.device))})")
+        over.append(f"{fmt(p.host_peak)} of host memory (budget {fmt(plan.budgets.host_memory(plan.settings.device))})")
     if not plan.fits_disk:
-        over.append(f"{fmt(plan.disk_bytes)} of disk (budget {fmt(plan.budgets.disk)})")
+        over.append(f"{fmt(p.disk_bytes)} of disk (budget {fmt(plan.budgets.disk)})")
     fix = ""
     if plan.proposal is not None and plan.proposal.changes:
         fix = "; set " + ", ".join(f"{k}: {v}" for k, v in plan.proposal.changes.items())

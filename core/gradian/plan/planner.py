@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     #: per ``(batch_size, max_seq_length)``: the worst batch of each row count
     _BatchCache = dict[tuple[int, int | None], dict[int, BatchShape]]
 
-__all__ = ["PlanSettings", "Budgets", "Plan", "Proposal", "make_plan", "propose_settings", "parse_size",
+__all__ = ["PlanSettings", "Budgets", "Plan", "Priced", "Proposal", "make_plan", "propose_settings", "parse_size",
            "format_size", "HEADROOM", "HOST_SHARE", "STORES", "KRONECKER_FLOOR", "kronecker_widths"]
 
 #: share of a memory budget a proposal may fill: allocator fragmentation and the framework's own
@@ -169,7 +169,11 @@ class Proposal:
 
 @dataclass
 class Plan:
-    """Predicted cost of a gradient run with one settings set: the capture, both stores, the engine."""
+    """Predicted cost of a gradient run with one settings set: the capture, both stores, the engine.
+
+    What the settings cost is ``priced`` (a ``Priced``); the plan adds the inputs it was priced
+    for, the budgets, and what fits them. ``to_json()`` is the document ``gradian plan --json``
+    prints."""
 
     model: ModelShape
     adapter: AdapterShape
@@ -177,55 +181,28 @@ class Plan:
     n_examples: int
     max_tokens: int
     total_tokens: int
-    n_blocks: int
-    values_per_example: int
-    stored_per_example: int
-    #: the batch shape priced: per row count, the widest batch's width and the most supervised
-    #: positions of any batch (every term grows with both, so this bounds every batch)
-    worst_batch: BatchShape
-    memory: MemoryEstimate
-    index_bytes: int
     budgets: Budgets
-    #: the engine's passes over the training set (one fit, one scoring), and the cross-check's
-    passes: Passes
-    cross_check: Passes | None
-    #: what each store costs
-    index: IndexCost
-    stream: StreamCost
-    #: a Kronecker engine's factors and fitted state (zeros otherwise)
-    curvature: CurvatureCost
-    #: the store the run would use, and why; and what ``engine.store: auto`` would choose
-    store: str
-    store_reason: str
-    auto_store: str
-    auto_reason: str
+    priced: Priced
     proposal: Proposal | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
-    def host_buffer(self) -> int:
-        """The chunk buffer of the store the run would use (host memory)."""
-        return self.stream.host_buffer if self.store == "stream" else self.index.host_buffer
+    def n_blocks(self) -> int:
+        return len(self.priced.blocks)
 
     @property
-    def host_peak(self) -> int:
-        """Host memory beside the model: the chunk buffer and a Kronecker fit's factors and eigenbases."""
-        return self.host_buffer + self.curvature.host
+    def values_per_example(self) -> int:
+        """Gradient values per example, before any projection."""
+        return sum(d for d, _ in self.priced.blocks)
 
     @property
-    def device_peak(self) -> int:
-        """Peak on the device: the capture, and a Kronecker engine's factors gathered there; on a
-        CPU run the host's share lives in the same memory and is added."""
-        return self.memory.peak + self.curvature.device + (self.host_peak if self.settings.device == "cpu" else 0)
-
-    @property
-    def disk_bytes(self) -> int:
-        """Bytes left on disk: the index (none under the stream) and a fitted engine state."""
-        return (0 if self.store == "stream" else self.index_bytes) + self.curvature.state_bytes
+    def stored_per_example(self) -> int:
+        """Values stored per example (after the projection, if any)."""
+        return sum(w for _, w in self.priced.blocks)
 
     @property
     def fits_memory(self) -> bool:
-        return self.budgets.memory is None or self.device_peak <= self.budgets.memory
+        return self.budgets.memory is None or self.priced.device_peak <= self.budgets.memory
 
     @property
     def fits_host(self) -> bool:
@@ -233,15 +210,34 @@ class Plan:
         if self.settings.device == "cpu":
             return True
         budget = self.budgets.host_memory(self.settings.device)
-        return budget is None or self.host_peak <= budget
+        return budget is None or self.priced.host_peak <= budget
 
     @property
     def fits_disk(self) -> bool:
-        return self.budgets.disk is None or self.disk_bytes <= self.budgets.disk
+        return self.budgets.disk is None or self.priced.disk_bytes <= self.budgets.disk
 
     @property
     def fits(self) -> bool:
         return self.fits_memory and self.fits_host and self.fits_disk
+
+    def to_json(self) -> dict[str, Any]:
+        """The plan as ``gradian plan --json`` prints it (plain values; the layout is pinned by
+        tests/test_plan_json.py)."""
+        from dataclasses import asdict
+
+        p = self.priced
+        return {"model": asdict(self.model), "adapter": asdict(self.adapter), "settings": asdict(self.settings),
+                "n_examples": self.n_examples, "max_tokens": self.max_tokens, "total_tokens": self.total_tokens,
+                "n_blocks": self.n_blocks, "values_per_example": self.values_per_example,
+                "stored_per_example": self.stored_per_example, "worst_batch": asdict(p.worst),
+                "memory": asdict(p.memory), "index_bytes": p.index.disk_bytes, "budgets": asdict(self.budgets),
+                "passes": asdict(p.passes), "cross_check": asdict(p.cross_check) if p.cross_check else None,
+                "index": asdict(p.index), "stream": asdict(p.stream), "curvature": asdict(p.curvature),
+                "store": p.store, "store_reason": p.store_reason, "auto_store": p.auto_store,
+                "auto_reason": p.auto_reason, "proposal": asdict(self.proposal) if self.proposal else None,
+                "notes": list(self.notes), "device_peak": p.device_peak, "host_peak": p.host_peak,
+                "host_buffer": p.host_buffer, "disk_bytes": p.disk_bytes, "fits": self.fits,
+                "fits_memory": self.fits_memory, "fits_host": self.fits_host, "fits_disk": self.fits_disk}
 
 
 def _cost(model: ModelShape, linears: list[LoraLinear], dataset: DatasetShape, settings: PlanSettings,
@@ -275,18 +271,27 @@ def _cost(model: ModelShape, linears: list[LoraLinear], dataset: DatasetShape, s
 
 
 @dataclass
-class _Priced:
-    """Everything a plan or a proposal reads of one settings set."""
+class Priced:
+    """What one settings set costs: everything a plan or a proposal reads of it."""
 
+    #: ``cpu``, or a GPU's device type: on a CPU run the host's share is in the same memory
+    device: str
     linears: list[LoraLinear]
+    #: the batch shape priced: per row count, the widest batch's width and the most supervised
+    #: positions of any batch (every term grows with both, so this bounds every batch)
     worst: BatchShape
     memory: MemoryEstimate
+    #: ``(values, stored)`` per block
     blocks: list[tuple[int, int]]
+    #: the engine's passes over the training set (one fit, one scoring), and the cross-check's
     passes: Passes
     cross_check: Passes | None
+    #: what each store costs
     index: IndexCost
     stream: StreamCost
+    #: a Kronecker engine's factors and fitted state (zeros otherwise)
     curvature: CurvatureCost
+    #: the store the run would use, and why; and what ``engine.store: auto`` would choose
     store: str
     store_reason: str
     auto_store: str
@@ -294,17 +299,23 @@ class _Priced:
 
     @property
     def host_buffer(self) -> int:
+        """The chunk buffer of the store the run would use (host memory)."""
         return self.stream.host_buffer if self.store == "stream" else self.index.host_buffer
 
     @property
     def host_peak(self) -> int:
+        """Host memory beside the model: the chunk buffer and a Kronecker fit's factors and eigenbases."""
         return self.host_buffer + self.curvature.host
 
-    def device_peak(self, device: str) -> int:
-        return self.memory.peak + self.curvature.device + (self.host_peak if device == "cpu" else 0)
+    @property
+    def device_peak(self) -> int:
+        """Peak on the device: the capture, and a Kronecker engine's factors gathered there; on a
+        CPU run the host's share lives in the same memory and is added."""
+        return self.memory.peak + self.curvature.device + (self.host_peak if self.device == "cpu" else 0)
 
     @property
     def disk_bytes(self) -> int:
+        """Bytes left on disk: the index (none under the stream) and a fitted engine state."""
         return (0 if self.store == "stream" else self.index.disk_bytes) + self.curvature.state_bytes
 
     @property
@@ -314,7 +325,7 @@ class _Priced:
 
 
 def _price(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, settings: PlanSettings,
-           budgets: Budgets, cache: _BatchCache | None = None) -> _Priced | None:
+           budgets: Budgets, cache: _BatchCache | None = None) -> Priced | None:
     """``settings`` priced (None when no LoRA module is selected)."""
     linears = lora_linears(model, adapter, settings.module_filter)
     if not linears:
@@ -333,8 +344,8 @@ def _price(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, sett
         store, reason = auto, f"engine.store is auto: {auto_reason}"
     else:
         store, reason = settings.store, f"engine.store is {settings.store}"
-    return _Priced(
-        linears=linears, worst=worst, memory=memory, blocks=blocks, passes=passes, cross_check=cross,
+    return Priced(
+        device=settings.device, linears=linears, worst=worst, memory=memory, blocks=blocks, passes=passes, cross_check=cross,
         index=IndexCost(disk_bytes=disk, data_bytes=data, host_buffer=memory.writer_buffer,
                         captures=passes.index_captures, reads=passes.index_reads),
         stream=StreamCost(passes=passes.stream, host_buffer=memory.stream_chunk),
@@ -360,15 +371,10 @@ def make_plan(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, s
             f"no LoRA module of {model.name or model.model_type} matches target_modules {adapter.target_modules!r}"
             + (f" and grads.module_filter '{settings.module_filter}'" if settings.module_filter else "")
         )
-    blocks = priced.blocks
     lengths = _truncated(dataset, settings.max_seq_length) if settings.max_seq_length else dataset
     plan = Plan(model=model, adapter=adapter, settings=settings, n_examples=dataset.n,
-                max_tokens=max(lengths.lengths, default=0), total_tokens=sum(lengths.lengths), n_blocks=len(blocks),
-                values_per_example=sum(d for d, _ in blocks), stored_per_example=sum(w for _, w in blocks),
-                worst_batch=priced.worst, memory=priced.memory, index_bytes=priced.index.disk_bytes, budgets=budgets,
-                passes=priced.passes, cross_check=priced.cross_check, index=priced.index, stream=priced.stream,
-                curvature=priced.curvature, store=priced.store, store_reason=priced.store_reason,
-                auto_store=priced.auto_store, auto_reason=priced.auto_reason)
+                max_tokens=max(lengths.lengths, default=0), total_tokens=sum(lengths.lengths), budgets=budgets,
+                priced=priced)
     if not model.llama_style:
         plan.notes.append(f"model type '{model.model_type}' is not Llama-style: activations are estimated as if it were")
     flat = settings.capture.projection_kind != "kronecker"
@@ -417,7 +423,7 @@ def kronecker_widths(linears: list[LoraLinear], below: int | None = None) -> lis
     return widths[::-1]
 
 
-def _kronecker_reason(engine: str, device: str, full: _Priced, projected: _Priced, width: int, where: str,
+def _kronecker_reason(engine: str, device: str, full: Priced, projected: Priced, width: int, where: str,
                       every_layer: bool, configured: int | None = None) -> str:
     """Why ``grads.projection_kind: kronecker`` at ``width`` is proposed, in a user's words; ``full``
     priced as configured (full width, or a wider ``configured`` kronecker width), on the same layers."""
@@ -475,7 +481,7 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
     projected_for: list[str] = []
     kronecker_prefix = f"{settings.engine}'s Kronecker factors do not fit"
 
-    def price(s: PlanSettings) -> _Priced | None:
+    def price(s: PlanSettings) -> Priced | None:
         return _price(model, adapter, dataset, s, budgets, cache)
 
     def index_fits(s: PlanSettings) -> bool:
@@ -493,7 +499,7 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
 
     def device_ok(s: PlanSettings) -> bool:
         p = price(s)
-        return p is not None and (budgets.memory is None or p.device_peak(device) <= HEADROOM * budgets.memory)
+        return p is not None and (budgets.memory is None or p.device_peak <= HEADROOM * budgets.memory)
 
     def host_ok(s: PlanSettings) -> bool:
         """The host memory fits (on a CPU run: the one memory, as ``device_ok``)."""
@@ -707,7 +713,7 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
         which = "stream's chunk in flight" if final.store == "stream" else "index writer's buffer"
         reasons.append(f"chunks of {current.chunk_size} rows keep the {which} at {format_size(final.host_buffer)} "
                        "of host memory")
-    peak, host, disk = final.device_peak(device), final.host_peak, final.disk_bytes
+    peak, host, disk = final.device_peak, final.host_peak, final.disk_bytes
     changes = {k: v for k, v in current.config_values().items() if settings.config_values()[k] != v}
     fits = ((budgets.memory is None or peak <= budgets.memory) and (budgets.disk is None or disk <= budgets.disk)
             and (device == "cpu" or host_budget is None or host <= host_budget))
