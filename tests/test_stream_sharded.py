@@ -254,7 +254,8 @@ def test_store_auto_under_torchrun_streams_past_the_index_limit_and_shards_the_i
                                                                                                tiny_lora_dirs):
     """Under torchrun, ``engine.store: auto`` is rank 0's choice for both ranks: an index over
     grads.max_index_gb is streamed, every pass sharded; one that fits is built by both ranks,
-    each its share of the chunks, and rank 0 fits and scores over it. Both rank as one process."""
+    each its share of the chunks and the Kronecker factor sums of its share, and rank 0 fits (with
+    no factor pass of its own) and scores over it. Both rank as one process."""
     done, streamed, streamed_rows = _attribute_cli(tmp_path, tiny_lora_dirs, "over", 2, "  store: auto\n",
                                                    "  max_index_gb: 0.000000001\n")
     assert not (tmp_path / "over" / "index").exists() and "over grads.max_index_gb" in done.stderr
@@ -262,6 +263,9 @@ def test_store_auto_under_torchrun_streams_past_the_index_limit_and_shards_the_i
     assert streamed["manifest"]["index_manifest"]["processes"] == 2
     done, indexed, indexed_rows = _attribute_cli(tmp_path, tiny_lora_dirs, "fits", 2, "  store: auto\n")
     assert indexed["manifest"]["index"]["store"] == "index" and (tmp_path / "fits" / "index").is_dir()
+    # each rank gathered the factors of its share of the chunks on the way, so the fit on rank 0
+    # made no factor pass of its own over the whole data
+    assert "ekfac: fitted state" in done.stderr and "Kronecker factors came from the gradients' own pass" in done.stderr
     _, _, single = _attribute_cli(tmp_path, tiny_lora_dirs, "single", None, "  store: index\n")
     for rows in (streamed_rows, indexed_rows):
         assert list(rows.index) == list(single.index)

@@ -349,10 +349,9 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     tokenized = _Tokenized(dataset, tokenizer, cfg.grads.max_seq_length)  # shared by every pass below
     t0 = time.time()
     collect = bool(whole_gradient_engines([cfg.engine.name, None if cross_check == "none" else cross_check]))
-    # a sharded index build: each rank holds its share of the factor sums, so the fit on rank 0
-    # gathers its own; after the build the other ranks leave and rank 0 fits and scores alone
+    # a sharded index build: each rank gathers the factor sums of its share of the chunks, rank 0
+    # adds them up, the other ranks leave, and rank 0 fits and scores alone over the whole index
     sharded_index = shard is not None and choice.store == "index"
-    collect = collect and not sharded_index
     if choice.store == "stream":
         log("streaming per-example gradients (recomputed in each pass, nothing written)"
             + ("; a first pass for the norms and the Kronecker factors" if collect else ""))
@@ -365,6 +364,11 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
                                                   shard=shard)
     index_seconds = time.time() - t0
     if sharded_index:
+        assert shard is not None
+        if collector is not None:
+            from gradian.index.sharded import gather_factor_sums
+
+            gather_factor_sums(shard, collector)
         if lane.leave_group():
             return None
         shard = lane.shard = None  # rank 0 goes on alone over the whole index
@@ -691,7 +695,9 @@ def _fit(cfg: GradianConfig, engine: str, index: GradientIndex | GradientStream,
         context = ReplayFitContext(**vars(context), replay=inputs)
     state = fit_engine(engine, index, engine_cfg, context, cache_dir=cfg.cache_dir)
     if state.state_id:
-        log(f"{engine}: fitted state {state.state_id}" + (" (cached)" if state.cache_hit else f" in {state.fit_seconds:.1f} s"))
+        reused = not state.cache_hit and state.meta.get("factors_from") == "index build"
+        log(f"{engine}: fitted state {state.state_id}" + (" (cached)" if state.cache_hit else f" in {state.fit_seconds:.1f} s")
+            + ("; its Kronecker factors came from the gradients' own pass" if reused else ""))
     return state
 
 

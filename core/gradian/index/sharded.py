@@ -33,6 +33,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TypedDict, TypeVar
 
+import numpy as np
+
 from gradian.errors import GradianError, IndexMismatchError
 from gradian.index.manifest import ChunkRecord, first_difference
 from gradian.index.build import (
@@ -50,10 +52,11 @@ from gradian.index.build import (
 if TYPE_CHECKING:
     from gradian.data import TokenizedExample
     from gradian.distributed import ShardGroup
+    from gradian.grads.collectors import KroneckerCollector
 
 T = TypeVar("T")
 
-__all__ = ["build_sharded", "gather_outcomes", "ShardedBuildError", "shard_of"]
+__all__ = ["build_sharded", "gather_factor_sums", "gather_outcomes", "ShardedBuildError", "shard_of"]
 
 
 class _Plan(TypedDict, total=False):
@@ -252,3 +255,20 @@ def _describe(err: BaseException, rank: int) -> str:
     last = traceback.extract_tb(err.__traceback__)[-1:] if err.__traceback__ else []
     where = f" at {last[0].filename}:{last[0].lineno}" if last else ""
     return f"{type(err).__name__}: {err}{where} (rank {rank})"
+
+
+def gather_factor_sums(shard: "ShardGroup", collector: "KroneckerCollector") -> None:
+    """The Kronecker factor sums every rank's ``collector`` gathered over its share of a sharded
+    build, added up in rank order into rank 0's collector (the other ranks' are emptied), so the
+    fit on rank 0 needs no factor pass of its own. A rank that computed no chunk (a build found
+    stored, or resumed) adds nothing, and rank 0's ``collector.complete(n)`` then says the sums do
+    not cover the data, as after a resumed single-process build."""
+    parts = gather_outcomes(shard, collector.take, "Kronecker factor sums")
+    if not shard.is_main:
+        return
+    total: dict[str, np.ndarray] = {}
+    for part in parts:  # rank order: every rank adds the same sums in the same order
+        for name, value in part.items():
+            total[name] = total[name] + value if name in total else np.array(value, copy=True)
+    collector.restore(total)
+
