@@ -35,7 +35,7 @@ import numpy as np
 from gradian.engines.base import Engine, EngineResult, EngineState, FitContext, TrainGradients
 from gradian.errors import ConfigError
 from gradian.replay.recipe import RunRecipe
-from gradian.replay.unrolled import ReplayedModel, metagradient, row_losses
+from gradian.replay.unrolled import ReplayedModel, checkpoint_interval, metagradient, row_losses
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -49,11 +49,17 @@ if TYPE_CHECKING:
     from gradian.jsontypes import JsonScalar
     from gradian.query import QueryItem
 
-__all__ = ["FIDELITY_REL_DIFF", "Fidelity", "ReplayEngine", "ReplayFitContext", "ReplayInputs"]
+__all__ = ["FIDELITY_REL_DIFF", "Fidelity", "ReplayEngine", "ReplayFitContext", "ReplayInputs", "horizon_steps"]
 
 #: above this relative difference between the replayed adapter and the run's, the report warns
 #: that the replay is not the run (float32 rounding over a thousand AdamW steps stays near 1e-4)
 FIDELITY_REL_DIFF = 0.01
+
+
+def horizon_steps(steps: int, steps_per_epoch: int, horizon: int | None = None) -> int:
+    """How many of the last steps the row weights act in: ``engine.replay_horizon``, else the last
+    epoch, never more than the run's ``steps``."""
+    return min(horizon or steps_per_epoch, steps)
 
 
 @dataclass
@@ -85,11 +91,11 @@ class ReplayInputs:
 
     @property
     def window(self) -> int:
-        return min(self.horizon or self.run_recipe.steps_per_epoch, self.run_recipe.steps)
+        return horizon_steps(self.run_recipe.steps, self.run_recipe.steps_per_epoch, self.horizon)
 
     @property
     def every(self) -> int:
-        return self.checkpoint_every or max(1, math.isqrt(max(self.run_recipe.steps - 1, 0)) + 1)
+        return checkpoint_interval(self.run_recipe.steps, self.checkpoint_every)
 
 
 @dataclass

@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     #: the optimizer state between steps: ``(theta, m, v)``, each one tensor per LoRA tensor
     State = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
 
-__all__ = ["OPTIMIZERS", "REDUCTIONS", "Recipe", "ReplayResult", "metagradient", "replay", "row_losses"]
+__all__ = ["OPTIMIZERS", "REDUCTIONS", "Recipe", "ReplayResult", "checkpoint_interval", "checkpoint_starts",
+           "metagradient", "replay", "row_losses", "sweep_segments"]
 
 OPTIMIZERS = ("sgd", "adamw")
 #: how a step's rows make its loss (``Recipe.reduction``)
@@ -273,6 +274,32 @@ def _detached(state: State) -> State:
     return tuple([x.detach() for x in part] for part in state)  # type: ignore[return-value]
 
 
+def checkpoint_interval(steps: int, checkpoint_every: int | None = None) -> int:
+    """The steps between the states the forward replay keeps: ``checkpoint_every``, else
+    ``ceil(sqrt(steps))``, which makes the kept states (``steps / k``) and the states a segment
+    recomputes (``k``) about as many."""
+    return checkpoint_every or max(1, math.isqrt(max(steps - 1, 0)) + 1)
+
+
+def checkpoint_starts(steps: int, every: int) -> list[int]:
+    """The steps whose incoming state the forward replay keeps (step 0's is the initial state)."""
+    return list(range(0, steps, every))
+
+
+def sweep_segments(steps: int, every: int, horizon: int | None = None) -> list[tuple[int, int, int]]:
+    """The segments the reverse sweep visits, the last first, as ``(first, last, low)``: the states
+    before steps ``first + 1 .. last - 1`` are recomputed from the one kept at ``first``, then steps
+    ``last - 1`` down to ``low`` are differentiated. Only the segments that hold one of the last
+    ``horizon`` steps are visited (all with ``horizon=None``)."""
+    stop = 0 if horizon is None else max(steps - horizon, 0)
+    out = []
+    for first in reversed(checkpoint_starts(steps, every)):
+        if first + every <= stop:
+            break
+        out.append((first, min(first + every, steps), max(first, stop)))
+    return out
+
+
 def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
                batches: Sequence[Sequence[int]], w: torch.Tensor, recipe: Recipe,
                measure: Callable[["ReplayedModel"], torch.Tensor], pad_id: int,
@@ -292,7 +319,7 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
     steps = _Steps(model, names, rows, batches, recipe, pad_id)
     total = len(batches)
     w = w.detach()
-    starts = list(range(0, total, every))
+    starts = checkpoint_starts(total, every)
     # forward steps, the steps recomputed inside each segment, reverse steps
     work = 2 * total + sum(min(every, total - first) - 1 for first in starts)
     stored = {0: state}
@@ -313,18 +340,14 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
     adjoint = ([torch.zeros_like(p) if g is None else g for p, g in zip(final, theta_bar)],
                [torch.zeros_like(p) for p in final], [torch.zeros_like(p) for p in final])
     w_bar = torch.zeros_like(w)
-    stop = 0 if horizon is None else max(total - horizon, 0)
-    for first in reversed(starts):
-        if first + every <= stop:
-            break
-        last = min(first + every, total)
+    for first, last, low in sweep_segments(total, every, horizon):
         segment = [stored[first]]
         for t in range(first, last - 1):
             segment.append(_detached(steps.step(t, segment[-1], w, create_graph=False)))
             done += 1
             if progress is not None:
                 progress(done, work)
-        for t in range(last - 1, max(first, stop) - 1, -1):
+        for t in range(last - 1, low - 1, -1):
             before = tuple([x.detach().requires_grad_(True) for x in part] for part in segment[t - first])
             w_leaf = w.clone().requires_grad_(True)
             with torch.enable_grad():
