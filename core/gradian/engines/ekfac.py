@@ -18,8 +18,16 @@ per-example gradients, read from the index when it holds them unchanged (empiric
 normalization, no projection), otherwise recomputed in a second pass.
 
 Fisher: ``empirical`` (default, deterministic) uses the training labels. ``sampled`` (also
-accepted under its earlier name ``true``) samples the labels of the supervised positions from the model's own predictions, seeded by
-``engine.fisher_seed`` (part of the state id), averaged over ``engine.fisher_samples`` draws.
+accepted under its earlier name ``true``, and as YAML's bare ``true``) draws the label of every
+supervised position from the model's own prediction (``gradian.grads.collectors.sample_labels``),
+seeded by ``engine.fisher_seed`` (part of the state id), and averages over
+``engine.fisher_samples`` draws. Under sampled labels the per-row loss is the sum over the row's
+supervised tokens, whatever ``grads.loss_reduction`` the index uses: its expected gradient outer
+product is then the Gauss-Newton matrix of the token-summed training loss. Each draw costs two
+passes over the training set, one forward and one backward each: the factors (the input
+covariance and the logits the labels are drawn from share the forward), then, in the eigenbasis
+they give, the eigenvalue correction from the gradients of the same labels (the batch's draws
+depend only on the seed, the draw and the batch's first row).
 """
 
 from __future__ import annotations
@@ -55,6 +63,9 @@ __all__ = ["EKFACEngine", "KFACEngine", "FISHER_KINDS", "TRAIN_NORMALIZATIONS", 
 FISHER_KINDS = ("empirical", "sampled")
 #: earlier names of the kinds, still accepted: ``true`` (the "true Fisher", labels sampled)
 FISHER_ALIASES = {"true": "sampled"}
+#: how the sampled Fisher's labels and loss are made, part of the state id (so a state fitted by an
+#: earlier procedure is never reused): inverse-CDF draws per supervised position, token-summed loss
+SAMPLED_LABELS = "inverse-cdf per supervised token, summed loss"
 #: ``engine.checkpoints``: fit under the final adapter, or under every saved checkpoint
 CHECKPOINT_MODES = ("final", "all")
 #: ``engine.normalize_train``: rank rows by raw influence, or by each row's influence divided by the
@@ -70,6 +81,7 @@ class KroneckerSettings(TypedDict, total=False):
     eigenvalue_correction: bool
     fisher_samples: int
     fisher_seed: int
+    fisher_labels: str
     checkpoints: str
 
 
@@ -103,14 +115,16 @@ class _KroneckerEngine(Engine):
 
     def settings(self, config: EngineConfig) -> KroneckerSettings:
         fisher = getattr(config, "fisher", "empirical")
-        fisher = FISHER_ALIASES.get(fisher, fisher)
+        # YAML reads a bare `fisher: true` as a boolean: the user wrote the alias of sampled
+        fisher = FISHER_ALIASES.get(str(fisher).lower(), fisher) if isinstance(fisher, (bool, str)) else fisher
         if fisher not in FISHER_KINDS:
             raise ConfigError(f"engine.fisher '{fisher}' is not one of {', '.join(FISHER_KINDS)}")
         out: KroneckerSettings = {"fisher": fisher, "eigenvalue_correction": self.correct_eigenvalues}
         if fisher == "sampled":
             if int(config.fisher_samples) < 1:
                 raise ConfigError(f"engine.fisher_samples must be at least 1, got {config.fisher_samples}")
-            out.update({"fisher_samples": int(config.fisher_samples), "fisher_seed": int(config.fisher_seed)})
+            out.update({"fisher_samples": int(config.fisher_samples), "fisher_seed": int(config.fisher_seed),
+                        "fisher_labels": SAMPLED_LABELS})
         mode = getattr(config, "checkpoints", "final")
         if mode not in CHECKPOINT_MODES:
             raise ConfigError(f"engine.checkpoints '{mode}' is not one of {', '.join(CHECKPOINT_MODES)}")

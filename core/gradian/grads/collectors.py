@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from gradian.data import IGNORE_INDEX
 from gradian.grads.capture import linear_inputs_and_output_grads
 from gradian.grads.hooks import GradientTaker, OutputGradientHooks
-from gradian.grads.loss import TokenBatch, collate
+from gradian.grads.loss import TokenBatch, collate, loss_chunk_positions
 from gradian.grads.projection import KroneckerProjector
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ if TYPE_CHECKING:
     from gradian.data import TokenizedExample
     from gradian.grads.model import GradientModel
 
-__all__ = ["KroneckerCollector", "ModelPasses", "lora_layers", "second_moments", "structured_projector"]
+__all__ = ["KroneckerCollector", "ModelPasses", "fisher_generator", "lora_layers", "sample_labels", "second_moments",
+           "structured_projector"]
 
 
 def lora_layers(gm: "GradientModel", projector: KroneckerProjector | None = None) -> list[dict[str, Any]]:
@@ -61,23 +63,46 @@ def structured_projector(gm: "GradientModel", grads: "GradsConfig | None") -> Kr
     return KroneckerProjector(grads.projection_dim, grads.projection_seed, {b.name: list(b.shapes) for b in gm.blocks})
 
 
-def _sampler(seed: int, draw: int, offset: int) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Labels drawn from the model's predictions at the supervised positions (true Fisher)."""
+def fisher_generator(seed: int, draw: int, offset: int) -> "torch.Generator":
+    """The CPU generator of draw ``draw`` of the sampled Fisher for the batch starting at row
+    ``offset``: seeded from ``sha256("seed:draw:offset")``, so a batch's labels do not depend on
+    the batches before it or on the device."""
     import torch
 
     digest = hashlib.sha256(f"{seed}:{draw}:{offset}".encode()).digest()
-    gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
-    def sample(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        keep = labels[:, 1:] != -100
-        probs = torch.softmax(logits[:, :-1][keep].detach().double().cpu(), dim=-1)
-        drawn = torch.multinomial(probs, 1, generator=gen).squeeze(1).to(labels.device)
-        new = labels.clone()
-        new[:, 1:][keep] = drawn
-        return new
 
-    return sample
+def sample_labels(logits: "torch.Tensor", labels: "torch.Tensor", gen: "torch.Generator") -> "torch.Tensor":
+    """``labels`` with every supervised position's label drawn from the model's own prediction.
 
+    Position ``t`` of a row is supervised when ``labels[t] != IGNORE_INDEX``; its label is drawn
+    from ``softmax(logits[t - 1])`` by inversion: one ``u ~ U[0, 1)`` per supervised position
+    (``torch.rand(n, generator=gen, dtype=float64)``, positions in row-major order, so padding
+    and batch width change no draw), and the label is the first token whose cumulative
+    probability exceeds ``u``. Unsupervised and padded positions stay ``IGNORE_INDEX``. The
+    uniforms come from the CPU; the softmax and the search run where the logits are, upcast to
+    float32 (float64 stays float64), ``loss_chunk_positions`` positions at a time, so no copy
+    of the full ``[positions, vocab]`` probabilities is ever made or moved.
+    """
+    import torch
+
+    keep = labels[:, 1:] != IGNORE_INDEX
+    rows, cols = keep.nonzero(as_tuple=True)
+    width, vocab = int(logits.shape[1]), int(logits.shape[2])
+    positions = rows * width + cols  # logits row predicting label (row, col + 1)
+    flat = logits.detach().reshape(-1, vocab)
+    upcast = torch.promote_types(logits.dtype, torch.float32)
+    u = torch.rand(int(positions.numel()), generator=gen, dtype=torch.float64).to(device=logits.device, dtype=upcast)
+    drawn = torch.empty(int(positions.numel()), dtype=torch.long, device=logits.device)
+    chunk = loss_chunk_positions(vocab, torch.empty((), dtype=upcast).element_size())
+    for s in range(0, int(positions.numel()), chunk):
+        cdf = torch.softmax(flat.index_select(0, positions[s: s + chunk]).to(upcast), dim=-1).cumsum_(dim=-1)
+        found = torch.searchsorted(cdf, u[s: s + chunk].unsqueeze(1), right=True).squeeze(1)
+        drawn[s: s + chunk] = found.clamp_(max=vocab - 1)  # a cdf that rounds below 1 at the end
+    new = labels.clone()
+    new[:, 1:][keep] = drawn
+    return new
 
 
 def second_moments(x: torch.Tensor, g: torch.Tensor,
@@ -265,16 +290,30 @@ class ModelPasses:
                 batch: TokenBatch) -> Callable[[torch.Tensor], torch.Tensor] | None:
         if fisher_seed is None:
             return None
-        sample = _sampler(fisher_seed, draw, offset)
-        return lambda logits: sample(logits, batch.labels)
+        gen = fisher_generator(fisher_seed, draw, offset)
+        return lambda logits: sample_labels(logits, batch.labels, gen)
 
+    def _reduction(self, fisher_seed: int | None) -> str:
+        """The per-row loss the pass differentiates: the index's under the training labels; under
+        sampled labels always the sum over the row's supervised tokens.
+
+        Each sampled token is one draw from the model's predictive distribution, and the expected
+        outer product of the summed gradient is ``sum_t J_t^T (diag p_t - p_t p_t^T) J_t``, the
+        Gauss-Newton matrix of the token-summed loss (cross terms between positions vanish, since
+        each position's expected gradient is zero). A row mean would weight a row of ``T`` tokens
+        by ``1/T^2``, the Fisher of no objective the trainer minimized."""
+        if fisher_seed is not None:
+            return "sum"
+        return self.grads.loss_reduction if self.grads is not None else "mean"
 
     def factor_sums(self, fisher_seed: int | None = None,
                     draw: int = 0) -> Iterator[tuple[int, dict[str, tuple[np.ndarray, np.ndarray, int]], int]]:
         """Per batch: ``(offset, {layer: (sum x x^T, sum g g^T, real tokens)}, rows)`` over the real
         tokens (float64 numpy), under the training labels, or labels sampled from the model with
-        ``fisher_seed`` (draw ``draw``)."""
-        reduction = self.grads.loss_reduction if self.grads is not None else "mean"
+        ``fisher_seed`` (draw ``draw``; see ``sample_labels`` and ``_reduction``). One forward and
+        one backward per batch: the input sums and the logits the labels are drawn from come from
+        the same forward."""
+        reduction = self._reduction(fisher_seed)
         by_id = {layer["id"]: layer for layer in self.layers}
         for offset, batch in self._batches():
             _, io = linear_inputs_and_output_grads(self.gm, batch, reduction,
@@ -298,10 +337,11 @@ class ModelPasses:
     def layer_gradients(self, fisher_seed: int | None = None,
                         draw: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """Per batch: ``(rows, {layer: G [rows, out, in]})`` float64 numpy, each row's gradient of
-        every LoRA matrix, under the labels ``factor_sums`` would use."""
+        every LoRA matrix, under the labels ``factor_sums`` would use (the same draws: the
+        generator of a batch depends only on the seed, the draw and the batch's first row)."""
         import torch
 
-        reduction = self.grads.loss_reduction if self.grads is not None else "mean"
+        reduction = self._reduction(fisher_seed)
         by_id = {layer["id"]: layer for layer in self.layers}
         for offset, batch in self._batches():
             _, io = linear_inputs_and_output_grads(self.gm, batch, reduction,
