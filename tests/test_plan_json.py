@@ -1,7 +1,8 @@
 """`gradian plan --json`: the document's keys, pinned, and its derived figures equal to the formulas.
 
 The keys are what a script reading the plan relies on; any change to them is a change of this
-list. The figures are checked against the formulas of ``gradian.plan`` computed here from the
+list (``replay`` holds the replay's block under ``engine.name: replay``, its keys pinned in
+tests/test_plan_replay.py). The figures are checked against the formulas of ``gradian.plan`` computed here from the
 same shapes, so a refactor that moves where a figure is computed cannot change it unnoticed.
 """
 
@@ -43,7 +44,7 @@ KEYS = [
     "proposal.changes", "proposal.peak_memory", "proposal.index_bytes", "proposal.fits", "proposal.reasons",
     "proposal.store", "proposal.disk_bytes", "proposal.host_peak",
     "notes", "device_peak", "host_peak", "host_buffer", "disk_bytes", "fits", "fits_memory", "fits_host", "fits_disk",
-    "time",
+    "replay", "time",
 ]
 
 ARGS = ["plan", "--model-config", "llama-3.1-8b", "--r", "16", "--target-modules", "all-linear", "--n-examples",
@@ -69,6 +70,7 @@ def _plan(args):
 def test_the_json_keys_are_pinned():
     data = _plan(ARGS)
     assert list(_paths(data)) == KEYS
+    assert data["replay"] is None  # priced under engine.name: replay only (tests/test_plan_replay.py)
     # no proposal without budgets: null, in the same place
     bare = _plan([*ARGS[:-5], "--json"])
     assert bare["proposal"] is None

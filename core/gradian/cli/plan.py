@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Sequence
 import typer
 
 if TYPE_CHECKING:
-    from gradian.plan.planner import Plan
+    from transformers import PreTrainedTokenizerBase
+
+    from gradian.config import GradianConfig
+    from gradian.data import TokenizedExample
+    from gradian.plan import AdapterShape, DatasetShape, ModelShape
+    from gradian.plan.planner import Plan, PlanSettings
+    from gradian.plan.replay import ReplayCost
 
 __all__ = ["register"]
 
@@ -36,6 +42,8 @@ def plan_command(
     module_filter: Optional[str] = typer.Option(None, "--module-filter", help="grads.module_filter to plan for"),
     engine: Optional[str] = typer.Option(None, "--engine", help="engine.name to plan for (its passes and curvature; default: the config's)"),
     store: Optional[str] = typer.Option(None, "--store", help="engine.store to plan for: auto, index or stream (default: the config's)"),
+    run: Optional[str] = typer.Option(None, "--run", "-r", help="The training run (an output directory or runs:/<mlflow run id>): engine.name replay prices the replay of its recipe"),
+    mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id of the training run (same as --run runs:/<id>)"),
     memory: Optional[str] = typer.Option(None, "--memory", help="Memory per device, e.g. 24GiB or 80GB: propose settings that fit"),
     host_memory: Optional[str] = typer.Option(None, "--host-memory", help="Host memory of a GPU run (chunk buffers, a Kronecker fit), e.g. 64GiB (default: --memory; on a CPU run --memory holds everything)"),
     disk: Optional[str] = typer.Option(None, "--disk", help="Disk for the index and the fitted engine state, e.g. 100GB: propose settings that fit"),
@@ -65,7 +73,10 @@ def plan_command(
         raise ConfigError(f"--projection-kind '{projection_kind}' is not one of {', '.join(kinds)}")
     if engine is not None and engine not in available_engines():
         raise ConfigError(f"--engine '{engine}' is not a known engine; choose one of {', '.join(available_engines())}")
+    from gradian.cli.run_flags import run_reference
+
     cfg = load_config(config, {
+        "run": run_reference(run, mlflow_run),
         "base_model": base_model, "adapter_path": adapter, "dataset": dataset, "dtype": dtype,
         "attn_implementation": attn, "grads.batch_size": batch_size, "grads.max_seq_length": max_seq_length,
         "grads.projection_dim": projection_dim, "grads.projection_kind": projection_kind,
@@ -83,7 +94,7 @@ def plan_command(
     lora = adapter_shape(cfg.adapter_path if r is None or target_modules is None else None, r, target_modules)
     device = _device(device or cfg.device)
     settings = PlanSettings.from_config(cfg, device)
-    tokenized, pad_id = None, 0
+    tokenized, pad_id, tok = None, 0, None
     if cfg.dataset:
         from gradian.data import load_dataset, tokenize_examples
         from gradian.model_loading import load_tokenizer
@@ -108,7 +119,10 @@ def plan_command(
         shape = DatasetShape.uniform(n_examples, tokens)
     else:
         raise ConfigError("no dataset to plan for: pass --dataset FILE, or --n-examples N (with --tokens T)")
-    plan = make_plan(model, lora, shape, settings, budgets)
+    replay = None
+    if settings.needs_replay:
+        replay = _replay_cost(cfg, model, lora, settings, shape, tok)
+    plan = make_plan(model, lora, shape, settings, budgets, replay=replay)
 
     estimate = None
     if not no_calibrate:
@@ -126,6 +140,8 @@ def plan_command(
                                       adapter_dir=cfg.adapter_path if has_weights else None,
                                       tokenized=tokenized if has_weights else None, pad_id=pad_id)
 
+    if plan.replay is not None and estimate is not None and estimate.seconds_per_token is not None:
+        plan.replay = _timed_replay(plan.replay, cfg, model, lora, device, source, tokenized, pad_id)
     if as_json:
         data = plan.to_json()
         data["time"] = dataclasses.asdict(estimate) if estimate else None
@@ -137,6 +153,62 @@ def plan_command(
         print_line(_over_budget_line(plan, format_size), "yellow", err=as_json)
         if fail_if_over:
             raise typer.Exit(1)
+
+
+def _replay_cost(cfg: GradianConfig, model: ModelShape, lora: AdapterShape, settings: PlanSettings,
+                 shape: DatasetShape, tok: PreTrainedTokenizerBase | None) -> ReplayCost:
+    """The replay of the run ``cfg.run`` names, priced over the rows it trained on: the dataset
+    tokenized at the run's ``max_seq_length`` (else ``grads.max_seq_length``, as the replay does),
+    those with a supervised token; without a dataset, the planned lengths cut at that limit."""
+    from gradian.cli.run_flags import read_run
+    from gradian.errors import ConfigError
+    from gradian.plan.replay import replay_cost
+    from gradian.replay.recipe import recipe_from_run
+
+    record = read_run(cfg) if cfg.run else None
+    config = record.config if record is not None else None
+    if config is None:
+        recipe_from_run(None, shape.n)  # the engine's refusal: no recipe without the run
+        raise AssertionError("recipe_from_run refuses a run without trainer arguments")
+    limit = config.max_seq_length or cfg.grads.max_seq_length
+    if tok is not None and cfg.dataset:
+        from gradian.data import load_dataset, tokenize_examples
+
+        rows = tokenize_examples(load_dataset(cfg.dataset).examples, tok, limit)
+        lengths, supervised = [len(r.input_ids) for r in rows], [r.n_supervised for r in rows]
+    else:
+        lengths = [min(x, limit) if limit else x for x in shape.lengths]
+        supervised = [min(x, limit) if limit else x for x in shape.supervised]
+    kept = [j for j, n in enumerate(supervised) if n > 0]
+    if not kept:
+        raise ConfigError(f"replay: no training row keeps a supervised token at max_seq_length={limit}")
+    run_recipe = recipe_from_run(config, len(kept))
+    return replay_cost(run_recipe, model, lora, [lengths[j] for j in kept], [supervised[j] for j in kept],
+                       settings.capture, cfg.engine.replay_horizon)
+
+
+def _timed_replay(cost: ReplayCost, cfg: GradianConfig, model: ModelShape, lora: AdapterShape, device: str,
+                  source: str, tokenized: Sequence[TokenizedExample] | None, pad_id: int) -> ReplayCost:
+    """``cost`` with a timed plain step and differentiated step (``calibrate_replay``), on one step
+    as wide as the run's widest."""
+    import dataclasses
+
+    from gradian.plan.timing import calibrate_replay
+
+    has_weights = bool(cfg.base_model and cfg.adapter_path and Path(cfg.base_model).is_dir()
+                       and any(Path(cfg.base_model).glob("*.safetensors")) and tokenized)
+    widest = cost.widest_step
+    timed = calibrate_replay(model, lora, dataclasses.replace(cfg, device=device), widest.rows, widest.width,
+                             config_dict=_config_dict(source), base=cfg.base_model if has_weights else None,
+                             adapter_dir=cfg.adapter_path if has_weights else None,
+                             tokenized=tokenized if has_weights else None, pad_id=pad_id)
+    if timed is None:
+        return cost
+    return dataclasses.replace(cost, seconds_per_token=timed.seconds_per_token,
+                               differentiated_step=timed.differentiated_step,
+                               differentiated_source=(f"{timed.source}, {timed.measured_tokens} tokens, range "
+                                                      f"{timed.differentiated_range[0]:.2f} to "
+                                                      f"{timed.differentiated_range[1]:.2f}"))
 
 
 def _device(name: str) -> str:
@@ -237,6 +309,8 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
     left = fmt(p.disk_bytes) if p.disk_bytes else "nothing"
     print_line(f"disk: index {fmt(index.disk_bytes)} ({plan.n_examples:,} x {plan.stored_per_example:,} {s.storage_dtype}); "
                f"the planned run ({p.store}) leaves {left}")
+    if plan.replay is not None:
+        _print_replay(plan, print_line, fmt)
     if estimate is not None:
         if estimate.seconds is None:
             print_line(f"time: {estimate.source}")
@@ -259,6 +333,33 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
             print_line("fits the budgets as configured")
 
 
+def _print_replay(plan: Plan, print_line: Callable[[str], None], fmt: Callable[[float], str]) -> None:
+    """The replay's steps, work, memory and disk, from ``plan.replay``."""
+    from gradian.plan.replay import STATE_PARTS
+
+    r = plan.replay
+    assert r is not None
+    which = ("every step" if r.horizon == r.steps else "the last epoch" if r.horizon == r.steps_per_epoch
+             else "engine.replay_horizon")
+    print_line(f"replay ({r.optimizer}, the run's recipe): {r.steps:,} optimizer steps "
+               f"({r.steps_per_epoch:,} an epoch) over {r.rows:,} rows; the row weights act in the last "
+               f"{r.horizon:,} ({which})")
+    print_line(f"  steps: {r.forward_steps:,} replayed forward, the state kept every {r.checkpoint_every} "
+               f"({r.kept_states} kept); {r.recomputed_steps:,} recomputed and {r.differentiated_steps:,} "
+               "differentiated sweeping back")
+    about = f", about {_duration(r.seconds)}" if r.seconds is not None else ""
+    print_line(f"  work: {r.training_runs:.2f} training runs{about} (({r.forward_steps:,} + {r.recomputed_steps:,} + "
+               f"{r.differentiated_step:.2f} x {r.differentiated_steps:,}) / {r.steps:,} steps; a differentiated step "
+               f"is {r.differentiated_step:.2f} plain steps, {r.differentiated_source})")
+    w = r.widest_step
+    print_line(f"  memory: {fmt(r.peak)} on {plan.settings.device}: weights {fmt(r.weights)}, adapter and its initial "
+               f"copy {fmt(r.adapter + r.state_bytes // STATE_PARTS)}, {r.peak_states + 2} states of {fmt(r.state_bytes)} "
+               f"(LoRA tensors and AdamW moments: {r.peak_states} held in the sweep, the adjoint, a rebuilt step's), "
+               f"row weights and their gradient {fmt(r.row_weights_bytes)}, one differentiated step's graph "
+               f"{fmt(r.step_graph)} (the widest step, {w.rows} rows x {w.width} tokens)")
+    print_line("  disk: nothing (the states are held in memory, not written)")
+
+
 def _duration(seconds: float) -> str:
     if seconds < 120:
         return f"{seconds:.0f} s"
@@ -270,6 +371,11 @@ def _duration(seconds: float) -> str:
 # plan: a Plan; a budget it reads is set whenever the check on it failed, which the Optional fields do not say
 def _over_budget_line(plan: Any, fmt: Callable[[float], str]) -> str:
     p, over = plan.priced, []
+    if not plan.fits_replay:
+        r = plan.replay
+        return (f"refused: engine.name replay needs {fmt(r.peak)} of memory (weights {fmt(r.weights)}, "
+                f"{r.peak_states + 2} states of {fmt(r.state_bytes)}, one step's graph {fmt(r.step_graph)}) over "
+                f"--memory {fmt(plan.budgets.memory)}: choose engine.name: ekfac, or a device with more memory")
     if not plan.fits_memory:
         over.append(f"{fmt(p.device_peak)} of memory per device (budget {fmt(plan.budgets.memory)})")
     if not plan.fits_host:

@@ -28,6 +28,7 @@ from gradian.plan.stores import (GIB, CurvatureCost, IndexCost, Passes, StreamCo
 
 if TYPE_CHECKING:
     from gradian.config import GradianConfig
+    from gradian.plan.replay import ReplayCost
 
     #: a setting under its config key, as ``PlanSettings.config_values`` gives it
     ConfigValue = str | int | float | None
@@ -118,6 +119,13 @@ class PlanSettings:
                 "engine.name": self.engine}
 
     @property
+    def needs_replay(self) -> bool:
+        """The engine replays the run from its recipe (``engine.name: replay``)."""
+        from gradian.engines.registry import engine_class
+
+        return bool(getattr(engine_class(self.engine), "needs_replay", False))
+
+    @property
     def needs_full_gradients(self) -> bool:
         """The engine fits Kronecker curvature on whole per-example gradients, so no flat projection."""
         from gradian.engines.registry import needs_whole_gradients
@@ -185,6 +193,8 @@ class Plan:
     priced: Priced
     proposal: Proposal | None = None
     notes: list[str] = field(default_factory=list)
+    #: ``engine.name: replay``: the replay of the run's recipe (``gradian.plan.replay``)
+    replay: ReplayCost | None = None
 
     @property
     def n_blocks(self) -> int:
@@ -202,7 +212,14 @@ class Plan:
 
     @property
     def fits_memory(self) -> bool:
-        return self.budgets.memory is None or self.priced.device_peak <= self.budgets.memory
+        """The capture (and a Kronecker engine's factors) fit the memory per device, and so does a replay."""
+        budget = self.budgets.memory
+        return budget is None or (self.priced.device_peak <= budget and self.fits_replay)
+
+    @property
+    def fits_replay(self) -> bool:
+        """The replay's peak fits the memory per device (true without a replay or a budget)."""
+        return self.replay is None or self.budgets.memory is None or self.replay.peak <= self.budgets.memory
 
     @property
     def fits_host(self) -> bool:
@@ -237,7 +254,8 @@ class Plan:
                 "auto_reason": p.auto_reason, "proposal": asdict(self.proposal) if self.proposal else None,
                 "notes": list(self.notes), "device_peak": p.device_peak, "host_peak": p.host_peak,
                 "host_buffer": p.host_buffer, "disk_bytes": p.disk_bytes, "fits": self.fits,
-                "fits_memory": self.fits_memory, "fits_host": self.fits_host, "fits_disk": self.fits_disk}
+                "fits_memory": self.fits_memory, "fits_host": self.fits_host, "fits_disk": self.fits_disk,
+                "replay": self.replay.to_json() if self.replay is not None else None}
 
 
 def _cost(model: ModelShape, linears: list[LoraLinear], dataset: DatasetShape, settings: PlanSettings,
@@ -361,10 +379,16 @@ def _truncated(dataset: DatasetShape, limit: int) -> DatasetShape:
 
 
 def make_plan(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, settings: PlanSettings,
-              budgets: Budgets = Budgets(), propose: bool = True) -> Plan:
-    """Price ``settings`` over every batch of ``dataset``; with budgets, propose settings that fit."""
+              budgets: Budgets = Budgets(), propose: bool = True, replay: ReplayCost | None = None) -> Plan:
+    """Price ``settings`` over every batch of ``dataset``; with budgets, propose settings that fit.
+    ``replay``: under ``engine.name: replay``, the replay of the run's recipe, priced
+    (``gradian.plan.replay.replay_cost``), which the engine cannot run without."""
     if settings.store not in STORES:
         raise ConfigError(f"engine.store '{settings.store}' is not one of {', '.join(STORES)}")
+    if replay is None and settings.needs_replay:
+        from gradian.replay.recipe import recipe_from_run
+
+        recipe_from_run(None, dataset.n)  # the engine's own refusal of a run without its recipe
     priced = _price(model, adapter, dataset, settings, budgets)
     if priced is None:
         raise ConfigError(
@@ -374,7 +398,7 @@ def make_plan(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, s
     lengths = _truncated(dataset, settings.max_seq_length) if settings.max_seq_length else dataset
     plan = Plan(model=model, adapter=adapter, settings=settings, n_examples=dataset.n,
                 max_tokens=max(lengths.lengths, default=0), total_tokens=sum(lengths.lengths), budgets=budgets,
-                priced=priced)
+                priced=priced, replay=replay)
     if not model.llama_style:
         plan.notes.append(f"model type '{model.model_type}' is not Llama-style: activations are estimated as if it were")
     flat = settings.capture.projection_kind != "kronecker"

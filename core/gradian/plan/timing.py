@@ -19,6 +19,7 @@ length, so a dataset much longer than the calibrated rows is estimated low.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping, Sequence
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from gradian.config import GradianConfig
     from gradian.data import TokenizedExample
 
-__all__ = ["TimeEstimate", "calibrate_time", "MAX_RANDOM_PARAMETERS", "CPU_TOKENS"]
+__all__ = ["TimeEstimate", "ReplayTiming", "calibrate_time", "calibrate_replay", "MAX_RANDOM_PARAMETERS", "CPU_TOKENS"]
 
 #: the largest model ``calibrate_time`` builds with random weights, by device type: a few batches
 #: of a bigger one take minutes on a CPU, and on a GPU the build itself does
@@ -145,3 +146,95 @@ def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetSha
         return TimeEstimate(None, None, f"not measured: the dataset has fewer than {size * 2} rows", device=str(device))
     rate = elapsed / measured
     return TimeEstimate(rate * total_tokens, rate, f"measured on the {source}", measured, str(device))
+
+
+@dataclass
+class ReplayTiming:
+    """A timed replay step: seconds per padded token of a plain training step, a differentiated
+    step of the reverse sweep in plain steps (the median of the repeats, and their range), and
+    which model was timed."""
+
+    seconds_per_token: float
+    differentiated_step: float
+    source: str
+    measured_tokens: int = 0
+    differentiated_range: tuple[float, float] = (0.0, 0.0)
+
+
+def calibrate_replay(model: ModelShape, adapter: AdapterShape, config: GradianConfig, rows: int, width: int, *,
+                     config_dict: Mapping[str, object] | None = None, base: str | None = None,
+                     adapter_dir: str | None = None, tokenized: Sequence[TokenizedExample] | None = None,
+                     pad_id: int = 0, steps: int = 4, repeats: int = 5,
+                     max_random_parameters: int | None = None) -> ReplayTiming | None:
+    """Time ``steps`` plain replay steps (``gradian.replay.replay``) and the same steps replayed and
+    swept back one at a time (``metagradient(checkpoint_every=1)``: each step once plain, once
+    differentiated) ``repeats`` times, alternated, on one step of ``rows`` rows: the real model on ``tokenized`` rows when
+    ``base`` and ``adapter_dir`` are given, else a random-init model of the same config on random
+    tokens ``width`` wide (at most ``CPU_TOKENS`` per step on a CPU). A differentiated step is
+    ``(t_swept - t_plain) / t_plain`` plain steps (the median over the repeats). None when no
+    model can be timed."""
+    import torch
+
+    from gradian.data import IGNORE_INDEX, TokenizedExample
+    from gradian.grads import load_model_for_gradients, wrap_peft_model
+    from gradian.model_loading import resolve_device, resolve_dtype
+    from gradian.replay import Recipe, metagradient, replay
+
+    device = resolve_device(config.device)
+    if max_random_parameters is None:
+        max_random_parameters = MAX_RANDOM_PARAMETERS.get(device.type, MAX_RANDOM_PARAMETERS["cpu"])
+    if base and adapter_dir and tokenized:
+        gm = load_model_for_gradients(base, adapter_dir, config)
+        source = "real model"
+        step = list(tokenized[:rows])
+    elif config_dict is not None and model.n_parameters <= max_random_parameters:
+        dtype = resolve_dtype(config.dtype, device)
+        gm = wrap_peft_model(_random_model(model, adapter, config_dict, dtype, config.attn_implementation, device),
+                             config)
+        source = "random-init model of the same config"
+        if device.type == "cpu":
+            width = min(width, CPU_TOKENS)
+            rows = max(1, min(rows, CPU_TOKENS // max(width, 1)))
+        gen = torch.Generator().manual_seed(0)
+        step = []
+        for r in range(rows):
+            ids = torch.randint(0, model.vocab_size, (width,), generator=gen).tolist()
+            labels = [IGNORE_INDEX] * (width // 2) + ids[width // 2:]
+            step.append(TokenizedExample(str(r), ids, labels, width, width // 2, width - width // 2, 0, False, False,
+                                         0, False))
+    else:
+        return None
+    lora = {name: p for name, p in gm.model.named_parameters() if p.requires_grad}
+    batches = [list(range(len(step)))] * steps
+    recipe = Recipe([1e-4] * steps, "adamw", max_grad_norm=1.0, reduction="tokens")
+    weights = torch.ones(len(step), dtype=next(iter(lora.values())).dtype, device=device)
+
+    def measure(replayed: object) -> torch.Tensor:  # no model call: the sweep alone is timed
+        return sum((p.float() ** 2).sum() for p in getattr(replayed, "params").values())
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def timed(sweep: bool, n: int) -> float:
+        sync()
+        start = time.perf_counter()
+        if sweep:
+            metagradient(gm.model, lora, step, batches[:n], weights, Recipe(recipe.schedule[:n], "adamw",
+                         max_grad_norm=1.0, reduction="tokens"), measure, pad_id=pad_id, checkpoint_every=1)
+        else:
+            replay(gm.model, lora, step, batches[:n], weights, Recipe(recipe.schedule[:n], "adamw",
+                   max_grad_norm=1.0, reduction="tokens"), pad_id=pad_id)
+        sync()
+        return time.perf_counter() - start
+
+    timed(False, 1), timed(True, 1)  # warm-up: the first call of each builds its kernels and caches
+    # alternated and repeated: on a shared machine one pair can land in a busy second
+    plains, ratios = [], []
+    for _ in range(repeats):
+        plain, swept = timed(False, steps), timed(True, steps)
+        plains.append(plain)
+        ratios.append(max(swept - plain, 0.0) / plain)
+    tokens = steps * len(step) * max(len(r.input_ids) for r in step)
+    return ReplayTiming(statistics.median(plains) / tokens, statistics.median(ratios), f"measured on the {source}",
+                        tokens * repeats, (min(ratios), max(ratios)))
