@@ -6,7 +6,9 @@ config files, no weights), ``estimate_memory``, ``index_bytes`` and ``stream_chu
 formulas), ``engine_passes`` and ``curvature_cost`` (an engine's passes over the data and its
 Kronecker factors, ``gradian.plan.stores``), ``make_plan(...) -> Plan`` (one settings set, every
 batch of the dataset), ``propose_settings`` (the settings that fit memory and disk budgets),
-``calibrate_time`` (a short measured run), ``parse_size``. ``gradian plan`` prints a ``Plan``.
+``calibrate_time`` (a short measured run), ``parse_size``; under ``engine.name: replay``,
+``gradian.plan.replay.replay_cost`` (the replay of the run's recipe: steps, work, memory) and
+``calibrate_replay`` (a timed differentiated step). ``gradian plan`` prints a ``Plan``.
 """
 
 from gradian.plan.memory import (CaptureSettings, MemoryEstimate, block_widths, estimate_memory, index_bytes,

@@ -8,7 +8,8 @@ would use (``engine.store``; ``auto`` decided as ``gradian.index.stream.choose_s
 with the disk budget standing for the free disk), a Kronecker engine's factors and fitted state,
 whether it all fits the budgets, and a ``Proposal`` of settings that do (``propose_settings``;
 under EK-FAC and K-FAC it projects the Kronecker factors, ``grads.projection_kind: kronecker``,
-before it cuts layers).
+before it cuts layers). Under ``engine.name: replay`` the plan carries the replay of the run's
+recipe, priced by ``gradian.plan.replay``, and its memory is part of what must fit.
 ``parse_size("24GiB")`` reads a budget. Pure functions of shapes and numbers: nothing is loaded
 and nothing is printed here.
 """
