@@ -9,15 +9,15 @@ recipe and the seed given, and kept in ``--work`` so a second run only scores):
   eigenvalues corrected from the stored gradients), the empirical fit making its own passes, and
   the sampled fit with one label draw (its own two passes: factors, then the correction). Each is
   timed ``--repeats`` times; medians, ranges and the ratios to the capture pass are printed.
-- ``auc``: for every scenario and seed, ``gradian attribute`` once with ``engine.fisher:
-  empirical`` and once with ``sampled`` (one draw, ``fisher_seed`` 0), target query, no cross
-  check; the ROC AUC of the planted rows against the clean ones, harm = -rank score (the score the
-  report ranks by, RelatIF-normalized by default).
+- ``auc``: for every scenario, seed and query of ``--queries`` (target and contrastive),
+  ``gradian attribute`` once with ``engine.fisher: empirical`` and once with ``sampled`` (one
+  draw, ``fisher_seed`` 0), no cross check; the ROC AUC of the planted rows against the clean
+  ones, harm = -rank score (the score the report ranks by, RelatIF-normalized by default).
 
 Run::
 
     python projects/benchmarks/bench_fisher.py speed [--scenario poison_capitals] [--repeats 5]
-    python projects/benchmarks/bench_fisher.py auc [--scenarios poison_capitals,bestiary_poison_diets] [--seeds 0,1,2]
+    python projects/benchmarks/bench_fisher.py auc [--scenarios poison_capitals,bestiary_poison_diets] [--seeds 0,1,2] [--queries target,contrastive]
 
 Both print JSON (``--out`` writes it too). Timings on a shared machine are noisy: compare the
 ratios from one run.
@@ -116,7 +116,7 @@ def speed(work: Path, scenario: str, seed: int, repeats: int) -> dict[str, Any]:
                                       "per_repeat": _spread(v)} for k, v in ratios.items()}}
 
 
-def auc(work: Path, scenarios: list[str], seeds: list[int]) -> dict[str, Any]:
+def auc(work: Path, scenarios: list[str], seeds: list[int], queries: list[str]) -> dict[str, Any]:
     from sklearn.metrics import roc_auc_score
 
     from gradian.attribution import rank_values, run_attribution
@@ -128,26 +128,30 @@ def auc(work: Path, scenarios: list[str], seeds: list[int]) -> dict[str, Any]:
             config_path, info = prepare(work, scenario, seed)
             planted = set(info["planted"]["indices"])
             capability = (info.get("capability") or {}).get("name", "capitals")
-            row: dict[str, Any] = {"scenario": scenario, "seed": seed}
-            for fisher in FISHERS:
-                cfg = load_config(config_path, {**_overrides(config_path.parent, seed), "engine.name": "ekfac",
-                                                "engine.fisher": fisher, "engine.fisher_samples": 1,
-                                                "evaluation.query_signal": "target"})
-                started = time.perf_counter()
-                outcome = run_attribution(cfg, capability=capability, cross_check=None)
-                if outcome.rankings is None:
-                    raise SystemExit(f"{scenario} seed {seed}: attribution did not run ({fisher})")
-                harm = -rank_values(outcome.rankings)
-                is_planted = outcome.rankings["row_index"].isin(planted).to_numpy()
-                row[fisher] = round(float(roc_auc_score(is_planted, harm)), 4)
-                row[f"{fisher}_seconds"] = round(time.perf_counter() - started, 1)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for query in queries:
+                row: dict[str, Any] = {"scenario": scenario, "seed": seed, "query": query}
+                for fisher in FISHERS:
+                    cfg = load_config(config_path, {**_overrides(config_path.parent, seed), "engine.name": "ekfac",
+                                                    "engine.fisher": fisher, "engine.fisher_samples": 1,
+                                                    "evaluation.query_signal": query})
+                    started = time.perf_counter()
+                    outcome = run_attribution(cfg, capability=capability, cross_check=None)
+                    if outcome.rankings is None:
+                        raise SystemExit(f"{scenario} seed {seed}: attribution did not run ({fisher}, {query})")
+                    harm = -rank_values(outcome.rankings)
+                    is_planted = outcome.rankings["row_index"].isin(planted).to_numpy()
+                    row[fisher] = round(float(roc_auc_score(is_planted, harm)), 4)
+                    row[f"{fisher}_seconds"] = round(time.perf_counter() - started, 1)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     summary: dict[str, Any] = {"rows": rows, "median": {}}
     for scenario in scenarios:
-        mine = [r for r in rows if r["scenario"] == scenario]
-        summary["median"][scenario] = {f: statistics.median(r[f] for r in mine) for f in FISHERS}
-        summary["median"][scenario]["sampled_wins_every_seed"] = all(r["sampled"] > r["empirical"] for r in mine)
+        for query in queries:
+            mine = [r for r in rows if r["scenario"] == scenario and r["query"] == query]
+            summary["median"][f"{scenario} {query}"] = {
+                **{f: statistics.median(r[f] for r in mine) for f in FISHERS},
+                **{f"{f}_range": [min(r[f] for r in mine), max(r[f] for r in mine)] for f in FISHERS},
+                "sampled_wins_every_seed": all(r["sampled"] > r["empirical"] for r in mine)}
     return summary
 
 
@@ -161,6 +165,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="auc: comma-separated poison scenarios")
     parser.add_argument("--seeds", default="0,1,2", help="auc: comma-separated fine-tune seeds")
+    parser.add_argument("--queries", default="target,contrastive", help="auc: comma-separated query signals")
     parser.add_argument("--out", default=None, help="write the JSON here as well as printing it")
     args = parser.parse_args()
     work = Path(args.work).resolve()
@@ -172,7 +177,8 @@ def main() -> None:
     if args.what == "speed":
         summary = speed(work, args.scenario, args.seed, args.repeats)
     else:
-        summary = auc(work, [s for s in args.scenarios.split(",") if s], [int(s) for s in args.seeds.split(",") if s])
+        summary = auc(work, [s for s in args.scenarios.split(",") if s], [int(s) for s in args.seeds.split(",") if s],
+                      [q for q in args.queries.split(",") if q])
     text = json.dumps(summary, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n")
