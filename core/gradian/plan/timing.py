@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
     from gradian.config import GradianConfig
     from gradian.data import TokenizedExample
+    from gradian.grads.model import GradientModel
 
 __all__ = ["TimeEstimate", "ReplayTiming", "calibrate_time", "calibrate_replay", "MAX_RANDOM_PARAMETERS", "CPU_TOKENS"]
 
@@ -79,6 +80,47 @@ def _random_model(model: ModelShape, adapter: AdapterShape, config_dict: Mapping
     return get_peft_model(base, lora).to(device).eval()
 
 
+def _timing_model(model: ModelShape, adapter: AdapterShape, config: GradianConfig, device: torch.device,
+                  config_dict: Mapping[str, object] | None, base: str | None, adapter_dir: str | None,
+                  tokenized: Sequence[TokenizedExample] | None,
+                  max_random_parameters: int | None) -> tuple[GradientModel | None, str]:
+    """The model a calibration times, and what it is (``real model`` or ``random-init model of the
+    same config``); ``(None, why not)`` when there is none: no weights and no config, or a config
+    too big to build with random weights on ``device``."""
+    from gradian.grads import load_model_for_gradients, wrap_peft_model
+    from gradian.model_loading import resolve_dtype
+
+    if max_random_parameters is None:
+        max_random_parameters = MAX_RANDOM_PARAMETERS.get(device.type, MAX_RANDOM_PARAMETERS["cpu"])
+    if base and adapter_dir and tokenized:
+        return load_model_for_gradients(base, adapter_dir, config), "real model"
+    if config_dict is not None and model.n_parameters <= max_random_parameters:
+        dtype = resolve_dtype(config.dtype, device)
+        random = _random_model(model, adapter, config_dict, dtype, config.attn_implementation, device)
+        return wrap_peft_model(random, config), "random-init model of the same config"
+    if config_dict is None:
+        return None, "no weights and no config to build a model from"
+    return None, (f"{model.n_parameters / 1e9:.2f}B parameters is more than a random-init calibration builds on "
+                  f"{device.type} ({max_random_parameters / 1e6:.0f}M); pass the base model directory and --adapter "
+                  "to time the real model")
+
+
+def _cpu_shape(device: torch.device, rows: int, width: int) -> tuple[int, int]:
+    """Random-token ``(rows, width)`` of one timed batch: on a CPU at most ``CPU_TOKENS`` tokens."""
+    if device.type != "cpu":
+        return rows, width
+    width = min(width, CPU_TOKENS)
+    return max(1, min(rows, CPU_TOKENS // max(width, 1))), width
+
+
+def _sync(device: torch.device) -> None:
+    """Wait for the device's queued work, so a timer read after it counts that work."""
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, config: GradianConfig, *,
                    config_dict: Mapping[str, object] | None = None, base: str | None = None,
                    adapter_dir: str | None = None, tokenized: Sequence[TokenizedExample] | None = None,
@@ -91,29 +133,24 @@ def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetSha
     """
     import torch
 
-    from gradian.grads import TokenBatch, capture_per_example_grads, collate, load_model_for_gradients, wrap_peft_model
-    from gradian.model_loading import resolve_device, resolve_dtype
+    from gradian.grads import TokenBatch, capture_per_example_grads, collate
+    from gradian.model_loading import resolve_device
 
     grads = config.grads
     size = grads.batch_size
     total_tokens = _padded_tokens(dataset, size, grads.max_seq_length)
     device = resolve_device(config.device)
-    if max_random_parameters is None:
-        max_random_parameters = MAX_RANDOM_PARAMETERS.get(device.type, MAX_RANDOM_PARAMETERS["cpu"])
-    if base and adapter_dir and tokenized:
-        gm = load_model_for_gradients(base, adapter_dir, config)
-        source = "real model"
+    gm, source = _timing_model(model, adapter, config, device, config_dict, base, adapter_dir, tokenized,
+                               max_random_parameters)
+    if gm is None:
+        return TimeEstimate(None, None, f"not measured: {source}", device=str(device))
+    if source == "real model":
+        assert tokenized is not None
         rows = list(tokenized[: size * (batches + 1)])
         make = [collate(rows[i : i + size], pad_id, gm.device) for i in range(0, len(rows), size)]
-    elif config_dict is not None and model.n_parameters <= max_random_parameters:
-        dtype = resolve_dtype(config.dtype, device)
-        gm = wrap_peft_model(_random_model(model, adapter, config_dict, dtype, config.attn_implementation, device), config)
-        source = "random-init model of the same config"
+    else:
         width = min(max(dataset.lengths[:size], default=16), grads.max_seq_length or 1 << 30)
-        rows_n = min(size, max(dataset.n, 1))
-        if device.type == "cpu":
-            width = min(width, CPU_TOKENS)
-            rows_n = max(1, min(rows_n, CPU_TOKENS // width))
+        rows_n, width = _cpu_shape(device, min(size, max(dataset.n, 1)), width)
         gen = torch.Generator().manual_seed(0)
         make = []
         for _ in range(batches + 1):
@@ -122,25 +159,15 @@ def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetSha
             labels[:, : width // 2] = -100
             make.append(TokenBatch(ids.to(device), torch.ones_like(ids).to(device), labels.to(device),
                                    [str(i) for i in range(rows_n)]))
-    else:
-        why = (f"{model.n_parameters / 1e9:.2f}B parameters is more than a random-init calibration builds on "
-               f"{device.type} ({max_random_parameters / 1e6:.0f}M); pass the base model directory and --adapter to time "
-               "the real model"
-               if config_dict is not None else "no weights and no config to build a model from")
-        return TimeEstimate(None, None, f"not measured: {why}", device=str(device))
-
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
 
     capture_per_example_grads(gm, make[0], grads.strategy, grads.loss_reduction)  # warm-up
-    sync()
+    _sync(device)
     start = time.perf_counter()
     measured = 0
     for batch in make[1:]:
         capture_per_example_grads(gm, batch, grads.strategy, grads.loss_reduction)
         measured += int(batch.input_ids.numel())
-    sync()
+    _sync(device)
     elapsed = time.perf_counter() - start
     if measured == 0:
         return TimeEstimate(None, None, f"not measured: the dataset has fewer than {size * 2} rows", device=str(device))
@@ -176,25 +203,19 @@ def calibrate_replay(model: ModelShape, adapter: AdapterShape, config: GradianCo
     import torch
 
     from gradian.data import IGNORE_INDEX, TokenizedExample
-    from gradian.grads import load_model_for_gradients, wrap_peft_model
-    from gradian.model_loading import resolve_device, resolve_dtype
+    from gradian.model_loading import resolve_device
     from gradian.replay import Recipe, metagradient, replay
 
     device = resolve_device(config.device)
-    if max_random_parameters is None:
-        max_random_parameters = MAX_RANDOM_PARAMETERS.get(device.type, MAX_RANDOM_PARAMETERS["cpu"])
-    if base and adapter_dir and tokenized:
-        gm = load_model_for_gradients(base, adapter_dir, config)
-        source = "real model"
+    gm, source = _timing_model(model, adapter, config, device, config_dict, base, adapter_dir, tokenized,
+                               max_random_parameters)
+    if gm is None:
+        return None
+    if source == "real model":
+        assert tokenized is not None
         step = list(tokenized[:rows])
-    elif config_dict is not None and model.n_parameters <= max_random_parameters:
-        dtype = resolve_dtype(config.dtype, device)
-        gm = wrap_peft_model(_random_model(model, adapter, config_dict, dtype, config.attn_implementation, device),
-                             config)
-        source = "random-init model of the same config"
-        if device.type == "cpu":
-            width = min(width, CPU_TOKENS)
-            rows = max(1, min(rows, CPU_TOKENS // max(width, 1)))
+    else:
+        rows, width = _cpu_shape(device, rows, width)
         gen = torch.Generator().manual_seed(0)
         step = []
         for r in range(rows):
@@ -202,30 +223,24 @@ def calibrate_replay(model: ModelShape, adapter: AdapterShape, config: GradianCo
             labels = [IGNORE_INDEX] * (width // 2) + ids[width // 2:]
             step.append(TokenizedExample(str(r), ids, labels, width, width // 2, width - width // 2, 0, False, False,
                                          0, False))
-    else:
-        return None
     lora = {name: p for name, p in gm.model.named_parameters() if p.requires_grad}
     batches = [list(range(len(step)))] * steps
-    recipe = Recipe([1e-4] * steps, "adamw", max_grad_norm=1.0, reduction="tokens")
+    schedule = [1e-4] * steps
     weights = torch.ones(len(step), dtype=next(iter(lora.values())).dtype, device=device)
 
     def measure(replayed: object) -> torch.Tensor:  # no model call: the sweep alone is timed
         return sum((p.float() ** 2).sum() for p in getattr(replayed, "params").values())
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
     def timed(sweep: bool, n: int) -> float:
-        sync()
+        recipe = Recipe(schedule[:n], "adamw", max_grad_norm=1.0, reduction="tokens")
+        _sync(device)
         start = time.perf_counter()
         if sweep:
-            metagradient(gm.model, lora, step, batches[:n], weights, Recipe(recipe.schedule[:n], "adamw",
-                         max_grad_norm=1.0, reduction="tokens"), measure, pad_id=pad_id, checkpoint_every=1)
+            metagradient(gm.model, lora, step, batches[:n], weights, recipe, measure, pad_id=pad_id,
+                         checkpoint_every=1)
         else:
-            replay(gm.model, lora, step, batches[:n], weights, Recipe(recipe.schedule[:n], "adamw",
-                   max_grad_norm=1.0, reduction="tokens"), pad_id=pad_id)
-        sync()
+            replay(gm.model, lora, step, batches[:n], weights, recipe, pad_id=pad_id)
+        _sync(device)
         return time.perf_counter() - start
 
     timed(False, 1), timed(True, 1)  # warm-up: the first call of each builds its kernels and caches
