@@ -186,9 +186,9 @@ def test_a_replay_plan_without_the_run_is_refused_naming_the_flags():
             "--n-examples", "10", "--no-calibrate", "--engine", "replay"]
     done = CliRunner().invoke(app, args)
     assert isinstance(done.exception, ConfigError) and done.exception.exit_code == 2
-    assert "--run or --mlflow-run" in str(done.exception)
+    assert "--run OUTPUT_DIR or --mlflow-run ID" in str(done.exception)
     # the planner itself refuses a replay it was not given, with the engine's words
-    with pytest.raises(ConfigError, match="--run or --mlflow-run"):
+    with pytest.raises(ConfigError, match="--run OUTPUT_DIR or --mlflow-run ID"):
         make_plan(read_model_shape("qwen2.5-0.5b"), AdapterShape(8, ("q_proj",)), DatasetShape.uniform(10, 64),
                   PlanSettings(engine="replay"))
 

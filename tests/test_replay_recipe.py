@@ -118,5 +118,5 @@ def test_a_run_the_replay_cannot_reproduce_is_refused_naming_why(change, message
     config = normalize_trainer_config({k: v for k, v in raw.items() if v is not None})
     with pytest.raises(ConfigError, match=message):
         recipe_from_run(config, 9)
-    with pytest.raises(ConfigError, match="--run or --mlflow-run"):
+    with pytest.raises(ConfigError, match="--run OUTPUT_DIR or --mlflow-run ID"):
         recipe_from_run(None, 9)

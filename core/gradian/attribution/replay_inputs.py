@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from gradian.errors import ConfigError
 from gradian.replay.engine import ReplayInputs
-from gradian.replay.recipe import recipe_from_run
+from gradian.replay.recipe import recipe_from_run, replay_max_seq_length, run_trainer_config, trained_positions
 
 if TYPE_CHECKING:
     import torch
@@ -41,22 +41,17 @@ def replay_inputs(cfg: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTo
     the run truncated at the same length."""
     from gradian.data import tokenize_examples
 
-    if run is None or getattr(run, "config", None) is None:
-        raise ConfigError("engine.name replay retrains the run from its recipe: pass the training run "
-                          "(--run OUTPUT_DIR or --mlflow-run ID), or choose engine.name: ekfac")
+    config = run_trainer_config(getattr(run, "config", None))
     notes: list[str] = []
-    max_seq_length = run.config.max_seq_length
-    if max_seq_length is None:
-        max_seq_length = cfg.grads.max_seq_length
+    max_seq_length = replay_max_seq_length(config, cfg.grads.max_seq_length)
+    if config.max_seq_length is None:
         notes.append(f"the run records no max_seq_length; rows are truncated at grads.max_seq_length={max_seq_length}")
     if tokenized is not None and max_seq_length == cfg.grads.max_seq_length:
         rows = list(tokenized)
     else:
         rows = tokenize_examples(dataset.examples, tokenizer, max_seq_length)
-    positions = [j for j, row in enumerate(rows) if row.n_supervised > 0]
-    if not positions:
-        raise ConfigError(f"replay: no training row keeps a supervised token at max_seq_length={max_seq_length}")
-    run_recipe = recipe_from_run(run.config, len(positions))
+    positions = trained_positions([row.n_supervised for row in rows], max_seq_length)
+    run_recipe = recipe_from_run(config, len(positions))
     model = gm.model
     adapter = gm.adapter_name
     lora = _adapter_tensors(model, adapter)

@@ -161,16 +161,12 @@ def _replay_cost(cfg: GradianConfig, model: ModelShape, lora: AdapterShape, sett
     tokenized at the run's ``max_seq_length`` (else ``grads.max_seq_length``, as the replay does),
     those with a supervised token; without a dataset, the planned lengths cut at that limit."""
     from gradian.cli.run_flags import read_run
-    from gradian.errors import ConfigError
     from gradian.plan.replay import replay_cost
-    from gradian.replay.recipe import recipe_from_run
+    from gradian.replay.recipe import recipe_from_run, replay_max_seq_length, run_trainer_config, trained_positions
 
     record = read_run(cfg) if cfg.run else None
-    config = record.config if record is not None else None
-    if config is None:
-        recipe_from_run(None, shape.n)  # the engine's refusal: no recipe without the run
-        raise AssertionError("recipe_from_run refuses a run without trainer arguments")
-    limit = config.max_seq_length or cfg.grads.max_seq_length
+    config = run_trainer_config(record.config if record is not None else None)
+    limit = replay_max_seq_length(config, cfg.grads.max_seq_length)
     if tok is not None and cfg.dataset:
         from gradian.data import load_dataset, tokenize_examples
 
@@ -179,9 +175,7 @@ def _replay_cost(cfg: GradianConfig, model: ModelShape, lora: AdapterShape, sett
     else:
         lengths = [min(x, limit) if limit else x for x in shape.lengths]
         supervised = [min(x, limit) if limit else x for x in shape.supervised]
-    kept = [j for j, n in enumerate(supervised) if n > 0]
-    if not kept:
-        raise ConfigError(f"replay: no training row keeps a supervised token at max_seq_length={limit}")
+    kept = trained_positions(supervised, limit)
     run_recipe = recipe_from_run(config, len(kept))
     return replay_cost(run_recipe, model, lora, [lengths[j] for j in kept], [supervised[j] for j in kept],
                        settings.capture, cfg.engine.replay_horizon)

@@ -387,9 +387,9 @@ def make_plan(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, s
     if settings.store not in STORES:
         raise ConfigError(f"engine.store '{settings.store}' is not one of {', '.join(STORES)}")
     if replay is None and settings.needs_replay:
-        from gradian.replay.recipe import recipe_from_run
+        from gradian.replay.recipe import run_trainer_config
 
-        recipe_from_run(None, dataset.n)  # the engine's own refusal of a run without its recipe
+        run_trainer_config(None)  # the engine's own refusal of a run without its recipe
     priced = _price(model, adapter, dataset, settings, budgets)
     if priced is None:
         raise ConfigError(

@@ -1,6 +1,9 @@
 """The recipe of a recorded fine-tune, as the replay needs it: learning rate per step, optimizer, data order.
 
-Interface: ``recipe_from_run(config, n_rows) -> RunRecipe`` reads a ``TrainerConfig`` (the run's
+Interface: ``run_trainer_config(config)`` is the run's trainer arguments or the replay's refusal
+of a run without them; ``replay_max_seq_length(config, fallback)`` and
+``trained_positions(supervised, max_seq_length)`` say which rows the run trained on, as the
+trainer cut and dropped them; ``recipe_from_run(config, n_rows) -> RunRecipe`` reads a ``TrainerConfig`` (the run's
 trainer arguments, as every run source records them) and returns the per-step learning rates, the
 optimizer settings and the rows of each optimizer step, in the trainer's own order; it raises a
 ``ConfigError`` naming the setting when the run trained in a way the replay cannot reproduce.
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from gradian.errors import ConfigError
 from gradian.replay.unrolled import Recipe
@@ -27,7 +30,8 @@ from gradian.replay.unrolled import Recipe
 if TYPE_CHECKING:
     from gradian.runs import TrainerConfig
 
-__all__ = ["RunRecipe", "recipe_from_run", "learning_rates"]
+__all__ = ["RunRecipe", "recipe_from_run", "learning_rates", "run_trainer_config", "replay_max_seq_length",
+           "trained_positions"]
 
 #: ``optim`` values of the HF Trainer that are AdamW as torch computes it (fused or not)
 _ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw")
@@ -113,12 +117,36 @@ def _order(n_rows: int, batch_size: int, accumulation: int, epochs: float, max_s
     return steps, per_epoch_steps
 
 
+def run_trainer_config(config: TrainerConfig | None) -> TrainerConfig:
+    """``config``, the run's trainer arguments; without them the replay has no recipe to retrain
+    by, and this is its refusal (the engine's and the planner's alike)."""
+    if config is None:
+        raise ConfigError("engine.name replay retrains the run from its trainer arguments (learning rate, epochs, "
+                          "batch size, seed): pass the training run with --run OUTPUT_DIR or --mlflow-run ID, "
+                          "or choose engine.name: ekfac")
+    return config
+
+
+def replay_max_seq_length(config: TrainerConfig, fallback: int | None) -> int | None:
+    """The length the run cut its rows at: its own ``max_seq_length``, else ``fallback``
+    (``grads.max_seq_length``) when it records none."""
+    return config.max_seq_length if config.max_seq_length is not None else fallback
+
+
+def trained_positions(supervised: Sequence[int], max_seq_length: int | None) -> list[int]:
+    """The dataset positions of the rows the run trained on: those keeping a supervised token at
+    ``max_seq_length`` (``supervised``: each row's supervised tokens there), as the trainer drops
+    the others. Refused when no row keeps one."""
+    kept = [j for j, n in enumerate(supervised) if n > 0]
+    if not kept:
+        raise ConfigError(f"replay: no training row keeps a supervised token at max_seq_length={max_seq_length}")
+    return kept
+
+
 def recipe_from_run(config: TrainerConfig | None, n_rows: int) -> RunRecipe:
     """The replayable recipe of the run whose trainer arguments are ``config`` (a ``TrainerConfig``),
     trained on ``n_rows`` rows (those with a supervised token, in dataset order)."""
-    if config is None:
-        raise ConfigError("engine.name replay needs the run's trainer arguments (learning rate, epochs, batch "
-                          "size, seed); pass the training run with --run or --mlflow-run")
+    config = run_trainer_config(config)
     notes: list[str] = []
     lr = _setting(config, "learning_rate")
     batch = _setting(config, "per_device_train_batch_size")
