@@ -40,7 +40,8 @@ ARGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_tr
 REPLAY_KEYS = ["steps", "steps_per_epoch", "optimizer", "rows", "horizon", "checkpoint_every", "forward_steps",
                "recomputed_steps", "differentiated_steps", "differentiated_step", "differentiated_source",
                "state_bytes", "kept_states", "peak_states", "row_weights_bytes", "widest_step", "step_graph",
-               "weights", "adapter", "seconds_per_token", "training_runs", "held_states_bytes", "peak", "disk_bytes",
+               "weights", "adapter", "on_disk", "seconds_per_token", "training_runs", "held_states_bytes", "peak",
+               "disk_bytes",
                "seconds"]
 
 
@@ -122,8 +123,13 @@ class _Watch:
         return sum(size for ref, size in self._refs if ref() is not None)
 
 
+@pytest.mark.parametrize("on_disk", [False, True], ids=["in-memory", "on-disk"])
 @pytest.mark.parametrize("horizon", [None, 5])
-def test_the_priced_steps_and_states_are_what_the_replay_engine_does(trained, chat_tokenizer, monkeypatch, horizon):
+def test_the_priced_steps_and_states_are_what_the_replay_engine_does(trained, chat_tokenizer, monkeypatch, tmp_path,
+                                                                     horizon, on_disk):
+    """The engine without a state folder (its API) holds every kept state; with one (what the
+    attribution lane gives it) it holds the initial and final states and a segment's, and writes
+    the rest: its steps, the bytes of its states alive and what it keeps on disk are the plan's."""
     from gradian.config import EngineConfig
     from gradian.query import QueryItem
     from gradian.replay.engine import ReplayEngine, ReplayFitContext, ReplayInputs
@@ -133,31 +139,50 @@ def test_the_priced_steps_and_states_are_what_the_replay_engine_does(trained, ch
     shape = read_model_shape(model.config.to_dict())
     cost = replay_cost(run_recipe, shape, AdapterShape(model.peft_config["default"].r, ("q_proj", "v_proj")),
                        [len(r.input_ids) for r in rows], [r.n_supervised for r in rows], CaptureSettings(),
-                       horizon=horizon)
-    assert cost.steps == global_step == 6 and cost.steps_per_epoch == 3
+                       horizon=horizon, checkpoint_every=2, on_disk=on_disk)
+    assert cost.steps == global_step == 6 and cost.steps_per_epoch == 3 and cost.checkpoint_every == 2
     lora = {n: p for n, p in model.named_parameters() if n in init}
     # a state: every LoRA tensor and its two moments, as the tensors themselves weigh
     assert cost.state_bytes == STATE_PARTS * sum(p.numel() * p.element_size() for p in lora.values())
 
     watch = _Watch(monkeypatch)
+    folder = tmp_path / "replay"
     inputs = ReplayInputs(model=model, lora_params=lora, init={n: init[n] for n in lora}, rows=rows,
                           positions=list(range(len(rows))), n_examples=len(rows), run_recipe=run_recipe,
                           pad_id=chat_tokenizer.pad_token_id, tokenizer=chat_tokenizer, query_max_seq_length=64,
-                          horizon=horizon)
+                          horizon=horizon, checkpoint_every=2, state_dir=folder if on_disk else None)
     engine, engine_cfg = ReplayEngine(), EngineConfig(name="replay")
     state = engine.fit(None, engine_cfg, ReplayFitContext(replay=inputs))
     item = QueryItem(prompt_messages=[{"role": "user", "content": "question 1 about b ?"}], wanted="answer answer",
                      generated=None, regressed=True, item_id="q0")
-    result = engine.score(state, {"q": np.zeros(1)}, engine_cfg, query_items=[item], query_signal="target")
+    on_disk_now: list[int] = []
+
+    def progress(done, total):
+        on_disk_now.append(sum(f.stat().st_size for f in folder.rglob("*.pt")) if folder.exists() else 0)
+
+    result = engine.score(state, {"q": np.zeros(1)}, engine_cfg, query_items=[item], query_signal="target",
+                          progress=progress)
     assert np.isfinite(result.scores).all() and np.abs(result.scores).sum() > 0
     assert state.meta["steps"] == cost.steps and state.meta["horizon"] == cost.horizon
     assert state.meta["checkpoint_every"] == cost.checkpoint_every
     assert watch.plain == cost.forward_steps + cost.recomputed_steps
     assert watch.differentiated == cost.differentiated_steps == cost.horizon
-    # after the forward replay: the kept states and the final one
-    assert watch.after_forward == (cost.kept_states + 1) * cost.state_bytes
+    # after the forward replay: the kept states and the final one, or on disk the initial and final ones
+    assert watch.after_forward == (2 if on_disk else cost.kept_states + 1) * cost.state_bytes
     assert watch.peak == cost.peak_states * cost.state_bytes
-    assert cost.disk_bytes == 0
+    if not on_disk:
+        assert cost.disk_bytes == 0 and not folder.exists()
+        return
+    # the tensors' bytes are the plan's; torch.save adds its pickle (a few KiB a file at this size)
+    files = 3 + 2 + 1  # states before steps 2 and 4, the final one; two sweep records; progress.json
+    assert cost.kept_states * cost.state_bytes <= max(on_disk_now) <= cost.disk_bytes + files * 16 * 1024
+    # once finished only the result stays; a second score reads it back and makes no step
+    assert sorted(f.name for f in next(folder.iterdir()).iterdir()) == ["progress.json", "result.pt"]
+    steps_before = watch.plain + watch.differentiated
+    again = engine.score(state, {"q": np.zeros(1)}, engine_cfg, query_items=[item], query_signal="target")
+    assert watch.plain + watch.differentiated == steps_before
+    assert np.array_equal(again.scores, result.scores)
+    assert any("read back from" in n for n in again.notes)
 
 
 def test_the_plan_of_a_tinyworld_run_has_its_steps_and_says_what_it_writes(tinyworld_run):
@@ -171,14 +196,16 @@ def test_the_plan_of_a_tinyworld_run_has_its_steps_and_says_what_it_writes(tinyw
     state = json.loads((run.root / "run" / "trainer_state.json").read_text())
     rows = (run.root / "train.jsonl").read_text().strip().splitlines()
     assert replay["steps"] == state["global_step"] and replay["rows"] == len(rows)
-    assert replay["horizon"] == replay["steps_per_epoch"] and replay["disk_bytes"] == 0
+    assert replay["horizon"] == replay["steps_per_epoch"] and replay["on_disk"]
+    assert replay["disk_bytes"] == replay["kept_states"] * replay["state_bytes"] + 2 * (
+        replay["state_bytes"] + replay["row_weights_bytes"] // 2)
     # a state is the adapter's LoRA values (a row's gradient, unprojected, every module) and two moments, float32
     assert data["settings"]["projection_dim"] is None and data["settings"]["module_filter"] is None
     assert replay["state_bytes"] == STATE_PARTS * 4 * data["values_per_example"]
     text = CliRunner().invoke(app, ["plan", "--config", str(run.config_path), "--engine", "replay", "--device", "cpu",
                                     "--no-calibrate"])
     assert f"replay (adamw, the run's recipe): {state['global_step']:,} optimizer steps" in text.output
-    assert "disk: nothing (the states are held in memory, not written)" in text.output
+    assert "under cache_dir/replay at most" in text.output
 
 
 def test_a_replay_plan_without_the_run_is_refused_naming_the_flags():

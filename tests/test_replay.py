@@ -291,3 +291,96 @@ def test_a_model_in_training_mode_or_training_other_tensors_is_refused(setup):
                          pad_id=setup.pad)
     finally:
         setup.model.eval()
+
+
+class _Stop(Exception):
+    pass
+
+
+def _stopping_at(tick):
+    def progress(done, total):
+        if done == tick:
+            raise _Stop(f"stopped at {done} of {total}")
+    return progress
+
+
+def _counting_steps(monkeypatch):
+    from gradian.replay import unrolled
+
+    calls = []
+    step = unrolled._Steps.step
+
+    def counted(self_, t, state, w, *, create_graph):
+        calls.append((t, create_graph))
+        return step(self_, t, state, w, create_graph=create_graph)
+
+    monkeypatch.setattr(unrolled._Steps, "step", counted)
+    return calls
+
+
+LONG = BATCHES * 3  # 12 steps: kept states before steps 0, 3, 6 and 9 with checkpoint_every=3
+
+
+@pytest.mark.parametrize("tick, resumed", [(5, "resumed the forward replay at step 3 of 12"),
+                                           (22, "resumed after 1 of the sweep's 4 segments")])
+def test_states_on_disk_resume_an_interrupted_replay_bit_for_bit(setup, tmp_path, monkeypatch, tick, resumed):
+    """The forward replay writes its kept states and the sweep its adjoint after every segment: a
+    replay stopped in the forward replay (tick 5) or in the sweep (tick 22: 12 forward, then the
+    last segment's 2 recomputed and 3 differentiated steps, then the next one's) gives, resumed,
+    exactly the in-memory metagradient, without making again what it wrote; a third run reads the
+    finished replay back and the states are gone."""
+    from gradian.replay.states import ReplayStates
+
+    recipe = dataclasses.replace(RECIPES["adamw-clipped"], schedule=list(RECIPES["adamw-clipped"].schedule) * 3)
+    args = (setup.model, setup.lora, setup.rows, LONG, _ones(), recipe, _measure(setup))
+    memory = metagradient(*args, pad_id=setup.pad, checkpoint_every=3)
+    folder = tmp_path / "replay"
+    with pytest.raises(_Stop):
+        metagradient(*args, pad_id=setup.pad, checkpoint_every=3, states=ReplayStates(folder),
+                     progress=_stopping_at(tick))
+    calls = _counting_steps(monkeypatch)
+    ticks = []
+    again = metagradient(*args, pad_id=setup.pad, checkpoint_every=3, states=ReplayStates(folder),
+                         progress=lambda done, total: ticks.append((done, total)))
+    assert again.resumed == resumed
+    assert again.value == memory.value and torch.equal(again.grad, memory.grad)
+    for name in memory.params:
+        assert torch.equal(again.params[name], memory.params[name])
+    assert ticks[-1] == (32, 32) and ticks[0][0] == (4 if tick == 5 else 18)
+    if tick == 5:  # forward from step 3; every segment swept: 2 recomputed + 3 differentiated each
+        assert sum(1 for _, g in calls if not g) == 9 + 4 * 2 and sum(1 for _, g in calls if g) == 12
+    else:  # no forward step; three segments left to sweep
+        assert sum(1 for _, g in calls if not g) == 3 * 2 and sum(1 for _, g in calls if g) == 9
+    assert sorted(p.name for p in folder.iterdir()) == ["progress.json", "result.pt"]
+    calls.clear()
+    done = metagradient(*args, pad_id=setup.pad, checkpoint_every=3, states=ReplayStates(folder))
+    assert done.resumed == "reused" and not calls
+    assert done.value == memory.value and torch.equal(done.grad, memory.grad)
+
+
+def test_a_damaged_state_is_recomputed_and_changes_nothing(setup, tmp_path):
+    """A kept state whose bytes no longer match its checksum is recomputed from the one before it;
+    the metagradient is the in-memory one."""
+    from gradian.replay.states import ReplayStates
+
+    recipe = dataclasses.replace(RECIPES["sgd-clipped"], schedule=list(RECIPES["sgd-clipped"].schedule) * 3)
+    args = (setup.model, setup.lora, setup.rows, LONG, _ones(), recipe, _measure(setup))
+    memory = metagradient(*args, pad_id=setup.pad, checkpoint_every=3)
+    folder = tmp_path / "replay"
+    with pytest.raises(_Stop):  # stopped in the sweep's second segment: the states before steps 3 and 6 are left
+        metagradient(*args, pad_id=setup.pad, checkpoint_every=3, states=ReplayStates(folder),
+                     progress=_stopping_at(20))
+    damaged = folder / "state-00000003.pt"
+    damaged.write_bytes(damaged.read_bytes()[:-7] + b"garbage")
+    states = ReplayStates(folder)
+    again = metagradient(*args, pad_id=setup.pad, checkpoint_every=3, states=states)
+    assert torch.equal(again.grad, memory.grad) and again.value == memory.value
+    assert any("state-00000003.pt does not match its checksum" in r for r in states.repaired)
+
+
+def test_states_on_disk_need_the_step_by_step_sweep(setup, tmp_path):
+    from gradian.replay.states import ReplayStates
+
+    with pytest.raises(ConfigError, match="checkpoint_every"):
+        metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), RECIPES["sgd"], _measure(setup),
+                     pad_id=setup.pad, states=ReplayStates(tmp_path / "r"))

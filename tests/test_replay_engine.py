@@ -7,7 +7,9 @@ of ``poison_capitals`` (ranked by harm), and a retrain of the tiny model without
 from __future__ import annotations
 
 import json
+import re
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -76,11 +78,53 @@ def test_replay_without_a_run_is_refused_naming_the_flag():
         replay_inputs(None, None, None, None, None)
 
 
+@pytest.mark.parametrize("key", ["engine.replay_horizon", "engine.replay_checkpoint_every"])
 @pytest.mark.parametrize("value", [0, -3])
-def test_a_horizon_below_one_step_is_refused_naming_the_key(value):
+def test_a_horizon_or_interval_below_one_step_is_refused_naming_the_key(key, value):
     from gradian.config import load_config
 
-    with pytest.raises(ConfigError, match="'engine.replay_horizon' is"):
-        load_config(None, {"engine.replay_horizon": value})
-    assert load_config(None, {"engine.replay_horizon": 5}).engine.replay_horizon == 5
-    assert load_config().engine.replay_horizon is None
+    section, name = key.split(".")
+    with pytest.raises(ConfigError, match=f"'{key}' is"):
+        load_config(None, {key: value})
+    assert getattr(load_config(None, {key: 5}).engine, name) == 5
+    assert getattr(load_config().engine, name) is None
+
+
+def test_the_states_go_under_cache_dir_and_a_second_run_reads_the_replay_back(replayed):
+    """The lane gives the replay a folder under cache_dir named by its inputs: once finished it
+    holds the result alone, and the same attribution again makes no step and scores the same."""
+    from gradian.attribution import run_attribution
+    from gradian.replay import unrolled
+
+    cfg = replayed.run.config(**{"engine.name": "replay", "evaluation.query_signal": "contrastive"})
+    notes = " ".join(replayed.outcome.report.to_json()["attribution"]["notes"])
+    folder = Path(re.search(r"written under (\S+) while it ran", notes).group(1))
+    assert folder.parent == Path(cfg.cache_dir) / "replay"
+    assert sorted(f.name for f in folder.iterdir()) == ["progress.json", "result.pt"]
+    steps = []
+    original = unrolled._Steps.step
+    unrolled._Steps.step = lambda self, *a, **k: steps.append(1) or original(self, *a, **k)
+    try:
+        again = run_attribution(cfg, capability="capitals", cross_check="none", out_dir=replayed.out / "again")
+    finally:
+        unrolled._Steps.step = original
+    assert not steps
+    assert np.array_equal(again.rankings["score"].to_numpy(), replayed.outcome.rankings["score"].to_numpy())
+    notes = " ".join(again.report.to_json()["attribution"]["notes"])
+    assert f"read back from {folder}" in notes
+
+
+def test_a_replay_that_cannot_fit_the_free_memory_is_refused_before_any_step(replayed, monkeypatch):
+    from gradian import sizes
+    from gradian.attribution import run_attribution
+    from gradian.replay import unrolled
+
+    monkeypatch.setattr(sizes, "available_memory", lambda: 64 * 1024)
+    monkeypatch.setattr(unrolled._Steps, "step", lambda *a, **k: pytest.fail("a step ran"))
+    cfg = replayed.run.config(**{"engine.name": "replay", "evaluation.query_signal": "contrastive",
+                                 "engine.replay_horizon": 3})
+    with pytest.raises(ConfigError) as refused:
+        run_attribution(cfg, capability="capitals", cross_check="none", out_dir=replayed.out / "refused")
+    message = str(refused.value)
+    assert "engine.name replay needs about" in message and "64.0 KiB of host memory is available" in message
+    assert "engine.replay_checkpoint_every" in message and "engine.name: ekfac" in message

@@ -9,11 +9,18 @@ everything that touches the model or the run here, so the engine stays math over
   out as the trainer left them out;
 - the initial LoRA tensors: peft's initialization of the adapter's LoRA settings drawn right after
   seeding with the run's seed, as ``gradian train`` (and a trainer seeded before it wraps the
-  model) draws them; the torch random state is restored afterwards.
+  model) draws them; the torch random state is restored afterwards;
+- where the replay keeps its states (``<cache_dir>/replay``, in a folder named by everything the
+  replay computes from, the base model's and tokenizer's fingerprints among them), and the
+  interval between them (``engine.replay_checkpoint_every``);
+- the check, before any step, that the replay fits the memory free on its device: the plan's
+  pricing of this replay (``gradian.plan.replay.replay_cost``) beyond the weights already loaded,
+  against the free device memory (CUDA) or the host memory available (``check_replay_memory``).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from gradian.errors import ConfigError
@@ -30,7 +37,7 @@ if TYPE_CHECKING:
     from gradian.grads import GradientModel
     from gradian.runs import RunRecord
 
-__all__ = ["replay_inputs"]
+__all__ = ["check_replay_memory", "replay_inputs"]
 
 _INIT_ADAPTER = "gradian-replay-init"
 
@@ -65,11 +72,72 @@ def replay_inputs(cfg: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTo
     if missing:
         raise ConfigError(f"replay: peft's initialization of the adapter has no tensor {missing[0]}; the adapter's "
                           "LoRA settings cannot be re-created")
-    return ReplayInputs(model=model, lora_params=lora, init={n: init[n] for n in lora},
-                        rows=[rows[j] for j in positions], positions=positions, n_examples=len(rows),
-                        run_recipe=run_recipe, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer,
-                        query_max_seq_length=cfg.grads.max_seq_length, notes=notes,
-                        horizon=cfg.engine.replay_horizon)
+    from gradian.index.manifest import tokenizer_fingerprint
+
+    base = gm.fingerprints.get("base")
+    inputs = ReplayInputs(model=model, lora_params=lora, init={n: init[n] for n in lora},
+                          rows=[rows[j] for j in positions], positions=positions, n_examples=len(rows),
+                          run_recipe=run_recipe, pad_id=tokenizer.pad_token_id, tokenizer=tokenizer,
+                          query_max_seq_length=cfg.grads.max_seq_length, notes=notes,
+                          checkpoint_every=cfg.engine.replay_checkpoint_every, horizon=cfg.engine.replay_horizon,
+                          # a model loaded without a fingerprint has no name to key its states by
+                          state_dir=Path(cfg.cache_dir) / "replay" if base else None,
+                          identity={"base": base or "", "tokenizer": tokenizer_fingerprint(tokenizer)})
+    if base is None:
+        notes.append("the base model has no content fingerprint, so the replay's states are held in memory, "
+                     "not written under cache_dir, and an interrupted replay starts over")
+    check_replay_memory(cfg, inputs)
+    return inputs
+
+
+def check_replay_memory(cfg: GradianConfig, inputs: ReplayInputs) -> None:
+    """Refuse, before any step, a replay that cannot fit the memory free on its device.
+
+    What the replay adds to the loaded model is priced as ``gradian plan`` prices it (the states
+    held at once, the row weights and their gradient, one differentiated step's graph on the run's
+    widest step) and compared with the free memory of the CUDA device the model is on, or the host
+    memory available on a CPU. A model whose shape the planner cannot read is not checked (a note
+    says so)."""
+    import torch
+
+    from gradian.errors import ConfigError
+    from gradian.plan.memory import CaptureSettings
+    from gradian.plan.replay import replay_cost
+    from gradian.plan.shapes import AdapterShape, read_model_shape
+    from gradian.sizes import available_memory, format_size
+
+    model = inputs.model
+    peft_config = model.peft_config[model.active_adapter]
+    targets = peft_config.target_modules
+    some = next(iter(inputs.lora_params.values()))
+    try:
+        shape = read_model_shape(model.get_base_model().config.to_dict())
+        adapter = AdapterShape(int(peft_config.r), targets if isinstance(targets, str) else tuple(sorted(targets)),
+                               dtype=str(some.dtype).removeprefix("torch."))
+        dtype = str(next(model.get_base_model().parameters()).dtype).removeprefix("torch.")
+        cost = replay_cost(inputs.run_recipe, shape, adapter, [len(r.input_ids) for r in inputs.rows],
+                           [r.n_supervised for r in inputs.rows],
+                           CaptureSettings(dtype=dtype, attn_implementation=cfg.attn_implementation),
+                           inputs.horizon, checkpoint_every=inputs.checkpoint_every,
+                           on_disk=inputs.state_dir is not None)
+    except (ConfigError, KeyError, TypeError, ValueError) as err:
+        inputs.notes.append(f"the replay's memory was not checked before it started: the planner cannot read this "
+                            f"model's shape ({err})")
+        return
+    need = cost.peak - cost.weights - cost.adapter  # the model and its adapter are loaded already
+    device = some.device
+    if device.type == "cuda":
+        free, where = torch.cuda.mem_get_info(device)[0], f"is free on {device}"
+    else:
+        free, where = available_memory(), "of host memory is available"
+    if need > free:
+        w = cost.widest_step
+        raise ConfigError(
+            f"engine.name replay needs about {format_size(need)} beside the loaded model ({cost.peak_states + 2} "
+            f"states of {format_size(cost.state_bytes)}, the interval between kept states being {cost.checkpoint_every} "
+            f"steps; one differentiated step's graph {format_size(cost.step_graph)} on the run's widest step, "
+            f"{w.rows} rows x {w.width} tokens), and {format_size(free)} {where}: set "
+            "engine.replay_checkpoint_every lower (fewer states held at once), free memory, or choose engine.name: ekfac")
 
 
 def _adapter_tensors(model: PeftModel, adapter: str) -> dict[str, torch.nn.Parameter]:

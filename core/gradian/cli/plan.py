@@ -178,7 +178,8 @@ def _replay_cost(cfg: GradianConfig, model: ModelShape, lora: AdapterShape, sett
     kept = trained_positions(supervised, limit)
     run_recipe = recipe_from_run(config, len(kept))
     return replay_cost(run_recipe, model, lora, [lengths[j] for j in kept], [supervised[j] for j in kept],
-                       settings.capture, cfg.engine.replay_horizon)
+                       settings.capture, cfg.engine.replay_horizon,
+                       checkpoint_every=cfg.engine.replay_checkpoint_every)
 
 
 def _timed_replay(cost: ReplayCost, cfg: GradianConfig, model: ModelShape, lora: AdapterShape, device: str,
@@ -346,12 +347,19 @@ def _print_replay(plan: Plan, print_line: Callable[[str], None], fmt: Callable[[
                f"{r.differentiated_step:.2f} x {r.differentiated_steps:,}) / {r.steps:,} steps; a differentiated step "
                f"is {r.differentiated_step:.2f} plain steps, {r.differentiated_source})")
     w = r.widest_step
+    held = ("the initial and final ones and a segment's" if r.on_disk
+            else "the kept ones, the final one and a segment's")
     print_line(f"  memory: {fmt(r.peak)} on {plan.settings.device}: weights {fmt(r.weights)}, adapter and its initial "
                f"copy {fmt(r.adapter + r.state_bytes // STATE_PARTS)}, {r.peak_states + 2} states of {fmt(r.state_bytes)} "
-               f"(LoRA tensors and AdamW moments: {r.peak_states} held in the sweep, the adjoint, a rebuilt step's), "
-               f"row weights and their gradient {fmt(r.row_weights_bytes)}, one differentiated step's graph "
+               f"(LoRA tensors and AdamW moments: {r.peak_states} held in the sweep, {held}; the adjoint, a rebuilt "
+               f"step's), row weights and their gradient {fmt(r.row_weights_bytes)}, one differentiated step's graph "
                f"{fmt(r.step_graph)} (the widest step, {w.rows} rows x {w.width} tokens)")
-    print_line("  disk: nothing (the states are held in memory, not written)")
+    if r.on_disk:
+        print_line(f"  disk: {fmt(r.disk_bytes)} under cache_dir/replay at most ({r.kept_states - 1} kept states "
+                   "past the initial one, the final one and two sweep records), removed once the replay "
+                   "finishes but for its result")
+    else:
+        print_line("  disk: nothing (the states are held in memory, not written)")
 
 
 def _duration(seconds: float) -> str:
@@ -375,7 +383,7 @@ def _over_budget_line(plan: Any, fmt: Callable[[float], str]) -> str:
     if not plan.fits_host:
         over.append(f"{fmt(p.host_peak)} of host memory (budget {fmt(plan.budgets.host_memory(plan.settings.device))})")
     if not plan.fits_disk:
-        over.append(f"{fmt(p.disk_bytes)} of disk (budget {fmt(plan.budgets.disk)})")
+        over.append(f"{fmt(plan.disk_bytes)} of disk (budget {fmt(plan.budgets.disk)})")
     fix = ""
     if plan.proposal is not None and plan.proposal.changes:
         fix = "; set " + ", ".join(f"{k}: {v}" for k, v in plan.proposal.changes.items())

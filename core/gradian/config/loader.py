@@ -387,6 +387,9 @@ def validate_config(config: GradianConfig, where: str = "config",
             raise bad(f"engine.options.{name}", values, "a mapping of that engine's option names to values")
     if config.engine.replay_horizon is not None and config.engine.replay_horizon < 1:
         raise bad("engine.replay_horizon", config.engine.replay_horizon, "at least 1 (optimizer steps), or null")
+    if config.engine.replay_checkpoint_every is not None and config.engine.replay_checkpoint_every < 1:
+        raise bad("engine.replay_checkpoint_every", config.engine.replay_checkpoint_every,
+                  "at least 1 (optimizer steps), or null")
     if config.grads.projection_dim is not None and config.grads.projection_dim < 1:
         raise bad("grads.projection_dim", config.grads.projection_dim, "at least 1, or null")
     if config.grads.max_index_gb is not None and not config.grads.max_index_gb > 0:

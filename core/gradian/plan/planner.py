@@ -231,8 +231,13 @@ class Plan:
         return budget is None or self.priced.host_peak <= budget
 
     @property
+    def disk_bytes(self) -> int:
+        """What the planned run keeps on disk: the index and fitted state, and a replay's states."""
+        return self.priced.disk_bytes + (self.replay.disk_bytes if self.replay is not None else 0)
+
+    @property
     def fits_disk(self) -> bool:
-        return self.budgets.disk is None or self.priced.disk_bytes <= self.budgets.disk
+        return self.budgets.disk is None or self.disk_bytes <= self.budgets.disk
 
     @property
     def fits(self) -> bool:

@@ -20,8 +20,14 @@ of the initial LoRA tensors, the states held at once (``peak_states`` x ``state_
 the LoRA tensors and AdamW's two moments, kept as zeros under SGD too), the adjoint of a state and
 the state a rebuilt step returns, the row weights and their gradient, and one differentiated
 step's graph on the widest step (the capture's activations, logits and loss backward for that
-step's rows, twice: the first backward is kept as a graph for the second). The states are held in
-memory: the engine writes no checkpoint to disk.
+step's rows, twice: the first backward is kept as a graph for the second).
+
+Where the kept states live: the attribution lane gives the engine a folder under ``cache_dir``
+(``gradian.replay.states``), so the kept states are written there and only the segment being
+swept is in memory (``on_disk=True``, what ``gradian attribute`` does); ``on_disk=False`` prices
+the engine holding every kept state in memory (its API without a folder). On disk: every kept
+state but the initial one, the final state, and while the sweep runs two records of its adjoint
+and the row weights' gradient (the new one is written before the old one is removed).
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ class ReplayCost:
     #: the model's weights and its adapter, and a copy of the initial LoRA tensors
     weights: int
     adapter: int
+    #: the kept states are written under cache_dir (what gradian attribute does), not held in memory
+    on_disk: bool = True
     #: seconds of one plain step per padded token, when the plan timed one
     seconds_per_token: float | None = None
     #: padded tokens of every step, in the run's order
@@ -103,8 +111,12 @@ class ReplayCost:
 
     @property
     def disk_bytes(self) -> int:
-        """Bytes the replay writes: none, its states are held in memory."""
-        return 0
+        """Bytes the replay keeps on disk at most: every kept state but the initial one, the final
+        state, and two sweep records (the adjoint, a state's worth, and the row weights' gradient);
+        nothing when the states are held in memory."""
+        if not self.on_disk:
+            return 0
+        return self.kept_states * self.state_bytes + 2 * (self.state_bytes + self.row_weights_bytes // 2)
 
     @property
     def seconds(self) -> float | None:
@@ -139,22 +151,30 @@ class ReplayCost:
 
 def replay_cost(run_recipe: RunRecipe, model: ModelShape, adapter: AdapterShape, lengths: Sequence[int],
                 supervised: Sequence[int], capture: CaptureSettings, horizon: int | None = None, differentiated_step: float | None = None,
-                differentiated_source: str = "", seconds_per_token: float | None = None) -> ReplayCost:
+                differentiated_source: str = "", seconds_per_token: float | None = None,
+                checkpoint_every: int | None = None, on_disk: bool = True) -> ReplayCost:
     """The replay of ``run_recipe`` priced. ``lengths`` and ``supervised``: the tokens and the
-    supervised tokens of each row the run trained on, in the recipe's row order; ``horizon``: ``engine.replay_horizon``; ``differentiated_step``
-    and ``seconds_per_token``: a timed differentiated step (in plain steps) and plain step."""
+    supervised tokens of each row the run trained on, in the recipe's row order; ``horizon``:
+    ``engine.replay_horizon``; ``checkpoint_every``: ``engine.replay_checkpoint_every``;
+    ``differentiated_step`` and ``seconds_per_token``: a timed differentiated step (in plain
+    steps) and plain step; ``on_disk``: where the kept states live (module doc)."""
     from gradian.replay.engine import horizon_steps
     from gradian.replay.unrolled import checkpoint_interval, checkpoint_starts, sweep_segments
 
     steps = run_recipe.steps
-    every = checkpoint_interval(steps)
+    every = checkpoint_interval(steps, checkpoint_every)
     window = horizon_steps(steps, run_recipe.steps_per_epoch, horizon)
     segments = sweep_segments(steps, every, window)
     recomputed = sum(last - first - 1 for first, last, _ in segments)
     differentiated = sum(last - low for _, last, low in segments)
     kept = len(checkpoint_starts(steps, every))
-    # the kept states, the final one, and those a segment recomputes beside its kept one
-    peak_states = kept + 1 + max((last - first - 1 for first, last, _ in segments), default=0)
+    if on_disk:
+        # the initial state, the final one, and a segment's: its first read back (the initial
+        # state itself for the first segment) and those recomputed after it
+        peak_states = 2 + max((last - first - (first == 0) for first, last, _ in segments), default=0)
+    else:
+        # the kept states, the final one, and those a segment recomputes beside its kept one
+        peak_states = kept + 1 + max((last - first - 1 for first, last, _ in segments), default=0)
     # the replay trains every LoRA tensor of the adapter, whatever grads.module_filter keeps
     linears = lora_linears(model, adapter, None)
     lora_values = sum(lin.r * (lin.in_features + lin.out_features) for lin in linears)
@@ -177,5 +197,5 @@ def replay_cost(run_recipe: RunRecipe, model: ModelShape, adapter: AdapterShape,
         differentiated_steps=differentiated, differentiated_step=differentiated_step,
         differentiated_source=differentiated_source, state_bytes=state, kept_states=kept, peak_states=peak_states,
         row_weights_bytes=2 * len(lengths) * capture.adapter_bytes, widest_step=shape, step_graph=graph,
-        weights=estimate.weights, adapter=estimate.adapter_weights, seconds_per_token=seconds_per_token,
-        step_tokens=step_tokens)
+        weights=estimate.weights, adapter=estimate.adapter_weights, on_disk=on_disk,
+        seconds_per_token=seconds_per_token, step_tokens=step_tokens)

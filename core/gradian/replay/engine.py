@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
@@ -88,6 +89,11 @@ class ReplayInputs:
     checkpoint_every: int | None = None
     #: how many of the last steps the weights act in (None: the last epoch)
     horizon: int | None = None
+    #: where the replay keeps its states (``<cache_dir>/replay``); None holds them in memory
+    state_dir: Path | None = None
+    #: what names the model outside the tensors handed in (the base model's and the tokenizer's
+    #: fingerprints), part of the key of the replay's folder under ``state_dir``
+    identity: dict[str, str] = field(default_factory=dict)
 
     @property
     def window(self) -> int:
@@ -177,9 +183,14 @@ class ReplayEngine(Engine):
         if relabel is not None:
             relabel(f"{self.name}: replaying and sweeping back", "steps")
         weights = torch.ones(len(inputs.rows), dtype=next(iter(inputs.lora_params.values())).dtype)
+        states = None
+        if inputs.state_dir is not None:
+            from gradian.replay.states import ReplayStates
+
+            states = ReplayStates(inputs.state_dir / _state_key(inputs, query_items, query_signal))
         result = metagradient(inputs.model, inputs.init, inputs.rows, inputs.run_recipe.batches, weights,
                               inputs.run_recipe.recipe, measure, pad_id=inputs.pad_id,
-                              checkpoint_every=inputs.every, progress=progress, horizon=inputs.window)
+                              checkpoint_every=inputs.every, progress=progress, horizon=inputs.window, states=states)
         with torch.no_grad():
             run_value = float(measure(ReplayedModel(inputs.model, {n: p.detach() for n, p in inputs.lora_params.items()})))
         fidelity = Fidelity(_rel_diff(result.params, inputs.lora_params), result.value, run_value,
@@ -195,12 +206,45 @@ class ReplayEngine(Engine):
                                                       if window == inputs.run_recipe.steps_per_epoch else "")
                  + "; the run before them is held as it was"]
         notes += [f"replay: {n}" for n in inputs.notes + list(inputs.run_recipe.notes)]
+        if states is not None:
+            if result.resumed == "reused":
+                notes.append(f"replay: read back from {states.root}, where a run with the same inputs finished it")
+            elif result.resumed:
+                notes.append(f"replay: {result.resumed} ({states.root})")
+            else:
+                notes.append(f"replay: its states were written under {states.root} while it ran; the finished "
+                             "replay stays there, so a run with the same inputs reads it back")
+            notes += [f"replay: {r}" for r in states.repaired]
         if len(inputs.positions) < inputs.n_examples:
             notes.append(f"replay: {inputs.n_examples - len(inputs.positions)} row(s) kept no supervised token "
                          "within the run's max_seq_length and were not trained on; their score is 0")
         if query_signal and np.ndim(next(iter(query.values()))) == 2:
             notes.append("replay: one metagradient of the mean query, so no per-item columns")
         return EngineResult(self.name, scores, notes=notes)
+
+
+def _state_key(inputs: ReplayInputs, items: Sequence[QueryItem], signal: str) -> str:
+    """The folder of this replay under ``state_dir``: a digest of everything it computes from."""
+    import hashlib
+
+    from gradian.replay.states import replay_key, tensor_digest
+
+    rows = hashlib.sha256()
+    for row in inputs.rows:
+        rows.update(np.asarray(row.input_ids, dtype=np.int64).tobytes() + b"|")
+        rows.update(np.asarray(row.labels, dtype=np.int64).tobytes() + b"/")
+    recipe = inputs.run_recipe.recipe
+    some = next(iter(inputs.lora_params.values()))
+    return replay_key({
+        "identity": inputs.identity, "init": tensor_digest(inputs.init), "rows": rows.hexdigest(),
+        "batches": [list(map(int, step)) for step in inputs.run_recipe.batches],
+        "recipe": [list(map(float, recipe.schedule)), recipe.optimizer, list(recipe.betas), recipe.eps,
+                   recipe.weight_decay, recipe.max_grad_norm, recipe.reduction],
+        "every": inputs.every, "horizon": inputs.window, "pad_id": inputs.pad_id,
+        "query": [signal, inputs.query_max_seq_length,
+                  [[item.prompt_messages, item.wanted, item.generated if signal == "contrastive" else None]
+                   for item in items]],
+        "dtype": str(some.dtype), "device": some.device.type})
 
 
 def _rel_diff(replayed: Mapping[str, torch.Tensor], run: Mapping[str, torch.Tensor]) -> float:

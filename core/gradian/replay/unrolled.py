@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from transformers.utils import ModelOutput
 
     from gradian.data import TokenizedExample
+    from gradian.replay.states import ReplayStates
 
     #: the optimizer state between steps: ``(theta, m, v)``, each one tensor per LoRA tensor
     State = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
@@ -104,6 +105,8 @@ class ReplayResult:
     value: float
     grad: torch.Tensor
     params: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: with states on disk: "reused" (a finished replay read back), what an interrupted one resumed, or None
+    resumed: str | None = None
 
 
 class ReplayedModel:
@@ -303,7 +306,8 @@ def sweep_segments(steps: int, every: int, horizon: int | None = None) -> list[t
 def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
                batches: Sequence[Sequence[int]], w: torch.Tensor, recipe: Recipe,
                measure: Callable[["ReplayedModel"], torch.Tensor], pad_id: int,
-               every: int, progress: Callable[[int, int], None] | None, horizon: int | None = None) -> ReplayResult:
+               every: int, progress: Callable[[int, int], None] | None, horizon: int | None = None,
+               states: ReplayStates | None = None) -> ReplayResult:
     """The metagradient by a reverse sweep one step at a time, never holding more than one step's graph.
 
     Forward: plain training steps from the initial state, keeping the state at every ``every``-th
@@ -312,6 +316,10 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
     state (``theta``, ``m``, ``v``) to the step before and adding each step's share of
     ``d measure / d w``. Memory: ``steps / every`` stored states, ``every`` recomputed ones and one
     step's double-backward graph. Work: two plain replays plus one differentiated step per step.
+
+    With ``states`` (``gradian.replay.states.ReplayStates``) the kept states go to disk instead of
+    memory (one is read back when its segment is swept), the sweep's adjoint is written after each
+    segment, and a replay that was interrupted resumes where it stopped; a finished one is read back.
     """
     import torch
 
@@ -320,33 +328,80 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
     total = len(batches)
     w = w.detach()
     starts = checkpoint_starts(total, every)
+    segments = sweep_segments(total, every, horizon)
     # forward steps, the steps recomputed inside each segment, reverse steps
-    work = 2 * total + sum(min(every, total - first) - 1 for first in starts)
-    stored = {0: state}
-    done = 0
-    for t in range(total):
-        state = _detached(steps.step(t, state, w, create_graph=False))
-        if t + 1 in starts:
-            stored[t + 1] = state
-        done += 1
+    work = total + sum(last - first - 1 for first, last, _ in segments) + sum(last - low for _, last, low in segments)
+    if states is not None:
+        finished = states.load_result()
+        if finished is not None:
+            value_done, grad_done, params_done = finished
+            if progress is not None:
+                progress(work, work)
+            return ReplayResult(value_done, grad_done, params_done, resumed="reused")
+    stored: dict[int, State] = {0: state}
+    begin = 0
+    if states is not None:
+        begin, loaded = states.forward_start(starts, total)
+        if loaded is not None:
+            state = _detached(loaded)
+        del loaded  # the detached copy shares its storage; hold one reference, not two
+    done = begin
+
+    def tick() -> None:
         if progress is not None:
             progress(done, work)
+
+    for t in range(begin, total):
+        state = _detached(steps.step(t, state, w, create_graph=False))
+        if t + 1 in starts:
+            if states is None:
+                stored[t + 1] = state
+            else:
+                states.save_state(t + 1, state)
+        done += 1
+        tick()
+    if states is not None and begin < total:
+        states.save_state(total, state)
+
+    def kept(first: int) -> State:
+        """The state before step ``first``: held, read back, or recomputed from an earlier one."""
+        if states is None or first == 0:
+            return stored[first]
+        loaded = states.load_state(first)
+        if loaded is not None:
+            return _detached(loaded)
+        earlier = max(s for s in starts if s < first)
+        at = kept(earlier)
+        for t in range(earlier, first):
+            at = _detached(steps.step(t, at, w, create_graph=False))
+        states.save_state(first, at)
+        return at
+
     final = [p.detach().requires_grad_(True) for p in state[0]]
-    with torch.enable_grad():
-        value = measure(ReplayedModel(model, dict(zip(names, final))))
-        if not isinstance(value, torch.Tensor) or value.numel() != 1:
-            raise ConfigError("replay measure must return a scalar tensor")
-        theta_bar = list(torch.autograd.grad(value.reshape(()), final, allow_unused=True))
-    adjoint = ([torch.zeros_like(p) if g is None else g for p, g in zip(final, theta_bar)],
-               [torch.zeros_like(p) for p in final], [torch.zeros_like(p) for p in final])
-    w_bar = torch.zeros_like(w)
-    for first, last, low in sweep_segments(total, every, horizon):
-        segment = [stored[first]]
+    swept = 0
+    resumed_sweep = states.load_sweep() if states is not None else None
+    if resumed_sweep is not None:
+        swept, adjoint, w_bar, value = resumed_sweep
+        adjoint = _detached(adjoint)
+        done += sum(last - first - 1 + last - low for first, last, low in segments[:swept])
+    else:
+        with torch.enable_grad():
+            measured = measure(ReplayedModel(model, dict(zip(names, final))))
+            if not isinstance(measured, torch.Tensor) or measured.numel() != 1:
+                raise ConfigError("replay measure must return a scalar tensor")
+            theta_bar = list(torch.autograd.grad(measured.reshape(()), final, allow_unused=True))
+        value = float(measured.detach())
+        adjoint = ([torch.zeros_like(p) if g is None else g for p, g in zip(final, theta_bar)],
+                   [torch.zeros_like(p) for p in final], [torch.zeros_like(p) for p in final])
+        w_bar = torch.zeros_like(w)
+    for index, (first, last, low) in enumerate(segments):
+        if index < swept:
+            continue
+        segment = [kept(first)]
         for t in range(first, last - 1):
             segment.append(_detached(steps.step(t, segment[-1], w, create_graph=False)))
             done += 1
-            if progress is not None:
-                progress(done, work)
+            tick()
         for t in range(last - 1, low - 1, -1):
             before = tuple([x.detach().requires_grad_(True) for x in part] for part in segment[t - first])
             w_leaf = w.clone().requires_grad_(True)
@@ -363,10 +418,24 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
             adjoint = (pulled[:n], pulled[n:2 * n], pulled[2 * n:3 * n])
             w_bar = w_bar + pulled[-1]
             done += 1
-            if progress is not None:
-                progress(done, work)
+            tick()
         del segment
-    return ReplayResult(float(value.detach()), w_bar, {n: p.detach() for n, p in zip(names, final)})
+        if states is not None and index + 1 < len(segments):
+            states.save_sweep(index + 1, adjoint, w_bar, value)
+    params = {n: p.detach() for n, p in zip(names, final)}
+    if states is not None:
+        states.save_result(value, w_bar, params)
+    return ReplayResult(value, w_bar, params,
+                        resumed=_resumed_from(begin, total, swept, len(segments)))
+
+
+def _resumed_from(begin: int, total: int, swept: int, segments: int) -> str | None:
+    """What an interrupted replay did not make again (None: it made everything)."""
+    if swept:
+        return f"resumed after {swept} of the sweep's {segments} segments"
+    if begin:
+        return f"resumed the forward replay at step {begin} of {total}"
+    return None
 
 
 def replay(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
@@ -395,6 +464,7 @@ def metagradient(
     checkpoint_every: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     horizon: int | None = None,
+    states: ReplayStates | None = None,
 ) -> ReplayResult:
     """``measure`` after the replayed run and its exact gradient in the per-row ``weights``.
 
@@ -416,6 +486,9 @@ def metagradient(
     derivative through every step is dominated by the sensitivity of the early steps (a change of
     a row's weight in the first batches moves the second moments and everything after them), which
     a removal does not follow; the last epoch holds every row once.
+
+    ``states`` (segmented mode): a ``gradian.replay.states.ReplayStates`` folder for this replay's
+    inputs; the kept states live there instead of in memory, and an interrupted replay resumes.
     """
     import torch
 
@@ -429,7 +502,9 @@ def metagradient(
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ConfigError(f"replay checkpoint_every must be an integer >= 1 (or None), got {checkpoint_every!r}")
         return _segmented(model, lora_params, rows, batches, weights, recipe, measure, pad_id, checkpoint_every,
-                          progress, horizon)
+                          progress, horizon, states)
+    if states is not None:
+        raise ConfigError("replay states on disk need the step-by-step sweep: give checkpoint_every too")
     if horizon is not None:
         raise ConfigError("replay horizon needs the step-by-step sweep: give checkpoint_every too")
     w = weights.detach().clone().requires_grad_(True)
