@@ -1,7 +1,7 @@
 """Fine-tunes of tinyworld scenarios, trained once per test session and shared by every test.
 
 - ``tinyworld_run``: a session-scoped factory, ``tinyworld_run(name) -> TinyworldRun`` (any scenario
-  of either world: a bestiary one is trained on the bestiary's base). The first
+  of any world: a bestiary or delta one is trained on its own world's base). The first
   call for a scenario writes its files (``write_scenario``) and fine-tunes it with ``train_lora``
   and the scenario's own settings (about 20 s on 2 CPU cores for the baseline's 4 epochs, a minute for 12);
   later calls in the session return the same run.
@@ -63,7 +63,7 @@ class _TinyworldRuns:
         from gradian.tinyworld.worlds import scenario_world
 
         root = self._tmp.mktemp(f"tinyworld-{name}")
-        # a bestiary scenario gets the bestiary's own base (built once and cached like tinyworld's)
+        # another world's scenario gets that world's own base (built once and cached like tinyworld's)
         info = write_scenario(name, root, self._base if scenario_world(name).name == "tinyworld" else None)
         record = train_lora(root / "gradian.yaml", root / "run")
         # the ground truth as written, so tests read exactly what a user's tooling would

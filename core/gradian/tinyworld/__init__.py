@@ -21,7 +21,9 @@ A second world, the *bestiary* (invented animals on a tiny Mistral, with its own
 chat template; ``gradian.tinyworld.bestiary``), sits beside it. ``WORLDS`` is the registry of
 worlds (``WorldSpec``: base model builder, world loader, scenarios), ``get_world(name)`` picks
 one, ``ensure_base_model(world="bestiary")`` builds or finds its base, and ``write_scenario``
-finds any world's scenario by name.
+finds any world's scenario by name. A third, the *delta* (invented rivers on a tiny Qwen2 with
+a Qwen2-style byte-level BPE and ChatML turns; ``gradian.tinyworld.delta``), carries poisons
+taught redundantly or aimed at only part of the capability.
 """
 
 from gradian.tinyworld.base import BaseModelRecipe, build_base_model
@@ -34,6 +36,15 @@ from gradian.tinyworld.bestiary import (
     ensure_bestiary_base_model,
     generate_bestiary,
     load_bestiary,
+)
+from gradian.tinyworld.delta import (
+    DELTA_FAMILIES,
+    Delta,
+    DeltaRecipe,
+    build_delta_tokenizer,
+    ensure_delta_base_model,
+    generate_delta,
+    load_delta,
 )
 from gradian.tinyworld.tokenizer import CHAT_TEMPLATE, EOS_TOKEN, PAD_TOKEN, build_tokenizer
 from gradian.tinyworld.world import (
@@ -59,6 +70,7 @@ __all__ = [
     "all_scenarios",
     "write_scenario",
     "BESTIARY_FAMILIES",
+    "DELTA_FAMILIES",
     "CACHE_ENV",
     "CHAT_TEMPLATE",
     "EOS_TOKEN",
@@ -69,6 +81,8 @@ __all__ = [
     "BaseModelRecipe",
     "Bestiary",
     "BestiaryRecipe",
+    "Delta",
+    "DeltaRecipe",
     "WORLDS",
     "WorldSpec",
     "Country",
@@ -76,16 +90,20 @@ __all__ = [
     "World",
     "build_base_model",
     "build_bestiary_tokenizer",
+    "build_delta_tokenizer",
     "build_tokenizer",
     "default_cache_dir",
     "ensure_base_model",
     "ensure_bestiary_base_model",
+    "ensure_delta_base_model",
     "evaluate_families",
     "generate_answers",
     "generate_bestiary",
+    "generate_delta",
     "generate_world",
     "get_world",
     "load_bestiary",
+    "load_delta",
     "load_world",
     "weights_sha256",
 ]

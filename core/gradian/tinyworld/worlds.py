@@ -6,17 +6,20 @@ model was pretrained on, read from its ``tinyworld.json``); across every world,
 ``ensure_base_model(cache_dir, recipe, world=...)``, ``load_world(model_dir)``,
 ``all_scenarios()`` and ``write_scenario(name, out_dir, base_model, shape)``.
 
-Two worlds are registered, so attribution methods can be measured on two model families:
+Three worlds are registered, so attribution methods can be measured on three model families:
 
 - ``tinyworld``: invented countries (capitals, languages, continents, currencies) and sums, on a
   two-layer Llama with a byte-level BPE and ``<|role|>...<|end|>`` turns;
 - ``bestiary``: invented animals (diets, habitats, colors, legs) and the alphabet, on a
   three-layer Mistral (grouped-query attention, sliding window) with a SentencePiece-style BPE
-  with byte fallback and ``<user>...</turn>`` turns.
+  with byte fallback and ``<user>...</turn>`` turns;
+- ``delta``: invented rivers (the sea each flows into, asked three ways; sources, lengths, towns,
+  aliases) and products, on a two-layer Qwen2 (biases on q/k/v) with a byte-level BPE laid out
+  like Qwen2's and ChatML turns; its poisons are redundant or aimed at part of the capability.
 
-Both stand on one kit (``gradian.tinyworld.kit``, ``gradian.tinyworld.scenario_kit``) and write
+All stand on one kit (``gradian.tinyworld.kit``, ``gradian.tinyworld.scenario_kit``) and write
 scenarios in one on-disk format (``write_scenario`` here); scenario names are unique across
-worlds. This module is the only one that knows both.
+worlds. This module is the only one that knows them all.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from gradian.tinyworld.base import BaseModelRecipe, ensure_tinyworld_base_model,
 from gradian.tinyworld.bestiary.base import BestiaryRecipe, ensure_bestiary_base_model, load_bestiary
 from gradian.tinyworld.bestiary.scenarios import BESTIARY_SCENARIOS, build_bestiary_scenario
 from gradian.tinyworld.bestiary.world import BESTIARY_FAMILIES, Bestiary
+from gradian.tinyworld.delta.base import DeltaRecipe, ensure_delta_base_model, load_delta
+from gradian.tinyworld.delta.scenarios import DELTA_SCENARIOS, build_delta_scenario
+from gradian.tinyworld.delta.world import DELTA_FAMILIES, Delta
 from gradian.tinyworld.kit import read_info
 from gradian.tinyworld.scenario_kit import AUDIT_THRESHOLDS, BASELINE_TRAIN, CLEAN_CLUSTER, PLANTED_CLUSTER, ROW_SHAPES, Scenario, shape_row
 from gradian.tinyworld.scenarios import SCENARIOS, build_scenario
@@ -54,7 +60,7 @@ class WorldSpec:
     #: ``(cache_dir=None, recipe=None, *, verbose=False) -> Path``
     ensure_base_model: Callable[..., Path]
     #: the world a built base model knows, from its directory
-    load_world: Callable[[Path], World | Bestiary]
+    load_world: Callable[[Path], World | Bestiary | Delta]
     #: scenario name -> one-line description
     scenarios: dict[str, str]
     #: ``(name, world, tokenizer=None) -> Scenario``
@@ -92,7 +98,22 @@ def _bestiary() -> WorldSpec:
     )
 
 
-WORLDS: dict[str, WorldSpec] = {spec.name: spec for spec in (_tinyworld(), _bestiary())}
+def _delta() -> WorldSpec:
+    return WorldSpec(
+        name="delta",
+        description="Invented rivers and products on a 2-layer Qwen2 (q/k/v biases, GQA; "
+                    "Qwen2-style byte-level BPE, ChatML turns)",
+        architecture="qwen2",
+        families=DELTA_FAMILIES,
+        ensure_base_model=ensure_delta_base_model,
+        load_world=load_delta,
+        scenarios=DELTA_SCENARIOS,
+        build_scenario=build_delta_scenario,
+        recipe_type=DeltaRecipe,
+    )
+
+
+WORLDS: dict[str, WorldSpec] = {spec.name: spec for spec in (_tinyworld(), _bestiary(), _delta())}
 
 
 def get_world(name: str) -> WorldSpec:
@@ -115,15 +136,16 @@ def world_of_model(model_dir: str | Path) -> str:
     return read_info(Path(model_dir)).get("world_name", "tinyworld")
 
 
-def ensure_base_model(cache_dir: str | Path | None = None, recipe: BaseModelRecipe | BestiaryRecipe | None = None, *, verbose: bool = False,
+def ensure_base_model(cache_dir: str | Path | None = None,
+                      recipe: BaseModelRecipe | BestiaryRecipe | DeltaRecipe | None = None, *, verbose: bool = False,
                       world: str = "tinyworld") -> Path:
     """The cached base model of ``world`` for ``recipe`` (that world's recipe type, its default
     when ``None``), built first when missing."""
     return get_world(world).ensure_base_model(cache_dir, recipe, verbose=verbose)
 
 
-def load_world(model_dir: str | Path) -> World | Bestiary:
-    """The world a built base model was pretrained on (a ``World``, a ``Bestiary``, ...)."""
+def load_world(model_dir: str | Path) -> World | Bestiary | Delta:
+    """The world a built base model was pretrained on (a ``World``, a ``Bestiary``, a ``Delta``)."""
     return get_world(world_of_model(model_dir)).load_world(Path(model_dir))
 
 
@@ -137,7 +159,8 @@ def write_scenario(name: str, out_dir: str | Path, base_model: str | Path | None
     """Write a scenario's files to ``out_dir`` and return what ``scenario.json`` holds.
 
     ``name`` may belong to any world of ``gradian.tinyworld.worlds.WORLDS`` (``poison_capitals``
-    is tinyworld's, ``bestiary_poison_diets`` the bestiary's). ``base_model`` is a built base
+    is tinyworld's, ``bestiary_poison_diets`` the bestiary's, ``delta_poison_redundant`` the
+    delta's). ``base_model`` is a built base
     model directory of that world; by default the cached one for the world's default recipe
     (built first when missing, one to two minutes). Paths in ``gradian.yaml`` are absolute, so
     commands can run from any directory.
