@@ -52,6 +52,61 @@ def test_target_and_contrastive_match_direct_gradients(gm, chat_tokenizer):
         np.testing.assert_allclose(contrastive.vectors[b], wanted[b] - said[b], rtol=1e-10, atol=1e-14)
 
 
+def test_an_item_still_answered_right_adds_its_wanted_gradient_alone(gm, chat_tokenizer):
+    """``kept`` items (still right, wanted answer less likely): no generated answer is subtracted,
+    under contrastive as under target; the others are contrasted as before. auto stays
+    contrastive when every item that flipped has a generation."""
+    kept = QueryItem([{"role": "user", "content": "say hello"}], "hello world", None, True, "k", kept=True)
+    items = [*ITEMS, kept]
+    config = GradsConfig(max_seq_length=64)
+    query = build_query_gradient(gm, chat_tokenizer, items, "auto", config)
+    assert query.signal == "contrastive" and query.n_items == 3
+    assert any("still answered right add their wanted answer's gradient alone" in n for n in query.notes)
+    for k, item in enumerate(items):
+        expected = _direct(gm, chat_tokenizer, [item.prompt_messages], [item.wanted])
+        if not item.kept:
+            said = _direct(gm, chat_tokenizer, [item.prompt_messages], [item.generated])
+            expected = {b: expected[b] - said[b] for b in expected}
+        for b, v in expected.items():
+            np.testing.assert_allclose(query.per_item[b][k], v, rtol=1e-10, atol=1e-14)
+    assert resolve_signal("auto", [kept])[0] == "target"  # nothing to contrast at all
+    only_kept = build_query_gradient(gm, chat_tokenizer, [kept], "contrastive", config)
+    target = build_query_gradient(gm, chat_tokenizer, [kept], "target", config)
+    for b in target.vectors:
+        np.testing.assert_array_equal(only_kept.vectors[b], target.vectors[b])
+
+
+def test_the_query_loss_of_a_kept_item_is_its_wanted_answers_loss(gm, chat_tokenizer):
+    from gradian.evaluate.query_loss import query_loss_change, wanted_loglik_drops
+
+    kept = dataclasses.replace(ITEMS[0], generated=None, kept=True)
+    contrastive = query_loss_change(gm.model, chat_tokenizer, [kept, ITEMS[1]], "contrastive")
+    alone = query_loss_change(gm.model, chat_tokenizer, [ITEMS[1]], "contrastive")
+    target = query_loss_change(gm.model, chat_tokenizer, [kept], "target")
+    assert contrastive.tuned == pytest.approx((target.tuned + alone.tuned) / 2, rel=1e-12)
+    from gradian.evaluate.likelihood import completion_logprobs
+
+    prompts, wanted = [i.prompt_messages for i in ITEMS], [i.wanted for i in ITEMS]
+    drops = wanted_loglik_drops(gm.model, chat_tokenizer, prompts, wanted)
+    tuned = completion_logprobs(gm.model, chat_tokenizer, prompts, wanted)
+    with gm.model.disable_adapter():
+        base = completion_logprobs(gm.model, chat_tokenizer, prompts, wanted)
+    assert drops == pytest.approx([b.total - t.total for b, t in zip(base, tuned)], rel=1e-12)
+    assert all(d != 0 for d in drops)
+    # an adapter whose B matrices are zero changes nothing: no item lost likelihood
+    b_matrices = [p for n, p in gm.model.named_parameters() if ".lora_B." in n]
+    saved = [p.detach().clone() for p in b_matrices]
+    try:
+        with torch.no_grad():
+            for p in b_matrices:
+                p.zero_()
+        assert wanted_loglik_drops(gm.model, chat_tokenizer, prompts, wanted) == pytest.approx([0.0, 0.0], abs=1e-12)
+    finally:
+        with torch.no_grad():
+            for p, v in zip(b_matrices, saved):
+                p.copy_(v)
+
+
 def test_query_lives_in_the_projected_space(gm, chat_tokenizer):
     config = GradsConfig(max_seq_length=64, projection_dim=16, projection_kind="countsketch", projection_seed=3)
     projected = build_query_gradient(gm, chat_tokenizer, ITEMS, "contrastive", config)

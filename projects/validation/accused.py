@@ -20,14 +20,26 @@ PASS when the accused set's precision and recall against the planted rows are bo
 and the retrain comes back within one item of the base. INCONCLUSIVE when the regression did not
 pass its gate or nothing was accused. ``--quick`` changes nothing: the experiment is one
 fine-tune, two attributions and two retrains.
+
+``--seeds 0,1,2`` measures instead what a user with every default gets, over fine-tune seeds: for
+each seed (the config's ``seed``: LoRA initialisation and row order) the scenario is fine-tuned
+without checkpoints, attributed under the final adapter alone with discovered clusters, and
+``gradian counterfactual --drop accused --until-recovered`` (at most ``SEED_ROUNDS`` rounds) retrains
+without the accused set, attributing the retrain again and adding what it accuses until the
+capability is back. Per seed: the planted rows' AUC by the report's rank score, the accused set's
+precision and recall, the first retrain and the last one (items below the base, removal
+precision). PASS when, as medians over the seeds, the AUC is at least ``SEED_AUC_MIN``, the last
+retrain is within one item of the base and the removed rows' precision is at least
+``SEED_PRECISION_MIN``; INCONCLUSIVE when a seed's regression did not pass its gate.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from gradian.report.schema import Report
 from poison import SCENARIO
@@ -36,7 +48,14 @@ from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, accused_figures, accused_verdict
 from workspace import Workspace, steps_per_epoch
 
-__all__ = ["run", "strip_declared_clusters", "SCENARIOS"]
+__all__ = ["run", "run_seeds", "strip_declared_clusters", "SCENARIOS", "SEED_AUC_MIN", "SEED_PRECISION_MIN",
+           "SEED_ROUNDS"]
+
+#: ``--seeds``: the medians over seeds a PASS needs (the AUC of the planted rows; the precision of
+#: the rows the last retrain removed) and the most counterfactual rounds per seed
+SEED_AUC_MIN = 0.9
+SEED_PRECISION_MIN = 0.9
+SEED_ROUNDS = 3
 
 #: the row keys that declare a cluster (``clustering.method: declared`` reads them)
 CLUSTER_KEYS = ("cluster", "cluster_id")
@@ -62,19 +81,22 @@ def strip_declared_clusters(source: Path, dest: Path) -> Path:
 
 
 #: the scenarios this experiment reads: tinyworld's capitals poison, with and without on-topic clean
-#: rows, and the bestiary's diets poison
-SCENARIOS = (SCENARIO, "poison_capitals_ontopic", "bestiary_poison_diets")
+#: rows and aimed at only some targets (partial), and the bestiary's diets poison
+SCENARIOS = (SCENARIO, "poison_capitals_ontopic", "poison_capitals_partial", "bestiary_poison_diets")
 #: the attributions it makes of the one fine-tune: the verdict's first, then the comparison
 MODES = {"checkpoints": {"engine.checkpoints": "all"}, "final_adapter": {"engine.checkpoints": "final"}}
 
 
-def run(ws: Workspace, quick: bool = False, scenario: str | None = None, **_: Any) -> ExperimentResult:
+def run(ws: Workspace, quick: bool = False, scenario: str | None = None, seeds: Sequence[int] | None = None,
+        **_: Any) -> ExperimentResult:
     from gradian.data import load_dataset
 
     started = time.time()
     name = scenario if scenario in SCENARIOS else SCENARIO
     if scenario and scenario != name:
         ws.log(f"[accused] {scenario} is not one of its poison scenarios; measuring {name}")
+    if seeds:
+        return run_seeds(ws, name, list(seeds), quick=quick)
     run_ = ws.scenario(name, folder=f"{name}-checkpoints")
     per_epoch = steps_per_epoch(run_.config(ws.cache_dir), int(run_.info["n_train"]))
     saving = {"train.save_checkpoints": True, "train.save_steps": per_epoch}
@@ -116,6 +138,112 @@ def run(ws: Workspace, quick: bool = False, scenario: str | None = None, **_: An
         params={"scenario": name, "n_train": run_.info["n_train"], "n_planted": len(planted),
                 "clustering": "auto", "engine": figures.get("engine"), "checkpoints": "all",
                 "save_steps": per_epoch, "quick": quick, "dropped": figures["dropped"]},
+        seconds=round(time.time() - started, 2),
+    )
+    artifacts = [verdict.write(out / "verdict.json")]
+    return ExperimentResult(verdict, artifacts, children)
+
+
+def _seed_figures(ws: Workspace, name: str, seed: int, out: Path) -> tuple[dict[str, Any], list[ChildReport]]:
+    """One seed of ``run_seeds``: the fine-tune, its final-adapter attribution and the rounds."""
+    from sklearn.metrics import roc_auc_score
+
+    from gradian.attribution import rank_values, run_until_recovered
+    from gradian.counterfactual import plan_removal
+    from gradian.data import load_dataset
+    from gradian.errors import ConfigError
+
+    run_ = ws.scenario(name, folder=f"{name}-seed{seed}")
+    ws.train(run_, run_.config(ws.cache_dir, seed=seed))
+    stripped = strip_declared_clusters(run_.root / "train.jsonl", out / f"seed{seed}" / "train.jsonl")
+    data = load_dataset(stripped)
+    planted = [int(i) for i in run_.info["planted"]["indices"]]
+    capability = str(run_.info["capability"]["name"])
+    cfg = run_.config(ws.cache_dir, seed=seed, dataset=str(stripped), **{"clustering.method": "auto"})
+    ws.attribute(run_, cfg, capability=capability, cross_check="auto", folder="report-auto-clusters-final")
+    children = [ChildReport("attribute", run_.report, run_.report_files, run_.rankings)]
+    report = Report.of(run_.report)
+    index_of = {e.id: e.index for e in data.examples}
+    accused = report.attribution.accused if report.attribution is not None else None
+    accused_rows = [index_of[i] for i in accused.example_ids] if accused is not None else []
+    figures = accused_figures(report, accused_rows, planted, None)
+    figures["seed"] = seed
+    if run_.rankings is not None:
+        harm = -rank_values(run_.rankings)
+        is_planted = run_.rankings["row_index"].isin(set(planted)).to_numpy()
+        figures["auc"] = round(float(roc_auc_score(is_planted, harm)), 4)
+    try:
+        plan = plan_removal(data, report=run_.report, rankings=run_.rankings, drop="accused")
+    except ConfigError as err:  # nothing accused: no retrain to make
+        figures["rounds"], figures["stopped"] = [], str(err)
+        return figures, children
+    ws.log(f"[accused, seed {seed}] retraining without {plan.n_drop} rows, then round by round until the "
+           f"capability is back (at most {SEED_ROUNDS})")
+    rounds = run_until_recovered(cfg, plan, out_dir=out / f"seed{seed}" / "rounds", capability=capability,
+                                 before=report.capability.to_json() if report.capability else None,
+                                 planted=planted, max_rounds=SEED_ROUNDS, log=ws.log)
+    block = rounds.report.counterfactual
+    assert block is not None
+    children.append(ChildReport("counterfactual", rounds.report.to_json(), rounds.files))
+    figures["rounds"] = [{"round": r.round, "n_removed": r.n_removed, "outcome": r.outcome, "after": r.after,
+                          "items_below_base_after": r.items_below_base_after, "precision": r.precision,
+                          "recall": r.recall, "added": len(r.added)} for r in (block.rounds or [])]
+    figures["stopped"] = rounds.stopped
+    first, last = figures["rounds"][0], figures["rounds"][-1]
+    figures["first_retrain"] = {k: first[k] for k in ("n_removed", "after", "items_below_base_after", "precision")}
+    figures["last_retrain"] = {k: last[k] for k in ("n_removed", "after", "items_below_base_after", "precision",
+                                                    "recall", "outcome")}
+    figures["base"] = block.capability.base
+    return figures, children
+
+
+def run_seeds(ws: Workspace, name: str, seeds: list[int], quick: bool = False) -> ExperimentResult:
+    """Experiment ``accused`` over fine-tune ``seeds``, with every default (module doc)."""
+    started = time.time()
+    out = ws.experiment_dir("accused") / f"{name}-seeds"
+    per_seed: list[dict[str, Any]] = []
+    children: list[ChildReport] = []
+    for seed in seeds:
+        figures, reports = _seed_figures(ws, name, seed, out)
+        per_seed.append(figures)
+        children += reports
+        ws.log(f"[accused, seed {seed}] AUC {figures.get('auc')}, accused {figures.get('n_accused')} rows "
+               f"(precision {figures.get('precision')}, recall {figures.get('recall')}); last retrain "
+               f"{figures.get('last_retrain')}")
+
+    def median(key: str, part: str | None = None) -> float | None:
+        values = [(f.get(part) or {}).get(key) if part else f.get(key) for f in per_seed]
+        kept = [float(v) for v in values if v is not None]
+        return round(statistics.median(kept), 4) if kept else None
+
+    medians = {"auc": median("auc"), "precision": median("precision"), "recall": median("recall"),
+               "first_items_below_base": median("items_below_base_after", "first_retrain"),
+               "last_items_below_base": median("items_below_base_after", "last_retrain"),
+               "last_precision": median("precision", "last_retrain"),
+               "rounds": statistics.median(len(f.get("rounds") or []) for f in per_seed)}
+    gated = [f["seed"] for f in per_seed if not f.get("regressed")]
+    where = (f"{name}, final adapter, {len(seeds)} seeds: median AUC {medians['auc']}, accused precision "
+             f"{medians['precision']} and recall {medians['recall']}; the last retrain "
+             f"{medians['last_items_below_base']} item(s) below the base (the first "
+             f"{medians['first_items_below_base']}), removed rows' precision {medians['last_precision']}, "
+             f"{medians['rounds']} round(s)")
+    if gated:
+        status, reason = "INCONCLUSIVE", f"{where}; seeds {gated} had no gated regression to attribute"
+    else:
+        misses = []
+        if medians["auc"] is None or medians["auc"] < SEED_AUC_MIN:
+            misses.append(f"AUC below {SEED_AUC_MIN}")
+        if medians["last_items_below_base"] is None or medians["last_items_below_base"] > 1:
+            misses.append("the last retrain more than one item below the base")
+        if medians["last_precision"] is None or medians["last_precision"] < SEED_PRECISION_MIN:
+            misses.append(f"removal precision below {SEED_PRECISION_MIN}")
+        status = "FAIL" if misses else "PASS"
+        reason = where + (f"; {', '.join(misses)}" if misses else "")
+    verdict = Verdict(
+        experiment="accused", status=status, reason=reason,
+        figures={"medians": medians, "per_seed": per_seed},
+        params={"scenario": name, "seeds": ",".join(map(str, seeds)), "clustering": "auto",
+                "checkpoints": "final", "max_rounds": SEED_ROUNDS, "quick": quick},
         seconds=round(time.time() - started, 2),
     )
     artifacts = [verdict.write(out / "verdict.json")]

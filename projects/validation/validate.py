@@ -66,11 +66,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=_count, default=0, help="fidelity: parallel retrains (0: up to 2, one per core)")
     parser.add_argument("--scenario", default="poison_capitals",
                         help="fidelity: the poison scenario, of either world (poison_capitals, bestiary_poison_diets); "
-                             "accused: poison_capitals, poison_capitals_ontopic or bestiary_poison_diets")
+                             "accused: a poison scenario with planted rows (accused.SCENARIOS)")
     parser.add_argument("--loco", nargs="?", const=True, default=None, type=_bool,
                         help="fidelity: leave-one-cluster-out retrains (default: on, off with --quick)")
+    parser.add_argument("--seeds", default="", help="accused: comma-separated fine-tune seeds; each is fine-tuned "
+                        "and attributed with every default and the capability retrained back round by round "
+                        "(medians over seeds decide)")
     parser.add_argument("--no-mlflow", action="store_true", help="Write verdict.json only; log nothing to MLflow")
     args = parser.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r}: give whole numbers separated by commas, e.g. 0,1,2")
     from fidelity import WORLD_RULES
     from gradian.errors import ConfigError
     from gradian.tinyworld.worlds import scenario_world
@@ -108,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ws = Workspace(workdir, log=_say)
     names = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     options = {"quick": args.quick, "subsets": args.subsets or None, "workers": args.workers or None,
-               "scenario": args.scenario, "leave_one_out": args.loco}
+               "scenario": args.scenario, "leave_one_out": args.loco, "seeds": seeds or None}
     started = time.time()
     results = []
 

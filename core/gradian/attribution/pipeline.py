@@ -275,6 +275,8 @@ def _measure(lane: _Lane, capability: str) -> _Measured:
         if gate.finding is not None:
             lane.findings.append(gate.finding)
         measured.eval_items = _query_items(measured.cap, eval_set)
+        if cfg.evaluation.query_scope == "lost":
+            _add_lost_items(lane, measured.cap, measured.eval_items)
     if lane.shard is not None:  # rank 0's verdict and items, so that every rank scores the same query
         measured.allowed, measured.gated, measured.eval_items = lane.shard.broadcast(
             (measured.allowed, measured.gated, measured.eval_items))
@@ -654,6 +656,28 @@ def _query_items(cap: CapabilityResult, eval_set: Dataset) -> list[QueryItem]:
         )
         for item in cap.items
     ]
+
+
+def _add_lost_items(lane: _Lane, cap: CapabilityResult, items: list[QueryItem]) -> None:
+    """``evaluation.query_scope: lost``: the items the tuned model still answers right whose wanted
+    answer lost at least ``evaluation.query_lost_nats`` of log-likelihood join the query as
+    ``kept`` items (in place; an item the base already failed stays out)."""
+    from gradian.evaluate.query_loss import wanted_loglik_drops
+
+    cfg = lane.cfg
+    passing = {i.example_id for i in cap.items if i.base_correct and i.tuned_correct}
+    candidates = [item for item in items if not item.regressed and item.item_id in passing]
+    if not candidates:
+        return
+    drops = wanted_loglik_drops(lane.gm.model, lane.tokenizer, [i.prompt_messages for i in candidates],
+                                [i.wanted for i in candidates], batch_size=cfg.evaluation.batch_size)
+    joined = 0
+    for item, drop in zip(candidates, drops):
+        if drop >= cfg.evaluation.query_lost_nats:
+            item.regressed, item.kept, item.generated = True, True, None
+            joined += 1
+    lane.log(f"query_scope lost: {joined} of the {len(candidates)} items still answered right lost at least "
+             f"{cfg.evaluation.query_lost_nats:g} nats on their wanted answer and join the query")
 
 
 class _Tokenized:

@@ -387,6 +387,8 @@ def validate_config(config: GradianConfig, where: str = "config",
             raise bad(f"engine.options.{name}", values, "a mapping of that engine's option names to values")
     if config.engine.replay_horizon is not None and config.engine.replay_horizon < 1:
         raise bad("engine.replay_horizon", config.engine.replay_horizon, "at least 1 (optimizer steps), or null")
+    if not config.evaluation.query_lost_nats > 0:
+        raise bad("evaluation.query_lost_nats", config.evaluation.query_lost_nats, "greater than zero (nats)")
     if config.engine.replay_checkpoint_every is not None and config.engine.replay_checkpoint_every < 1:
         raise bad("engine.replay_checkpoint_every", config.engine.replay_checkpoint_every,
                   "at least 1 (optimizer steps), or null")

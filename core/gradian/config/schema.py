@@ -80,6 +80,8 @@ class EvaluationConfig:
     require_significant: bool = _f(True, "Refuse to attribute when the delta's interval includes zero")
     min_items: int = _f(5, "Fewest eval items the significance gate accepts; with fewer it does not pass, whatever the interval")
     query_signal: str = _f("auto", "Query gradient: contrastive, target, or auto (contrastive when generations exist)")
+    query_scope: str = _f("flipped", "Eval items the query is built from: flipped (those the tuned model now fails) or lost (those, and the ones it still passes whose wanted answer lost at least evaluation.query_lost_nats of log-likelihood)")
+    query_lost_nats: float = _f(1.0, "Under query_scope lost: how much log-likelihood (nats, over the answer's tokens) an item still answered right must have lost to join the query")
 
 
 @dataclass
@@ -168,6 +170,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine.store": ("auto", "index", "stream"),
     "evaluation.metric": ("exact_match", "contains", "not_contains", "loglik"),
     "evaluation.query_signal": ("auto", "contrastive", "target"),
+    "evaluation.query_scope": ("flipped", "lost"),
     "clustering.method": ("auto", "hdbscan", "kmeans", "declared", "none"),
     "clustering.space": ("text", "gradient", "both", "auto"),
     "clustering.embed_backend": ("auto", "sentence-transformers", "tfidf"),

@@ -2,7 +2,7 @@
 
 Every attribution score is a first-order change of one function, the query loss
 ``Q = mean over the query items of l(wanted)`` (target) or ``l(wanted) - l(generated)``
-(contrastive), with ``l(text)`` the loss of ``text`` as the assistant's answer to the item's
+(contrastive; ``l(wanted)`` alone for an item still answered right, ``QueryItem.kept``), with ``l(text)`` the loss of ``text`` as the assistant's answer to the item's
 prompt, per supervised token under ``grads.loss_reduction: mean`` and summed under ``sum``.
 ``query_loss_change`` measures ``Q`` with the adapter on and off, so the report can say how much
 the regressed items' loss rose, in nats, and state a row set's harm as a part of that rise.
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from gradian.query import QueryItem
 
-__all__ = ["QueryLossChange", "query_loss_change"]
+__all__ = ["QueryLossChange", "query_loss_change", "wanted_loglik_drops"]
 
 _UNITS = {"mean": "nats per token", "sum": "nats"}
 
@@ -54,9 +54,12 @@ def _query_loss(model: PeftModel, tokenizer: PreTrainedTokenizerBase, items: Seq
     prompts = [item.prompt_messages for item in items]
     wanted = completion_logprobs(model, tokenizer, prompts, [i.wanted for i in items], batch_size=batch_size)
     losses = [_loss(w, reduction) for w in wanted]
-    if signal == "contrastive":
-        said = completion_logprobs(model, tokenizer, prompts, [i.generated or "" for i in items], batch_size=batch_size)
-        losses = [lw - _loss(s, reduction) for lw, s in zip(losses, said)]
+    if signal == "contrastive":  # an item still answered right (kept) has no other answer to subtract
+        contrasted = [k for k, item in enumerate(items) if not item.kept]
+        said = completion_logprobs(model, tokenizer, [prompts[k] for k in contrasted],
+                                   [items[k].generated or "" for k in contrasted], batch_size=batch_size)
+        for k, s in zip(contrasted, said):
+            losses[k] -= _loss(s, reduction)
     kept = [x for x in losses if math.isfinite(x)]
     return sum(kept) / len(kept) if kept else math.nan
 
@@ -76,3 +79,19 @@ def query_loss_change(model: PeftModel, tokenizer: PreTrainedTokenizerBase, item
     finally:
         model.train(was_training)
     return QueryLossChange(signal=signal, unit=_UNITS[reduction], base=base, tuned=tuned, n_items=len(items))
+
+
+def wanted_loglik_drops(model: PeftModel, tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Sequence[dict[str, str]]],
+                        wanted: Sequence[str], *, batch_size: int = 8) -> list[float]:
+    """Per item, ``log p_base(wanted) - log p_tuned(wanted)`` in nats (summed over the answer's
+    supervised tokens): how much likelihood the fine-tune took from the wanted answer (negative:
+    it gained some)."""
+    was_training = getattr(model, "training", False)
+    model.eval()
+    try:
+        tuned = completion_logprobs(model, tokenizer, prompts, wanted, batch_size=batch_size)
+        with model.disable_adapter():
+            base = completion_logprobs(model, tokenizer, prompts, wanted, batch_size=batch_size)
+    finally:
+        model.train(was_training)
+    return [b.total - t.total for b, t in zip(base, tuned)]

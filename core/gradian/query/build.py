@@ -15,6 +15,10 @@ Signals, with ``l(text)`` the loss of ``text`` as the assistant's answer to the 
   direction separating the right answer from the wrong one.
 - ``auto``: contrastive when every item carries a generation, else target.
 
+An item the tuned model still answers right can be in the query too, because its wanted answer
+lost likelihood (``evaluation.query_scope: lost``; ``QueryItem.kept``): it has no other answer to
+subtract, so it contributes ``grad l(wanted)`` alone under either signal.
+
 Both are gradients of a loss to be lowered, so an engine's positive score means the example
 lowers it (reinforces the wanted behaviour over the generated one) and a negative score means
 the example pushed the model toward what it now says.
@@ -65,9 +69,13 @@ class QueryItem:
     wanted: str
     #: the tuned model's answer, when the metric produced text
     generated: str | None = None
-    #: the item got worse under the fine-tune (passed on the base, fails on the tuned model)
+    #: the item got worse under the fine-tune (passed on the base, fails on the tuned model, or
+    #: still passes but its wanted answer lost likelihood: ``kept``)
     regressed: bool = True
     item_id: str = ""
+    #: the tuned model still answers the item right, and it is in the query because its wanted
+    #: answer lost likelihood: no generated answer is subtracted from it under ``contrastive``
+    kept: bool = False
 
 
 @dataclass
@@ -95,10 +103,12 @@ class QueryGradient:
 
 
 def resolve_signal(requested: str, items: Sequence[QueryItem]) -> tuple[str, list[str]]:
-    """(signal used, notes). ``auto`` is contrastive only when every item has a generation."""
+    """(signal used, notes). ``auto`` is contrastive only when every item has a generation (the
+    ``kept`` items, which have none to subtract, aside)."""
     if requested not in QUERY_SIGNALS:
         raise ConfigError(f"evaluation.query_signal '{requested}' is not one of {', '.join(QUERY_SIGNALS)}")
-    missing = sum(1 for item in items if item.generated is None)
+    contrasted = [item for item in items if not item.kept]
+    missing = sum(1 for item in contrasted if item.generated is None)
     if requested == "target":
         return "target", []
     if requested == "contrastive":
@@ -109,7 +119,7 @@ def resolve_signal(requested: str, items: Sequence[QueryItem]) -> tuple[str, lis
                 "(exact_match, contains) or set evaluation.query_signal: target"
             )
         return "contrastive", []
-    if items and not missing:
+    if contrasted and not missing:
         return "contrastive", ["query_signal auto: generations exist, so the query is contrastive"]
     return "target", [
         "query_signal auto fell back to target: no generated answers to subtract. On a substitution "
@@ -128,7 +138,10 @@ def select_query_items(eval_items: Sequence[QueryItem] | None, train_examples: S
     if eval_items:
         regressed = [item for item in eval_items if item.regressed]
         if regressed:
-            return regressed, "regressed", [f"query built from the {len(regressed)} regressed eval items"], []
+            kept = sum(1 for item in regressed if item.kept)
+            also = (f": {len(regressed) - kept} now answered wrong and {kept} still answered right whose wanted "
+                    "answer lost likelihood" if kept else "")
+            return regressed, "regressed", [f"query built from the {len(regressed)} regressed eval items{also}"], []
         return list(eval_items), "eval_set", [
             f"no eval item regressed; the query averages all {len(eval_items)} eval items"
         ], []
@@ -194,11 +207,18 @@ def build_query_gradient(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, 
     per_item = _item_gradients(gm, tokenizer, prompts, [i.wanted for i in items], grads_config, projector)
     all_notes = list(notes) + signal_notes
     if used == "contrastive":
-        generated = _item_gradients(gm, tokenizer, prompts, [i.generated or "" for i in items], grads_config, projector)
-        per_item = {b: per_item[b] - generated[b] for b in per_item}
-        same = sum(1 for i in items if (i.generated or "").strip() == i.wanted.strip())
+        contrasted = [k for k, item in enumerate(items) if not item.kept]
+        if contrasted:
+            generated = _item_gradients(gm, tokenizer, [prompts[k] for k in contrasted],
+                                        [items[k].generated or "" for k in contrasted], grads_config, projector)
+            for b in per_item:
+                per_item[b][contrasted] -= generated[b]
+        same = sum(1 for k in contrasted if (items[k].generated or "").strip() == items[k].wanted.strip())
         if same:
             all_notes.append(f"{same} query item(s) generated the wanted answer and add nothing to a contrastive query")
+        if len(contrasted) < len(items):
+            all_notes.append(f"{len(items) - len(contrasted)} query item(s) still answered right add their wanted "
+                             "answer's gradient alone: they have no other answer to subtract")
     vectors = {b: v.mean(axis=0) for b, v in per_item.items()}
     return QueryGradient(vectors, used, signal, len(items), scope, all_notes, list(finding_ids), per_item=per_item,
                          item_ids=[item.item_id or str(k) for k, item in enumerate(items)])

@@ -259,7 +259,8 @@ def _rel_diff(replayed: Mapping[str, torch.Tensor], run: Mapping[str, torch.Tens
 def _query_measure(inputs: ReplayInputs, items: Sequence[QueryItem],
                    signal: str) -> Callable[[ReplayedModel], torch.Tensor]:
     """The query measurement as a function of the replayed model: the mean item loss of the wanted
-    answers (``target``), minus that of the generated ones (``contrastive``)."""
+    answers (``target``), minus that of the generated ones (``contrastive``; nothing is subtracted
+    for an item still answered right, ``QueryItem.kept``)."""
     from gradian.grads.loss import collate
     from gradian.query.build import query_rows
 
@@ -267,17 +268,21 @@ def _query_measure(inputs: ReplayInputs, items: Sequence[QueryItem],
     wanted = collate(query_rows(inputs.tokenizer, prompts, [i.wanted for i in items], inputs.query_max_seq_length),
                      inputs.pad_id)
     generated = None
-    if signal == "contrastive":
-        generated = collate(query_rows(inputs.tokenizer, prompts, [i.generated or "" for i in items],
-                                       inputs.query_max_seq_length), inputs.pad_id)
+    contrasted = [k for k, item in enumerate(items) if not item.kept]
+    if signal == "contrastive" and contrasted:
+        generated = collate(query_rows(inputs.tokenizer, [prompts[k] for k in contrasted],
+                                       [items[k].generated or "" for k in contrasted], inputs.query_max_seq_length),
+                            inputs.pad_id)
     device = next(iter(inputs.lora_params.values())).device
 
-    def loss(model: ReplayedModel, batch: TokenBatch) -> torch.Tensor:
+    def losses(model: ReplayedModel, batch: TokenBatch) -> torch.Tensor:
         out = model(input_ids=batch.input_ids.to(device), attention_mask=batch.attention_mask.to(device))
-        return row_losses(out.logits, batch.labels.to(device)).mean()
+        return row_losses(out.logits, batch.labels.to(device))
 
     def measure(model: ReplayedModel) -> torch.Tensor:
-        value = loss(model, wanted)
-        return value - loss(model, generated) if generated is not None else value
+        value = losses(model, wanted).sum()
+        if generated is not None:
+            value = value - losses(model, generated).sum()
+        return value / len(items)
 
     return measure
