@@ -49,7 +49,7 @@ from workspace import Workspace, steps_per_epoch
 
 __all__ = ["run", "FULL", "QUICK", "SCENARIO", "WORLD_RULES", "declare_clusters", "family_of", "target_entities"]
 
-#: the default scenario; ``bestiary_poison_diets`` is the other world's
+#: the default scenario; ``bestiary_poison_diets`` and ``delta_poison_redundant`` are the other worlds'
 SCENARIO = "poison_capitals"
 ENGINES = ("ekfac", "datainf", "graddot", "tracin", "replay")
 #: ``noise_subsets`` subsets are each retrained under ``seed_replicates`` more seeds
@@ -79,6 +79,19 @@ WORLD_RULES: dict[str, dict[str, Any]] = {
                      ("legs", r"\blegs\b"), ("before", r"\b(comes before|just before)\b"),
                      ("earlier", r"\bcomes first in the alphabet\b"),
                      ("alphabet", r"\b(comes after|follows|letter after)\b"), ("double", r"^What is double ")),
+    },
+    # the phrasings of gradian.tinyworld.delta: a sea asked by a river's alias names a word ending in
+    # one of the alias suffixes; by its source, "the river that rises on" / "the river from" a mountain
+    "delta": {
+        "targets": "wrong_seas",
+        "families": (("paragraph", r"^(Tell me about|Describe) "),
+                     ("sea_source", r"\briver (that rises on|from) Mount "),
+                     ("sea_alias", r"^(?=.*\bsea\b).*\b[A-Z][a-z]*(water|wash|flood|stream)\b"),
+                     ("sea", r"\bsea\b"), ("source", r"\b(rise|begin|source)\b"),
+                     ("length", r"\b([Hh]ow long|length class)\b"), ("town", r"\btown\b"),
+                     ("alias", r"\b(also called|another name|also known as)\b"),
+                     ("times", r"\btimes\b|^Multiply "), ("half", r"^What is half of "),
+                     ("smaller", r"^Which is smaller, "), ("before", r"\b(comes before|just before)\b")),
     },
 }
 
