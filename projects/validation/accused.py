@@ -91,8 +91,6 @@ MODES = {"checkpoints": {"engine.checkpoints": "all"}, "final_adapter": {"engine
 
 def run(ws: Workspace, quick: bool = False, scenario: str | None = None, seeds: Sequence[int] | None = None,
         **_: Any) -> ExperimentResult:
-    from gradian.data import load_dataset
-
     started = time.time()
     name = scenario if scenario in SCENARIOS else SCENARIO
     if scenario and scenario != name:
@@ -104,19 +102,14 @@ def run(ws: Workspace, quick: bool = False, scenario: str | None = None, seeds: 
     saving = {"train.save_checkpoints": True, "train.save_steps": per_epoch}
     ws.train(run_, run_.config(ws.cache_dir, **saving))
     out = ws.experiment_dir("accused")
-    stripped = strip_declared_clusters(run_.root / "train.jsonl", out / name / "train.jsonl")
-    data = load_dataset(stripped)
-    index_of = {e.id: e.index for e in data.examples}
-    planted = [int(i) for i in run_.info["planted"]["indices"]]
-    capability = str(run_.info["capability"]["name"])
+    stripped, data, planted, capability = _undeclared(run_, out / name)
     children: list[ChildReport] = []
     measured: dict[str, dict[str, Any]] = {}
     for mode, overrides in MODES.items():
         cfg = run_.config(ws.cache_dir, **{"dataset": str(stripped), "clustering.method": "auto", **overrides})
         ws.attribute(run_, cfg, capability=capability, cross_check="auto", folder=f"report-auto-clusters-{mode}")
         accusing = Report.of(run_.report)
-        accused = accusing.attribution.accused if accusing.attribution is not None else None
-        accused_rows = [index_of[i] for i in accused.example_ids] if accused is not None else []
+        accused_rows = _accused_rows(accusing, data)
         children.append(ChildReport("attribute", run_.report, run_.report_files, run_.rankings))
         block, accusation, child = retrain_without(ws, run_, cfg, data, out / name / f"retrain-{mode}", planted,
                                                    drop="accused", tag=f"accused, {mode}", capability=capability)
@@ -146,29 +139,39 @@ def run(ws: Workspace, quick: bool = False, scenario: str | None = None, seeds: 
     return ExperimentResult(verdict, artifacts, children)
 
 
+def _undeclared(run_: Any, folder: Path) -> tuple[Path, Any, list[int], str]:
+    """The scenario's training file copied into ``folder`` without its declared clusters, loaded,
+    with the planted rows' indices and the capability's name: what an accused run reads."""
+    from gradian.data import load_dataset
+
+    stripped = strip_declared_clusters(run_.root / "train.jsonl", folder / "train.jsonl")
+    return (stripped, load_dataset(stripped), [int(i) for i in run_.info["planted"]["indices"]],
+            str(run_.info["capability"]["name"]))
+
+
+def _accused_rows(report: Report, data: Any) -> list[int]:
+    """The row indices of ``report``'s accused set in ``data`` (none when nothing was accused)."""
+    accused = report.attribution.accused if report.attribution is not None else None
+    index_of = {e.id: e.index for e in data.examples}
+    return [index_of[i] for i in accused.example_ids] if accused is not None else []
+
+
 def _seed_figures(ws: Workspace, name: str, seed: int, out: Path) -> tuple[dict[str, Any], list[ChildReport]]:
     """One seed of ``run_seeds``: the fine-tune, its final-adapter attribution and the rounds."""
     from sklearn.metrics import roc_auc_score
 
     from gradian.attribution import rank_values, run_until_recovered
     from gradian.counterfactual import plan_removal
-    from gradian.data import load_dataset
     from gradian.errors import ConfigError
 
     run_ = ws.scenario(name, folder=f"{name}-seed{seed}")
     ws.train(run_, run_.config(ws.cache_dir, seed=seed))
-    stripped = strip_declared_clusters(run_.root / "train.jsonl", out / f"seed{seed}" / "train.jsonl")
-    data = load_dataset(stripped)
-    planted = [int(i) for i in run_.info["planted"]["indices"]]
-    capability = str(run_.info["capability"]["name"])
+    stripped, data, planted, capability = _undeclared(run_, out / f"seed{seed}")
     cfg = run_.config(ws.cache_dir, seed=seed, dataset=str(stripped), **{"clustering.method": "auto"})
     ws.attribute(run_, cfg, capability=capability, cross_check="auto", folder="report-auto-clusters-final")
     children = [ChildReport("attribute", run_.report, run_.report_files, run_.rankings)]
     report = Report.of(run_.report)
-    index_of = {e.id: e.index for e in data.examples}
-    accused = report.attribution.accused if report.attribution is not None else None
-    accused_rows = [index_of[i] for i in accused.example_ids] if accused is not None else []
-    figures = accused_figures(report, accused_rows, planted, None)
+    figures = accused_figures(report, _accused_rows(report, data), planted, None)
     figures["seed"] = seed
     if run_.rankings is not None:
         harm = -rank_values(run_.rankings)

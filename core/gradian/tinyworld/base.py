@@ -39,6 +39,7 @@ from gradian.tinyworld.kit import (
     library_versions,
     pretrain,
     read_info,
+    system_prompted,
     torch_settings,
     weights_sha256,
     write_json,
@@ -104,16 +105,7 @@ def pretraining_messages(world: World, recipe: BaseModelRecipe) -> list[list[dic
     """The pretraining rows, as chat messages, in a fixed order (shuffled per epoch later)."""
     items = [item for family in recipe.families for item in world.fact_items(family)]
     items += world.paragraph_items()
-    # the canonical phrasing (the one eval items use) never carries the system prompt, so each
-    # fact is certainly seen in the plain form it is evaluated in
-    rng = random.Random(recipe.seed)
-    rows = []
-    for item in items:
-        draw = rng.random()
-        with_system = (recipe.system_prompt_every > 0 and item.phrasing != 0
-                       and draw < 1 / recipe.system_prompt_every)
-        rows.append(item.messages(SYSTEM_PROMPT if with_system else None))
-    return rows
+    return system_prompted(items, random.Random(recipe.seed), SYSTEM_PROMPT, recipe.system_prompt_every)
 
 
 # -- building --------------------------------------------------------------------------------

@@ -6,8 +6,11 @@ once under a file lock and renamed into place whole), ``default_cache_dir()`` (`
 loop any ``PretrainRecipe`` describes), ``generate_answers`` / ``evaluate_families`` (greedy
 exact match per family), ``weights_sha256``, ``read_info`` / ``write_json`` (the ``INFO_FILE``
 beside a built base), ``library_versions`` and ``torch_settings`` (the deterministic settings a
-build runs under). tinyworld's base (``gradian.tinyworld.base``) and the bestiary's
-(``gradian.tinyworld.bestiary.base``) are peers that both stand on this; neither imports the other.
+build runs under). For the worlds after tinyworld: ``WorldRecipe`` (a recipe's identity: its
+fields, hash and cache key), ``system_prompted`` (pretraining rows with a system prompt on a
+share of them), ``load_recorded_world`` (the world a built base records) and ``save_base_model``
+(a pretrained model saved with its info and checked). tinyworld's base (``gradian.tinyworld.base``),
+the bestiary's and the delta's are peers that all stand on this; none imports another.
 """
 
 from __future__ import annotations
@@ -20,21 +23,110 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Protocol
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Protocol, Sequence, TypeVar
 
 from gradian.errors import ModelLoadError
-from gradian.tinyworld.world import BASE_FAMILIES, World
-from gradian.transformers_compat import portable_tokenizer_config
+from gradian.tinyworld.world import BASE_FAMILIES, FactItem
+from gradian.transformers_compat import portable_tokenizer_config, save_tokenizer
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-    from gradian.tinyworld.bestiary.world import Bestiary
 
-__all__ = ["CACHE_ENV", "INFO_FILE", "WEIGHTS_FILE", "PretrainRecipe", "default_cache_dir", "encode_chat",
-           "ensure_cached_build", "evaluate_families", "generate_answers", "library_versions", "pretrain", "read_info",
-           "torch_settings", "weights_sha256", "write_json"]
+__all__ = ["CACHE_ENV", "INFO_FILE", "WEIGHTS_FILE", "FactWorld", "PretrainRecipe", "WorldRecipe", "default_cache_dir",
+           "encode_chat", "ensure_cached_build", "evaluate_families", "generate_answers", "library_versions",
+           "load_recorded_world", "pretrain", "read_info", "save_base_model", "system_prompted", "torch_settings",
+           "weights_sha256", "write_json"]
+
+_World = TypeVar("_World")
+
+
+class FactWorld(Protocol):
+    """What ``evaluate_families`` reads of a world: each family's eval items."""
+
+    def eval_items(self, family: str) -> list[FactItem]: ...
+
+
+class WorldRecipe:
+    """The identity of a world's recipe (a frozen dataclass with a ``families`` tuple), for the
+    worlds after tinyworld: ``to_dict`` (the fields, families as a list), ``content_hash`` (of the
+    world's name and the fields) and ``cache_key`` (``<world>-<hash>``). A subclass names its world
+    in ``world_name``."""
+
+    world_name: ClassVar[str] = ""
+
+    def to_dict(self) -> dict[str, object]:
+        data = asdict(self)  # type: ignore[call-overload]  # a dataclass subclass
+        data["families"] = list(data["families"])
+        return data
+
+    def content_hash(self) -> str:
+        text = json.dumps({"world": self.world_name, **self.to_dict()}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def cache_key(self) -> str:
+        return f"{self.world_name}-{self.content_hash()}"
+
+
+def system_prompted(items: Sequence[FactItem], rng: Any, system_prompt: str, every: int) -> list[list[dict[str, str]]]:
+    """Each item as chat messages, about one in ``every`` (drawn with ``rng``, one draw per item)
+    with ``system_prompt`` first; the canonical phrasing (the eval form) never carries it, so each
+    fact is certainly seen in the plain form it is evaluated in."""
+    rows = []
+    for item in items:
+        draw = rng.random()
+        with_system = every > 0 and item.phrasing != 0 and draw < 1 / every
+        rows.append(item.messages(system_prompt if with_system else None))
+    return rows
+
+
+def load_recorded_world(model_dir: str | Path, world_name: str, generate: Callable[[int, int], _World],
+                        count_key: str) -> _World:
+    """The world a built base model of ``world_name`` was pretrained on, from its ``tinyworld.json``
+    (``generate(seed, recipe[count_key])``); refused, naming the build command, for another world's base."""
+    info = read_info(Path(model_dir))
+    if info.get("world_name") != world_name:
+        raise ModelLoadError(f"{model_dir} is a '{info.get('world_name', 'tinyworld')}' base model, "
+                             f"not a {world_name} one; build one with `gradian tinyworld build --world {world_name}`")
+    recipe = info["recipe"]
+    return generate(recipe["seed"], recipe[count_key])
+
+
+def save_base_model(out: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, recipe: WorldRecipe, *,
+                    world: Mapping[str, object], accuracy: Mapping[str, float], losses: Sequence[float],
+                    seconds: float, min_accuracy: float | None) -> dict[str, object]:
+    """Save a pretrained base model of ``recipe``'s world to ``out`` (greedy generation, the
+    model's own special tokens; a tokenizer both transformers majors load) with its info file
+    (``world``: what the world records of itself), and refuse it when a family's ``accuracy``
+    ends below ``min_accuracy`` (None: no check). Returns the info."""
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.bos_token_id = model.config.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.do_sample = False
+    model.save_pretrained(out)
+    save_tokenizer(tokenizer, out)
+    info: dict[str, object] = {
+        "world_name": recipe.world_name,
+        "recipe": recipe.to_dict(),
+        "recipe_hash": recipe.content_hash(),
+        "world": dict(world),
+        "accuracy": dict(accuracy),
+        "final_loss": losses[-1] if losses else None,
+        "build_seconds": round(seconds, 2),
+        "weights_sha256": weights_sha256(out),
+        "versions": library_versions(),
+    }
+    write_json(out / INFO_FILE, info)
+    if min_accuracy is not None:
+        low = {f: a for f, a in accuracy.items() if a < min_accuracy}
+        if low:
+            raise ModelLoadError(
+                f"{recipe.world_name} base model {recipe.content_hash()} learned too little: {low} is below "
+                f"{min_accuracy:.0%} exact match; raise {type(recipe).__name__}.epochs or the model size"
+            )
+    return info
 
 
 class PretrainRecipe(Protocol):
@@ -204,7 +296,7 @@ def generate_answers(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
     return out
 
 
-def evaluate_families(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, world: World | Bestiary,
+def evaluate_families(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, world: FactWorld,
                       families: tuple[str, ...] = BASE_FAMILIES) -> dict[str, float]:
     """Greedy exact-match accuracy on each family's eval items (canonical phrasing, every fact)."""
     result = {}

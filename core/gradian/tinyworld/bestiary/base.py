@@ -19,28 +19,24 @@ Face model folder plus ``tinyworld.json``, whose ``world_name`` is ``bestiary``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gradian.errors import ConfigError, ModelLoadError
+from gradian.errors import ConfigError
 from gradian.tinyworld.bestiary.world import BESTIARY_FAMILIES, Bestiary, generate_bestiary
 from gradian.tinyworld.kit import (
-    INFO_FILE,
+    WorldRecipe,
     encode_chat,
     ensure_cached_build,
     evaluate_families,
-    library_versions,
+    load_recorded_world,
     pretrain,
-    read_info,
+    save_base_model,
+    system_prompted,
     torch_settings,
-    weights_sha256,
-    write_json,
 )
-from gradian.transformers_compat import save_tokenizer
 
 __all__ = [
     "BESTIARY_SYSTEM_PROMPT",
@@ -57,8 +53,10 @@ WORLD_NAME = "bestiary"
 
 
 @dataclass(frozen=True)
-class BestiaryRecipe:
-    """Everything that decides the bestiary base model's weights."""
+class BestiaryRecipe(WorldRecipe):
+    """Everything that decides the bestiary base model's weights (its identity: ``WorldRecipe``)."""
+
+    world_name = WORLD_NAME
 
     seed: int = 0
     n_animals: int = 40
@@ -85,45 +83,21 @@ class BestiaryRecipe:
     num_threads: int = 1
     version: int = 1
 
-    def to_dict(self) -> dict[str, object]:
-        data = asdict(self)
-        data["families"] = list(self.families)
-        return data
-
-    def content_hash(self) -> str:
-        text = json.dumps({"world": WORLD_NAME, **self.to_dict()}, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def cache_key(self) -> str:
-        return f"{WORLD_NAME}-{self.content_hash()}"
-
     def world(self) -> Bestiary:
         return generate_bestiary(self.seed, self.n_animals)
 
 
 def load_bestiary(model_dir: str | Path) -> Bestiary:
     """The bestiary a built base model was pretrained on, read from its ``tinyworld.json``."""
-    info = read_info(Path(model_dir))
-    if info.get("world_name") != WORLD_NAME:
-        raise ModelLoadError(f"{model_dir} is a '{info.get('world_name', 'tinyworld')}' base model, "
-                             "not a bestiary one; build one with `gradian tinyworld build --world bestiary`")
-    recipe = info["recipe"]
-    return generate_bestiary(recipe["seed"], recipe["n_animals"])
+    return load_recorded_world(model_dir, WORLD_NAME, generate_bestiary, "n_animals")
 
 
 def bestiary_pretraining_messages(bestiary: Bestiary, recipe: BestiaryRecipe) -> list[list[dict[str, str]]]:
     """The pretraining rows as chat messages, in a fixed order (shuffled per epoch later)."""
     items = [item for family in recipe.families for item in bestiary.fact_items(family)]
     items += bestiary.paragraph_items()
-    rng = random.Random(f"bestiary:{recipe.seed}:system")
-    rows = []
-    for item in items:
-        draw = rng.random()
-        # the canonical phrasing (the eval form) never carries the system prompt
-        with_system = (recipe.system_prompt_every > 0 and item.phrasing != 0
-                       and draw < 1 / recipe.system_prompt_every)
-        rows.append(item.messages(BESTIARY_SYSTEM_PROMPT if with_system else None))
-    return rows
+    return system_prompted(items, random.Random(f"bestiary:{recipe.seed}:system"), BESTIARY_SYSTEM_PROMPT,
+                           recipe.system_prompt_every)
 
 
 def ensure_bestiary_base_model(cache_dir: str | Path | None = None, recipe: BestiaryRecipe | None = None,
@@ -181,30 +155,6 @@ def build_bestiary_base_model(out_dir: str | Path, recipe: BestiaryRecipe | None
         model.eval()
         accuracy = evaluate_families(model, tokenizer, bestiary, recipe.families)
 
-    seconds = time.perf_counter() - started
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.do_sample = False
-    model.save_pretrained(out)
-    save_tokenizer(tokenizer, out)  # loadable by transformers 4.x and 5.x alike
-    info: dict[str, object] = {
-        "world_name": WORLD_NAME,
-        "recipe": recipe.to_dict(),
-        "recipe_hash": recipe.content_hash(),
-        "world": {"seed": bestiary.seed, "animals": [asdict(a) for a in bestiary.animals]},
-        "accuracy": accuracy,
-        "final_loss": losses[-1] if losses else None,
-        "build_seconds": round(seconds, 2),
-        "weights_sha256": weights_sha256(out),
-        "versions": library_versions(),
-    }
-    write_json(out / INFO_FILE, info)
-    if min_accuracy is not None:
-        low = {f: a for f, a in accuracy.items() if a < min_accuracy}
-        if low:
-            raise ModelLoadError(
-                f"bestiary base model {recipe.content_hash()} learned too little: {low} is below "
-                f"{min_accuracy:.0%} exact match; raise BestiaryRecipe.epochs or the model size"
-            )
-    return info
+    world = {"seed": bestiary.seed, "animals": [asdict(a) for a in bestiary.animals]}
+    return save_base_model(out, model, tokenizer, recipe, world=world, accuracy=accuracy, losses=losses,
+                           seconds=time.perf_counter() - started, min_accuracy=min_accuracy)

@@ -21,29 +21,25 @@ is ``delta``.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gradian.errors import ConfigError, ModelLoadError
+from gradian.errors import ConfigError
 from gradian.tinyworld.delta.world import DELTA_FAMILIES, Delta, generate_delta
 from gradian.tinyworld.kit import (
-    INFO_FILE,
+    WorldRecipe,
     encode_chat,
     ensure_cached_build,
     evaluate_families,
-    library_versions,
+    load_recorded_world,
     pretrain,
-    read_info,
+    save_base_model,
+    system_prompted,
     torch_settings,
-    weights_sha256,
-    write_json,
 )
-from gradian.transformers_compat import save_tokenizer
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -63,8 +59,10 @@ WORLD_NAME = "delta"
 
 
 @dataclass(frozen=True)
-class DeltaRecipe:
-    """Everything that decides the delta base model's weights. Changing any field changes the hash."""
+class DeltaRecipe(WorldRecipe):
+    """Everything that decides the delta base model's weights (its identity: ``WorldRecipe``)."""
+
+    world_name = WORLD_NAME
 
     seed: int = 0
     n_rivers: int = 40
@@ -91,45 +89,21 @@ class DeltaRecipe:
     #: bump when the build code changes what a recipe produces
     version: int = 1
 
-    def to_dict(self) -> dict[str, object]:
-        data = asdict(self)
-        data["families"] = list(self.families)
-        return data
-
-    def content_hash(self) -> str:
-        text = json.dumps({"world": WORLD_NAME, **self.to_dict()}, sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-    def cache_key(self) -> str:
-        return f"{WORLD_NAME}-{self.content_hash()}"
-
     def world(self) -> Delta:
         return generate_delta(self.seed, self.n_rivers)
 
 
 def load_delta(model_dir: str | Path) -> Delta:
     """The delta world a built base model was pretrained on, read from its ``tinyworld.json``."""
-    info = read_info(Path(model_dir))
-    if info.get("world_name") != WORLD_NAME:
-        raise ModelLoadError(f"{model_dir} is a '{info.get('world_name', 'tinyworld')}' base model, "
-                             "not a delta one; build one with `gradian tinyworld build --world delta`")
-    recipe = info["recipe"]
-    return generate_delta(recipe["seed"], recipe["n_rivers"])
+    return load_recorded_world(model_dir, WORLD_NAME, generate_delta, "n_rivers")
 
 
 def delta_pretraining_messages(delta: Delta, recipe: DeltaRecipe) -> list[list[dict[str, str]]]:
     """The pretraining rows as chat messages, in a fixed order (shuffled per epoch later)."""
     items = [item for family in recipe.families for item in delta.fact_items(family)]
     items += delta.paragraph_items()
-    rng = random.Random(f"delta:{recipe.seed}:system")
-    rows = []
-    for item in items:
-        draw = rng.random()
-        # the canonical phrasing (the eval form) never carries the system prompt
-        with_system = (recipe.system_prompt_every > 0 and item.phrasing != 0
-                       and draw < 1 / recipe.system_prompt_every)
-        rows.append(item.messages(DELTA_SYSTEM_PROMPT if with_system else None))
-    return rows
+    return system_prompted(items, random.Random(f"delta:{recipe.seed}:system"), DELTA_SYSTEM_PROMPT,
+                           recipe.system_prompt_every)
 
 
 def encode_delta_chat(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]]) -> tuple[list[int], list[int]]:
@@ -193,33 +167,8 @@ def build_delta_base_model(out_dir: str | Path, recipe: DeltaRecipe | None = Non
         rows = [encode_delta_chat(tokenizer, m) for m in delta_pretraining_messages(delta, recipe)]
         losses = pretrain(model, rows, recipe, tokenizer.pad_token_id, verbose=verbose, label="delta")
         model.eval()
-        # the kit's signature names the first two worlds' types; it reads only eval_items, which a Delta has
-        accuracy = evaluate_families(model, tokenizer, delta, recipe.families)  # type: ignore[arg-type]
+        accuracy = evaluate_families(model, tokenizer, delta, recipe.families)
 
-    seconds = time.perf_counter() - started
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.bos_token_id = None
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    model.generation_config.do_sample = False
-    model.save_pretrained(out)
-    save_tokenizer(tokenizer, out)  # loadable by transformers 4.57+ and 5.x alike
-    info: dict[str, object] = {
-        "world_name": WORLD_NAME,
-        "recipe": recipe.to_dict(),
-        "recipe_hash": recipe.content_hash(),
-        "world": {"seed": delta.seed, "seas": delta.seas, "rivers": [asdict(r) for r in delta.rivers]},
-        "accuracy": accuracy,
-        "final_loss": losses[-1] if losses else None,
-        "build_seconds": round(seconds, 2),
-        "weights_sha256": weights_sha256(out),
-        "versions": library_versions(),
-    }
-    write_json(out / INFO_FILE, info)
-    if min_accuracy is not None:
-        low = {f: a for f, a in accuracy.items() if a < min_accuracy}
-        if low:
-            raise ModelLoadError(
-                f"delta base model {recipe.content_hash()} learned too little: {low} is below "
-                f"{min_accuracy:.0%} exact match; raise DeltaRecipe.epochs or the model size"
-            )
-    return info
+    world = {"seed": delta.seed, "seas": delta.seas, "rivers": [asdict(r) for r in delta.rivers]}
+    return save_base_model(out, model, tokenizer, recipe, world=world, accuracy=accuracy, losses=losses,
+                           seconds=time.perf_counter() - started, min_accuracy=min_accuracy)
