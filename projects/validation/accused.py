@@ -145,8 +145,8 @@ def _undeclared(run_: Any, folder: Path) -> tuple[Path, Any, list[int], str]:
     from gradian.data import load_dataset
 
     stripped = strip_declared_clusters(run_.root / "train.jsonl", folder / "train.jsonl")
-    return (stripped, load_dataset(stripped), [int(i) for i in run_.info["planted"]["indices"]],
-            str(run_.info["capability"]["name"]))
+    capability = str(run_.info["capability"]["name"])
+    return stripped, load_dataset(stripped), [int(i) for i in run_.info["planted"]["indices"]], capability
 
 
 def _accused_rows(report: Report, data: Any) -> list[int]:
