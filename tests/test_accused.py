@@ -195,10 +195,33 @@ def test_a_sibling_of_an_accused_row_joins_with_its_reason_and_a_stranger_does_n
     assert out.mean_per_example == pytest.approx(np.mean([-9.0, -8.0, 3.0, -0.1]))
     assert out.share_of_negative == pytest.approx(17.1 / 17.3)
     assert "2 more row(s)" in out.reason
+    # r5 joined from inside the cluster (r0..r5), r7 from outside it: the counts say which is which
+    assert (out.n, out.n_in_cluster, out.n_outside_cluster) == (4, 3, 1)
+    assert out.rows_text() == "4 rows: 3 of cluster 0's 6 and 1 gradient sibling(s) from other clusters"
+    assert accused.rows_text() == "2 of cluster 0's 6 rows" and accused.n_outside_cluster == 0
     assert add_gradient_siblings(accused, ids, scores, cosines, [0, 1], threshold=0.0) is accused
     assert add_gradient_siblings(accused, ids, scores, cosines, [0, 1], threshold=0.99).added == []
     with pytest.raises(ValueError, match="shape"):
         add_gradient_siblings(accused, ids, scores, cosines[:5], [0, 1])
+
+
+def test_the_verdict_and_the_markdown_count_siblings_from_other_clusters_apart():
+    from gradian.cluster import add_gradient_siblings
+    from gradian.report.markdown import _accused
+    from gradian.report.schema import Accused
+    from gradian.report.verdict_prose import _accused_text
+
+    ids = [f"r{i}" for i in range(8)]
+    scores = [-9.0, -8.0, 0.5, 0.1, -0.2, 3.0, 0.2, -0.1]
+    cosines = np.full((8, 2), 0.05)
+    cosines[0, 0] = cosines[1, 1] = 1.0
+    cosines[6, 0] = cosines[7, 1] = 0.9  # both outside the six-row cluster
+    out = Accused.of(add_gradient_siblings(_hand_accused(ids, scores, ["r0", "r1"]), ids, scores, cosines, [0, 1]))
+    text = _accused_text(out, None)
+    # never "4 of its 6 rows": two of the four are not the cluster's
+    assert "the accused set is 2 of its 6 rows" in text and "the other 4 rows" in text
+    assert "also holds 2 row(s) from other clusters" in text
+    assert "| of them from other clusters (gradient siblings) | | 2 | |" in _accused(out, [])
 
 
 def test_only_rows_the_mixture_holds_harmful_bring_their_siblings():

@@ -149,7 +149,7 @@ def print_summary(console: Console, report: "Report | Mapping[str, object]") -> 
     accused = attr.accused if attr is not None else None
     if accused is not None:
         lines.append(
-            f"[bold]Accused set: {accused.n} of cluster {shown(accused.cluster)}'s {accused.cluster_n} rows[/], "
+            f"[bold]Accused set: {shown(accused.rows_text())}[/], "
             f"{100 * accused.share_of_cluster_harm:.0f}% of its harm, an estimated "
             f"{100 * accused.estimated_harmful_share:.0f}% harmful; {accused.n_left_out} left out "
             "(rankings.parquet column 'accused'; retrain without them: gradian counterfactual --drop accused)"

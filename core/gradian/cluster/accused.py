@@ -119,6 +119,25 @@ class AccusedSet:
     def n_left_out(self) -> int:
         return len(self.left_out_ids)
 
+    @property
+    def n_in_cluster(self) -> int:
+        """The accused rows that belong to the cluster (the cluster's rows not left out)."""
+        return max(int(self.cluster_n) - self.n_left_out, 0)
+
+    @property
+    def n_outside_cluster(self) -> int:
+        """The accused rows from other clusters: gradient siblings that joined from elsewhere."""
+        return max(self.n - self.n_in_cluster, 0)
+
+    def rows_text(self) -> str:
+        """``"N of cluster C's M rows"``, or, once siblings joined from other clusters, ``"N rows: K
+        of cluster C's M and J gradient siblings from other clusters"``."""
+        inside = f"of cluster {self.cluster}'s {self.cluster_n}"
+        if not self.n_outside_cluster:
+            return f"{self.n} {inside} rows"
+        return (f"{self.n} rows: {self.n_in_cluster} {inside} and {self.n_outside_cluster} gradient "
+                f"sibling(s) from other clusters")
+
     def to_dict(self) -> JsonObject:
         out = asdict(self)
         out["n"] = self.n

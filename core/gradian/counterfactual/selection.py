@@ -208,8 +208,8 @@ def plan_removal(
             raise DatasetError(f"the report's accused set names {len(unknown)} id(s) not in {dataset.path}, "
                                f"e.g. '{unknown[0]}'; pass the training data the report attributed")
         accused = report.attribution.accused if report.attribution is not None else None
-        reason = (f"the report's accused set: {len(ids)} of cluster {accused.cluster if accused else '?'}'s "
-                  f"{accused.cluster_n if accused else '?'} rows ({accused.method if accused else '?'})")
+        reason = (f"the report's accused set: {accused.rows_text()} ({accused.method})" if accused is not None
+                  else f"the report's accused set: {len(ids)} rows")
     else:
         if drop not in (None, *DROP_CHOICES):
             raise ConfigError(f"--drop {drop!r}: use {' or '.join(DROP_CHOICES)}")

@@ -172,6 +172,8 @@ def _accused(acc: Accused, spans: Sequence[Span]) -> str:
            f"<td class=num>{_num(acc.left_out_mean_per_example)}</td></tr>",
            f"<tr><td>estimated share harmful</td><td></td><td class=num>{acc.estimated_harmful_share:.0%}</td>"
            "<td></td></tr>"
+           + (f"<tr><td>of them from other clusters (gradient siblings)</td><td></td>"
+              f"<td class=num>{_e(acc.n_outside_cluster)}</td><td></td></tr>" if acc.n_outside_cluster else "")
            + (f"<tr><td>rows asking an eval prompt with another answer</td><td class=num>{_e(acc.eval_conflict_rows)}"
               f"</td><td class=num><b>{_e(acc.eval_conflict_in_set)}</b></td><td class=num>"
               f"{_e(acc.eval_conflict_rows - (acc.eval_conflict_in_set or 0))}</td></tr>"

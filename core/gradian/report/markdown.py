@@ -117,6 +117,8 @@ def _accused(acc: Accused, spans: Sequence[Span]) -> list[str]:
              f"{1 - acc.share_of_cluster_harm:.1%} |",
              f"| mean per example | | {_num(acc.mean_per_example)} | {_num(acc.left_out_mean_per_example)} |",
              f"| estimated share harmful | | {acc.estimated_harmful_share:.0%} | |",
+             *([f"| of them from other clusters (gradient siblings) | | {acc.n_outside_cluster} | |"]
+               if acc.n_outside_cluster else []),
              *([f"| rows asking an eval prompt with another answer | {acc.eval_conflict_rows} | "
                 f"**{acc.eval_conflict_in_set}** | {acc.eval_conflict_rows - (acc.eval_conflict_in_set or 0)} |"]
                if acc.eval_conflict_rows is not None else []), "",

@@ -45,7 +45,9 @@ def _loss(x: float, unit: str) -> str:
 def _accused_text(accused: "Accused", harm: "Harm | None") -> str:
     """One sentence on the accused set: how many rows, how much of the harm, what is left out; with a
     measured query loss, what removing them should give back, in its units."""
-    n, total = accused.n, int(accused.cluster_n)
+    n, total = accused.n_in_cluster, int(accused.cluster_n)
+    elsewhere = (f" It also holds {accused.n_outside_cluster} row(s) from other clusters whose gradient nearly "
+                 "copies an accused row's." if accused.n_outside_cluster else "")
     if n >= total:
         text = (f"The whole cluster is the accused set ({total} rows, an estimated "
                 f"{accused.estimated_harmful_share:.0%} of them harmful).")
@@ -57,6 +59,7 @@ def _accused_text(accused: "Accused", harm: "Harm | None") -> str:
                 f"{accused.share_of_cluster_harm:.0%} of the cluster's harm, an estimated "
                 f"{accused.estimated_harmful_share:.0%} of them harmful; the other {total - n} rows{rest_text} "
                 "are left out.")
+    text += elsewhere
     if harm is not None and harm.accused_loss is not None and harm.accused_share is not None:
         text += (f" Removing the accused set should lower that loss by about {_loss(harm.accused_loss, harm.unit)} "
                  f"(its {harm.accused_share:.0%} share of the rise)")
