@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from gradian.data import TokenizedExample
     from gradian.grads.model import GradientModel
 
-__all__ = ["KroneckerCollector", "ModelPasses", "fisher_generator", "lora_layers", "sample_labels", "second_moments",
-           "structured_projector"]
+__all__ = ["KroneckerCollector", "ModelPasses", "fisher_generator", "gram", "lora_layers", "sample_labels",
+           "second_moments", "structured_projector"]
 
 
 def lora_layers(gm: "GradientModel", projector: KroneckerProjector | None = None) -> list[dict[str, Any]]:
@@ -119,7 +119,28 @@ def second_moments(x: torch.Tensor, g: torch.Tensor,
         torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
     dt = torch.promote_types(x.dtype, torch.float32)  # float64 models stay float64
     xm, gm_ = x[keep].to(dt), g[keep].to(dt)
-    return (xm.T @ xm).double(), (gm_.T @ gm_).double(), int(xm.shape[0])
+    return gram(xm), gram(gm_), int(xm.shape[0])
+
+
+def gram(m: torch.Tensor) -> torch.Tensor:
+    """``m^T m`` (float64) of ``m``: ``[tokens, width]`` float32 or float64.
+
+    On the CPU the product is BLAS's symmetric rank-k update (``?syrk``), which computes one
+    triangle: half the arithmetic of a general product, and the largest single cost of gathering
+    Kronecker factors there. The other triangle is mirrored from it, so the result is exactly
+    symmetric. Elsewhere (CUDA) it is the plain product.
+    """
+    import torch
+
+    if m.device.type != "cpu" or m.dtype not in (torch.float32, torch.float64) or m.shape[0] == 0:
+        return (m.T @ m).double()
+    from scipy.linalg import blas
+
+    syrk = blas.ssyrk if m.dtype == torch.float32 else blas.dsyrk
+    rows = np.ascontiguousarray(m.detach().numpy())
+    # rows.T is [width, tokens] in Fortran order, which BLAS reads without a copy: rows.T rows.T^T
+    upper = torch.from_numpy(syrk(1.0, rows.T, trans=0)).double()
+    return upper.triu() + upper.triu(1).T
 
 
 
