@@ -25,6 +25,7 @@ KEYS = [
     "settings.storage_dtype", "settings.chunk_size", "settings.capture.dtype", "settings.capture.attn_implementation",
     "settings.capture.projection_dim", "settings.capture.projection_kind", "settings.capture.normalization",
     "settings.capture.storage_dtype", "settings.capture.chunk_size", "settings.capture.block_granularity",
+    "settings.capture.quantization",
     "settings.device", "settings.engine", "settings.store", "settings.max_index_gb", "settings.fisher",
     "settings.fisher_samples", "settings.cross_check",
     "n_examples", "max_tokens", "total_tokens", "n_blocks", "values_per_example", "stored_per_example",

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from gradian.config import GradianConfig
 
 __all__ = ["resolve_device", "resolve_dtype", "load_tokenizer", "load_peft_model", "read_adapter_config",
-           "check_adapter_weights", "check_attention_kernel"]
+           "check_adapter_weights", "check_attention_kernel", "quantized_loading", "bitsandbytes_config"]
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
 #: weight files PEFT saves, in the order it looks for them
@@ -283,8 +283,8 @@ def finite_eager_masks() -> None:
 def load_peft_model(base: str | None, adapter: str | Path, config: GradianConfig | None = None) -> PeftModel:
     """The base model (``base``, or the adapter's recorded base) with ``adapter`` attached, in eval mode.
 
-    ``config`` is a ``GradianConfig``: its ``device``, ``dtype``, ``attn_implementation`` and
-    ``trust_remote_code`` are used; ``None`` means the defaults.
+    ``config`` is a ``GradianConfig``: its ``device``, ``dtype``, ``quantization``,
+    ``attn_implementation`` and ``trust_remote_code`` are used; ``None`` means the defaults.
     """
     from transformers import AutoModelForCausalLM
 
@@ -302,15 +302,22 @@ def load_peft_model(base: str | None, adapter: str | Path, config: GradianConfig
         raise ModelLoadError("no base model given; pass --base-model/-m or set base_model in the config")
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
+    quantization = getattr(config, "quantization", "none")
+    kwargs = quantized_loading(quantization, dtype, device)
     _check_base_files(base)
     if config.attn_implementation == "eager":
         finite_eager_masks()
     try:
         model = AutoModelForCausalLM.from_pretrained(
             base, dtype=dtype, attn_implementation=config.attn_implementation,
-            trust_remote_code=config.trust_remote_code,
+            trust_remote_code=config.trust_remote_code, **kwargs,
         )
-    except ImportError as err:  # transformers' own check of the attention kernel's requirements
+    except ImportError as err:  # transformers' own check of the attention kernel's (or bitsandbytes') requirements
+        if kwargs and "bitsandbytes" in str(err).lower():
+            raise MissingDependencyError(
+                f"quantization: {quantization} cannot be used here ({str(err).splitlines()[0]}); "
+                "pip install -U 'gradian-mlflow[quantize]', or set quantization: none"
+            ) from None
         raise MissingDependencyError(
             f"attn_implementation: {config.attn_implementation} cannot be used here ({str(err).splitlines()[0]}); "
             "set attn_implementation: eager (the default) or sdpa"
@@ -322,12 +329,55 @@ def load_peft_model(base: str | None, adapter: str | Path, config: GradianConfig
     check_finite_weights(model, f"base model '{base}'", "its weights are damaged: copy or download the base "
                          "model again (--base-model / base_model)")
     peft_model = _attach_adapter(model, adapter_dir, base, saved)
-    peft_model.to(device)
+    if not kwargs:  # a quantized base was placed by its device_map (bitsandbytes refuses a later move)
+        peft_model.to(device)
     check_finite_weights(peft_model, f"adapter {adapter_dir} in {str(dtype).replace('torch.', '')}",
                          f"its values overflow {str(dtype).replace('torch.', '')}: set dtype: float64 in the config "
                          "(a wider type), or use an earlier checkpoint", only="lora_")
     peft_model.eval()
     return peft_model
+
+
+def quantized_loading(name: str, dtype: torch.dtype, device: torch.device) -> dict[str, Any]:
+    """The ``from_pretrained`` arguments that load the base quantized by bitsandbytes (the
+    ``quantization`` key): ``4bit`` is NF4 with double quantization of the block scales (QLoRA's
+    recipe), ``8bit`` LLM.int8; both compute in ``dtype``. Empty for ``none``.
+
+    bitsandbytes quantizes the weights as they are placed, so the model is put on ``device``
+    while it loads (a ``device_map``) and never moved afterwards.
+    """
+    if name == "none":
+        return {}
+    quant = bitsandbytes_config(name, dtype)
+    where: str | int = "cpu" if device.type == "cpu" else (device.index if device.index is not None else 0)
+    return {"quantization_config": quant, "device_map": {"": where}}
+
+
+def bitsandbytes_config(name: str, dtype: torch.dtype, key: str = "quantization") -> Any:
+    """The ``BitsAndBytesConfig`` of ``name`` (``4bit``: NF4, double-quantized scales, computing
+    in ``dtype``; ``8bit``: LLM.int8), or a ``MissingDependencyError`` naming ``key`` and the
+    extra when bitsandbytes is not installed. ``gradian train``'s ``train.load_in_4bit`` uses the
+    same 4-bit recipe, so a base it trained against is the base ``quantization: 4bit`` loads."""
+    if name not in ("4bit", "8bit"):
+        raise ModelLoadError(f"quantization is {name!r}; use none, 4bit or 8bit")
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        off = "quantization: none" if key == "quantization" else f"{key}: false"
+        raise MissingDependencyError(
+            f"{key} loads the base model {name} through bitsandbytes, which is not installed: "
+            f"pip install 'gradian-mlflow[quantize]', or set {off}"
+        ) from None
+    import warnings
+
+    from transformers import BitsAndBytesConfig
+
+    if name == "4bit":
+        return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                  bnb_4bit_compute_dtype=dtype)
+    # LLM.int8 casts a float32 input to float16 on every call and warns each time
+    warnings.filterwarnings("ignore", message="MatMul8bitLt: inputs will be cast")
+    return BitsAndBytesConfig(load_in_8bit=True)
 
 
 def check_finite_weights(model: torch.nn.Module, what: str, fix: str, only: str | None = None) -> None:

@@ -59,10 +59,11 @@ def build_tiny_lora(arch: str = "llama", dtype=None, seed: int = 0, r: int = 4,
     return model.eval()
 
 
-def save_tiny_lora(out: Path, arch: str = "llama", seed: int = 0, r: int = 4, tokenizer=None):
-    """Write ``out/base`` (model + tokenizer) and ``out/adapter``; returns (base_dir, adapter_dir)."""
+def save_tiny_lora(out: Path, arch: str = "llama", seed: int = 0, r: int = 4, tokenizer=None, **overrides):
+    """Write ``out/base`` (model + tokenizer) and ``out/adapter``; returns (base_dir, adapter_dir).
+    ``overrides`` change the base's config (e.g. ``hidden_size``)."""
     base_dir, adapter_dir = out / "base", out / "adapter"
-    base = build_tiny_base(arch, seed)
+    base = build_tiny_base(arch, seed, **overrides)
     base.save_pretrained(str(base_dir))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(base_dir))

@@ -237,6 +237,10 @@ def _open(cfg: GradianConfig, cross_check: str | None, run: RunRecord | None, sh
 
     log(f"loading {cfg.base_model or 'the base model its adapter_config.json names'} with the adapter {cfg.adapter_path}")
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
+    if cfg.quantization != "none":
+        log(f"note: the base's projections are held {cfg.quantization} (quantization: {cfg.quantization}, "
+            "bitsandbytes): the capability and every gradient are those of the quantized base, close to but "
+            "not equal to full precision's (docs/validation.md measures by how much)")
     left_out = skipped_modules_finding(gm.skipped, len(gm.blocks))
     if left_out is not None:
         findings.append(left_out)

@@ -12,6 +12,7 @@ advisory logging) out of the output unless ``--verbose`` is given.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import warnings
@@ -112,6 +113,9 @@ def quiet_libraries(verbose: bool = False) -> None:
         os.environ.setdefault(name, value)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    # bitsandbytes (imported by peft whenever it is installed) warns on CPUs with bfloat16 AVX-512
+    # that it cannot fetch an optional kernel from a hub; the fallback it then uses is exact
+    logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
     # libraries already imported read their settings at import time; tell them directly
     if "huggingface_hub" in sys.modules:
         try:

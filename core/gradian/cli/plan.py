@@ -33,6 +33,7 @@ def plan_command(
     tokens: int = typer.Option(1024, "--tokens", help="Without a dataset: tokens per example (half of them supervised)"),
     device: Optional[str] = typer.Option(None, "--device", help="Plan for cpu or cuda (default: the config's device, auto meaning CUDA when visible)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="Model dtype (overrides the config; auto is bfloat16 on CUDA, float32 on CPU)"),
+    quantization: Optional[str] = typer.Option(None, "--quantization", help="Base weights at attribution: none, 4bit or 8bit (bitsandbytes; overrides the config)"),
     attn: Optional[str] = typer.Option(None, "--attn-implementation", help="eager, sdpa or flash_attention_2 (overrides the config)"),
     batch_size: Optional[int] = typer.Option(None, "--batch-size", help="grads.batch_size to plan for"),
     max_seq_length: Optional[int] = typer.Option(None, "--max-seq-length", help="grads.max_seq_length to plan for"),
@@ -78,6 +79,7 @@ def plan_command(
     cfg = load_config(config, {
         "run": run_reference(run, mlflow_run),
         "base_model": base_model, "adapter_path": adapter, "dataset": dataset, "dtype": dtype,
+        "quantization": quantization,
         "attn_implementation": attn, "grads.batch_size": batch_size, "grads.max_seq_length": max_seq_length,
         "grads.projection_dim": projection_dim, "grads.projection_kind": projection_kind,
         "grads.storage_dtype": storage_dtype,
@@ -240,7 +242,9 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
     cpu = s.device == "cpu"
     targets = plan.adapter.target_modules if isinstance(plan.adapter.target_modules, str) else ",".join(plan.adapter.target_modules)
     print_line(f"model: {m.name or m.model_type} ({m.n_parameters / 1e9:.2f}B parameters, {m.model_type}), "
-               f"{s.capture.dtype} on {s.device}, {s.capture.attn_implementation} attention")
+               f"{s.capture.dtype} on {s.device}"
+               + (f" (base quantized {s.quantization})" if s.quantization != "none" else "")
+               + f", {s.capture.attn_implementation} attention")
     print_line(f"adapter: LoRA r={plan.adapter.r} on {targets}; {plan.n_blocks} blocks, "
                f"{plan.values_per_example:,} values per example"
                + (f", stored {plan.stored_per_example:,} ({s.projection_kind} projection {s.projection_dim})"
@@ -248,7 +252,9 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
     print_line(f"dataset: {plan.n_examples:,} examples, {plan.total_tokens:,} tokens, longest {plan.max_tokens}")
     w = p.worst
     rows = [
-        ("weights", fmt(mem.weights), f"{m.n_parameters:,} parameters x {s.capture.model_bytes} B"),
+        ("weights", fmt(mem.weights), f"{m.n_parameters:,} parameters x {s.capture.model_bytes} B"
+         if s.quantization == "none" else f"{m.n_parameters:,} parameters, the layers' projections "
+         f"{s.quantization} (bitsandbytes), the rest x {s.capture.model_bytes} B"),
         ("adapter", fmt(mem.adapter_weights), "LoRA A and B"),
         ("activations", fmt(mem.activations), "kept by autograd for the backward"),
         ("hook inputs", fmt(mem.hook_inputs), "LoRA inputs the capture keeps"),

@@ -392,6 +392,16 @@ def validate_config(config: GradianConfig, where: str = "config",
     if config.engine.replay_checkpoint_every is not None and config.engine.replay_checkpoint_every < 1:
         raise bad("engine.replay_checkpoint_every", config.engine.replay_checkpoint_every,
                   "at least 1 (optimizer steps), or null")
+    if config.quantization != "none":
+        if config.dtype == "float64":
+            raise bad("quantization", config.quantization, "none under dtype: float64 (bitsandbytes computes in "
+                      "float32, float16 or bfloat16); set dtype: auto or float32")
+        if str(config.device).startswith("mps"):
+            raise bad("quantization", config.quantization, "none on mps (bitsandbytes runs on CUDA and the CPU)")
+        if config.engine.name == "replay":
+            raise bad("quantization", config.quantization, "none under engine.name: replay (its metagradients are "
+                      "checked against finite differences on a base in dtype only); use engine.name: ekfac, or "
+                      "quantization: none")
     if config.grads.projection_dim is not None and config.grads.projection_dim < 1:
         raise bad("grads.projection_dim", config.grads.projection_dim, "at least 1, or null")
     if config.grads.max_index_gb is not None and not config.grads.max_index_gb > 0:

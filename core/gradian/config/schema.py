@@ -122,7 +122,7 @@ class TrainConfig:
     save_checkpoints: bool = _f(False, "Keep intermediate checkpoints (TracIn sums over them)")
     max_grad_norm: float = _f(1.0, "Gradient clipping threshold; 0 disables clipping")
     weight_decay: float = _f(0.0, "AdamW weight decay")
-    load_in_4bit: bool = _f(False, "Quantize the base for training only (attribution runs at full precision)")
+    load_in_4bit: bool = _f(False, "Train against a 4-bit base (NF4, double-quantized, as quantization: 4bit loads it; bitsandbytes); attribution follows the top-level quantization key")
     extra: Dict[str, Any] = _f({}, "Extra keyword arguments passed to the trainer's arguments")
 
 
@@ -131,6 +131,7 @@ class GradianConfig:
     seed: int = _f(1234, "Seeds everything; part of the index id")
     device: str = _f("auto", "auto (CUDA when visible, else CPU), cpu, cuda, cuda:N or mps")
     dtype: str = _f("auto", "Model dtype: auto, float32, float16, bfloat16 or float64")
+    quantization: str = _f("none", "Base model weights at attribution: none (dtype), 4bit (NF4, double-quantized) or 8bit (LLM.int8), through bitsandbytes; the adapter and the computation stay in dtype. For a base that does not fit in dtype, such as a QLoRA run's; part of the index id")
     base_model: str = _f("", "Hub id or local path of the model you fine-tuned from")
     tokenizer: Optional[str] = _f(None, "Tokenizer path if it differs from the base model's")
     adapter_path: Optional[str] = _f(None, "PEFT LoRA adapter directory; required for attribution")
@@ -157,6 +158,7 @@ CHOICE_ALIASES: dict[str, dict[str, str]] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "device": ("auto", "cpu", "cuda", "mps"),
     "dtype": ("auto", "float32", "float16", "bfloat16", "float64"),
+    "quantization": ("none", "4bit", "8bit"),
     "attn_implementation": ("eager", "sdpa", "flash_attention_2"),
     "grads.strategy": ("hooks", "loop", "vmap"),
     "grads.loss_reduction": ("mean", "sum"),

@@ -219,7 +219,7 @@ def _report_overrides(report: Report) -> dict[str, JsonValue]:
     recorded = manifest.config if isinstance(manifest, (AttributeManifest, CounterfactualManifest)) else {}
     out: dict[str, JsonValue] = {}
     for key in ("base_model", "tokenizer", "adapter_path", "dataset", "eval_dataset", "cache_dir", "seed",
-                "device", "dtype", "trust_remote_code", "attn_implementation"):
+                "device", "dtype", "quantization", "trust_remote_code", "attn_implementation"):
         if recorded.get(key) is not None:
             out[key] = recorded[key]
     for section in ("grads", "engine", "evaluation"):

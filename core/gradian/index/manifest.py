@@ -99,7 +99,11 @@ def index_identity(*, base_fingerprint: str, adapter_fingerprint: str, dataset_s
                    config: GradianConfig, blocks: Sequence[Mapping[str, object]], model_dtype: str,
                    tokenizer_fingerprint: str = "unknown") -> dict[str, object]:
     grads = config.grads
+    # the base's weights as loaded: a quantized base gives other gradients (the key is absent for
+    # none, so the ids of indexes built before it existed still match)
+    quantized = {"base_quantization": config.quantization} if config.quantization != "none" else {}
     return {
+        **quantized,
         "format_version": FORMAT_VERSION,
         "base": base_fingerprint,
         "adapter": adapter_fingerprint,

@@ -10,7 +10,9 @@ rows x width`` padded tokens, ``s`` the model dtype's bytes, ``H`` hidden, ``I``
 ``q = N x heads x head_dim``, ``V`` vocab, ``b`` rows, ``t`` width:
 
 - weights: base parameters x ``s``, LoRA parameters x the adapter dtype (float32 on a
-  half-precision base, as PEFT loads it);
+  half-precision base, as PEFT loads it); under ``quantization`` the layers' projections are
+  packed (``weight_bytes``) and one of them is dequantized at a time for a call (``D s``, ``D``
+  the largest projection's values, counted with the layer's backward);
 - saved activations, per layer from the first one holding a selected LoRA module: RMSNorm keeps
   its float32 input and ``1/rms`` twice (``2 (4 N H + 4 N)``); the MLP keeps the gate and up
   outputs and SiLU(gate) (``3 N I s``); eager attention keeps q, the repeated k and v (``3 q s``) and
@@ -45,10 +47,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from gradian.plan.shapes import DTYPE_BYTES, BatchShape, LoraLinear, ModelShape
+from gradian.plan.shapes import PROJECTION_SITES, DTYPE_BYTES, BatchShape, LoraLinear, ModelShape
 
 __all__ = ["CaptureSettings", "MemoryEstimate", "estimate_memory", "block_widths", "index_bytes", "NPY_HEADER_BYTES",
-           "stream_chunk_bytes", "writer_buffer_bytes"]
+           "stream_chunk_bytes", "writer_buffer_bytes", "weight_bytes", "dequantized_workspace"]
 
 #: np.save writes a 128-byte header for the arrays the index stores
 NPY_HEADER_BYTES = 128
@@ -68,6 +70,8 @@ class CaptureSettings:
     storage_dtype: str = "float32"
     chunk_size: int = 256
     block_granularity: str = "module"
+    #: ``quantization``: none, 4bit or 8bit (the base's projection weights through bitsandbytes)
+    quantization: str = "none"
 
     @property
     def model_bytes(self) -> int:
@@ -129,6 +133,47 @@ def block_widths(linears: Sequence[LoraLinear], granularity: str = "module",
     return out
 
 
+#: bytes every NF4 projection carries beside its values: the 16-value NF4 codebook and the
+#: 256-value codebook of the double-quantized scales (float32), and the scales' offset
+_NF4_CONSTANTS = 4 * (16 + 256 + 1)
+
+
+def weight_bytes(model: ModelShape, dtype_bytes: int, quantization: str = "none") -> int:
+    """Bytes of the base's weights in memory.
+
+    Under ``quantization`` bitsandbytes replaces each decoder layer's projection (q, k, v, o, gate,
+    up, down) and keeps the embeddings, the norms, the biases and the output head in the model
+    dtype: ``4bit`` (NF4, double-quantized) holds half a byte per value, one byte of scale per
+    block of 64, a float32 per 256 such scales and its two codebooks (about 1 KiB a projection);
+    ``8bit`` (LLM.int8) one byte per value and a
+    float32 scale per output row.
+    """
+    total = model.n_parameters * dtype_bytes
+    if quantization == "none":
+        return total
+    projections = [model.site_widths(site) for site in PROJECTION_SITES]
+    values = model.num_layers * sum(i * o for i, o in projections)
+    if quantization == "4bit":
+        def nf4(n: int) -> int:  # packed values, a byte of scale per 64, a float32 per 256 scales, codebooks
+            blocks = -(-n // 64)
+            return -(-n // 2) + blocks + 4 * -(-blocks // 256) + _NF4_CONSTANTS
+
+        packed = model.num_layers * sum(nf4(i * o) for i, o in projections)
+    elif quantization == "8bit":
+        packed = values + 4 * model.num_layers * sum(o for _, o in projections)
+    else:
+        raise ValueError(f"quantization {quantization!r}: use none, 4bit or 8bit")
+    return total - values * dtype_bytes + packed
+
+
+def dequantized_workspace(model: ModelShape, dtype_bytes: int, quantization: str = "none") -> int:
+    """Bytes of the one projection weight bitsandbytes dequantizes to the model dtype for a call
+    (forward or backward) under ``quantization``; 0 for none."""
+    if quantization == "none":
+        return 0
+    return max(i * o for i, o in (model.site_widths(site) for site in PROJECTION_SITES)) * dtype_bytes
+
+
 def writer_buffer_bytes(chunk_size: int, stored: int, storage_dtype: str) -> int:
     """Host bytes of the index writer's chunk buffer: ``C W (8 + 3 s')`` (module doc)."""
     return chunk_size * stored * (2 * 4 + 3 * DTYPE_BYTES[storage_dtype])
@@ -173,7 +218,7 @@ def estimate_memory(model: ModelShape, linears: Sequence[LoraLinear], batch: Bat
     n, b, t = batch.tokens, batch.rows, batch.width
     h, i, v = model.hidden_size, model.intermediate_size, model.vocab_size
     q = n * model.num_heads * model.head_dim
-    weights = model.n_parameters * s
+    weights = weight_bytes(model, s, settings.quantization)
     adapter = sum(lin.r * (lin.in_features + lin.out_features) for lin in linears) * a
 
     sites_by_layer: dict[int, set[str]] = {}
@@ -214,7 +259,7 @@ def estimate_memory(model: ModelShape, linears: Sequence[LoraLinear], batch: Bat
         layer_backward = b * model.num_heads * t * t * (s + 8)
     else:
         layer_backward = 4 * q * s
-    layer_backward += 3 * n * i * s
+    layer_backward += 3 * n * i * s + dequantized_workspace(model, s, settings.quantization)
 
     out_bytes = 8 if s == 8 else 4
     blocks = block_widths(linears, settings.block_granularity, settings.projection_dim, settings.projection_kind)

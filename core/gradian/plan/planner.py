@@ -8,7 +8,7 @@ would use (``engine.store``; ``auto`` decided as ``gradian.index.stream.choose_s
 with the disk budget standing for the free disk), a Kronecker engine's factors and fitted state,
 whether it all fits the budgets, and a ``Proposal`` of settings that do (``propose_settings``;
 under EK-FAC and K-FAC it projects the Kronecker factors, ``grads.projection_kind: kronecker``,
-before it cuts layers). Under ``engine.name: replay`` the plan carries the replay of the run's
+before it cuts layers, and quantizes a base whose weights are what does not fit). Under ``engine.name: replay`` the plan carries the replay of the run's
 recipe, priced by ``gradian.plan.replay``, and its memory is part of what must fit.
 ``parse_size("24GiB")`` reads a budget. Pure functions of shapes and numbers: nothing is loaded
 and nothing is printed here.
@@ -55,6 +55,12 @@ STORES = ("auto", "index", "stream")
 #: layer cut is proposed instead
 KRONECKER_FLOOR = 256
 
+#: the share of the memory budget the base's weights must exceed before a proposal quantizes them
+QUANTIZE_SHARE = 0.5
+
+#: where the error of a quantized base's gradients is measured
+QUANTIZATION_VALIDATION = 'docs/validation.md, "A quantized base at attribution"'
+
 #: where the accuracy of ``grads.projection_kind: kronecker`` by width is measured
 KRONECKER_VALIDATION = 'docs/validation.md, "A compact index that keeps the curvature"'
 
@@ -90,7 +96,8 @@ class PlanSettings:
         capture = CaptureSettings(dtype=dtype, attn_implementation=config.attn_implementation,
                                   projection_dim=grads.projection_dim, projection_kind=grads.projection_kind,
                                   normalization=grads.normalization, storage_dtype=grads.storage_dtype,
-                                  chunk_size=grads.chunk_size, block_granularity=grads.block_granularity)
+                                  chunk_size=grads.chunk_size, block_granularity=grads.block_granularity,
+                                  quantization=getattr(config, "quantization", "none"))
         engine = config.engine
         return cls(batch_size=grads.batch_size, max_seq_length=grads.max_seq_length, module_filter=grads.module_filter,
                    projection_dim=grads.projection_dim, storage_dtype=grads.storage_dtype, chunk_size=grads.chunk_size,
@@ -103,11 +110,17 @@ class PlanSettings:
         """``grads.projection_kind`` (held by ``capture``): countsketch, rademacher or kronecker."""
         return self.capture.projection_kind
 
+    @property
+    def quantization(self) -> str:
+        """``quantization`` (held by ``capture``): none, 4bit or 8bit."""
+        return self.capture.quantization
+
     def with_changes(self, **changes: Any) -> "PlanSettings":
         """A copy with ``changes`` (fields, or ``projection_kind``, which lives in ``capture``)."""
-        capture_keys = {"projection_dim", "storage_dtype", "chunk_size", "projection_kind"}
+        capture_keys = {"projection_dim", "storage_dtype", "chunk_size", "projection_kind", "quantization"}
         capture = replace(self.capture, **{k: v for k, v in changes.items() if k in capture_keys})
         changes.pop("projection_kind", None)
+        changes.pop("quantization", None)
         return replace(self, capture=capture, **changes)
 
     def config_values(self) -> dict[str, ConfigValue]:
@@ -117,7 +130,7 @@ class PlanSettings:
                 "grads.projection_dim": self.projection_dim, "grads.module_filter": self.module_filter,
                 "grads.storage_dtype": self.storage_dtype, "grads.chunk_size": self.chunk_size,
                 "grads.max_seq_length": self.max_seq_length, "grads.max_index_gb": self.max_index_gb,
-                "engine.name": self.engine}
+                "engine.name": self.engine, "quantization": self.quantization}
 
     @property
     def needs_replay(self) -> bool:
@@ -493,7 +506,9 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
     before fewer layers. Memory: a smaller chunk, when the chunk buffer (the index writer's, or a
     stream's chunk in flight) is more than ``HOST_SHARE`` of the host memory; the largest batch
     size up to the configured one that fits ``HEADROOM`` of the budget; a smaller chunk still if
-    the buffer is what does not fit; under a Kronecker engine, ``grads.projection_kind:
+    the buffer is what does not fit; when the base's weights take more than ``QUANTIZE_SHARE`` of
+    the budget, ``quantization: 8bit``, or ``4bit`` when 8-bit is not enough (every layer and the
+    full width kept); under a Kronecker engine, ``grads.projection_kind:
     kronecker`` at the widest power-of-two ``grads.projection_dim`` (from ``KRONECKER_FLOOR`` up
     to below the widest side) that fits, every layer kept; then fewer layers, since activations
     are kept only from the first layer holding a selected module (and a Kronecker engine's
@@ -699,6 +714,22 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
                 current = trial
                 break
             size //= 2
+    if not memory_ok(current) and current.quantization == "none" and budgets.memory is not None:
+        # the base's weights are what does not fit: hold them quantized (what a QLoRA run trained
+        # against), 8-bit when that is enough, else 4-bit; every layer and the full width kept
+        weights = price(current)
+        if weights is not None and weights.memory.weights > QUANTIZE_SHARE * budgets.memory:
+            for kind in ("8bit", "4bit"):
+                trial = current.with_changes(quantization=kind)
+                if memory_ok(trial) or kind == "4bit":
+                    q = price(trial)
+                    assert q is not None
+                    reasons.append(f"the base's weights ({format_size(weights.memory.weights)} in "
+                                   f"{current.capture.dtype}) take more than half the memory budget: quantization: "
+                                   f"{kind} holds them in {format_size(q.memory.weights)} through bitsandbytes "
+                                   f"(gradients within the error measured in {QUANTIZATION_VALIDATION})")
+                    current = trial
+                    break
     if not memory_ok(current):  # the Kronecker factors projected, every layer kept
         projected = kronecker(current, memory_ok)
         if projected is not None:
@@ -747,8 +778,11 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
     changes = {k: v for k, v in current.config_values().items() if settings.config_values()[k] != v}
     fits = ((budgets.memory is None or peak <= budgets.memory) and (budgets.disk is None or disk <= budgets.disk)
             and (device == "cpu" or host_budget is None or host <= host_budget))
-    if not fits and budgets.memory is not None and peak > budgets.memory and current.capture.model_bytes > 2:
-        reasons.append("even so it does not fit: a bfloat16 model (dtype: bfloat16) halves the weights")
+    ways = ((["a bfloat16 model (dtype: bfloat16) halves the weights"] if current.capture.model_bytes > 2 else [])
+            + (["quantization: 4bit holds the layers' weights in about a quarter of bfloat16's bytes"]
+               if current.quantization == "none" else []))
+    if not fits and budgets.memory is not None and peak > budgets.memory and ways:
+        reasons.append("even so it does not fit: " + "; ".join(ways))
     elif not fits and final.curvature.factor_bytes:
         layers = len({lin.layer for lin in final.linears})
         reasons.append(f"even so it does not fit: {settings.engine}'s Kronecker factors take "

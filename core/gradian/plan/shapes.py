@@ -48,7 +48,7 @@ DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
 LLAMA_STYLE = ("llama", "mistral", "qwen2", "qwen3")
 
 #: the projections of a Llama-style layer: (module path inside the layer, input, output)
-_SITES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+PROJECTION_SITES = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
@@ -84,7 +84,7 @@ class ModelShape:
         """Parameters of the base model: embeddings, layers (projections, norms, q/k/v biases of
         qwen2, q/k norms of qwen3), final norm and an untied output head."""
         h = self.hidden_size
-        per_layer = sum(i * o for i, o in (self.site_widths(s) for s in _SITES)) + 2 * h
+        per_layer = sum(i * o for i, o in (self.site_widths(s) for s in PROJECTION_SITES)) + 2 * h
         if self.model_type == "qwen2":
             per_layer += self.num_heads * self.head_dim + 2 * self.num_kv_heads * self.head_dim
         if self.model_type == "qwen3":
@@ -211,7 +211,7 @@ def lora_linears(shape: ModelShape, adapter: AdapterShape, module_filter: str | 
     for layer in range(shape.num_layers):
         if adapter.layers_to_transform is not None and layer not in adapter.layers_to_transform:
             continue
-        for site in _SITES:
+        for site in PROJECTION_SITES:
             name = f"model.layers.{layer}.{site}"
             if not _targeted(name, adapter.target_modules):
                 continue

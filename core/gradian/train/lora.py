@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Mapping, Sequence
 
-from gradian.errors import ConfigError, GradianError, MissingDependencyError, ModelLoadError
+from gradian.errors import ConfigError, GradianError, ModelLoadError
 from gradian.runs import DatasetRef, LoraSettings, RunRecord, RunRef, TrainingLogs, normalize_trainer_config
 from gradian.train.backends import require_backend
 from gradian.train.data import PadCollator, build_train_features
@@ -216,15 +216,10 @@ def _load_model(name: str, config: GradianConfig, backend: str) -> PreTrainedMod
         "trust_remote_code": config.trust_remote_code,
     }
     if config.train.load_in_4bit:
-        try:
-            from transformers import BitsAndBytesConfig
-            import bitsandbytes  # noqa: F401
-        except ImportError:
-            raise MissingDependencyError(
-                "train.load_in_4bit needs bitsandbytes and a CUDA GPU; install bitsandbytes or "
-                "set train.load_in_4bit: false"
-            ) from None
-        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True)
+        from gradian.model_loading import bitsandbytes_config, resolve_device, resolve_dtype
+
+        compute = kwargs["dtype"] if kwargs["dtype"] != "auto" else resolve_dtype("auto", resolve_device(config.device))
+        kwargs["quantization_config"] = bitsandbytes_config("4bit", compute, key="train.load_in_4bit")
     if backend == "unsloth":
         return _load_unsloth(name, config)
     if config.attn_implementation == "eager":
