@@ -83,3 +83,23 @@ def test_an_index_built_on_cuda_scores_like_the_cpu_one(tmp_path, tiny_lora_dirs
     on_cuda = score(indexes["cuda"], query, engine).scores
     on_cpu = score(indexes["cpu"], query, engine).scores
     np.testing.assert_allclose(on_cuda, on_cpu, rtol=1e-3, atol=1e-6 * float(np.abs(on_cpu).max()))
+
+
+@pytest.mark.parametrize("quantization", ["4bit", "8bit"])
+def test_a_quantized_base_lands_on_cuda_and_its_hooks_equal_the_loop(tmp_path_factory, chat_tokenizer, batch,
+                                                                     quantization):
+    """``quantization`` on CUDA: bitsandbytes places the packed base on the device while loading
+    (no later move), the adapter follows it, and the hooks still equal the one-row loop."""
+    pytest.importorskip("bitsandbytes")
+    from tests.plugins.tiny_lora import save_tiny_lora
+
+    base, adapter = save_tiny_lora(tmp_path_factory.mktemp("quantized-gpu"), tokenizer=chat_tokenizer,
+                                   hidden_size=128, intermediate_size=256)
+    cfg = load_config(overrides={"device": "cuda", "dtype": "float32", "quantization": quantization})
+    gm = load_model_for_gradients(str(base), str(adapter), cfg)
+    assert {p.device.type for p in gm.model.parameters()} == {"cuda"}
+    cuda_batch = _to(batch, "cuda")
+    hooks = capture_per_example_grads(gm, cuda_batch, "hooks")
+    loop = capture_per_example_grads(gm, cuda_batch, "loop")
+    for name, ref in loop.items():
+        assert ((hooks[name] - ref).norm(dim=1) / ref.norm(dim=1)).max() < 1e-3, name
