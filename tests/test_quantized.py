@@ -207,3 +207,26 @@ def test_gradian_train_quantizes_its_base_as_attribution_does(tmp_path):
     for name in ("load_in_4bit", "bnb_4bit_quant_type", "bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype"):
         assert getattr(trained, name) == getattr(attributed, name), name
     assert attributed.bnb_4bit_quant_type == "nf4"
+
+
+def test_a_4bit_base_of_any_width_measures_then_differentiates_on_the_cpu(tmp_path_factory, chat_tokenizer, tmp_path):
+    """A 144-wide base (the bestiary's width, not a multiple of 32): a forward without gradients
+    (what a generation does) and then the gradient passes, on one and the same kernel. Left to
+    itself, bitsandbytes repacks a CPU 4-bit weight for inference on the first such forward and
+    fails on this width."""
+    dirs = save_tiny_lora(tmp_path_factory.mktemp("quantized-144"), tokenizer=chat_tokenizer, hidden_size=144,
+                          intermediate_size=320, num_attention_heads=4, num_key_value_heads=2)
+    gm, _ = _gm(dirs, "4bit", tmp_path)
+    flags = [m.support_avx512bf16_for_cpu for m in gm.model.modules() if hasattr(m, "support_avx512bf16_for_cpu")]
+    assert flags and not any(flags)
+    batch = _batch(chat_tokenizer)
+    with torch.no_grad():
+        before = gm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    hooks = capture_per_example_grads(gm, batch, "hooks")
+    loop = capture_per_example_grads(gm, batch, "loop")
+    for block in gm.blocks:
+        ref = loop[block.name]
+        assert ((hooks[block.name] - ref).norm(dim=1) / ref.norm(dim=1)).max() < 1e-4, block.name
+    with torch.no_grad():
+        after = gm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    assert torch.equal(before, after)

@@ -328,6 +328,8 @@ def load_peft_model(base: str | None, adapter: str | Path, config: GradianConfig
         ) from None
     check_finite_weights(model, f"base model '{base}'", "its weights are damaged: copy or download the base "
                          "model again (--base-model / base_model)")
+    if kwargs:
+        _one_cpu_kernel(model)
     peft_model = _attach_adapter(model, adapter_dir, base, saved)
     if not kwargs:  # a quantized base was placed by its device_map (bitsandbytes refuses a later move)
         peft_model.to(device)
@@ -351,6 +353,20 @@ def quantized_loading(name: str, dtype: torch.dtype, device: torch.device) -> di
     quant = bitsandbytes_config(name, dtype)
     where: str | int = "cpu" if device.type == "cpu" else (device.index if device.index is not None else 0)
     return {"quantization_config": quant, "device_map": {"": where}}
+
+
+def _one_cpu_kernel(model: PreTrainedModel) -> None:
+    """Keep every 4-bit layer on bitsandbytes' general kernel on the CPU.
+
+    On a CPU with bfloat16 AVX-512, bitsandbytes repacks a 4-bit weight in place the first time
+    the layer runs without gradients (a generation), for an inference-only kernel. The repacking
+    needs an output width divisible by 32 and fails otherwise (a 144-wide layer, say), and after
+    it the measurement and the gradient passes would not run the same arithmetic. Turned off,
+    every call dequantizes the same way, with or without gradients, whatever the shapes.
+    """
+    for module in model.modules():
+        if hasattr(module, "support_avx512bf16_for_cpu"):
+            module.support_avx512bf16_for_cpu = False
 
 
 def bitsandbytes_config(name: str, dtype: torch.dtype, key: str = "quantization") -> Any:

@@ -35,14 +35,16 @@ SCENARIO = "poison_capitals_ontopic"
 ENGINES = ("datainf", "ekfac", "kfac", "graddot")
 
 
-def prepare_run(work: Path, scenario: str, seed: int | None = None) -> tuple[Path, set[int], str]:
+def prepare_run(work: Path, scenario: str, seed: int | None = None,
+                train_overrides: dict[str, object] | None = None, tag: str = "") -> tuple[Path, set[int], str]:
     """Write the scenario without its declared clusters and fine-tune it once (reused after);
-    ``seed`` overrides the training seed (the scenario's own when None)."""
+    ``seed`` overrides the training seed (the scenario's own when None), ``train_overrides``
+    other config keys of the fine-tune, under a folder name ending in ``tag``."""
     from gradian.config import load_config
     from gradian.tinyworld import write_scenario
     from gradian.train import train_lora
 
-    root = work / (scenario if seed is None else f"{scenario}-seed{seed}")
+    root = work / ((scenario if seed is None else f"{scenario}-seed{seed}") + tag)
     if not ((root / "run" / "gradian_run.json").is_file() and (root / "scenario.json").is_file()):
         write_scenario(scenario, root)
         train = root / "train.jsonl"
@@ -50,7 +52,7 @@ def prepare_run(work: Path, scenario: str, seed: int | None = None) -> tuple[Pat
         for row in rows:
             row.pop("cluster", None)
         train.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        cfg = load_config(root / "gradian.yaml", {} if seed is None else {"seed": seed})
+        cfg = load_config(root / "gradian.yaml", {**({} if seed is None else {"seed": seed}), **(train_overrides or {})})
         train_lora(cfg, root / "run", overwrite=True)
     info = json.loads((root / "scenario.json").read_text())
     capability = (info.get("capability") or {}).get("name", "capitals")

@@ -22,8 +22,12 @@ quantization it prints:
 
 Each figure is given per seed and as the median and range over seeds.
 
+``--trained 4bit`` fine-tunes against the 4-bit base instead (``train.load_in_4bit``, what a QLoRA
+run does), so the question becomes the user's: is such an adapter better attributed on the base it
+was trained against or on the full-precision one?
+
 Run: ``python projects/benchmarks/bench_quantized.py [--work DIR] [--scenarios a,b] [--seeds 0,1,2]
-[--out results.json]`` (needs bitsandbytes: ``pip install 'gradian-mlflow[quantize]'``). About a
+[--trained float|4bit] [--out results.json]`` (needs bitsandbytes: ``pip install 'gradian-mlflow[quantize]'``). About a
 minute per fine-tune and quantization on 2 CPU cores once the fine-tunes exist (about three
 minutes each the first time).
 """
@@ -117,14 +121,19 @@ def main() -> None:
                         help="where the fine-tunes are cached (shared with bench_compact_index.py)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--trained", choices=("float", "4bit"), default="float",
+                        help="float: the fine-tunes trained against the float32 base; 4bit: trained against the "
+                             "4-bit base (train.load_in_4bit, a QLoRA run), cached apart")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    overrides: dict[str, object] = {"train.load_in_4bit": True} if args.trained == "4bit" else {}
+    tag = "-qlora" if args.trained == "4bit" else ""
     seeds = [int(s) for s in args.seeds.split(",") if s]
     report: dict[str, Any] = {}
     for scenario in [s for s in args.scenarios.split(",") if s]:
         per_seed: dict[int, list[dict[str, Any]]] = {}
         for seed in seeds:
-            root, planted, capability = prepare_run(args.work, scenario, seed)
+            root, planted, capability = prepare_run(args.work, scenario, seed, overrides, tag)
             per_seed[seed] = compare([measure(root, planted, capability, q) for q in QUANTIZATIONS])
             for r in per_seed[seed]:
                 print(f"{scenario} seed {seed} {r['quantization']:5s} weights {r['weights']:.3f} tuned "
