@@ -230,3 +230,17 @@ def test_a_4bit_base_of_any_width_measures_then_differentiates_on_the_cpu(tmp_pa
     with torch.no_grad():
         after = gm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     assert torch.equal(before, after)
+
+
+def test_the_mlflow_params_say_when_the_base_was_quantized():
+    """The child run's params name the quantization the scores were computed on, and say nothing
+    for the full-precision default."""
+    from gradian.report.schema import AttributeManifest, Report, Verdict
+    from gradian.report.tracker import run_params
+
+    def params(config):
+        return run_params(Report(verdict=Verdict(kind="data", summary="s"),
+                                 manifest=AttributeManifest(gradian_version="0", config_hash="h", config=config)))
+
+    assert params({"quantization": "4bit"})["quantization"] == "4bit"
+    assert "quantization" not in params({"quantization": "none"}) and "quantization" not in params({})

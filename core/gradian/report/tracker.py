@@ -263,7 +263,8 @@ def work_started_ms(report: "Report | Mapping[str, object]", now_ms: int, starte
 
 def run_params(report: Report) -> dict[str, str]:
     """The run's parameters: Gradian's version and config hash, the engines and the query, the
-    engine's own settings as it describes them (``manifest.engine_state.params``), the metric."""
+    engine's own settings as it describes them (``manifest.engine_state.params``), the metric, and
+    the base's quantization when it was not the full-precision one."""
     manifest = report.manifest
     attribution = report.attribution
     state = manifest.engine_state if isinstance(manifest, AttributeManifest) else None
@@ -278,6 +279,10 @@ def run_params(report: Report) -> dict[str, str]:
         **(state.params if state is not None else {}),
         "metric": report.capability.metric if report.capability is not None else None,
     }
+    config = manifest.config if isinstance(manifest, (AttributeManifest, CounterfactualManifest)) else {}
+    quantization = config.get("quantization") if isinstance(config, dict) else None
+    if quantization not in (None, "none"):  # the base the scores were computed on
+        raw["quantization"] = quantization
     return {k: str(v)[:PARAM_CHARS] for k, v in raw.items() if v is not None}
 
 
