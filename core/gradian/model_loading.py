@@ -302,8 +302,9 @@ def load_peft_model(base: str | None, adapter: str | Path, config: GradianConfig
         raise ModelLoadError("no base model given; pass --base-model/-m or set base_model in the config")
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
-    quantization = getattr(config, "quantization", "none")
+    quantization = config.quantization
     kwargs = quantized_loading(quantization, dtype, device)
+    quantized = bool(kwargs)
     _check_base_files(base)
     if config.attn_implementation == "eager":
         finite_eager_masks()
@@ -313,7 +314,7 @@ def load_peft_model(base: str | None, adapter: str | Path, config: GradianConfig
             trust_remote_code=config.trust_remote_code, **kwargs,
         )
     except ImportError as err:  # transformers' own check of the attention kernel's (or bitsandbytes') requirements
-        if kwargs and "bitsandbytes" in str(err).lower():
+        if quantized and "bitsandbytes" in str(err).lower():
             raise MissingDependencyError(
                 f"quantization: {quantization} cannot be used here ({str(err).splitlines()[0]}); "
                 "pip install -U 'gradian-mlflow[quantize]', or set quantization: none"
@@ -328,10 +329,10 @@ def load_peft_model(base: str | None, adapter: str | Path, config: GradianConfig
         ) from None
     check_finite_weights(model, f"base model '{base}'", "its weights are damaged: copy or download the base "
                          "model again (--base-model / base_model)")
-    if kwargs:
+    if quantized:
         _one_cpu_kernel(model)
     peft_model = _attach_adapter(model, adapter_dir, base, saved)
-    if not kwargs:  # a quantized base was placed by its device_map (bitsandbytes refuses a later move)
+    if not quantized:  # a quantized base was placed by its device_map (bitsandbytes refuses a later move)
         peft_model.to(device)
     check_finite_weights(peft_model, f"adapter {adapter_dir} in {str(dtype).replace('torch.', '')}",
                          f"its values overflow {str(dtype).replace('torch.', '')}: set dtype: float64 in the config "

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,77 @@ def prepare_run(work: Path, scenario: str, seed: int | None = None,
     info = json.loads((root / "scenario.json").read_text())
     capability = (info.get("capability") or {}).get("name", "capitals")
     return root, {int(i) for i in (info.get("planted") or {}).get("indices") or []}, capability
+
+
+@dataclass
+class Captured:
+    """One fine-tune loaded and captured as ``capture_fine_tune`` leaves it."""
+
+    cfg: Any
+    gm: Any
+    tokenizer: Any
+    dataset: Any
+    tokenized: list[Any]
+    #: the full-width index, built with ``collector`` gathering the Kronecker factors on the way
+    index: Any
+    collector: Any
+    #: the capability measured on this model, and the contrastive query of its regressed items
+    capability: Any
+    query: Any
+    #: wall seconds of the index build
+    capture_seconds: float
+
+    def context(self) -> Any:
+        """The fit context of the full-width index (the factors ``collector`` gathered)."""
+        from gradian.attribution.checkpoints import fit_context
+
+        return fit_context(self.cfg, self.gm, self.tokenizer, self.dataset, None, tokenized=self.tokenized,
+                           collected=self.collector)
+
+
+def capture_fine_tune(root: Path, capability: str, overrides: dict[str, object] | None = None) -> Captured:
+    """The fine-tune in ``root`` as ``gradian attribute`` loads it on the CPU (EK-FAC, contrastive
+    query; ``overrides`` on top): its full index built while the Kronecker factors are gathered,
+    the capability measured and the query formed from the items it regressed on."""
+    import time
+
+    from gradian.attribution.pipeline import _query_items
+    from gradian.config import load_config
+    from gradian.data import load_dataset, tokenize_examples
+    from gradian.evaluate import evaluate_capability
+    from gradian.grads import load_model_for_gradients
+    from gradian.grads.collectors import KroneckerCollector
+    from gradian.index import GradientIndex
+    from gradian.model_loading import load_tokenizer
+    from gradian.query import build_query_gradient, select_query_items
+
+    cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu",
+                                              "evaluation.query_signal": "contrastive", "engine.name": "ekfac",
+                                              **(overrides or {})})
+    gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model)
+    dataset = load_dataset(cfg.dataset)
+    tokenized = tokenize_examples(dataset.examples, tokenizer, cfg.grads.max_seq_length)
+    start = time.perf_counter()
+    with KroneckerCollector(gm) as collector:
+        index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=True)  # force: the collector sees the pass
+    seconds = time.perf_counter() - start
+    eval_set = load_dataset(cfg.eval_dataset)
+    cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability=capability)
+    items, scope, notes, ids = select_query_items(_query_items(cap, eval_set), dataset.examples)
+    query = build_query_gradient(gm, tokenizer, items, "contrastive", cfg.grads, scope=scope, notes=notes,
+                                 finding_ids=ids)
+    return Captured(cfg, gm, tokenizer, dataset, tokenized, index, collector, cap, query, seconds)
+
+
+def ekfac_rank(cfg: Any, train: Any, context: Any, query: dict[str, np.ndarray]) -> np.ndarray:
+    """EK-FAC fitted on ``train`` under ``context`` and scored against ``query``: each row's rank
+    score (RelatIF, as the pipeline ranks), averaged over the query's items."""
+    from gradian.engines import get_engine
+
+    engine = get_engine("ekfac")
+    state = engine.fit(train, cfg.engine, context)
+    return np.asarray(engine.score(state, query, cfg.engine).rank_scores, dtype=np.float64).mean(axis=1)
 
 
 def precision_recall(chosen: set[int], planted: set[int]) -> tuple[float, float]:

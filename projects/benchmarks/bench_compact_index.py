@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_accused import prepare_run  # noqa: E402
+from bench_accused import capture_fine_tune, ekfac_rank, prepare_run  # noqa: E402
 
 SCENARIOS = ("poison_capitals_ontopic", "bestiary_poison_diets")
 WIDTHS = (4, 8, 16, 32)
@@ -109,42 +109,17 @@ def measure_seed(root: Path, planted: set[int], capability: str, widths: list[in
     from scipy.stats import spearmanr
     from sklearn.metrics import roc_auc_score
 
-    from gradian.attribution.checkpoints import fit_context
-    from gradian.attribution.pipeline import _query_items
-    from gradian.config import load_config
-    from gradian.data import load_dataset, tokenize_examples
-    from gradian.engines import FitContext, InMemoryGradients, get_engine
-    from gradian.evaluate import evaluate_capability
-    from gradian.grads import load_model_for_gradients, make_projector
-    from gradian.grads.collectors import KroneckerCollector, ModelPasses
-    from gradian.index import GradientIndex
-    from gradian.model_loading import load_tokenizer
-    from gradian.query import build_query_gradient, select_query_items
+    from gradian.engines import FitContext, InMemoryGradients
+    from gradian.grads import make_projector
+    from gradian.grads.collectors import ModelPasses
 
-    cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu",
-                                              "evaluation.query_signal": "contrastive", "engine.name": "ekfac"})
-    gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model)
-    dataset = load_dataset(cfg.dataset)
-    tokenized = tokenize_examples(dataset.examples, tokenizer, cfg.grads.max_seq_length)
-    with KroneckerCollector(gm) as collector:
-        index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=True)  # force: the collector sees the pass
-    eval_set = load_dataset(cfg.eval_dataset)
-    cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability=capability)
-    items, scope, notes, ids = select_query_items(_query_items(cap, eval_set), dataset.examples)
-    qg = build_query_gradient(gm, tokenizer, items, "contrastive", cfg.grads, scope=scope, notes=notes, finding_ids=ids)
-    engine = get_engine("ekfac")
+    run = capture_fine_tune(root, capability)
+    cfg, gm, tokenizer, tokenized = run.cfg, run.gm, run.tokenizer, run.tokenized
+    index, collector = run.index, run.collector
     full_rows = index.rows(range(index.n))
     is_planted = np.array([i in planted for i in range(index.n)])
     full_width = sum(b.dim for b in gm.blocks)
-
-    def rank_of(train: Any, context: Any, query: dict[str, np.ndarray]) -> np.ndarray:
-        state = engine.fit(train, cfg.engine, context)
-        result = engine.score(state, query, cfg.engine)
-        return np.asarray(result.rank_scores, dtype=np.float64).mean(axis=1)
-
-    full_context = fit_context(cfg, gm, tokenizer, dataset, None, tokenized=tokenized, collected=collector)
-    full_rank = rank_of(InMemoryGradients(full_rows), full_context, qg.per_item)
+    full_rank = ekfac_rank(cfg, InMemoryGradients(full_rows), run.context(), run.query.per_item)
     results = [{"width": None, "share": 1.0, "bytes_per_example": 4 * full_width,
                 "auc": float(roc_auc_score(is_planted, -full_rank)), "rho": 1.0}]
     for width in widths:
@@ -156,11 +131,11 @@ def measure_seed(root: Path, planted: set[int], capability: str, widths: list[in
         project = {b: projector.project(b, torch.from_numpy(np.asarray(v, dtype=np.float64))).numpy()
                    for b, v in full_rows.items()}
         query = {b: projector.project(b, torch.from_numpy(np.asarray(v, dtype=np.float64))).numpy()
-                 for b, v in qg.per_item.items()}
+                 for b, v in run.query.per_item.items()}
         passes = ModelPasses(gm, tokenized, tokenizer.pad_token_id, grads)
         context = FitContext(passes=passes, grads=grads,
                              collected=_ProjectedSums(_project_sums(collector, projector, passes.layers), index.n))
-        rank = rank_of(InMemoryGradients(project), context, query)
+        rank = ekfac_rank(cfg, InMemoryGradients(project), context, query)
         stored = sum(projector.block_width(b) for b in gm.blocks)
         results.append({"width": int(width), "share": stored / full_width, "bytes_per_example": 4 * stored,
                         "auc": float(roc_auc_score(is_planted, -rank)),

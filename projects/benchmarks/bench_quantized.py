@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_accused import prepare_run  # noqa: E402
+from bench_accused import capture_fine_tune, ekfac_rank, prepare_run  # noqa: E402
 
 SCENARIOS = ("poison_capitals_ontopic", "bestiary_poison_diets")
 QUANTIZATIONS = ("none", "8bit", "4bit")
@@ -56,43 +55,16 @@ def measure(root: Path, planted: set[int], capability: str, quantization: str) -
     ranks for the comparison with float32."""
     from sklearn.metrics import roc_auc_score
 
-    from gradian.attribution.checkpoints import fit_context
-    from gradian.attribution.pipeline import _query_items
-    from gradian.config import load_config
-    from gradian.data import load_dataset, tokenize_examples
-    from gradian.engines import InMemoryGradients, get_engine
-    from gradian.evaluate import evaluate_capability
-    from gradian.grads import load_model_for_gradients
-    from gradian.grads.collectors import KroneckerCollector
-    from gradian.index import GradientIndex
-    from gradian.model_loading import load_tokenizer
-    from gradian.query import build_query_gradient, select_query_items
+    from gradian.engines import InMemoryGradients
 
-    cfg = load_config(root / "gradian.yaml", {"cache_dir": str(root / ".gradian"), "device": "cpu",
-                                              "dtype": "float32", "quantization": quantization,
-                                              "evaluation.query_signal": "contrastive", "engine.name": "ekfac"})
-    gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
-    footprint = int(gm.model.get_memory_footprint())
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model)
-    dataset = load_dataset(cfg.dataset)
-    tokenized = tokenize_examples(dataset.examples, tokenizer, cfg.grads.max_seq_length)
-    start = time.perf_counter()
-    with KroneckerCollector(gm) as collector:
-        index = GradientIndex.build(gm, tokenizer, dataset, cfg, force=True)  # force: the collector sees the pass
-    capture_s = time.perf_counter() - start
-    eval_set = load_dataset(cfg.eval_dataset)
-    cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability=capability)
-    items, scope, notes, ids = select_query_items(_query_items(cap, eval_set), dataset.examples)
-    qg = build_query_gradient(gm, tokenizer, items, "contrastive", cfg.grads, scope=scope, notes=notes, finding_ids=ids)
-    engine = get_engine("ekfac")
-    rows = index.rows(range(index.n))
-    context = fit_context(cfg, gm, tokenizer, dataset, None, tokenized=tokenized, collected=collector)
-    state = engine.fit(InMemoryGradients(rows), cfg.engine, context)
-    rank = np.asarray(engine.score(state, qg.per_item, cfg.engine).rank_scores, dtype=np.float64).mean(axis=1)
-    is_planted = np.array([i in planted for i in range(index.n)])
-    flat = np.concatenate([np.asarray(rows[b.name], dtype=np.float64) for b in gm.blocks], axis=1)
-    return {"quantization": quantization, "footprint": footprint, "capture_s": capture_s,
-            "base": cap.base, "tuned": cap.tuned, "flipped": cap.n_flipped,
+    run = capture_fine_tune(root, capability, {"dtype": "float32", "quantization": quantization})
+    rows = run.index.rows(range(run.index.n))
+    rank = ekfac_rank(run.cfg, InMemoryGradients(rows), run.context(), run.query.per_item)
+    is_planted = np.array([i in planted for i in range(run.index.n)])
+    flat = np.concatenate([np.asarray(rows[b.name], dtype=np.float64) for b in run.gm.blocks], axis=1)
+    cap = run.capability
+    return {"quantization": quantization, "footprint": int(run.gm.model.get_memory_footprint()),
+            "capture_s": run.capture_seconds, "base": cap.base, "tuned": cap.tuned, "flipped": cap.n_flipped,
             "auc": float(roc_auc_score(is_planted, -rank)), "rank": rank, "grads": flat}
 
 

@@ -145,8 +145,7 @@ def weight_bytes(model: ModelShape, dtype_bytes: int, quantization: str = "none"
     up, down) and keeps the embeddings, the norms, the biases and the output head in the model
     dtype: ``4bit`` (NF4, double-quantized) holds half a byte per value, one byte of scale per
     block of 64, a float32 per 256 such scales and its two codebooks (about 1 KiB a projection);
-    ``8bit`` (LLM.int8) one byte per value and a
-    float32 scale per output row.
+    ``8bit`` (LLM.int8) one byte per value and a float32 scale per output row.
     """
     total = model.n_parameters * dtype_bytes
     if quantization == "none":

@@ -97,7 +97,7 @@ class PlanSettings:
                                   projection_dim=grads.projection_dim, projection_kind=grads.projection_kind,
                                   normalization=grads.normalization, storage_dtype=grads.storage_dtype,
                                   chunk_size=grads.chunk_size, block_granularity=grads.block_granularity,
-                                  quantization=getattr(config, "quantization", "none"))
+                                  quantization=config.quantization)
         engine = config.engine
         return cls(batch_size=grads.batch_size, max_seq_length=grads.max_seq_length, module_filter=grads.module_filter,
                    projection_dim=grads.projection_dim, storage_dtype=grads.storage_dtype, chunk_size=grads.chunk_size,
@@ -717,14 +717,14 @@ def propose_settings(model: ModelShape, adapter: AdapterShape, dataset: DatasetS
     if not memory_ok(current) and current.quantization == "none" and budgets.memory is not None:
         # the base's weights are what does not fit: hold them quantized (what a QLoRA run trained
         # against), 8-bit when that is enough, else 4-bit; every layer and the full width kept
-        weights = price(current)
-        if weights is not None and weights.memory.weights > QUANTIZE_SHARE * budgets.memory:
+        as_is = price(current)
+        if as_is is not None and as_is.memory.weights > QUANTIZE_SHARE * budgets.memory:
             for kind in ("8bit", "4bit"):
                 trial = current.with_changes(quantization=kind)
                 if memory_ok(trial) or kind == "4bit":
                     q = price(trial)
                     assert q is not None
-                    reasons.append(f"the base's weights ({format_size(weights.memory.weights)} in "
+                    reasons.append(f"the base's weights ({format_size(as_is.memory.weights)} in "
                                    f"{current.capture.dtype}) take more than half the memory budget: quantization: "
                                    f"{kind} holds them in {format_size(q.memory.weights)} through bitsandbytes "
                                    f"(gradients within the error measured in {QUANTIZATION_VALIDATION})")

@@ -280,7 +280,7 @@ def run_params(report: Report) -> dict[str, str]:
         "metric": report.capability.metric if report.capability is not None else None,
     }
     config = manifest.config if isinstance(manifest, (AttributeManifest, CounterfactualManifest)) else {}
-    quantization = config.get("quantization") if isinstance(config, dict) else None
+    quantization = config.get("quantization")
     if quantization not in (None, "none"):  # the base the scores were computed on
         raw["quantization"] = quantization
     return {k: str(v)[:PARAM_CHARS] for k, v in raw.items() if v is not None}
