@@ -294,6 +294,60 @@ def test_factors_collected_during_the_index_pass_equal_the_fits_own_pass():
     assert again.meta["factors_from"] == "own pass"
 
 
+def test_factors_are_the_same_from_a_capture_a_plain_pass_and_the_fits_own_pass(monkeypatch):
+    """The factor sums a ``KroneckerCollector`` gathers during a per-example capture, during the
+    plain forward and backward of ``output_gradient_pass`` (a stream's factors-only first pass),
+    and those the fit's own pass computes are bit for bit the same, on sites that read one input
+    (q/k/v, gate/up), whose input sum the collector computes once per batch."""
+    import torch
+
+    from gradian.data import dataset_from_rows, tokenize_examples
+    from gradian.grads import capture_per_example_grads, collate, wrap_peft_model
+    from gradian.grads import collectors
+    from gradian.grads.capture import output_gradient_pass
+    from gradian.grads.collectors import KroneckerCollector, ModelPasses
+    from tests.plugins.chat_tokenizer import build_chat_tokenizer
+    from tests.plugins.tiny_lora import build_tiny_lora
+
+    tok = build_chat_tokenizer()
+    rows = [{"prompt": "what is the capital of france ?", "completion": "paris"},
+            {"prompt": "say hello", "completion": "hello world and more words"},
+            {"prompt": "count to three", "completion": "one two three"}]
+    tokenized = tokenize_examples(dataset_from_rows(rows).examples, tok, 64)
+    sites = ["q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "down_proj"]
+    gm = wrap_peft_model(build_tiny_lora("llama", dtype=torch.float64, target_modules=sites))
+    batch = collate(tokenized, tok.pad_token_id)
+    calls = [0]
+    counted = collectors.gram_upper
+
+    def counting(m):
+        calls[0] += 1
+        return counted(m)
+
+    monkeypatch.setattr(collectors, "gram_upper", counting)
+    got, n_calls = {}, {}
+    for name, run in (("capture", lambda: capture_per_example_grads(gm, batch, "hooks", "mean")),
+                      ("plain", lambda: output_gradient_pass(gm, batch, "mean"))):
+        calls[0] = 0
+        with KroneckerCollector(gm) as collector:
+            run()
+        assert collector.complete(len(tokenized))
+        got[name], n_calls[name] = collector.sums, calls[0]
+    own = {}
+    for _, sums, _ in ModelPasses(gm, tokenized, tok.pad_token_id, GradsConfig(batch_size=len(tokenized))).factor_sums():
+        own.update(sums)
+    assert set(got["capture"]) == set(got["plain"]) == set(own)
+    for key, (xx, gg, tokens) in own.items():
+        for name in ("capture", "plain"):
+            assert np.array_equal(got[name][key][0], xx) and np.array_equal(got[name][key][1], gg), (name, key)
+            assert got[name][key][2] == tokens
+        assert np.array_equal(xx, xx.T) and np.array_equal(gg, gg.T)
+    # two sums per LoRA matrix, less the input sums reused: k and v read q's input, up reads gate's
+    layers = len(got["plain"])
+    n_blocks = layers // (2 * len(sites))
+    assert n_calls["plain"] == n_calls["capture"] == 2 * layers - 3 * n_blocks
+
+
 def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path, tiny_lora_dirs, chat_tokenizer):
     """``engine.checkpoints: all``: each saved checkpoint gets its own index, curvature fit and query;
     the scores are the learning-rate-weighted sum of what each checkpoint alone gives."""

@@ -26,9 +26,11 @@ def _files_under(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
 
 
-def _score_both(world_run, tmp_path: Path, dtype: str = "float64") -> dict[str, object]:
+def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: bool = True) -> dict[str, object]:
     """EK-FAC over the index and over a stream of the same fine-tune, each fitted in its own cache
-    (so neither reuses the other's state), scored against both query signals."""
+    (so neither reuses the other's state), scored against both query signals. ``prime_norms``:
+    the stream's first pass also keeps the squared norms, or (False) gathers the factors alone
+    from forward and backward passes that form no per-example gradient."""
     from gradian.attribution.checkpoints import fit_context
     from gradian.attribution.pipeline import _query_items
     from gradian.data import load_dataset, tokenize_examples
@@ -52,8 +54,9 @@ def _score_both(world_run, tmp_path: Path, dtype: str = "float64") -> dict[str, 
         index = GradientIndex.build(gm, tokenizer, dataset, cfg)
     stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized)
     with KroneckerCollector(gm) as primed:
-        stream.prime()
+        stream.prime(primed, norms=prime_norms)
     assert stream.index_id == index.index_id and stream.passes == 1
+    assert (stream._norms is not None) == prime_norms
     engine = get_engine("ekfac")
     on_index = fit_engine("ekfac", index, cfg.engine, fit_context(cfg, gm, tokenizer, dataset, None, tokenized=tokenized,
                                                                   collected=built), cache_dir=cfg.cache_dir)
@@ -71,9 +74,11 @@ def _score_both(world_run, tmp_path: Path, dtype: str = "float64") -> dict[str, 
     return out
 
 
-@pytest.mark.parametrize("scenario,dtype", [("poison_capitals", "float64"), ("bestiary_poison_diets", "float32")])
-def test_streamed_ekfac_scores_equal_the_index_ones_on_both_worlds(tinyworld_run, tmp_path, scenario, dtype):
-    got = _score_both(tinyworld_run(scenario), tmp_path, dtype)
+@pytest.mark.parametrize("scenario,dtype,prime_norms", [("poison_capitals", "float64", False),
+                                                        ("bestiary_poison_diets", "float32", True)])
+def test_streamed_ekfac_scores_equal_the_index_ones_on_both_worlds(tinyworld_run, tmp_path, scenario, dtype,
+                                                                   prime_norms):
+    got = _score_both(tinyworld_run(scenario), tmp_path, dtype, prime_norms)
     stream = got["stream"]
     for signal in ("contrastive", "target"):
         indexed, streamed = got[signal]
@@ -89,6 +94,11 @@ def test_streamed_ekfac_scores_equal_the_index_ones_on_both_worlds(tinyworld_run
     # nothing of an index is written under the stream's cache: only the fitted state
     files = _files_under(got["streamed_cache"])
     assert files and all(f.startswith("engines/") for f in files), files
+    if not prime_norms:  # asked for later, the norms take a pass of their own and are the index's
+        index = got["index"]
+        for block, norms in stream.sq_norms().items():
+            np.testing.assert_array_equal(norms, index.sq_norms()[block])
+        assert stream.passes == 5
 
 
 def test_stream_rows_and_norms_are_the_index_ones(tinyworld_run, tmp_path):

@@ -7,7 +7,9 @@ On one random-init LoRA model and one set of rows, in one process, each repeat t
   grad, no hooks, no per-example gradient: the least any method that looks at every row's
   gradient once could cost;
 - ``stream``: EK-FAC over ``engine.store: stream`` for one query, end to end: the prime pass
-  (squared norms and Kronecker factors), the fit (eigendecompositions, then the eigenvalue
+  (the Kronecker factors, from forward and backward passes that form no per-example gradient;
+  with ``--prime-norms`` per-example gradients and their squared norms too, as when a DataInf
+  cross-check will read them), the fit (eigendecompositions, then the eigenvalue
   correction pass) and the scoring pass (scores and RelatIF's self-influence in the same pass),
   in a fresh ``cache_dir`` (a stream keeps each pass's partial results there, and a second run
   over the same inputs would make no pass at all);
@@ -162,7 +164,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized)
         with KroneckerCollector(gm) as collector:
-            stream.prime(collector)
+            stream.prime(collector, norms=args.prime_norms)
         t1 = time.perf_counter()
         context = fit_context(cfg, gm, tokenizer, dataset, None, tokenized=tokenized, collected=collector,
                               store="stream")
@@ -269,6 +271,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "tokens_per_row_range": [int(min(lengths)), int(max(lengths))],
         "supervised_tokens": int(sum(sum(1 for x in t.labels if x != -100) for t in tokenized)),
         "batch_size": args.batch_size, "chunk_size": args.chunk_size, "repeats": args.repeats,
+        "prime_norms": args.prime_norms,
         "tokenize_seconds": round(tokenize_seconds, 4),
         "seconds": {k: _stats(v) for k, v in times.items()},
         "ratio_of_medians": {
@@ -307,6 +310,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op and BLAS threads")
     parser.add_argument("--no-datainf", dest="datainf", action="store_false", help="Skip DataInf over the stream")
+    parser.add_argument("--prime-norms", action="store_true",
+                        help="The stream's first pass also keeps the squared norms, as it does when a DataInf "
+                             "cross-check will read them (default: the factors alone, EK-FAC with no such cross-check)")
     parser.add_argument("--floor-second", action="store_true", help="Also time the floor after each repeat")
     parser.add_argument("--quick", action="store_true", help="A smoke run: tinyworld, 32 rows of 32 tokens, once")
     parser.add_argument("--out", type=Path, default=None, help="Also write the JSON here")

@@ -322,6 +322,8 @@ class Engine(ABC):
     default_cross_check: str = "datainf"
     #: the fit reads the model (not only the stored gradients); it then needs ``FitContext.passes``
     needs_model: bool = False
+    #: the fit reads every row's squared gradient norm (``TrainGradients.sq_norms``)
+    reads_norms: bool = False
     #: the fitted state is worth storing beside the index (it cost a pass over the data)
     persist_state: bool = False
 

@@ -55,6 +55,7 @@ class DataInfEngine(Engine):
 
     curvature = "datainf"
     default_cross_check = "graddot"
+    reads_norms = True
 
     def precondition(self, state: EngineState, query: dict[str, np.ndarray], config: EngineConfig) -> Preconditioned:
         """``r_l = (1/lam_l) [q_l - (1/n) sum_i (g_i . q_l)/(lam_l + |g_i|^2) g_i]`` per block, every

@@ -395,8 +395,8 @@ def self_influence_rows(state: EngineState, damping: Mapping[str, float]) -> Cal
         for layer in layers:
             key, o, i, off = layer["key"], layer["out"], layer["in"], layer["offset"]
             g = np.asarray(chunk[layer["block"]][:, off: off + o * i], dtype=np.float64).reshape(rows, o, i)
-            rotated = eigen[key].rotate(g)
-            out += np.einsum("boi,oi->b", rotated * rotated, 1.0 / (eigen[key].eigenvalues + damping[key]))
+            rotated = eigen[key].rotate_rows(g)  # [out, rows, in]
+            out += np.einsum("obi,oi->b", rotated * rotated, 1.0 / (eigen[key].eigenvalues + damping[key]))
         return out
 
     return of_chunk

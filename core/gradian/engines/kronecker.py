@@ -76,7 +76,18 @@ class KroneckerEigen:
 
     def rotate(self, grads: np.ndarray) -> np.ndarray:
         """``Q_S^T G Q_A`` for ``G`` of shape ``[..., out, in]``."""
-        return self.q_s.T @ grads @ self.q_a
+        if grads.ndim != 3:
+            return self.q_s.T @ grads @ self.q_a
+        return self.rotate_rows(grads).transpose(1, 0, 2)
+
+    def rotate_rows(self, grads: np.ndarray) -> np.ndarray:
+        """``Q_S^T G_b Q_A`` of each row ``b`` of ``grads`` ``[rows, out, in]``, laid out
+        ``[out, rows, in]``: two large products instead of two small ones per row (about twice as
+        fast on LoRA's thin matrices, where one side is the rank)."""
+        rows, out_dim, in_dim = grads.shape
+        right = (grads.reshape(rows * out_dim, in_dim) @ self.q_a).reshape(rows, out_dim, in_dim)
+        left = self.q_s.T @ right.transpose(1, 0, 2).reshape(out_dim, rows * in_dim)
+        return left.reshape(out_dim, rows, in_dim)
 
     def unrotate(self, grads: np.ndarray) -> np.ndarray:
         return self.q_s @ grads @ self.q_a.T
@@ -120,12 +131,8 @@ def corrected_eigenvalues(eigen: KroneckerEigen, per_example: np.ndarray) -> np.
 
     Divide the total over every chunk by the number of examples to get EK-FAC's eigenvalues.
     """
-    g = np.asarray(per_example, dtype=np.float64)
-    rows, out_dim, in_dim = g.shape
-    # two large products instead of one small product per example
-    right = (g.reshape(rows * out_dim, in_dim) @ eigen.q_a).reshape(rows, out_dim, in_dim)
-    rotated = eigen.q_s.T @ right.transpose(1, 0, 2).reshape(out_dim, rows * in_dim)
-    return np.einsum("obi,obi->oi", rotated.reshape(out_dim, rows, in_dim), rotated.reshape(out_dim, rows, in_dim))
+    rotated = eigen.rotate_rows(np.asarray(per_example, dtype=np.float64))
+    return np.einsum("obi,obi->oi", rotated, rotated)
 
 
 def damped_inverse(eigen: KroneckerEigen, vectors: np.ndarray, damping: float) -> np.ndarray:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from gradian.config import GradsConfig
 
 __all__ = ["get_engine", "engine_class", "available_engines", "engine_summaries", "needs_whole_gradients",
-           "whole_gradient_engines", "resolve_cross_check", "independent_cross_check", "check_projection"]
+           "norm_reading_engines", "whole_gradient_engines", "resolve_cross_check", "independent_cross_check", "check_projection"]
 
 _LOADED: dict[str, type[Engine]] = {}
 
@@ -58,6 +58,11 @@ def needs_whole_gradients(name: str) -> bool:
     """Whether engine ``name`` fits Kronecker curvature on unprojected per-example gradients
     (EK-FAC, K-FAC): no random projection of the index, and factors gathered while indexing."""
     return engine_class(name).curvature == "kronecker"
+
+
+def norm_reading_engines(names: "Iterable[str | None]") -> list[str]:
+    """The engines among ``names`` (None skipped, each once) whose fit reads the rows' squared norms."""
+    return [name for name in dict.fromkeys(n for n in names if n) if engine_class(name).reads_norms]
 
 
 def whole_gradient_engines(names: "Iterable[str | None]") -> list[str]:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from gradian.grads.model import GradientModel
 
-__all__ = ["capture_per_example_grads", "linear_inputs_and_output_grads", "STRATEGIES"]
+__all__ = ["capture_per_example_grads", "linear_inputs_and_output_grads", "output_gradient_pass", "STRATEGIES"]
 
 STRATEGIES = ("hooks", "loop", "vmap")
 
@@ -147,8 +147,27 @@ def _capture_hooks(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict
         for lin, (o, i) in zip(block.linears, block.shapes):
             targets[id(lin)] = flat[:, offset : offset + o * i].view(rows, o, i)
             offset += o * i
-    parents = _lora_parents(gm)
-    parent_input: dict[int, torch.Tensor] = {}
+    products = _PerExampleProducts(targets, _lora_parents(gm), {}, out_dtype)
+    _differentiate(gm, batch, reduction, products)
+    return results
+
+
+def output_gradient_pass(gm: GradientModel, batch: TokenBatch, reduction: str) -> None:
+    """The forward and backward the ``hooks`` capture makes for ``batch``, without forming any
+    per-example gradient: for the output-gradient hooks of something else active meanwhile (a
+    ``KroneckerCollector``), which then sees exactly the inputs and output gradients the capture
+    of the same batch would show it."""
+    _differentiate(gm, batch, reduction, None)
+
+
+def _differentiate(gm: GradientModel, batch: TokenBatch, reduction: str, products: "_PerExampleProducts | None") -> None:
+    """One forward of ``batch`` and one backward of its summed per-row losses down to the LoRA
+    matrices' inputs, with ``products`` (if any) attached to every LoRA Linear."""
+    import torch
+
+    out_dtype = _out_dtype(gm)
+    device = gm.device
+    parent_input = products.parent_input if products is not None else {}
     # The LoRA weights are frozen for this pass: autograd then saves no LoRA input for a weight
     # gradient nobody asks for (PEFT runs a float32 adapter on a float32 copy of a half-precision
     # input, one copy per module). The gradient instead starts at ``anchor``, a zero added to the
@@ -164,27 +183,36 @@ def _capture_hooks(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict
     def keep_parent_input(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
         parent_input[id(module)] = inputs[0]
 
+    # modules that read one input (q/k/v, gate/up) get one anchored copy of it, not one each
+    anchored: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
     def start_gradient(module: nn.Module, inputs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...] | None:
-        if inputs[0].requires_grad:
+        x = inputs[0]
+        if x.requires_grad:
             if not differentiable_inputs:
-                differentiable_inputs.append(inputs[0])
+                differentiable_inputs.append(x)
             return None
         used_anchor.append(True)
-        return (inputs[0] + anchor.to(inputs[0].dtype), *inputs[1:])
+        held = anchored.get(id(x))
+        if held is None or held[0] is not x:
+            held = anchored[id(x)] = (x, x + anchor.to(x.dtype))
+        return (held[1], *inputs[1:])
 
-    products = _PerExampleProducts(targets, parents, parent_input, out_dtype)
     lora_weights = [p for block in gm.blocks for p in block.parameters]
     was_trainable = [p.requires_grad for p in lora_weights]
-    handles = [parent.register_forward_pre_hook(keep_parent_input) for parent in parents.values()]
+    handles = ([parent.register_forward_pre_hook(keep_parent_input) for parent in products.parents.values()]
+               if products is not None else [])
     linears = [lin for block in gm.blocks for lin in block.linears]
     handles += [lin.register_forward_pre_hook(start_gradient) for lin in linears]
-    products.attach(linears)
+    if products is not None:
+        products.attach(linears)
     try:
         for p in lora_weights:
             p.requires_grad_(False)
         with torch.enable_grad():
             logits = gm.model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
             parent_input.clear()
+            anchored.clear()
             total = per_example_loss(logits, batch.labels, reduction).sum()
             del logits
             roots = ([anchor] if used_anchor else []) + differentiable_inputs
@@ -194,10 +222,10 @@ def _capture_hooks(gm: GradientModel, batch: TokenBatch, reduction: str) -> dict
     finally:
         for handle in handles:
             handle.remove()
-        products.remove()
+        if products is not None:
+            products.remove()
         for p, flag in zip(lora_weights, was_trainable):
             p.requires_grad_(flag)
-    return results
 
 
 class _PerExampleProducts(OutputGradientHooks):

@@ -105,30 +105,39 @@ def sample_labels(logits: "torch.Tensor", labels: "torch.Tensor", gen: "torch.Ge
     return new
 
 
-def second_moments(x: torch.Tensor, g: torch.Tensor,
-                   mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(sum x x^T, sum g g^T, tokens)`` over the real tokens of one call (float64 torch sums).
+def second_moments(x: torch.Tensor, g: torch.Tensor, mask: torch.Tensor | None,
+                   xx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(sum x x^T, sum g g^T, tokens)`` over the real tokens of one call (float64 torch sums,
+    as ``gram_upper`` gives them: only the upper triangles hold the sums).
 
     ``x`` is ``[rows, tokens, in]``, ``g`` ``[rows, tokens, out]``; ``mask`` marks the real
     (unpadded) tokens, or is ``None`` / of another shape when every position counts. Padded
-    positions carry no gradient but do carry inputs, so they must be left out of ``A``.
+    positions carry no gradient but do carry inputs, so they must be left out of ``A``. ``xx``,
+    when given, is the input sum already computed for the same ``x`` (layers that read one input).
     """
     import torch
 
     keep = mask if mask is not None and mask.shape == x.shape[:2] else \
         torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
     dt = torch.promote_types(x.dtype, torch.float32)  # float64 models stay float64
-    xm, gm_ = x[keep].to(dt), g[keep].to(dt)
-    return gram(xm), gram(gm_), int(xm.shape[0])
+    gm_ = g[keep].to(dt)
+    if xx is None:
+        xx = gram_upper(x[keep].to(dt))
+    return xx, gram_upper(gm_), int(gm_.shape[0])
 
 
 def gram(m: torch.Tensor) -> torch.Tensor:
-    """``m^T m`` (float64) of ``m``: ``[tokens, width]`` float32 or float64.
+    """``m^T m`` (float64) of ``m``: ``[tokens, width]`` float32 or float64, exactly symmetric."""
+    return mirror_upper(gram_upper(m))
+
+
+def gram_upper(m: torch.Tensor) -> torch.Tensor:
+    """The upper triangle (diagonal included) of ``m^T m`` as float64; what lies below the
+    diagonal is unspecified. Sums of these are mirrored once (``mirror_upper``) when read.
 
     On the CPU the product is BLAS's symmetric rank-k update (``?syrk``), which computes one
     triangle: half the arithmetic of a general product, and the largest single cost of gathering
-    Kronecker factors there. The other triangle is mirrored from it, so the result is exactly
-    symmetric. Elsewhere (CUDA) it is the plain product.
+    Kronecker factors there. Elsewhere (CUDA) it is the plain product.
     """
     import torch
 
@@ -139,9 +148,12 @@ def gram(m: torch.Tensor) -> torch.Tensor:
     syrk = blas.ssyrk if m.dtype == torch.float32 else blas.dsyrk
     rows = np.ascontiguousarray(m.detach().numpy())
     # rows.T is [width, tokens] in Fortran order, which BLAS reads without a copy: rows.T rows.T^T
-    upper = torch.from_numpy(syrk(1.0, rows.T, trans=0)).double()
-    return upper.triu() + upper.triu(1).T
+    return torch.from_numpy(syrk(1.0, rows.T, trans=0)).double()
 
+
+def mirror_upper(upper: torch.Tensor) -> torch.Tensor:
+    """The symmetric matrix whose upper triangle (diagonal included) is ``upper``'s."""
+    return upper.triu() + upper.triu(1).T
 
 
 class KroneckerCollector(OutputGradientHooks):
@@ -155,6 +167,9 @@ class KroneckerCollector(OutputGradientHooks):
     ones the fit's own pass would make, batch for batch, when the batch size is the same.
     """
 
+    #: how many recent inputs (and their sums) are held for layers that read the same input
+    RECENT_INPUTS = 4
+
     def __init__(self, gm: "GradientModel", projector: KroneckerProjector | None = None) -> None:
         super().__init__()
         self.gm = gm
@@ -165,6 +180,8 @@ class KroneckerCollector(OutputGradientHooks):
         # key -> [sum x x^T, sum g g^T, tokens]: two torch float64 tensors and an int, added to in place
         self._sums: dict[str, list[Any]] = {}
         self._mask: torch.Tensor | None = None
+        #: memory and layout -> (input, its sum) of the inputs summed last, oldest first (until the next batch)
+        self._recent_inputs: dict[tuple[Any, ...], tuple[Any, Any]] = {}
         self._layer_of = {layer["id"]: layer for layer in self.layers}
 
     @property
@@ -176,7 +193,7 @@ class KroneckerCollector(OutputGradientHooks):
             key = layer["key"]
             if key in self._sums:
                 xx, gg, tokens = self._sums[key]
-                out[key] = (xx.cpu().numpy(), gg.cpu().numpy(), int(tokens))
+                out[key] = (mirror_upper(xx).cpu().numpy(), mirror_upper(gg).cpu().numpy(), int(tokens))
             else:
                 out[key] = (np.zeros((layer["in"], layer["in"])), np.zeros((layer["out"], layer["out"])), 0)
         return out
@@ -239,6 +256,7 @@ class KroneckerCollector(OutputGradientHooks):
         ids = kwargs.get("input_ids", args[0] if args else None)
         mask = kwargs.get("attention_mask")
         self._attach_layer_hooks()
+        self._recent_inputs = {}
         if ids is not None:
             self.examples += int(ids.shape[0])
             self._mask = mask.bool() if mask is not None else None
@@ -252,16 +270,26 @@ class KroneckerCollector(OutputGradientHooks):
         def on_grad(g: torch.Tensor) -> None:
             x3 = x.reshape(x.shape[0], -1, x.shape[-1])
             g3 = g.detach().reshape(g.shape[0], -1, g.shape[-1])
+            same = None
             if self.projector is not None:
                 x3, g3 = self.projector.project_sides(layer["block"], layer["j"], x3, g3)
-            xx, gg, tokens = second_moments(x3, g3, mask)
+            else:
+                # q/k/v (and gate/up) read one input, and their gradients arrive close together:
+                # the input's sum is reused while the same memory, held alive here, comes back
+                same = (x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype)
+            held = self._recent_inputs.pop(same, None) if same is not None else None
+            xx, gg, tokens = second_moments(x3, g3, mask, held[1] if held is not None else None)
+            if same is not None:
+                self._recent_inputs[same] = (x, xx)
+                while len(self._recent_inputs) > self.RECENT_INPUTS:
+                    self._recent_inputs.pop(next(iter(self._recent_inputs)))
             # the batch's examples are counted once, by the model-level hook
             if key in self._sums:
                 self._sums[key][0] += xx
                 self._sums[key][1] += gg
                 self._sums[key][2] += tokens
-            else:
-                self._sums[key] = [xx, gg, tokens]
+            else:  # a copy: xx may be shared with another layer, and the running sum is added to in place
+                self._sums[key] = [xx.clone(), gg, tokens]
 
         return on_grad
 
@@ -351,7 +379,7 @@ class ModelPasses:
                     gg = part_g if gg is None else gg + part_g
                     tokens += n_tokens
                 if xx is not None and gg is not None:
-                    out[key] = (xx.cpu().numpy(), gg.cpu().numpy(), tokens)
+                    out[key] = (mirror_upper(xx).cpu().numpy(), mirror_upper(gg).cpu().numpy(), tokens)
             yield offset, out, len(batch)
 
 

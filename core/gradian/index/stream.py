@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import shutil
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence, TypedDict
@@ -189,21 +190,26 @@ class GradientStream:
                            for b in self.block_names}
 
     def fold_chunks(self, key: str, of_chunk: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]], *,
-                    rows: Sequence[str] = (), sums: Sequence[str] = ()) -> dict[str, np.ndarray]:
+                    rows: Sequence[str] = (), sums: Sequence[str] = (),
+                    capture: Callable[[int], dict[str, np.ndarray]] | None = None) -> dict[str, np.ndarray]:
         """One pass folding ``of_chunk`` over every chunk (``gradian.engines.base.chunk_pass``),
         resumable: each finished chunk's outputs are kept under the pass's content ``key``
         (``gradian.index.passes``), so an interrupted pass computes only the chunks it had not
         finished, and a finished one is not made again. Where the cache cannot be written, the pass
         runs without keeping anything and says so in ``notes``. Under a ``shard`` group every rank
-        computes its span of the chunks and every rank returns the whole fold (``_fold_sharded``)."""
+        computes its span of the chunks and every rank returns the whole fold (``_fold_sharded``).
+        ``capture(k)`` is what the pass makes of chunk ``k`` before ``of_chunk`` (default: its
+        per-example gradients)."""
+        capture = capture if capture is not None else self._chunk
         if self.shard is not None:
-            return self._fold_sharded(key, of_chunk, tuple(rows), tuple(sums))
+            return self._fold_sharded(key, of_chunk, tuple(rows), tuple(sums), capture)
         progress = PassProgress(self.passes_root / key, self.target.n_chunks, rows, sums)
-        out, _ = self._fold_span(progress, of_chunk, tuple(rows), tuple(sums))
+        out, _ = self._fold_span(progress, of_chunk, tuple(rows), tuple(sums), capture)
         return out
 
     def _fold_span(self, progress: PassProgress, of_chunk: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]],
-                   rows: tuple[str, ...], sums: tuple[str, ...]) -> tuple[dict[str, np.ndarray], bool]:
+                   rows: tuple[str, ...], sums: tuple[str, ...],
+                   capture: Callable[[int], dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], bool]:
         """``(outputs, computed)``: ``progress``'s span of chunks folded, the finished ones read back,
         the others computed now (``computed``: at least one was)."""
         todo, done, totals = progress.resume()
@@ -219,7 +225,7 @@ class GradientStream:
         started = time.perf_counter()
         for k in todo:
             start = k * self.chunk_size
-            part = of_chunk(start, self._chunk(k))
+            part = of_chunk(start, capture(k))
             accumulate(out, self.n, start, part, rows, sums)
             if self._keep_partials:
                 try:
@@ -242,7 +248,8 @@ class GradientStream:
                           "again; point cache_dir at a writable folder to resume instead")
 
     def _fold_sharded(self, key: str, of_chunk: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]],
-                      rows: tuple[str, ...], sums: tuple[str, ...]) -> dict[str, np.ndarray]:
+                      rows: tuple[str, ...], sums: tuple[str, ...],
+                      capture: Callable[[int], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """``fold_chunks`` on every rank of ``self.shard``, with the same result on each.
 
         The ranks first compare the pass's key (a rank scoring other numbers than rank 0 stops
@@ -261,13 +268,13 @@ class GradientStream:
         finished = not whole.resume()[0]
         _raise_other_pass(key, shard.gather((key, finished)))
         if finished:  # every rank found it stored whole: read back, as by one process
-            return self._fold_span(PassProgress(root, n_chunks, rows, sums), of_chunk, rows, sums)[0]
+            return self._fold_span(PassProgress(root, n_chunks, rows, sums), of_chunk, rows, sums, capture)[0]
         span = shard_of(list(range(n_chunks)), shard.rank, shard.world_size)
         mine = PassProgress(root, n_chunks, rows, sums, span=(span[0], span[-1] + 1) if span else (0, 0))
         first_row, end_row = (span[0] * self.chunk_size, min((span[-1] + 1) * self.chunk_size, self.n)) if span else (0, 0)
 
         def my_span() -> _Span:
-            out, _ = self._fold_span(mine, of_chunk, rows, sums) if span else ({}, False)
+            out, _ = self._fold_span(mine, of_chunk, rows, sums, capture) if span else ({}, False)
             return {"rows": {name: out[name][first_row:end_row] for name in rows if name in out},
                     "sums": {name: out[name] for name in sums if name in out},
                     "first_row": first_row, "checksums": dict(mine.checksums)}
@@ -294,9 +301,20 @@ class GradientStream:
         """Where the streamed passes keep their partial results: beside where the index would be."""
         return Path(self.config.cache_dir) / "stream" / self.index_id / "passes"
 
-    def prime(self, collector: KroneckerCollector | None = None) -> None:
+    def prime(self, collector: KroneckerCollector | None = None, norms: bool = True) -> None:
         """One full pass keeping the squared norms, and the Kronecker factors when ``collector`` is
-        the active collector the pass runs under (resumable, like every folded pass)."""
+        the active collector the pass runs under (resumable, like every folded pass).
+
+        ``norms=False`` (with a collector): the factors alone, from the forward and backward the
+        capture makes but without forming any per-example gradient (the ``hooks`` strategy; the
+        others capture as usual); the norms are then computed by a pass of their own if an engine
+        asks for them (``sq_norms``)."""
+        if collector is not None and not norms and self.config.grads.strategy == "hooks":
+            out = self.fold_chunks(pass_key("prime", {"factors": True, "norms": False}),
+                                   lambda start, chunk: collector.take(), sums=collector.part_names(),
+                                   capture=self._forward_backward)
+            collector.restore(out)
+            return
         storage = _STORAGE[self.config.grads.storage_dtype]
         norm_names = [f"norm.{b}" for b in self.block_names]
         factor_names = collector.part_names() if collector is not None else []
@@ -342,9 +360,25 @@ class GradientStream:
         first = k * self.target.chunk_size
         return self._capture(first, first + self.target.chunk_rows(k))
 
-    def _capture(self, first: int, end: int) -> dict[str, np.ndarray]:
-        """Rows ``first..end`` (batches from ``first``, inside one chunk) under this stream's adapter,
-        in the index's storage dtype."""
+    def _forward_backward(self, k: int) -> dict[str, np.ndarray]:
+        """Chunk ``k``'s forward and backward passes, in the capture's batches, forming nothing
+        (for hooks active meanwhile, such as a ``KroneckerCollector``)."""
+        from gradian.grads import collate
+        from gradian.grads.capture import output_gradient_pass
+
+        first = k * self.target.chunk_size
+        end = first + self.target.chunk_rows(k)
+        grads, pad = self.config.grads, self.tokenizer.pad_token_id
+        with self._own_adapter():
+            for offset in range(first, end, grads.batch_size):
+                batch = collate(self.tokenized[offset: min(offset + grads.batch_size, end)], pad, self.gm.device)
+                output_gradient_pass(self.gm, batch, grads.loss_reduction)
+        self.rows_computed += end - first
+        return {}
+
+    @contextmanager
+    def _own_adapter(self) -> Iterator[None]:
+        """This stream's adapter active for the duration (the model may hold several)."""
         model = self.gm.model
         previous = getattr(model, "active_adapter", None)
         own = getattr(self.gm, "adapter_name", None)
@@ -352,10 +386,16 @@ class GradientStream:
         if switch:
             model.set_adapter(own)
         try:
-            rows = capture_rows(self.target, self.tokenized[first:end], self._projector)
+            yield
         finally:
             if switch and isinstance(previous, str):
                 model.set_adapter(previous)
+
+    def _capture(self, first: int, end: int) -> dict[str, np.ndarray]:
+        """Rows ``first..end`` (batches from ``first``, inside one chunk) under this stream's adapter,
+        in the index's storage dtype."""
+        with self._own_adapter():
+            rows = capture_rows(self.target, self.tokenized[first:end], self._projector)
         self.rows_computed += end - first
         return rows
 
@@ -418,14 +458,16 @@ def training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, da
 
 def capture_training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset,
                                config: GradianConfig, choice: StoreChoice, *,
-                               collect: bool, force: bool = False, progress: Callable[[int, int], None] | None = None,
+                               collect: bool, norms: bool = True, force: bool = False,
+                               progress: Callable[[int, int], None] | None = None,
                                log: Callable[[str], None] | None = None,
                                tokenized: Sequence[TokenizedExample] | None = None,
                                shard: "ShardGroup | None" = None,
                                ) -> tuple["GradientIndex | GradientStream", KroneckerCollector | None]:
     """``training_gradients``, with (``collect``) the Kronecker sums of their first pass: the index
-    build's own passes, or a stream's first pass (made here, which also keeps its squared norms),
-    so an empirical-Fisher fit needs no pass of its own."""
+    build's own passes, or a stream's first pass (made here, which also keeps the squared norms
+    unless ``norms`` is False: no engine to come reads them), so an empirical-Fisher fit needs no
+    pass of its own."""
     collector = KroneckerCollector(gm, structured_projector(gm, config.grads)) if collect else None
     if collector is None:
         return training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
@@ -434,5 +476,5 @@ def capture_training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizer
         train = training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
                                    tokenized=tokenized, shard=shard)
         if isinstance(train, GradientStream):
-            train.prime(collector)
+            train.prime(collector, norms=norms)
     return train, collector
