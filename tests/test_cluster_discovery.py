@@ -175,3 +175,116 @@ def test_harmful_rows_left_as_noise_join_the_nearest_group_within_its_reach(monk
     assert labels[20] == group_a  # the noise row within A's reach joined it
     assert labels[21] == "t"  # the one like no group kept its topic
     assert "22 rows with a negative score" in grouped.reason and "holding 21 of them" in grouped.reason
+
+
+def _grown_past_half(monkeypatch, planted_score: float, kind_helpful: float, drill_score: float, other_score: float):
+    """60 rows over fixed text vectors: 10 harmful rows of one kind along e0 (group A), 30 helpful
+    rows of the same kind between them (so they join A, which then holds 40 of the 60 rows), 10
+    harmful drills along e2 (group B) and 10 rows near nothing harmful. HDBSCAN is made to find
+    A and B among the 20 harmful rows. Returns the config, dataset, scores and topic table."""
+    import sklearn.cluster
+
+    from gradian.cluster import embed as embed_module
+    from gradian.config import GradianConfig
+
+    n = 60
+    dim = 8
+    e = np.eye(dim)
+    vectors = np.zeros((n, dim))
+    for i in range(10):  # group A: members spaced by 0.02 rad toward e1
+        vectors[i] = np.cos(0.02 * i) * e[0] + np.sin(0.02 * i) * e[1]
+    for k in range(30):  # the kind's helpful rows, between A's members: well within A's reach
+        angle = 0.02 * (k % 9) + 0.01
+        vectors[10 + k] = np.cos(angle) * e[0] + np.sin(angle) * e[1]
+    for i in range(40, 50):  # group B along e2
+        vectors[i] = np.cos(0.02 * (i - 40)) * e[2] + np.sin(0.02 * (i - 40)) * e[3]
+    for i in range(50, 60):  # near nothing harmful
+        vectors[i] = e[6] if i % 2 else e[7]
+    scores = np.array([planted_score] * 10 + [kind_helpful] * 30 + [drill_score] * 10 + [other_score] * 10)
+    fixed = np.array([0] * 10 + [1] * 10)
+
+    class FixedHDBSCAN:
+        def __init__(self, **_):
+            pass
+
+        def fit_predict(self, x):
+            assert len(x) == len(fixed)
+            return fixed
+
+    monkeypatch.setattr(sklearn.cluster, "HDBSCAN", FixedHDBSCAN)
+    monkeypatch.setattr(embed_module, "embed_texts",
+                        lambda texts, config, seed: embed_module.Embeddings(vectors, "tfidf", None, "fixed vectors"))
+    ds = dataset_from_rows([{"prompt": f"row {i}?", "completion": str(i)} for i in range(n)])
+    topics = ["kind"] * 40 + ["drills"] * 10 + ["other"] * 10
+    base = ClusterAssignment(labels={x.id: t for x, t in zip(ds.examples, topics)}, names={}, method="hdbscan",
+                             requested="auto", reason="topics")
+    cfg = GradianConfig(clustering=CONFIG)
+    return cfg, ds, scores, base
+
+
+def test_a_harm_group_grown_past_the_size_limit_is_judged_on_its_harmful_rows(monkeypatch):
+    """The grown group passes every test but the size one (40 of 60 rows): the table kept is the
+    group cut back to its 10 harmful rows, which is lumpy; the old rule kept nothing."""
+    from gradian.attribution.pipeline import _harm_group_table
+
+    cfg, ds, scores, base = _grown_past_half(monkeypatch, planted_score=-50.0, kind_helpful=1.0,
+                                             drill_score=-1.0, other_score=5.0)
+    grown = harm_groups(ds.examples, scores, cfg.clustering, seed=1, base=base)
+    group = grown.labels[ds.examples[0].id]
+    grown_lump = lumpiness(ds, scores, grown)
+    assert not grown_lump["lumpy"] and grown_lump["cluster"] == group
+    assert grown_lump["fraction_of_dataset"] == pytest.approx(40 / 60)
+
+    kept = _harm_group_table(cfg, ds, scores, base)
+    assert kept is not None
+    assignment, table = kept
+    labels = [assignment.labels[x.id] for x in ds.examples]
+    assert set(labels[:10]) == {group}
+    assert group not in labels[10:40] and set(labels[10:40]) == {"kind"}  # the helpful rows went back
+    lump = assess_lumpiness(table, cfg.verdict)
+    assert lump["lumpy"] and lump["cluster"] == group and lump["n"] == 10
+    assert "cut back to its 10 harmful rows" in assignment.reason and "66.7%" in assignment.reason
+    assert "50.0x the rate" in assignment.reason
+
+
+def test_a_clean_wide_group_past_the_size_limit_is_not_cut_back_into_a_lumpy_one(monkeypatch):
+    """A clean kind whose rows are mildly harmful, with many helpful rows of the same kind: grown,
+    it is over the size limit and harms at less than the rest's rate, so nothing is kept, although
+    its harmful rows alone would pass every test (the false data verdict the growth prevents)."""
+    from gradian.attribution.pipeline import _harm_group_table
+    from gradian.cluster import ungrown
+
+    cfg, ds, scores, base = _grown_past_half(monkeypatch, planted_score=-3.0, kind_helpful=0.5,
+                                             drill_score=-2.0, other_score=0.5)
+    grown = harm_groups(ds.examples, scores, cfg.clustering, seed=1, base=base)
+    group = grown.labels[ds.examples[0].id]
+    grown_lump = lumpiness(ds, scores, grown)
+    assert not grown_lump["lumpy"] and grown_lump["cluster"] == group and grown_lump["fraction_of_dataset"] > 0.5
+    assert grown_lump["rate_ratio"] < cfg.verdict.data_min_rate_ratio
+    core = ungrown(ds.examples, scores, cfg.clustering, grouped=grown, base=base, group=group)
+    assert lumpiness(ds, scores, core)["lumpy"]  # what judging the harmful rows alone would accuse
+
+    assert _harm_group_table(cfg, ds, scores, base) is None
+
+
+def test_a_kind_leaning_both_ways_past_the_size_limit_keeps_its_size(monkeypatch):
+    """A clean kind hurt as a whole (as tinyworld's arithmetic drills under lr_10x): grown, it is
+    net harmful with the rest net helpful, so only its size stops it, but its harmful rows harm at
+    3.75x the rate its helpful rows help, under ``verdict.data_min_rate_ratio``: they are the
+    kind's negative side, not a subset apart, and it is not cut back."""
+    from gradian.attribution.pipeline import _harm_group_table
+    from gradian.cluster import ungrown
+
+    cfg, ds, scores, base = _grown_past_half(monkeypatch, planted_score=-3.0, kind_helpful=0.8,
+                                             drill_score=-1.0, other_score=5.0)
+    grown = harm_groups(ds.examples, scores, cfg.clustering, seed=1, base=base)
+    group = grown.labels[ds.examples[0].id]
+    grown_lump = lumpiness(ds, scores, grown)
+    assert not grown_lump["lumpy"] and grown_lump["rest_net_helpful"] and grown_lump["fraction_of_dataset"] > 0.5
+    unbounded = assess_lumpiness(cluster_table(scores, ds.ids, grown, ds.examples, 3),
+                                 VerdictThresholds(data_max_cluster_fraction=1.0))
+    assert unbounded["lumpy"]  # the size test alone stops it
+    core = ungrown(ds.examples, scores, cfg.clustering, grouped=grown, base=base, group=group)
+    assert lumpiness(ds, scores, core)["lumpy"]
+
+    assert _harm_group_table(cfg, ds, scores, base) is None

@@ -553,20 +553,63 @@ def _cluster_in_space(cfg: GradianConfig, dataset: Dataset, index: GradientIndex
     """(assignment, cluster table, gradient features or None): the topic clusters, or, when no
     topic holds the harm (not lumpy), the groups the harmful rows form among themselves
     (``gradian.cluster.harm_groups``) if those are lumpy."""
-    from gradian.cluster import harm_groups
-    from gradian.report import assess_lumpiness, cluster_table
+    from gradian.report import assess_lumpiness
 
     assignment, clusters, features = _topic_clusters(cfg, dataset, index, scores)
     if assess_lumpiness(clusters, cfg.verdict).get("lumpy"):
         return assignment, clusters, features
-    grouped = harm_groups(dataset.examples, scores, cfg.clustering, seed=cfg.seed, base=assignment)
-    if grouped is None:
+    kept = _harm_group_table(cfg, dataset, scores, assignment)
+    if kept is None:
         return assignment, clusters, features
-    grouped_clusters = cluster_table(scores, dataset.ids, grouped, dataset.examples,
-                                     cfg.clustering.top_examples_per_cluster)
-    if assess_lumpiness(grouped_clusters, cfg.verdict).get("lumpy"):
-        return grouped, grouped_clusters, features
-    return assignment, clusters, features
+    return kept[0], kept[1], features
+
+
+def _harm_group_table(cfg: GradianConfig, dataset: Dataset, scores: np.ndarray, base: ClusterAssignment
+                      ) -> tuple[ClusterAssignment, Sequence[Mapping[str, object]]] | None:
+    """(assignment, cluster table) of the groups the harmful rows form among themselves when one of
+    them is lumpy, else None.
+
+    A group is judged with the helpful rows that joined it (its net influence: share and rate).
+    When that grown group passes every test but ``verdict.data_max_cluster_fraction`` (its helpful
+    neighbours made it more than that share of the data) and its harmful rows stand apart from its
+    helpful ones (their mean harm at least ``verdict.data_min_rate_ratio`` times the helpful rows'
+    mean help), it is judged again cut back to its harmful rows (``ungrown``): the size test asks
+    whether the rows to blame are a subset of the data, and those are then the group's harmful
+    rows, not the kind they were grown into. A kind whose rows merely lean both ways (a clean kind
+    hurt as a whole by a broken setting) keeps its size and is not accused.
+    """
+    from gradian.cluster import HARM_GROUP_PREFIX, harm_groups, ungrown
+    from gradian.report import assess_lumpiness, cluster_table
+
+    grouped = harm_groups(dataset.examples, scores, cfg.clustering, seed=cfg.seed, base=base)
+    if grouped is None:
+        return None
+    top_k = cfg.clustering.top_examples_per_cluster
+    grouped_clusters = cluster_table(scores, dataset.ids, grouped, dataset.examples, top_k)
+    lump = assess_lumpiness(grouped_clusters, cfg.verdict)
+    if lump.get("lumpy"):
+        return grouped, grouped_clusters
+    group, fraction = str(lump.get("cluster") or ""), float(lump.get("fraction_of_dataset") or 0.0)
+    limit = float(cfg.verdict.data_max_cluster_fraction)
+    if not group.startswith(HARM_GROUP_PREFIX) or fraction <= limit:
+        return None
+    unbounded = dataclasses.replace(cfg.verdict, data_max_cluster_fraction=1.0)
+    if not assess_lumpiness(grouped_clusters, unbounded).get("lumpy"):
+        return None
+    members = np.asarray([str(grouped.labels[eid]) == group for eid in dataset.ids])
+    harm, helped = scores[members & (scores < 0)], scores[members & (scores >= 0)]
+    apart = -float(harm.mean()) / float(helped.mean()) if len(helped) and helped.mean() > 0 else float("inf")
+    if apart < float(cfg.verdict.data_min_rate_ratio):
+        return None
+    core = ungrown(dataset.examples, scores, cfg.clustering, grouped=grouped, base=base, group=group)
+    core_clusters = cluster_table(scores, dataset.ids, core, dataset.examples, top_k)
+    core_lump = assess_lumpiness(core_clusters, cfg.verdict)
+    if not core_lump.get("lumpy") or str(core_lump.get("cluster")) != group:
+        return None
+    core.reason += (f" (grown with them, {group} held {fraction:.1%} of the dataset, over "
+                    f"verdict.data_max_cluster_fraction {limit:g}, and passed every other test of the verdict; "
+                    f"its harmful rows harm at {apart:.1f}x the rate its helpful rows help)")
+    return core, core_clusters
 
 
 def _topic_clusters(cfg: GradianConfig, dataset: Dataset, index: GradientIndex | GradientStream, scores: np.ndarray

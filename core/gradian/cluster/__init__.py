@@ -12,7 +12,9 @@ Interface:
   per-example gradients from the index, the points of ``clustering.space: gradient``.
 - ``harm_groups(examples, scores, config, seed, base) -> ClusterAssignment | None``: ``base`` with
   the groups found among the rows whose score is negative (clustered on their own, by text) as
-  clusters ``harm-0``, ``harm-1``, ...: the table to use when no topic of ``base`` carries the harm.
+  clusters ``harm-0``, ``harm-1``, ...: the table to use when no topic of ``base`` carries the harm;
+  ``ungrown(examples, scores, config, grouped=, base=, group=)`` cuts one such group back to its
+  harmful rows.
 - ``refine_accused(cluster, member_ids, member_scores, ...) -> AccusedSet``: the rows to act on
   inside the accused cluster, the share of its harm they carry, and the rows left out;
   ``add_gradient_siblings`` then adds the rows whose gradients copy an accused row's.
@@ -26,7 +28,7 @@ from gradian.cluster.accused import (AccusedCandidate, AccusedSet, add_gradient_
 from gradian.cluster.assign import NOISE, SPACES, ClusterAssignment, cluster_examples
 from gradian.cluster.embed import DEFAULT_EMBED_MODEL, Embeddings, embed_texts
 from gradian.cluster.gradient_space import DEFAULT_GRADIENT_DIM, gradient_features
-from gradian.cluster.harm_groups import HARM_GROUP_METHOD, HARM_GROUP_PREFIX, harm_groups
+from gradian.cluster.harm_groups import HARM_GROUP_METHOD, HARM_GROUP_PREFIX, harm_groups, ungrown
 from gradian.cluster.labels import label_clusters
 
 __all__ = [
@@ -49,4 +51,5 @@ __all__ = [
     "add_gradient_siblings",
     "gradient_cosines_to",
     "sibling_anchors",
+    "ungrown",
 ]

@@ -32,6 +32,27 @@ EK-FAC over the bestiary's checkpoints, 8 of the 48 planted rows were noise and 
 missed them); the rows near no group keep the topic ``base`` gave them. The accused set is then
 refined inside the group as usual (``refine_accused``).
 
+The growth weighs a group; it does not size it. The helpful rows that join can make a group more
+than ``verdict.data_max_cluster_fraction`` of the data although the rows to blame are a small part
+of it: on the bestiary's fine-tune seed 2 (final adapter, EK-FAC, planted rows at AUC 0.9997) the
+group holding all 48 planted rows was 126 harmful rows grown to 427 of 848 (50.4%), and the verdict
+read ``config``. So when a grown group passes every other test of the verdict (its share of the
+harm, its rate against the rest's), fails only the size one, and its harmful rows stand apart from
+its helpful ones (their mean harm at least ``verdict.data_min_rate_ratio`` times the helpful rows'
+mean help), the caller judges it again cut back to its harmful rows (``ungrown``: its helpful rows
+go back to their topics); there, 126 rows with 98% of the net harm, and the accused set refined in
+them is the 48 planted rows. The last condition is what keeps a clean kind hurt as a whole by a
+broken setting unaccused: tinyworld's ``lr_10x`` with its declared clusters removed grows a group
+of arithmetic drills to 470 of 800 rows, net harmful with the rest net helpful, so only its size
+stops it; its harmful rows harm at 2.2x the rate its helpful rows help, and cut back without that
+condition they were accused (a ``mixed`` verdict where the setting is the cause). On the bestiary's
+three fine-tunes the groups holding the planted rows measure 9.8x to 12.8x, the groups of clean
+rows 0.7x to 1.6x. A group that fails the share or the rate test grown is never cut back either.
+A tighter reach would not do instead: it changes every group and with it the refined accused sets
+(with the median member's nearest-neighbour similarity as the reach, seed 2's group shrank to 144
+rows, the refinement found no cut in it and the whole group was accused, precision 0.33), and it
+brings the ``lr_10x`` drills under the size limit too (390 rows, 49%, with the 10th percentile).
+
 The cut is ``score < 0`` and not a harm threshold, so the groups keep the small-harm rows of the
 same kind around the harmful ones; that is what lets ``refine_accused`` find a gap inside the
 group. Taking only the rows with ``asinh(-score / median |score|) > 1`` gave a group of the 48
@@ -41,7 +62,8 @@ planted rows alone, in which the gap cut 35 (recall 0.73); with every negative r
 Groups are formed over text whatever ``clustering.space`` the base used: inside the harmful rows
 the gradient features split the planted rows as much as the whole table did. The caller decides
 whether to use the result (``gradian.attribution`` keeps it only when the base table has no lumpy
-cluster and this one does); this module never reads the verdict thresholds. Returns None when
+cluster and this one has, or its top group cut back as above is); this module never reads the
+verdict thresholds. Returns None when
 there is nothing to group: a declared or single-cluster base, fewer than ``2 x min_cluster_size``
 harmful rows, or no group found.
 """
@@ -58,7 +80,7 @@ if TYPE_CHECKING:
     from gradian.config import ClusteringConfig
     from gradian.data import Example
 
-__all__ = ["HARM_GROUP_METHOD", "HARM_GROUP_PREFIX", "harm_groups"]
+__all__ = ["HARM_GROUP_METHOD", "HARM_GROUP_PREFIX", "harm_groups", "ungrown"]
 
 #: cluster keys of the groups found among the harmful rows
 HARM_GROUP_PREFIX = "harm-"
@@ -149,6 +171,39 @@ def harm_groups(examples: Sequence[Example], scores: Sequence[float] | np.ndarra
         reason=reason,
         embed_backend=backend,
         space="text",
+    )
+
+
+def ungrown(examples: Sequence[Example], scores: Sequence[float] | np.ndarray, config: ClusteringConfig, *,
+            grouped: ClusterAssignment, base: ClusterAssignment, group: str) -> ClusterAssignment:
+    """``grouped`` (what ``harm_groups`` returned for ``base``) with ``group`` cut back to its
+    harmful rows: its members whose score is not negative (the helpful rows that joined it) go back
+    to the topic ``base`` gave them; the other groups stay as they are. ``examples`` and ``scores``
+    are row-aligned, as for ``harm_groups``; the clusters are named again over their new members.
+    """
+    from gradian.cluster.labels import label_clusters
+
+    examples = list(examples)
+    values = np.asarray(scores, dtype=np.float64)
+    if len(values) != len(examples):
+        raise ValueError(f"{len(values)} scores for {len(examples)} examples; they must be row-aligned")
+    ids = [e.id for e in examples]
+    keys = [str(grouped.labels[eid]) for eid in ids]
+    returned = 0
+    for row, (eid, value) in enumerate(zip(ids, values)):
+        if value >= 0 and keys[row] == group:
+            keys[row] = str(base.labels[eid])
+            returned += 1
+    names = label_clusters([e.full_text for e in examples], keys, config.label_top_terms, config.max_features)
+    return ClusterAssignment(
+        labels=dict(zip(ids, keys)),
+        names={str(k): v for k, v in names.items()},
+        method=grouped.method,
+        requested=grouped.requested,
+        reason=(f"{grouped.reason}; {group} cut back to its {keys.count(group)} harmful rows, "
+                f"its {returned} helpful rows back in their topic"),
+        embed_backend=grouped.embed_backend,
+        space=grouped.space,
     )
 
 
