@@ -333,7 +333,7 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     builds its share and the others then return None, over a stream every rank makes every pass."""
     from gradian.config import config_hash, config_to_dict
     from gradian.engines import equivalent_engines, rank_correlation
-    from gradian.engines.registry import independent_cross_check, whole_gradient_engines
+    from gradian.engines.registry import independent_cross_check, norm_reading_engines, whole_gradient_engines
     from gradian.index.stream import capture_training_gradients, choose_store
     from gradian.query import build_query_gradient, select_query_items
 
@@ -354,18 +354,22 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
         log(f"note: {choice.message()}")
     tokenized = _Tokenized(dataset, tokenizer, cfg.grads.max_seq_length)  # shared by every pass below
     t0 = time.time()
-    collect = bool(whole_gradient_engines([cfg.engine.name, None if cross_check == "none" else cross_check]))
+    engines = [cfg.engine.name, None if cross_check == "none" else cross_check]
+    collect = bool(whole_gradient_engines(engines))
     # a sharded index build: each rank gathers the factor sums of its share of the chunks, rank 0
     # adds them up, the other ranks leave, and rank 0 fits and scores alone over the whole index
     sharded_index = shard is not None and choice.store == "index"
+    # a stream's first pass keeps the squared norms only for an engine that reads them (DataInf)
+    norms = bool(norm_reading_engines(engines))
     if choice.store == "stream":
+        first = "the norms and the Kronecker factors" if norms else "the Kronecker factors"
         log("streaming per-example gradients (recomputed in each pass, nothing written)"
-            + ("; a first pass for the norms and the Kronecker factors" if collect else ""))
+            + (f"; a first pass for {first}" if collect else ""))
     else:
         log("indexing per-example gradients")
     # Kronecker factors gathered in the gradients' first pass, when a Kronecker engine will need them
-    index, collector = capture_training_gradients(gm, tokenizer, dataset, cfg, choice, collect=collect, force=force,
-                                                  progress=progress, log=log,
+    index, collector = capture_training_gradients(gm, tokenizer, dataset, cfg, choice, collect=collect, norms=norms,
+                                                  force=force, progress=progress, log=log,
                                                   tokenized=tokenized.rows() if choice.store == "stream" else None,
                                                   shard=shard)
     index_seconds = time.time() - t0
