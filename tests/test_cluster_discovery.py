@@ -136,11 +136,24 @@ def test_given_text_vectors_are_used_instead_of_embedding_again():
         harm_groups(ds.examples, scores, CONFIG, seed=1, base=base, text_vectors=np.zeros((3, 4)))
 
 
+def _hdbscan_says(monkeypatch, fixed: np.ndarray) -> None:
+    """HDBSCAN made to return ``fixed`` as the labels of the points it is given (the harmful rows)."""
+    import sklearn.cluster
+
+    class FixedHDBSCAN:
+        def __init__(self, **_):
+            pass
+
+        def fit_predict(self, x):
+            assert len(x) == len(fixed)
+            return fixed
+
+    monkeypatch.setattr(sklearn.cluster, "HDBSCAN", FixedHDBSCAN)
+
+
 def test_harmful_rows_left_as_noise_join_the_nearest_group_within_its_reach(monkeypatch):
     """HDBSCAN's noise among the harmful rows: a row as close to a group as the group's members are
     to each other joins it; a row unlike every group keeps its topic."""
-    import sklearn.cluster
-
     rows = [{"prompt": f"row {i}?", "completion": str(i)} for i in range(30)]
     ds = dataset_from_rows(rows)
     dim = 8
@@ -155,17 +168,8 @@ def test_harmful_rows_left_as_noise_join_the_nearest_group_within_its_reach(monk
     for i in range(22, 30):  # helpful rows elsewhere
         vectors[i] = e[6] if i % 2 else e[7]
     scores = np.array([-5.0] * 22 + [1.0] * 8)
-    fixed = np.array([0] * 10 + [1] * 10 + [-1, -1])  # what HDBSCAN is made to say about the 22 harmful rows
-
-    class FixedHDBSCAN:
-        def __init__(self, **_):
-            pass
-
-        def fit_predict(self, x):
-            assert len(x) == len(fixed)
-            return fixed
-
-    monkeypatch.setattr(sklearn.cluster, "HDBSCAN", FixedHDBSCAN)
+    # what HDBSCAN is made to say about the 22 harmful rows
+    _hdbscan_says(monkeypatch, np.array([0] * 10 + [1] * 10 + [-1, -1]))
     base = ClusterAssignment(labels={x.id: "t" for x in ds.examples}, names={}, method="hdbscan",
                              requested="auto", reason="topics")
     grouped = harm_groups(ds.examples, scores, CONFIG, seed=1, base=base, text_vectors=vectors)
@@ -182,8 +186,6 @@ def _grown_past_half(monkeypatch, planted_score: float, kind_helpful: float, dri
     rows of the same kind between them (so they join A, which then holds 40 of the 60 rows), 10
     harmful drills along e2 (group B) and 10 rows near nothing harmful. HDBSCAN is made to find
     A and B among the 20 harmful rows. Returns the config, dataset, scores and topic table."""
-    import sklearn.cluster
-
     from gradian.cluster import embed as embed_module
     from gradian.config import GradianConfig
 
@@ -201,17 +203,7 @@ def _grown_past_half(monkeypatch, planted_score: float, kind_helpful: float, dri
     for i in range(50, 60):  # near nothing harmful
         vectors[i] = e[6] if i % 2 else e[7]
     scores = np.array([planted_score] * 10 + [kind_helpful] * 30 + [drill_score] * 10 + [other_score] * 10)
-    fixed = np.array([0] * 10 + [1] * 10)
-
-    class FixedHDBSCAN:
-        def __init__(self, **_):
-            pass
-
-        def fit_predict(self, x):
-            assert len(x) == len(fixed)
-            return fixed
-
-    monkeypatch.setattr(sklearn.cluster, "HDBSCAN", FixedHDBSCAN)
+    _hdbscan_says(monkeypatch, np.array([0] * 10 + [1] * 10))
     monkeypatch.setattr(embed_module, "embed_texts",
                         lambda texts, config, seed: embed_module.Embeddings(vectors, "tfidf", None, "fixed vectors"))
     ds = dataset_from_rows([{"prompt": f"row {i}?", "completion": str(i)} for i in range(n)])

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from gradian.data import TokenizedExample
     from gradian.grads.model import GradientModel
 
-__all__ = ["KroneckerCollector", "ModelPasses", "fisher_generator", "gram", "lora_layers", "sample_labels",
-           "second_moments", "structured_projector"]
+__all__ = ["KroneckerCollector", "ModelPasses", "fisher_generator", "gram_upper", "lora_layers", "sample_labels",
+           "mirror_upper", "second_moments", "structured_projector"]
 
 
 def lora_layers(gm: "GradientModel", projector: KroneckerProjector | None = None) -> list[dict[str, Any]]:
@@ -124,11 +124,6 @@ def second_moments(x: torch.Tensor, g: torch.Tensor, mask: torch.Tensor | None,
     if xx is None:
         xx = gram_upper(x[keep].to(dt))
     return xx, gram_upper(gm_), int(gm_.shape[0])
-
-
-def gram(m: torch.Tensor) -> torch.Tensor:
-    """``m^T m`` (float64) of ``m``: ``[tokens, width]`` float32 or float64, exactly symmetric."""
-    return mirror_upper(gram_upper(m))
 
 
 def gram_upper(m: torch.Tensor) -> torch.Tensor:
