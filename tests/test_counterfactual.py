@@ -51,6 +51,24 @@ def test_outcome_of_a_retrain(before, after, status, outcome, kind):
     assert got == (outcome, kind) and got[0] in OUTCOMES
 
 
+@pytest.mark.parametrize("after, status, back", [
+    (0.9375, "not_significant", True),   # one item short: back
+    (0.8125, "not_significant", False),  # three short: the bootstrap cannot call it, the rounds go on
+    (0.875, "regressed", False),
+    (1.0, "not_significant", True),
+])
+def test_the_rounds_stop_only_when_the_capability_is_back(after, status, back):
+    from gradian.attribution import capability_back
+    from gradian.counterfactual import capability_recovery, counterfactual_outcome
+
+    rec = capability_recovery(1.0, 0.0, after, 16, "contains", status)
+    assert capability_back(counterfactual_outcome(rec)[0], rec.items_below_base_after) is back
+    # a metric that does not count items: the significance test alone decides
+    proxy = capability_recovery(-0.5, -2.0, -0.7, 16, "loglik", "not_significant")
+    assert capability_back(counterfactual_outcome(proxy)[0], proxy.items_below_base_after) is True
+    assert capability_back("nothing_to_recover", None) is True
+
+
 def test_removal_precision_and_recall():
     from gradian.counterfactual import removal_precision
 

@@ -7,9 +7,10 @@ more strongly. After a retrain without the accused set it is not hidden any more
 retrains the original training file without every row removed so far, measures the capability,
 and, unless it came back, attributes the regression again on the retrained adapter (same eval
 set, same config, the kept rows as the training data) and adds that attribution's accused set to
-the removal. The rounds stop when the capability is back (``recovered``, or nothing to recover),
-when the attribution of a retrain accuses nothing (no significant regression left, or no cluster
-carries the harm), or after ``max_rounds`` retrains.
+the removal. The rounds stop when the capability is back (``recovered``, and for pass/fail
+metrics at most one item below the base; or nothing to recover), when the attribution of a
+retrain accuses nothing (no significant regression left, or no cluster carries the harm), or
+after ``max_rounds`` retrains.
 
 Every round writes its own folder (``round-<k>/``: the counterfactual report, the kept rows, the
 retrained run, and ``attribution/``, the report that chose the next rows); the final report is the
@@ -34,12 +35,10 @@ if TYPE_CHECKING:
     from gradian.data import Dataset
     from gradian.runs import RunRecord
 
-__all__ = ["MAX_ROUNDS", "RoundsOutcome", "run_until_recovered"]
+__all__ = ["MAX_ROUNDS", "RoundsOutcome", "capability_back", "run_until_recovered"]
 
 #: the most retrains ``--max-rounds`` accepts (each is a full fine-tune)
 MAX_ROUNDS = 10
-#: the outcomes after which no further round is run
-_DONE = ("recovered", "nothing_to_recover")
 
 
 @dataclass
@@ -51,6 +50,18 @@ class RoundsOutcome:
     #: why the rounds stopped
     stopped: str
     files: list[Path] = field(default_factory=list)
+
+
+def capability_back(outcome: str, items_below_base_after: float | None) -> bool:
+    """Whether a round's retrain ends the rounds: nothing was lost, or the retrain is ``recovered``
+    (no significant regression left) and, for pass/fail metrics, at most one item below the base.
+    A handful of items is too few for the bootstrap to call a loss of two or three of them a
+    regression, yet a user who lost three answers has not got the capability back."""
+    if outcome == "nothing_to_recover":
+        return True
+    if outcome != "recovered":
+        return False
+    return items_below_base_after is None or items_below_base_after <= 1.0
 
 
 def _round_plan(first: RemovalPlan, dataset: Dataset, ids: list[str], round_no: int, added: int) -> RemovalPlan:
@@ -110,11 +121,16 @@ def run_until_recovered(
             recall=truth.recall if truth is not None else None,
             report=f"round-{k}/report.json")
         rows.append(row)
-        if block.outcome in _DONE:
-            stopped = f"round {k}: {block.outcome.replace('_', ' ')}"
+        state = block.outcome.replace("_", " ")
+        if capability_back(block.outcome, block.capability.items_below_base_after):
+            stopped = f"round {k}: {state}"
             break
+        if block.outcome == "recovered":
+            state = (f"no significant regression left, but {block.capability.items_below_base_after:g} items "
+                     "still below the base")
+            log(f"round {k}: {state}")
         if k == max_rounds:
-            stopped = f"round {k}: {block.outcome.replace('_', ' ')}, and that was the last of --max-rounds {max_rounds}"
+            stopped = f"round {k}: {state}, and that was the last of --max-rounds {max_rounds}"
             break
         # attribute the regression that is left, on the retrained adapter and the rows it kept
         kept_path = out / f"round-{k}" / KEPT_DATA_FILE
@@ -128,7 +144,7 @@ def run_until_recovered(
         assert typed is not None  # a single process always reports
         accused = typed.attribution.accused if typed.attribution is not None else None
         if accused is None or not accused.example_ids:
-            stopped = (f"round {k}: {block.outcome.replace('_', ' ')}; the attribution of its retrain accuses no "
+            stopped = (f"round {k}: {state}; the attribution of its retrain accuses no "
                        f"rows (verdict {typed.verdict.kind}: {typed.verdict.summary})")
             break
         scores = {}
