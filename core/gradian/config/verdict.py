@@ -32,7 +32,8 @@ class VerdictConfig:
         "Its mean score per example must be at least this many times the rest's (infinite when the "
         "rest is net helpful); a cluster that wins only on size is not lumpy")})
     data_max_cluster_fraction: float = field(default=0.5, metadata={"help": (
-        "A cluster holding more than this share of the dataset is the dataset, not a subset to blame")})
+        "A cluster holding more than this share of the dataset is the dataset, not a subset to blame "
+        "(a harm group grown past it by helpful neighbours is judged on its harmful rows instead)")})
     engine_agreement_moderate: float = field(default=0.8, metadata={"help": (
         "Cross-check Spearman below this raises attribution.engine_disagreement (medium) and a hedge")})
     engine_agreement_low: float = field(default=0.5, metadata={"help": (
