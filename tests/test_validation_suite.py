@@ -217,6 +217,39 @@ def test_accused_copy_drops_only_the_declared_clusters(suite_modules, tmp_path):
         {"messages": [{"role": "user", "content": "q"}]}, {"prompt": "p", "c": 1}]
 
 
+def test_the_auc_of_the_planted_rows_behind_regressed_items(suite_modules):
+    """Planted rows aimed at an item that did not flip are left out of the figure; a row that names
+    no target (or two) makes it unknowable, so it is None."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    sys.path.insert(0, str(PROJECT))
+    try:
+        import accused
+    finally:
+        sys.path.remove(str(PROJECT))
+
+    def row(prompt):
+        return SimpleNamespace(messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": "x"}],
+                               text=None)
+
+    texts = ["Capital of Aru?", "Capital of Aru, again?", "Capital of Bel?", "clean 1", "clean 2", "clean 3",
+             "Arusk is not Aru"]
+    data = SimpleNamespace(examples=[row(t) for t in texts])
+    items = [SimpleNamespace(prompt="What is the capital of Aru?", flipped=True),
+             SimpleNamespace(prompt="What is the capital of Bel?", flipped=False)]
+    report = SimpleNamespace(capability=SimpleNamespace(items=items))
+    truth = {"wrong_capitals": {"Aru": "Zed", "Bel": "Yom"}}
+    # ranks: the Aru rows most harmful, the Bel row below every clean row, one clean row between
+    rankings = pd.DataFrame({"row_index": range(7), "rank_score": [-9.0, -1.0, 5.0, -2.0, 0.0, 1.0, 0.5]})
+    got = accused.regressed_target_auc(truth, data, [0, 1, 2], report, rankings)
+    # behind the flipped item: rows 0 and 1 against the clean rows 3-6; row 1 is beaten by row 3 only
+    assert got == pytest.approx(7 / 8)
+    assert accused.regressed_target_auc(truth, data, [0, 1, 2, 3], report, rankings) is None  # 'clean 1' names none
+    assert accused.regressed_target_auc({}, data, [0, 1, 2], report, rankings) is None
+
+
 # -- fidelity -----------------------------------------------------------------------------------
 
 

@@ -156,6 +156,50 @@ def _accused_rows(report: Report, data: Any) -> list[int]:
     return [index_of[i] for i in accused.example_ids] if accused is not None else []
 
 
+#: the scenario truth keys that map each target entity to the wrong answer its planted rows teach
+TARGET_KEYS = ("wrong_capitals", "wrong_seas", "wrong_diets")
+
+
+def regressed_target_auc(truth: dict[str, Any], data: Any, planted: Sequence[int], report: Report,
+                         rankings: Any) -> float | None:
+    """The AUC, by the report's rank, of the planted rows whose target item regressed (flipped)
+    against the clean rows: what the query can see. A planted row's target is the one entity of
+    ``truth``'s map named in its prompt; None when some planted row names none or several (rows
+    that teach through an alias), or the report has no items."""
+    import re
+
+    from sklearn.metrics import roc_auc_score
+
+    from gradian.attribution import rank_values
+
+    targets = next((truth[k] for k in TARGET_KEYS if isinstance(truth.get(k), dict)), None)
+    items = report.capability.items if report.capability is not None else None
+    if not targets or not items or rankings is None:
+        return None
+    pattern = {t: re.compile(rf"\b{re.escape(t)}\b") for t in targets}
+
+    def named(text: str) -> list[str]:
+        return [t for t, p in pattern.items() if p.search(text)]
+
+    flipped = {t for it in items if it.flipped for t in named(it.prompt)}
+    behind = []
+    for i in planted:
+        example = data.examples[i]
+        names = named(" ".join(m.get("content", "") for m in example.messages[:-1]) if example.messages
+                      else example.text or "")
+        if len(names) != 1:
+            return None
+        if names[0] in flipped:
+            behind.append(i)
+    row = rankings["row_index"].to_numpy()
+    harm = -rank_values(rankings)
+    keep = [j for j, r in enumerate(row) if r in set(behind) or r not in set(planted)]
+    if not behind or len(keep) == len(behind):
+        return None
+    labels = [row[j] in set(behind) for j in keep]
+    return round(float(roc_auc_score(labels, harm[keep])), 4)
+
+
 def _seed_figures(ws: Workspace, name: str, seed: int, out: Path) -> tuple[dict[str, Any], list[ChildReport]]:
     """One seed of ``run_seeds``: the fine-tune, its final-adapter attribution and the rounds."""
     from sklearn.metrics import roc_auc_score
@@ -177,6 +221,8 @@ def _seed_figures(ws: Workspace, name: str, seed: int, out: Path) -> tuple[dict[
         harm = -rank_values(run_.rankings)
         is_planted = run_.rankings["row_index"].isin(set(planted)).to_numpy()
         figures["auc"] = round(float(roc_auc_score(is_planted, harm)), 4)
+        figures["auc_regressed_targets"] = regressed_target_auc(run_.info.get("truth") or {}, data, planted, report,
+                                                                run_.rankings)
     try:
         plan = plan_removal(data, report=run_.report, rankings=run_.rankings, drop="accused")
     except ConfigError as err:  # nothing accused: no retrain to make
@@ -221,7 +267,7 @@ def run_seeds(ws: Workspace, name: str, seeds: list[int], quick: bool = False) -
         kept = [float(v) for v in values if v is not None]
         return round(statistics.median(kept), 4) if kept else None
 
-    medians = {"auc": median("auc"), "precision": median("precision"), "recall": median("recall"),
+    medians = {"auc": median("auc"), "auc_regressed_targets": median("auc_regressed_targets"), "precision": median("precision"), "recall": median("recall"),
                "first_items_below_base": median("items_below_base_after", "first_retrain"),
                "last_items_below_base": median("items_below_base_after", "last_retrain"),
                "last_precision": median("precision", "last_retrain"),
