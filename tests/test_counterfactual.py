@@ -344,11 +344,39 @@ def test_drop_accused_removes_exactly_the_accused_set(dataset):
         plan = plan_removal(dataset, report=report, rankings=given, drop="accused")
         assert sorted(plan.drop_ids) == sorted(chosen) and plan.drop_indices == [1, 6]
         assert "accused set" in plan.reason
+        # the topic later rounds stay on: the accused set's cluster, read from the rankings
+        assert plan.topic_ids == ([dataset.ids[i] for i in (1, 4, 6)] if given is not None else None)
     # the default (and --drop cluster) is still the whole accused cluster
     assert plan_removal(dataset, report=report, rankings=rankings).drop_indices == [1, 4, 6]
     assert plan_removal(dataset, report=report, rankings=rankings, drop="cluster").drop_indices == [1, 4, 6]
     with pytest.raises(ConfigError, match="no accused set"):
         plan_removal(dataset, report=_report(dataset), rankings=_rankings(dataset), drop="accused")
+
+
+def test_a_later_round_adds_the_rows_of_the_accused_topic_that_stand_out():
+    """Under a retrain the survivors of the accused topic stand out among its rows, even when a big
+    unrelated topic carries more summed harm; a topic whose scores do not split adds nothing."""
+    import numpy as np
+
+    from gradian.attribution.rounds import _on_topic
+
+    rng = np.random.default_rng(0)
+    topic = [f"t{i}" for i in range(60)]
+    other = [f"o{i}" for i in range(300)]
+    scores = {k: float(v) for k, v in zip(topic, rng.normal(0.0, 1.0, 60))}
+    scores.update({k: float(v) for k, v in zip(other, rng.normal(-2.0, 1.0, 300))})  # diffuse harm: -600 summed
+    for k in topic[:6]:
+        scores[k] = -40.0 - float(rng.uniform(0, 5))  # the survivors
+    kept = {f"k-{k}": k for k in scores}  # the retrain's ids -> the original ids
+    chosen, why = _on_topic({f"k-{k}": v for k, v in scores.items()}, kept, set(topic), seed=0)
+    assert sorted(kept[c] for c in chosen) == sorted(topic[:6]) and "6 of the 60 rows" in why
+    from scipy.stats import norm
+
+    bell = norm.ppf((np.arange(60) + 0.5) / 60)  # the quantiles of a bell curve: one mode, no tail
+    flat = {f"k-{k}": float(v) for k, v in zip(topic, bell)}
+    chosen, why = _on_topic(flat, kept, set(topic), seed=0)
+    assert chosen == [] and "no harm stands out" in why
+    assert _on_topic({"k-o1": -3.0}, kept, set(topic), seed=0)[0] == []
 
 
 def test_cli_rounds_flags_are_checked_and_one_round_stops_at_the_bound(tmp_path, tiny_run):

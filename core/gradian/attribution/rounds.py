@@ -6,11 +6,21 @@ still teach it, and on the original adapter their harm was hidden behind the row
 more strongly. After a retrain without the accused set it is not hidden any more. So each round
 retrains the original training file without every row removed so far, measures the capability,
 and, unless it came back, attributes the regression again on the retrained adapter (same eval
-set, same config, the kept rows as the training data) and adds that attribution's accused set to
-the removal. The rounds stop when the capability is back (``recovered``, and for pass/fail
-metrics at most one item below the base; or nothing to recover), when the attribution of a
-retrain accuses nothing (no significant regression left, or no cluster carries the harm), or
-after ``max_rounds`` retrains.
+set, same config, the kept rows as the training data) and adds rows to the removal:
+
+- when the first removal was a report's accused set (``plan.topic_ids``: the cluster it was
+  refined from), the kept rows of that topic whose harm stands out under the retrain, refined as
+  the report refines its cluster. The rounds look for what the first removal left of the same
+  cause; once most of it is gone, the harm that is left can sum larger over a big unrelated topic
+  (a little drift per row over hundreds of rows) than over the few survivors, and the retrain's
+  own verdict would then accuse that topic (measured on the delta world's redundant poison,
+  docs/validation.md);
+- otherwise (ids given by hand), the accused set of the retrain's report.
+
+The rounds stop when the capability is back (``recovered``, and for pass/fail metrics at most
+one item below the base; or nothing to recover), when a round finds nothing to add (no harm
+stands out on the topic, or the retrain's report accuses nothing), or after ``max_rounds``
+retrains.
 
 Every round writes its own folder (``round-<k>/``: the counterfactual report, the kept rows, the
 retrained run, and ``attribution/``, the report that chose the next rows); the final report is the
@@ -24,6 +34,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+
+import numpy as np
 
 from gradian.counterfactual.experiment import KEPT_DATA_FILE, RETRAIN_SUBDIR, CounterfactualOutcome, run_counterfactual
 from gradian.counterfactual.selection import RemovalPlan
@@ -62,6 +74,29 @@ def capability_back(outcome: str, items_below_base_after: float | None) -> bool:
     if outcome != "recovered":
         return False
     return items_below_base_after is None or items_below_base_after <= 1.0
+
+
+def _on_topic(scores: Mapping[str, float], original_of: Mapping[str, str], topic: set[str],
+              seed: int) -> tuple[list[str], str]:
+    """The rows a later round adds when the first removal came from an accused topic: the kept rows
+    of that topic whose harm stands out under the retrained adapter's scores, refined as the
+    report's accused set is (``refine_accused``; no gradient siblings). None when nothing stands
+    out (the topic's scores are not bimodal). Returns the kept-data ids and one line saying why."""
+    from gradian.cluster import refine_accused
+
+    ids = list(scores)
+    values = np.asarray([scores[i] for i in ids], dtype=np.float64)
+    members = [j for j, kid in enumerate(ids) if original_of.get(kid) in topic]
+    if not members:
+        return [], "no row of the accused topic is left"
+    refined = refine_accused("topic", [ids[j] for j in members], values[members],
+                             scale=float(np.median(np.abs(values))) or 1.0,
+                             total_negative=float(values[values < 0].sum()), seed=seed)
+    if refined.method == "whole_cluster":
+        return [], (f"no harm stands out among the {len(members)} rows left of the accused topic under its "
+                    "retrain (their scores are not bimodal)")
+    return list(refined.example_ids), (f"{refined.n} of the {len(members)} rows left of the accused topic stand "
+                                       f"out under its retrain ({refined.method})")
 
 
 def _round_plan(first: RemovalPlan, dataset: Dataset, ids: list[str], round_no: int, added: int) -> RemovalPlan:
@@ -138,19 +173,33 @@ def run_until_recovered(
         original_of = dict(zip(kept.ids, (dataset.ids[i] for i in round_plan.keep_indices())))
         attribute_cfg = dataclasses.replace(cfg, dataset=str(kept_path), adapter_path=outcome.run.adapter_dir,
                                             run=str(out / f"round-{k}" / RETRAIN_SUBDIR))
+        if block.outcome == "recovered":
+            # items are still lost, too few for the gate to call it a regression: attribute them anyway
+            # (the report says it was not gated)
+            attribute_cfg = dataclasses.replace(
+                attribute_cfg, evaluation=dataclasses.replace(cfg.evaluation, require_significant=False))
         log(f"round {k}: attributing what is left of the regression on the retrained adapter")
         attributed = run_attribution(attribute_cfg, capability=capability, out_dir=out / f"round-{k}" / "attribution")
         typed = attributed.report
         assert typed is not None  # a single process always reports
-        accused = typed.attribution.accused if typed.attribution is not None else None
-        if accused is None or not accused.example_ids:
-            stopped = (f"round {k}: {state}; the attribution of its retrain accuses no "
-                       f"rows (verdict {typed.verdict.kind}: {typed.verdict.summary})")
-            break
-        scores = {}
+        scores: dict[str, float] = {}
         if attributed.rankings is not None:
-            scores = dict(zip(attributed.rankings["example_id"].astype(str), attributed.rankings["score"]))
-        pairs = [(kid, original_of[kid]) for kid in accused.example_ids if kid in original_of]
+            scores = dict(zip(attributed.rankings["example_id"].astype(str),
+                              attributed.rankings["score"].astype(float)))
+        if plan.topic_ids and scores:
+            chosen, why = _on_topic(scores, original_of, set(plan.topic_ids), cfg.seed)
+            if not chosen:
+                stopped = f"round {k}: {state}; {why}"
+                break
+            log(f"round {k}: {why}")
+        else:
+            accused = typed.attribution.accused if typed.attribution is not None else None
+            if accused is None or not accused.example_ids:
+                stopped = (f"round {k}: {state}; the attribution of its retrain accuses no "
+                           f"rows (verdict {typed.verdict.kind}: {typed.verdict.summary})")
+                break
+            chosen = list(accused.example_ids)
+        pairs = [(kid, original_of[kid]) for kid in chosen if kid in original_of]
         new = [eid for _, eid in pairs]
         row.added = [{"example_id": eid, "score": float(scores.get(kid, float("nan")))} for kid, eid in pairs]
         removed += [eid for eid in new if eid not in set(removed)]

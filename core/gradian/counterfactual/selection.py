@@ -50,6 +50,9 @@ class RemovalPlan:
     cluster: str | None = None
     #: example id -> score of the attribution that accused them (every example, not only dropped)
     scores: dict[str, float] | None = field(default=None, repr=False)
+    #: with a report's accused set: the ids of the cluster it was refined from (the accused topic),
+    #: where ``run_until_recovered``'s later rounds look for the rows the first removal left
+    topic_ids: list[str] | None = field(default=None, repr=False)
 
     @property
     def n_drop(self) -> int:
@@ -187,6 +190,7 @@ def plan_removal(
             )
     index_of = {e.id: i for i, e in enumerate(dataset.examples)}
     cluster: str | None = None
+    topic_ids: list[str] | None = None
     if drop_ids:
         unknown = [i for i in drop_ids if i not in index_of]
         if unknown:
@@ -210,6 +214,9 @@ def plan_removal(
         accused = report.attribution.accused if report.attribution is not None else None
         reason = (f"the report's accused set: {accused.rows_text()} ({accused.method})" if accused is not None
                   else f"the report's accused set: {len(ids)} rows")
+        if accused is not None and rankings is not None and {"example_id", "cluster"} <= set(rankings.columns):
+            in_topic = rankings["cluster"].astype(str) == str(accused.cluster)
+            topic_ids = [str(i) for i in rankings.loc[in_topic, "example_id"]] or None
     else:
         if drop not in (None, *DROP_CHOICES):
             raise ConfigError(f"--drop {drop!r}: use {' or '.join(DROP_CHOICES)}")
@@ -247,6 +254,7 @@ def plan_removal(
         reason=reason,
         cluster=cluster,
         scores=scores,
+        topic_ids=topic_ids,
     )
 
 
