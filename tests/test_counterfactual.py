@@ -353,6 +353,20 @@ def test_drop_accused_removes_exactly_the_accused_set(dataset):
         plan_removal(dataset, report=_report(dataset), rankings=_rankings(dataset), drop="accused")
 
 
+def test_a_round_retrain_with_items_still_lost_is_attributed_without_the_gate(tmp_path):
+    from gradian.attribution.rounds import round_config
+    from gradian.config import GradianConfig
+
+    cfg = GradianConfig()
+    assert cfg.evaluation.require_significant is True
+    args = (tmp_path / "kept.jsonl", tmp_path / "adapter", tmp_path / "run")
+    ungated = round_config(cfg, *args, "recovered")  # not significant, yet items lost: the rounds go on
+    assert ungated.evaluation.require_significant is False
+    assert ungated.dataset == str(args[0]) and ungated.adapter_path == str(args[1]) and ungated.run == str(args[2])
+    assert round_config(cfg, *args, "partial").evaluation.require_significant is True
+    assert cfg.evaluation.require_significant is True  # the caller's config is left as it was
+
+
 def test_a_later_round_adds_the_rows_of_the_accused_topic_that_stand_out():
     """Under a retrain the survivors of the accused topic stand out among its rows, even when a big
     unrelated topic carries more summed harm; a topic whose scores do not split adds nothing."""

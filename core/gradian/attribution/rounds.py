@@ -76,6 +76,18 @@ def capability_back(outcome: str, items_below_base_after: float | None) -> bool:
     return items_below_base_after is None or items_below_base_after <= 1.0
 
 
+def round_config(cfg: GradianConfig, kept_path: Path, adapter_dir: str | Path, run_dir: Path,
+                 outcome: str) -> GradianConfig:
+    """The config that attributes a round's retrain: the kept rows, the retrained adapter and run. A
+    retrain that came out ``recovered`` still has items lost (else the rounds would have stopped),
+    too few for the significance gate: it is attributed without the gate (the report says so)."""
+    attribute_cfg = dataclasses.replace(cfg, dataset=str(kept_path), adapter_path=str(adapter_dir), run=str(run_dir))
+    if outcome == "recovered":
+        attribute_cfg = dataclasses.replace(
+            attribute_cfg, evaluation=dataclasses.replace(cfg.evaluation, require_significant=False))
+    return attribute_cfg
+
+
 def _on_topic(scores: Mapping[str, float], original_of: Mapping[str, str], topic: set[str],
               seed: int) -> tuple[list[str], str]:
     """The rows a later round adds when the first removal came from an accused topic: the kept rows
@@ -171,13 +183,8 @@ def run_until_recovered(
         kept_path = out / f"round-{k}" / KEPT_DATA_FILE
         kept = load_dataset(kept_path)
         original_of = dict(zip(kept.ids, (dataset.ids[i] for i in round_plan.keep_indices())))
-        attribute_cfg = dataclasses.replace(cfg, dataset=str(kept_path), adapter_path=outcome.run.adapter_dir,
-                                            run=str(out / f"round-{k}" / RETRAIN_SUBDIR))
-        if block.outcome == "recovered":
-            # items are still lost, too few for the gate to call it a regression: attribute them anyway
-            # (the report says it was not gated)
-            attribute_cfg = dataclasses.replace(
-                attribute_cfg, evaluation=dataclasses.replace(cfg.evaluation, require_significant=False))
+        attribute_cfg = round_config(cfg, kept_path, outcome.run.adapter_dir, out / f"round-{k}" / RETRAIN_SUBDIR,
+                                     block.outcome)
         log(f"round {k}: attributing what is left of the regression on the retrained adapter")
         attributed = run_attribution(attribute_cfg, capability=capability, out_dir=out / f"round-{k}" / "attribution")
         typed = attributed.report
