@@ -76,12 +76,13 @@ def capability_back(outcome: str, items_below_base_after: float | None) -> bool:
     return items_below_base_after is None or items_below_base_after <= 1.0
 
 
-def round_config(cfg: GradianConfig, kept_path: Path, adapter_dir: str | Path, run_dir: Path,
+def round_config(cfg: GradianConfig, kept_path: Path, adapter_dir: str | Path | None, run_dir: Path,
                  outcome: str) -> GradianConfig:
     """The config that attributes a round's retrain: the kept rows, the retrained adapter and run. A
     retrain that came out ``recovered`` still has items lost (else the rounds would have stopped),
     too few for the significance gate: it is attributed without the gate (the report says so)."""
-    attribute_cfg = dataclasses.replace(cfg, dataset=str(kept_path), adapter_path=str(adapter_dir), run=str(run_dir))
+    attribute_cfg = dataclasses.replace(cfg, dataset=str(kept_path), run=str(run_dir),
+                                        adapter_path=str(adapter_dir) if adapter_dir is not None else None)
     if outcome == "recovered":
         attribute_cfg = dataclasses.replace(
             attribute_cfg, evaluation=dataclasses.replace(cfg.evaluation, require_significant=False))
