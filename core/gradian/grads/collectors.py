@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from gradian.grads.model import GradientModel
 
 __all__ = ["KroneckerCollector", "ModelPasses", "fisher_generator", "gram_upper", "lora_layers", "sample_labels",
-           "mirror_upper", "second_moments", "structured_projector"]
+           "add_upper", "mirror_upper", "second_moments", "structured_projector"]
 
 
 def lora_layers(gm: "GradientModel", projector: KroneckerProjector | None = None) -> list[dict[str, Any]]:
@@ -107,8 +107,8 @@ def sample_labels(logits: "torch.Tensor", labels: "torch.Tensor", gen: "torch.Ge
 
 def second_moments(x: torch.Tensor, g: torch.Tensor, mask: torch.Tensor | None,
                    xx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """``(sum x x^T, sum g g^T, tokens)`` over the real tokens of one call (float64 torch sums,
-    as ``gram_upper`` gives them: only the upper triangles hold the sums).
+    """``(sum x x^T, sum g g^T, tokens)`` over the real tokens of one call (torch sums in the
+    compute dtype, as ``gram_upper`` gives them: only the upper triangles hold the sums).
 
     ``x`` is ``[rows, tokens, in]``, ``g`` ``[rows, tokens, out]``; ``mask`` marks the real
     (unpadded) tokens, or is ``None`` / of another shape when every position counts. Padded
@@ -127,8 +127,10 @@ def second_moments(x: torch.Tensor, g: torch.Tensor, mask: torch.Tensor | None,
 
 
 def gram_upper(m: torch.Tensor) -> torch.Tensor:
-    """The upper triangle (diagonal included) of ``m^T m`` as float64; what lies below the
-    diagonal is unspecified. Sums of these are mirrored once (``mirror_upper``) when read.
+    """The upper triangle (diagonal included) of ``m^T m``, in ``m``'s dtype (float32 or
+    float64: ``second_moments`` upcasts half precision); what lies below the diagonal is
+    unspecified. Sums of these are kept in float64 (``add_upper``) and mirrored once
+    (``mirror_upper``) when read.
 
     On the CPU the product is BLAS's symmetric rank-k update (``?syrk``), which computes one
     triangle: half the arithmetic of a general product, and the largest single cost of gathering
@@ -137,13 +139,28 @@ def gram_upper(m: torch.Tensor) -> torch.Tensor:
     import torch
 
     if m.device.type != "cpu" or m.dtype not in (torch.float32, torch.float64) or m.shape[0] == 0:
-        return (m.T @ m).double()
+        return m.T @ m
     from scipy.linalg import blas
 
     syrk = blas.ssyrk if m.dtype == torch.float32 else blas.dsyrk
     rows = np.ascontiguousarray(m.detach().numpy())
     # rows.T is [width, tokens] in Fortran order, which BLAS reads without a copy: rows.T rows.T^T
-    return torch.from_numpy(syrk(1.0, rows.T, trans=0)).double()
+    return torch.from_numpy(syrk(1.0, rows.T, trans=0))
+
+
+def add_upper(total: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
+    """``total + part`` as a float64 running sum, added in place when ``total`` is one already
+    (float32 parts are widened inside the addition: no float64 copy of each part is made)."""
+    import torch
+
+    if total is None:
+        return part.to(torch.float64, copy=True)
+    if total.device.type == "cpu" and part.device.type == "cpu":
+        dense = total.numpy()
+        np.add(dense, part.numpy(), out=dense)
+    else:
+        total.add_(part)
+    return total
 
 
 def mirror_upper(upper: torch.Tensor) -> torch.Tensor:
@@ -201,9 +218,18 @@ class KroneckerCollector(OutputGradientHooks):
 
     def take(self) -> dict[str, np.ndarray]:
         """Everything gathered since the last ``take`` (float64 sums, int64 counts, named as in
-        ``part_names``), and start again from nothing: one chunk's share of the factors."""
+        ``part_names``), and start again from nothing: one chunk's share of the factors. Only the
+        upper triangles of the two sums hold them (the lower ones are unspecified, as
+        ``gram_upper`` leaves them): sums of these taken over chunks are mirrored once, when
+        ``restore``d and read, not chunk by chunk."""
         out: dict[str, np.ndarray] = {}
-        for key, (xx, gg, tokens) in self.sums.items():
+        for layer in self.layers:
+            key = layer["key"]
+            if key in self._sums:
+                xx, gg, tokens = self._sums[key]
+                xx, gg = xx.cpu().numpy(), gg.cpu().numpy()
+            else:
+                xx, gg, tokens = np.zeros((layer["in"], layer["in"])), np.zeros((layer["out"], layer["out"])), 0
             out[f"factor.{key}.xx"], out[f"factor.{key}.gg"] = xx, gg
             out[f"factor.{key}.tokens"] = np.asarray(tokens, dtype=np.int64)
         out["factor.examples"] = np.asarray(self.examples, dtype=np.int64)
@@ -212,7 +238,8 @@ class KroneckerCollector(OutputGradientHooks):
         return out
 
     def restore(self, parts: Mapping[str, np.ndarray]) -> None:
-        """Hold the totals ``parts`` (``take``'s names, summed over chunks) as what was gathered."""
+        """Hold the totals ``parts`` (``take``'s names, summed over chunks; the upper triangles
+        are read) as what was gathered."""
         import torch
 
         self._sums = {}
@@ -278,13 +305,15 @@ class KroneckerCollector(OutputGradientHooks):
                 self._recent_inputs[same] = (x, xx)
                 while len(self._recent_inputs) > self.RECENT_INPUTS:
                     self._recent_inputs.pop(next(iter(self._recent_inputs)))
-            # the batch's examples are counted once, by the model-level hook
-            if key in self._sums:
-                self._sums[key][0] += xx
-                self._sums[key][1] += gg
-                self._sums[key][2] += tokens
-            else:  # a copy: xx may be shared with another layer, and the running sum is added to in place
-                self._sums[key] = [xx.clone(), gg, tokens]
+            # the batch's examples are counted once, by the model-level hook; the first part of a
+            # running sum is copied (xx may be shared with another layer), later ones added in place
+            held_sums = self._sums.get(key)
+            if held_sums is not None:
+                add_upper(held_sums[0], xx)
+                add_upper(held_sums[1], gg)
+                held_sums[2] += tokens
+            else:
+                self._sums[key] = [add_upper(None, xx), add_upper(None, gg), tokens]
 
         return on_grad
 
@@ -370,8 +399,8 @@ class ModelPasses:
                 tokens = 0
                 for x, g in io[lin_id]:
                     part_x, part_g, n_tokens = second_moments(*self._sides(layer, x, g), real)
-                    xx = part_x if xx is None else xx + part_x
-                    gg = part_g if gg is None else gg + part_g
+                    xx = add_upper(xx, part_x)
+                    gg = add_upper(gg, part_g)
                     tokens += n_tokens
                 if xx is not None and gg is not None:
                     out[key] = (mirror_upper(xx).cpu().numpy(), mirror_upper(gg).cpu().numpy(), tokens)

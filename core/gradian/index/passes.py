@@ -13,7 +13,8 @@ a digest of everything it computes from, ``gradian.engines.base.pass_key``):
 - ``rows-NNNNN.npz``: one chunk's per-row outputs (none for a pass of sums only);
 - ``sums-0.npz`` / ``sums-1.npz``: the sums folded over chunks ``0..through`` in chunk order
   (written in turn, so the one ``progress.json`` names stays whole while the next is written; at
-  most every ``SUMS_EVERY_S`` seconds, since they can be large);
+  most every ``SUMS_EVERY_S`` seconds from the start of the pass, and after its last chunk, since
+  they can be large);
 - ``progress.json``: ``through`` and the sha256 of each of those files.
 
 A pass sharded over the processes of a ``torchrun`` launch (``gradian.index.stream``) keeps one
@@ -41,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TypedDict
 
@@ -91,7 +93,9 @@ class PassProgress:
         #: the sha256 of each finished chunk's per-row file (None for a pass of sums only)
         self.checksums: dict[int, str | None] = {}
         self._record: _PassRecord = {"through": -1, "rows": {}, "sums": None}
-        self._sums_saved_at = float("-inf")
+        # the clock of the running sums' writes starts with the pass: a pass shorter than
+        # SUMS_EVERY_S writes them once, at its last chunk
+        self._sums_saved_at = time.monotonic()
 
     # -- reading back -----------------------------------------------------------------------------
 
@@ -177,8 +181,6 @@ class PassProgress:
         The sums can be large (a square of each layer's width for the Kronecker factors), so they
         are rewritten at most every ``SUMS_EVERY_S`` seconds and at the last chunk; a resumed pass
         starts after the last chunk whose sums were kept, recomputing the few after it."""
-        import time
-
         self.root.mkdir(parents=True, exist_ok=True)
         sha = None
         if self.rows:
