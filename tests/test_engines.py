@@ -74,6 +74,41 @@ def test_many_queries_at_once_equal_one_at_a_time():
             np.testing.assert_allclose(batch[:, k], one, rtol=1e-12)
 
 
+class _CountedPasses(InMemoryGradients):
+    """Arrays in memory that count the full passes made over them."""
+
+    passes = 0
+
+    def iter_chunks(self):
+        self.passes += 1
+        yield from super().iter_chunks()
+
+
+def test_two_engines_scored_jointly_make_one_scoring_pass_and_keep_their_own_scores():
+    from gradian.engines.base import score_jointly
+
+    rng = np.random.default_rng(4)
+    blocks = _random_blocks(rng)
+    queries = {b: rng.normal(size=(2, g.shape[1])) for b, g in blocks.items()}
+    train = _CountedPasses(blocks, chunk_size=9)
+    configs = {name: EngineConfig(name=name) for name in ("datainf", "graddot")}
+    states = {name: get_engine(name).fit(train, configs[name]) for name in configs}
+    alone = {name: get_engine(name).score(states[name], queries, configs[name]) for name in configs}
+    # DataInf: its preconditioning pass and its scoring pass; graddot: a scoring pass
+    assert train.passes == 3
+    train.passes = 0
+    together = score_jointly([(get_engine(name), states[name], queries, configs[name]) for name in configs])
+    assert train.passes == 2  # DataInf's preconditioning pass, then one scoring pass for both
+    for name, joint in zip(configs, together):
+        assert joint.engine == name and joint.scores.shape == (40, 2)
+        np.testing.assert_allclose(joint.scores, alone[name].scores, rtol=1e-12)
+        assert joint.damping == alone[name].damping
+    with pytest.raises(ValueError, match="same training gradients"):
+        score_jointly([(get_engine("graddot"), states["graddot"], queries, configs["graddot"]),
+                       (get_engine("graddot"), get_engine("graddot").fit(InMemoryGradients(blocks), configs["graddot"]),
+                        queries, configs["graddot"])])
+
+
 def test_graddot_and_normalized_query():
     rng = np.random.default_rng(2)
     blocks = _random_blocks(rng)

@@ -536,10 +536,11 @@ def test_pass_counts_are_what_the_engines_make_on_a_real_run(tmp_path, tiny_lora
     for k, (engine, extra) in enumerate(cases):
         for store in ("stream", "index") if not extra else ("stream",):
             rows.update(captured=0, model=0, read=0)
-            cfg = load_config(overrides={"dtype": "float64", "device": "cpu", "attn_implementation": "sdpa",
-                                         "cache_dir": str(tmp_path / f"{k}-{store}"), "base_model": str(base),
-                                         "engine.name": engine, "engine.store": store, "grads.batch_size": 2,
-                                         "grads.chunk_size": 4, **extra})
+            cfg_overrides = {"dtype": "float64", "device": "cpu", "attn_implementation": "sdpa",
+                             "cache_dir": str(tmp_path / f"{k}-{store}"), "base_model": str(base),
+                             "engine.name": engine, "engine.store": store, "grads.batch_size": 2,
+                             "grads.chunk_size": 4, **extra}
+            cfg = load_config(overrides=cfg_overrides)
             gm = load_model_for_gradients(str(base), str(final), cfg)
             tokenized = tokenize_examples(dataset.examples, chat_tokenizer, cfg.grads.max_seq_length)
             train, collector = capture_training_gradients(gm, chat_tokenizer, dataset, cfg, StoreChoice(store, "test"),
@@ -563,6 +564,29 @@ def test_pass_counts_are_what_the_engines_make_on_a_real_run(tmp_path, tiny_lora
                 cross = fit_engine("datainf", train, cfg.engine, context, cache_dir=cfg.cache_dir)
                 get_engine("datainf").score(cross, query_for(gm), cfg.engine)
                 assert rows["captured"] == engine_passes("datainf", primed=True).stream * n, rows
+                # the pair as gradian attribute runs it, on a fresh stream: a first pass for the factors
+                # alone (no per-example gradient), the eigenvalue correction keeping the squared norms,
+                # DataInf's preconditioner, one scoring pass for both engines (the plan's shared scoring)
+                from dataclasses import replace
+
+                from gradian.engines.base import score_jointly
+
+                rows.update(captured=0, model=0, read=0)
+                pair_cfg = load_config(overrides={**cfg_overrides,
+                                                  "cache_dir": str(tmp_path / "pair")})
+                pair, pair_collector = capture_training_gradients(gm, chat_tokenizer, dataset, pair_cfg,
+                                                                  StoreChoice("stream", "test"), collect=True,
+                                                                  norms=False, tokenized=tokenized)
+                pair_context = fit_context(pair_cfg, gm, chat_tokenizer, dataset, None, tokenized=tokenized,
+                                           collected=pair_collector, store="stream")
+                ekfac_state = fit_engine("ekfac", pair, pair_cfg.engine, pair_context, cache_dir=pair_cfg.cache_dir)
+                datainf_cfg = replace(pair_cfg.engine, name="datainf")
+                datainf_state = fit_engine("datainf", pair, datainf_cfg, pair_context, cache_dir=pair_cfg.cache_dir)
+                score_jointly([(get_engine("ekfac"), ekfac_state, query_for(gm), pair_cfg.engine),
+                               (get_engine("datainf"), datainf_state, query_for(gm), datainf_cfg)])
+                shared = engine_passes("datainf", primed=True, shared_scoring=True)
+                assert shared.stream == 1 and pair.passes == want.stream + shared.stream == 4, pair.passes
+                assert rows["captured"] == 3 * n and rows["model"] == 0, rows  # the first pass formed none
                 # the factors the collector holds, and the state stored, by the plan's formula
                 cost = curvature_cost("ekfac", lora_linears(shape, lora))
                 held = sum(t.numel() * t.element_size() for sums in collector._sums.values() for t in sums[:2])
@@ -590,6 +614,9 @@ def test_plan_command_warns_in_one_line_and_fails_only_when_asked():
     assert "grads.projection_kind: kronecker" in warnings[0] and "grads.module_filter" not in warnings[0]
     assert "  index: " in done.output and "  stream: nothing on disk; 3 forward+backward passes" in done.output
     assert "engine.store auto chooses the stream" in done.output
+    # the cross-check's scores come from EK-FAC's scoring pass: its preconditioner is its one pass
+    assert ("cross-check datainf adds 1 pass (preconditioner; its scores come from the engine's scoring pass)"
+            in done.output), done.output
     assert runner.invoke(app, [*args, "--fail-if-over"]).exit_code == 1
     roomy = ["--memory", "300GiB", "--host-memory", "600GiB", "--disk", "10TB", "--fail-if-over"]
     fits = runner.invoke(app, [*args[:-4], *roomy])
@@ -601,6 +628,7 @@ def test_plan_command_warns_in_one_line_and_fails_only_when_asked():
     assert data["time"] is None
     assert data["store"] == "stream" and data["stream"]["passes"] == data["passes"]["first"] + data["passes"]["gradients"]
     assert data["index"]["reads"] == 2 and data["cross_check"]["engine"] == "datainf"
+    assert data["cross_check"]["gradients"] == 1 and data["cross_check"]["names"] == ["preconditioner"]
     # 8B is not timed from a random init (no GPU here, or too large on one): said so, not failed
     timed = json.loads(runner.invoke(app, [*[a for a in args if a != "--no-calibrate"], "--json"]).stdout)
     assert timed["time"]["seconds"] is None and timed["time"]["source"].startswith("not measured: ")

@@ -67,10 +67,12 @@ def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: 
     eval_set = load_dataset(cfg.eval_dataset)
     cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability="capability")
     items, scope, notes, ids = select_query_items(_query_items(cap, eval_set), dataset.examples)
-    out: dict[str, object] = {"stream": stream, "index": index, "streamed_cache": streamed_cache}
+    out: dict[str, object] = {"stream": stream, "index": index, "streamed_cache": streamed_cache, "config": cfg,
+                              "states": (on_index, on_stream)}
     for signal in ("contrastive", "target"):
         qg = build_query_gradient(gm, tokenizer, items, signal, cfg.grads, scope=scope, notes=notes, finding_ids=ids)
         out[signal] = (engine.score(on_index, qg.per_item, cfg.engine), engine.score(on_stream, qg.per_item, cfg.engine))
+        out[f"{signal}.query"] = qg.per_item
     return out
 
 
@@ -94,11 +96,34 @@ def test_streamed_ekfac_scores_equal_the_index_ones_on_both_worlds(tinyworld_run
     # nothing of an index is written under the stream's cache: only the fitted state
     files = _files_under(got["streamed_cache"])
     assert files and all(f.startswith("engines/") for f in files), files
-    if not prime_norms:  # asked for later, the norms take a pass of their own and are the index's
+    if not prime_norms:
+        # the eigenvalue correction, the first pass with per-example gradients, kept the norms: the
+        # index's, with no pass of their own
         index = got["index"]
         for block, norms in stream.sq_norms().items():
             np.testing.assert_array_equal(norms, index.sq_norms()[block])
-        assert stream.passes == 5
+        assert stream.passes == 4
+        # EK-FAC and its DataInf cross-check scored jointly, as `gradian attribute` scores them:
+        # DataInf's preconditioning pass and one scoring pass for both, each engine's own scores
+        from dataclasses import replace
+
+        from gradian.engines import get_engine
+        from gradian.engines.base import score_jointly
+
+        cfg = got["config"]
+        on_index, on_stream = got["states"]
+        ekfac, datainf = get_engine("ekfac"), get_engine("datainf")
+        datainf_cfg = replace(cfg.engine, name="datainf")
+        query = got["target.query"]
+        joint_ekfac, joint_datainf = score_jointly([
+            (ekfac, on_stream, query, cfg.engine),
+            (datainf, datainf.fit(stream, datainf_cfg), query, datainf_cfg)])
+        assert stream.passes == 6
+        alone_datainf = datainf.score(datainf.fit(index, datainf_cfg), query, datainf_cfg)
+        for joint, alone in ((joint_ekfac, got["target"][0]), (joint_datainf, alone_datainf)):
+            np.testing.assert_allclose(joint.scores, alone.scores, rtol=1e-6, atol=1e-12 * np.abs(alone.scores).max())
+        np.testing.assert_allclose(joint_ekfac.ranking, got["target"][0].ranking, rtol=1e-6,
+                                   atol=1e-12 * np.abs(got["target"][0].ranking).max())
 
 
 def test_stream_rows_and_norms_are_the_index_ones(tinyworld_run, tmp_path):

@@ -16,7 +16,12 @@ On one random-init LoRA model and one set of rows, in one process, each repeat t
 - ``index``: EK-FAC over the on-disk index, end to end: the build (capture, with the Kronecker
   factors gathered on the way), the fit (eigendecompositions and a read for the correction) and
   the score (a read), in a fresh ``cache_dir``;
-- ``datainf_stream`` (unless ``--no-datainf``): DataInf over a stream, for reference.
+- ``datainf_stream`` (unless ``--no-datainf``): DataInf over a stream, for reference;
+- ``pair_separate`` and ``pair_joint`` (with ``--pair``): EK-FAC and its DataInf cross-check over
+  one stream, one engine after the other (a first pass that keeps the squared norms, a scoring
+  pass each: 5 passes) and as ``gradian attribute`` runs them (the first pass for the factors
+  alone, the norms kept by the eigenvalue correction, DataInf's preconditioner, one scoring pass
+  for both: 4 passes), checked to give the same scores.
 
 Reported: each stage's median over ``--repeats`` with its range, the stream's per-pass seconds
 (``GradientStream.pass_seconds``), and ``stream / floor`` and ``index / floor`` both as the ratio
@@ -207,6 +212,33 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         return {"total": t2 - t0, "fit": t1 - t0, "score": t2 - t1, "passes": stream.passes,
                 "pass_seconds": [round(s, 3) for s in stream.pass_seconds]}
 
+    datainf_engine = get_engine("datainf")
+
+    def pair(cache: str, joint: bool, dataset: Any = dataset, tokenized: list[Any] = tokenized) -> dict[str, Any]:
+        """EK-FAC with its DataInf cross-check over one stream, as ``gradian attribute`` runs the pair
+        (``joint``: a first pass for the factors alone, the squared norms kept by the eigenvalue
+        correction, one scoring pass for both engines) or one engine after the other (a first pass
+        that also keeps the norms, a scoring pass per engine)."""
+        from dataclasses import replace
+
+        from gradian.engines.base import score_jointly
+
+        cfg = load_config(overrides={**base, "cache_dir": cache, "engine.store": "stream"})
+        datainf_cfg = replace(cfg.engine, name="datainf")
+        t0 = time.perf_counter()
+        stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized)
+        with KroneckerCollector(gm) as collector:
+            stream.prime(collector, norms=not joint)
+        context = fit_context(cfg, gm, tokenizer, dataset, None, tokenized=tokenized, collected=collector,
+                              store="stream")
+        state = ekfac.fit(stream, cfg.engine, context)
+        cross = datainf_engine.fit(stream, datainf_cfg)
+        if joint:
+            results = score_jointly([(ekfac, state, query, cfg.engine), (datainf_engine, cross, query, datainf_cfg)])
+        else:
+            results = [ekfac.score(state, query, cfg.engine), datainf_engine.score(cross, query, datainf_cfg)]
+        return {"total": time.perf_counter() - t0, "passes": stream.passes, "results": results}
+
     # warm-up, untimed: the floor once, and each stage on the first two batches' rows (the first
     # call of each code path pays for lazy imports, allocations and kernel set-up)
     floor()
@@ -215,6 +247,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     for stage in (stream_ekfac, index_ekfac, *((stream_datainf,) if args.datainf else ())):
         with tempfile.TemporaryDirectory(prefix="bench-warm-") as cache:
             stage(cache, small, tokenized[:few])
+    for joint in (False, True) if args.pair else ():
+        with tempfile.TemporaryDirectory(prefix="bench-warm-") as cache:
+            pair(cache, joint, small, tokenized[:few])
     times: dict[str, list[float]] = {}
     extra: dict[str, Any] = {}
     agreement: list[dict[str, float]] = []
@@ -239,6 +274,20 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 datainf = stream_datainf(cache)
             keep("datainf_stream", datainf)
             extra["datainf_stream_passes"] = datainf["passes"]
+        if args.pair:
+            got = {}
+            for name, joint in (("pair_separate", False), ("pair_joint", True)):
+                with tempfile.TemporaryDirectory(prefix="bench-pair-") as cache:
+                    got[name] = pair(cache, joint)
+                keep(name, got[name])
+                extra[f"{name}_passes"] = got[name]["passes"]
+                ratios.setdefault(f"{name}_over_floor", []).append(got[name]["total"] / times["floor"][-1])
+            for one, other in zip(got["pair_joint"]["results"], got["pair_separate"]["results"]):
+                np.testing.assert_allclose(one.scores, other.scores, rtol=1e-5,
+                                           atol=1e-5 * float(np.abs(other.scores).max()))
+            print(f"repeat {repeat + 1}: EK-FAC + DataInf over a stream: one after the other "
+                  f"{got['pair_separate']['total']:.2f} s ({got['pair_separate']['passes']} passes), "
+                  f"jointly {got['pair_joint']['total']:.2f} s ({got['pair_joint']['passes']} passes)", flush=True)
         a, b = streamed["result"], indexed["result"]
         scale = float(np.abs(b.scores).max()) or 1.0
         agreement.append({"scores_max_rel_diff": float(np.abs(a.scores - b.scores).max() / scale),
@@ -283,6 +332,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "stream_scoring_pass_over_floor": round(median["stream.pass.scoring"] / floor_s, 3),
             **({"datainf_stream_over_floor": round(median["datainf_stream.total"] / floor_s, 3)}
                if args.datainf else {}),
+            **({f"{name}_over_floor": round(median[f"{name}.total"] / floor_s, 3)
+                for name in ("pair_separate", "pair_joint")} if args.pair else {}),
         },
         "median_of_ratios": {k: _stats(v) for k, v in ratios.items()},
         "goal_stream_over_floor": 3.5,
@@ -310,6 +361,9 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op and BLAS threads")
     parser.add_argument("--no-datainf", dest="datainf", action="store_false", help="Skip DataInf over the stream")
+    parser.add_argument("--pair", action="store_true",
+                        help="also time EK-FAC with its DataInf cross-check over a stream, scored jointly as "
+                             "gradian attribute scores them and one engine after the other")
     parser.add_argument("--prime-norms", action="store_true",
                         help="The stream's first pass also keeps the squared norms, as it does when a DataInf "
                              "cross-check will read them (default: the factors alone, EK-FAC with no such cross-check)")

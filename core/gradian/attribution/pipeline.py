@@ -333,7 +333,7 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     builds its share and the others then return None, over a stream every rank makes every pass."""
     from gradian.config import config_hash, config_to_dict
     from gradian.engines import equivalent_engines, rank_correlation
-    from gradian.engines.registry import independent_cross_check, norm_reading_engines, whole_gradient_engines
+    from gradian.engines.registry import get_engine, independent_cross_check, norm_reading_engines, whole_gradient_engines
     from gradian.index.stream import capture_training_gradients, choose_store
     from gradian.query import build_query_gradient, select_query_items
 
@@ -359,8 +359,11 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     # a sharded index build: each rank gathers the factor sums of its share of the chunks, rank 0
     # adds them up, the other ranks leave, and rank 0 fits and scores alone over the whole index
     sharded_index = shard is not None and choice.store == "index"
-    # a stream's first pass keeps the squared norms only for an engine that reads them (DataInf)
-    norms = bool(norm_reading_engines(engines))
+    # a stream's first pass keeps the squared norms only for an engine that reads them (DataInf),
+    # and only when the main engine's fit makes no pass over the gradients that keeps them anyway
+    # (EK-FAC's eigenvalue correction): the first pass then makes no per-example gradient at all
+    norms = bool(norm_reading_engines(engines)) and not (
+        choice.store == "stream" and get_engine(cfg.engine.name).fit_passes_over_gradients(cfg.engine, cfg.grads))
     if choice.store == "stream":
         first = "the norms and the Kronecker factors" if norms else "the Kronecker factors"
         log("streaming per-example gradients (recomputed in each pass, nothing written)"
@@ -404,13 +407,8 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     t0 = time.time()
     main_state = fit(cfg.engine.name)
     fit_seconds = {cfg.engine.name: round(time.time() - t0, 3)}
-    main = _score(cfg, main_state, qg, gm, tokenizer, items, progress)
-    item_scores = np.asarray(main.scores, dtype=np.float64)
-    agreement = None
-    cross = None
-    cross_scores = None
+    cross_state = None
     cross_note = None
-    rank = _mean_over_items(main.rank_scores)
     if cross_check and cross_check != "none":
         t0 = time.time()
         cross_state = fit(cross_check)
@@ -424,7 +422,19 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
             cross_check = other
             cross_state = fit(cross_check)
         fit_seconds[cross_check] = round(time.time() - t0, 3)
-        cross = _score(cfg, cross_state, qg, gm, tokenizer, items, progress)
+    cross = None
+    if cross_state is not None and _joint(main_state, cross_state):
+        # both engines' inner products in one scoring pass (a stream recomputes each row once)
+        main, cross = _score_jointly(cfg, [main_state, cross_state], qg, items)
+    else:
+        main = _score(cfg, main_state, qg, gm, tokenizer, items, progress)
+        if cross_state is not None:
+            cross = _score(cfg, cross_state, qg, gm, tokenizer, items, progress)
+    item_scores = np.asarray(main.scores, dtype=np.float64)
+    rank = _mean_over_items(main.rank_scores)
+    cross_scores = None
+    agreement = None
+    if cross is not None:
         cross_scores = _mean_over_items(cross.scores)
         agreement = float(rank_correlation(rank, cross_scores))
     return _Scored(index=index, index_seconds=index_seconds, qg=qg, main_state=main_state, main=main,
@@ -799,6 +809,31 @@ def _score(cfg: GradianConfig, state: EngineState, qg: QueryGradient, gm: Gradie
                                                 query_signal=qg.signal, progress=progress)
     _check_finite_scores(result.scores, engine_cfg)
     return result
+
+
+def _joint(*states: EngineState) -> bool:
+    """The states can be scored in one pass: each engine's scoring is the shared one, over the
+    same training gradients."""
+    from gradian.engines import get_engine
+
+    return (all(state.train is states[0].train for state in states)
+            and all(get_engine(state.engine).scores_jointly(state) for state in states))
+
+
+def _score_jointly(cfg: GradianConfig, states: Sequence[EngineState], qg: QueryGradient,
+                   items: Sequence[QueryItem]) -> list[EngineResult]:
+    """``_score`` of each state, their inner products made in one pass (``score_jointly``)."""
+    from gradian.engines import get_engine
+    from gradian.engines.base import score_jointly
+
+    query = qg.per_item if qg.per_item is not None else qg.vectors
+    configs = [dataclasses.replace(cfg.engine, name=state.engine) for state in states]
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in words
+        results = score_jointly([(get_engine(state.engine), state, query, engine_cfg)
+                                 for state, engine_cfg in zip(states, configs)])
+    for result, engine_cfg in zip(results, configs):
+        _check_finite_scores(result.scores, engine_cfg)
+    return results
 
 
 def _check_finite_scores(scores: np.ndarray, engine_cfg: EngineConfig) -> None:

@@ -299,9 +299,13 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
     if curv.state_bytes:
         print_line(f"  {s.engine} state: {fmt(curv.state_bytes)} on disk under either store (eigenbases and eigenvalues)")
     cross = p.cross_check
-    if cross is not None:
+    shared = "its scores come from the engine's scoring pass"
+    if cross is not None and cross.gradients + cross.model == 0:
+        print_line(f"  gradian attribute's cross-check {cross.engine} adds no pass: {shared}")
+    elif cross is not None:
         print_line(f"  gradian attribute's cross-check {cross.engine} adds {cross.gradients} "
-                   f"pass{'es' if cross.gradients > 1 else ''} ({cross.what()}): recomputed by a stream"
+                   f"pass{'es' if cross.gradients > 1 else ''} ({cross.what()}"
+                   + ("" if "scoring" in cross.names else f"; {shared}") + "): recomputed by a stream"
                    + (f"{about(cross.gradients + cross.model)}" if seconds is not None else "") + ", read from the index")
     if s.store == "auto":
         print_line(f"  engine.store auto chooses the {p.auto_store}: {p.auto_reason}")

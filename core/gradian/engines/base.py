@@ -52,6 +52,7 @@ __all__ = [
     "compute_dtype",
     "chunk_pass",
     "dot_pass",
+    "score_jointly",
     "fold",
     "pass_key",
     "row_pass",
@@ -417,27 +418,87 @@ class Engine(ABC):
                     config: EngineConfig) -> EngineResult:
         """Score every training row of ``state`` against ``query``: the shared inner products with
         the preconditioned query, and the RelatIF ranking when the engine ranks by it."""
-        train = state.train
-        q, single = as_query_matrix(query, train.block_names)
-        check_widths(train, q)
-        pre = self.precondition(state, q, config)
-        own_rows = self.self_influence_rows(state, pre) if self.ranks_by_self_influence(config) else None
-        # the self-influence is computed in the scoring pass itself, while each row's gradient exists
-        scores, own_in_pass = dot_pass(train, pre.direction, own_rows, self.self_influence_inputs(state, pre))
-        notes = list(pre.notes)
-        ranking = None
-        if self.ranks_by_self_influence(config):
-            own = own_in_pass if own_in_pass is not None else self.self_influence(state, pre)
-            ranking = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]
-            if notes:
-                notes[0] += RELATIF_NOTE
-        return EngineResult(self.name, scores[:, 0] if single else scores, notes=notes, damping=pre.damping,
-                            ranking=None if ranking is None else (ranking[:, 0] if single else ranking))
+        return score_jointly([(self, state, query, config)])[0]
 
     def score(self, state: EngineState, query: Mapping[str, npt.ArrayLike], config: EngineConfig,
               **context: Any) -> EngineResult:
         """Score every training example against the query; see ``SIGN_CONVENTION``."""
         return self.score_under(state, query, config)
+
+    def fit_passes_over_gradients(self, config: EngineConfig, grads: GradsConfig | None) -> bool:
+        """Whether ``fit`` under ``config`` makes a pass over the training gradients themselves (a
+        stream then keeps every row's squared norm in that pass, so an engine that reads them
+        later needs no pass of its own for them). The default fit reads nothing."""
+        return False
+
+    def scores_jointly(self, state: EngineState) -> bool:
+        """Whether ``score`` of ``state`` is the shared scoring alone (``score_under``), so that
+        ``score_jointly`` may make its inner products in one pass with another engine's. An engine
+        that overrides ``score`` (a sum over checkpoints, its own method) says False unless the
+        state is scored by ``score_under`` anyway."""
+        return type(self).score is Engine.score
+
+
+def score_jointly(jobs: Sequence[tuple[Engine, EngineState, Mapping[str, npt.ArrayLike], EngineConfig]]
+                  ) -> list[EngineResult]:
+    """``engine.score_under(state, query, config)`` for each job, with the inner products of every
+    job (and each self-influence a RelatIF ranking needs) in one pass over their training gradients,
+    which every job's state must share: a stream then recomputes each row's gradient once for all
+    of them, where scoring them one after another would make a pass each. Each engine preconditions
+    its query first (a pass of its own where its method needs one, as DataInf's does). The numbers
+    are the ones each engine's own scoring pass gives, to the rounding of the products (the columns
+    of one matrix product instead of several)."""
+    if not jobs:
+        return []
+    train = jobs[0][1].train
+    if any(state.train is not train for _, state, _, _ in jobs):
+        raise ValueError("score_jointly: every state must be fitted on the same training gradients")
+    prepared = []
+    for engine, state, query, config in jobs:
+        q, single = as_query_matrix(query, train.block_names)
+        check_widths(train, q)
+        pre = engine.precondition(state, q, config)
+        relatif = engine.ranks_by_self_influence(config)
+        own_rows = engine.self_influence_rows(state, pre) if relatif else None
+        prepared.append((engine, state, pre, single, relatif, own_rows))
+    # one direction of [all queries, width] per block; each job's columns in turn
+    widths = [next(iter(pre.direction.values())).shape[0] for _, _, pre, _, _, _ in prepared]
+    direction = {b: np.concatenate([pre.direction[b] for _, _, pre, _, _, _ in prepared], axis=0)
+                 for b in train.block_names}
+    own_jobs = [(j, own) for j, (_, _, _, _, _, own) in enumerate(prepared) if own is not None]
+    also = None
+    also_inputs: dict[str, object] | None = None
+    if own_jobs:
+        # the self-influences are computed in the scoring pass itself, while each row's gradient exists
+        def also(chunk: dict[str, np.ndarray]) -> np.ndarray:
+            values = [np.asarray(own(chunk), dtype=np.float64) for _, own in own_jobs]
+            return values[0] if len(values) == 1 else np.stack(values, axis=1)
+
+        also_inputs = {}
+        for j, _ in own_jobs:
+            engine, state, pre = prepared[j][0], prepared[j][1], prepared[j][2]
+            inputs = engine.self_influence_inputs(state, pre)
+            also_inputs.update(inputs if len(own_jobs) == 1 else {f"{j}.{k}": v for k, v in inputs.items()})
+    scores_all, own_all = dot_pass(train, direction, also, also_inputs)
+    results = []
+    first = 0
+    for j, (engine, state, pre, single, relatif, own_rows) in enumerate(prepared):
+        scores = np.ascontiguousarray(scores_all[:, first: first + widths[j]])
+        first += widths[j]
+        notes = list(pre.notes)
+        ranking = None
+        if relatif:
+            if own_rows is not None and own_all is not None:
+                place = [k for k, _ in own_jobs].index(j)
+                own = own_all if len(own_jobs) == 1 else own_all[:, place]
+            else:
+                own = engine.self_influence(state, pre)
+            ranking = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]
+            if notes:
+                notes[0] += RELATIF_NOTE
+        results.append(EngineResult(engine.name, scores[:, 0] if single else scores, notes=notes, damping=pre.damping,
+                                    ranking=None if ranking is None else (ranking[:, 0] if single else ranking)))
+    return results
 
 
 def sum_over_checkpoints(parts: Sequence[tuple[float, EngineResult]]) -> tuple[np.ndarray, np.ndarray | None]:

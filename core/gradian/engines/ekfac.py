@@ -285,6 +285,14 @@ class _KroneckerEngine(Engine):
                                      else "second pass" if self.correct_eigenvalues else "kronecker product")}
         return EngineState(self.name, train, arrays=arrays, meta=meta)
 
+    def fit_passes_over_gradients(self, config: EngineConfig, grads: GradsConfig | None) -> bool:
+        # the eigenvalue correction over the stored (or streamed) gradients; the sampled Fisher and
+        # normalized gradients make their passes over the model instead, and a fit over
+        # checkpoints over each checkpoint's own gradients
+        settings = self.settings(config)
+        return (self.correct_eigenvalues and not self._second_pass(settings, grads)
+                and settings.get("checkpoints", "final") == "final")
+
     @staticmethod
     def _second_pass(settings: KroneckerSettings, grads: GradsConfig | None) -> bool:
         """The stored gradients are not the Fisher's per-example gradients: recompute them."""
@@ -299,10 +307,7 @@ class _KroneckerEngine(Engine):
               **context: object) -> EngineResult:
         fits = state.extra.get("checkpoints")
         if not fits:
-            result = self.score_under(state, query, config)
-            if state.meta.get("checkpoints_note"):
-                result.notes.append(f"{self.name}: {state.meta['checkpoints_note']}")
-            return result
+            return self.score_under(state, query, config)
         if query_for is None:
             raise ConfigError(f"{self.name} over checkpoints measures the query under each checkpoint: "
                               "pass query_for= (run it through `gradian attribute`)")
@@ -347,7 +352,13 @@ class _KroneckerEngine(Engine):
         notes = [f"{self.name}: Kronecker-factored {fisher} Fisher over {len(layers)} LoRA matrices, "
                  f"eigenvalues from {state.meta.get('eigenvalues_from', '?')}, damping "
                  + (f"{override:g} (absolute)" if override is not None else f"{scale:g} x each matrix's mean eigenvalue")]
+        if state.meta.get("checkpoints_note"):
+            notes.append(f"{self.name}: {state.meta['checkpoints_note']}")
         return Preconditioned(pre, damping=damping, notes=notes)
+
+    def scores_jointly(self, state: EngineState) -> bool:
+        # a state over checkpoints scores each checkpoint under its own query
+        return not state.extra.get("checkpoints")
 
     def describe(self, config: EngineConfig, state: EngineState | None = None) -> dict[str, JsonScalar]:
         settings = (state.meta.get("settings") if state is not None else None) or self.settings(config)

@@ -199,13 +199,37 @@ class GradientStream:
         runs without keeping anything and says so in ``notes``. Under a ``shard`` group every rank
         computes its span of the chunks and every rank returns the whole fold (``_fold_sharded``).
         ``capture(k)`` is what the pass makes of chunk ``k`` before ``of_chunk`` (default: its
-        per-example gradients)."""
+        per-example gradients; the first such pass, while no squared norms are known, also keeps
+        every row's squared norm per block, so an engine that reads them, such as DataInf, finds
+        them without a pass of its own)."""
+        norms = capture is None and self._norms is None
         capture = capture if capture is not None else self._chunk
+        if norms:  # the first pass that has the per-example gradients keeps their squared norms too
+            of_chunk, rows = self._and_norms(of_chunk), (*rows, *self._norm_names)
         if self.shard is not None:
-            return self._fold_sharded(key, of_chunk, tuple(rows), tuple(sums), capture)
-        progress = PassProgress(self.passes_root / key, self.target.n_chunks, rows, sums)
-        out, _ = self._fold_span(progress, of_chunk, tuple(rows), tuple(sums), capture)
+            out = self._fold_sharded(key, of_chunk, tuple(rows), tuple(sums), capture)
+        else:
+            progress = PassProgress(self.passes_root / key, self.target.n_chunks, rows, sums)
+            out, _ = self._fold_span(progress, of_chunk, tuple(rows), tuple(sums), capture)
+        if norms:
+            self._norms = {b: out.pop(f"norm.{b}", np.zeros(self.n)) for b in self.block_names}
         return out
+
+    @property
+    def _norm_names(self) -> list[str]:
+        return [f"norm.{b}" for b in self.block_names]
+
+    def _and_norms(self, of_chunk: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]]
+                   ) -> Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+        """``of_chunk`` with the chunk's squared norms per block added to its outputs."""
+        storage = _STORAGE[self.config.grads.storage_dtype]
+
+        def both(start: int, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            part = dict(of_chunk(start, chunk))
+            part.update({f"norm.{b}": v for b, v in stored_norms(chunk, storage).items()})
+            return part
+
+        return both
 
     def _fold_span(self, progress: PassProgress, of_chunk: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]],
                    rows: tuple[str, ...], sums: tuple[str, ...],
@@ -316,7 +340,7 @@ class GradientStream:
             collector.restore(out)
             return
         storage = _STORAGE[self.config.grads.storage_dtype]
-        norm_names = [f"norm.{b}" for b in self.block_names]
+        norm_names = self._norm_names
         factor_names = collector.part_names() if collector is not None else []
 
         def of_chunk(start: int, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -326,7 +350,7 @@ class GradientStream:
             return part
 
         out = self.fold_chunks(pass_key("prime", {"factors": collector is not None}), of_chunk,
-                               rows=norm_names, sums=factor_names)
+                               rows=norm_names, sums=factor_names, capture=self._chunk)
         self._norms = {b: out.get(f"norm.{b}", np.zeros(self.n)) for b in self.block_names}
         if collector is not None:
             collector.restore(out)

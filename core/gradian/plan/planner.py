@@ -25,7 +25,7 @@ from gradian.sizes import format_size, parse_size
 from gradian.plan.memory import CaptureSettings, MemoryEstimate, block_widths, estimate_memory, index_bytes
 from gradian.plan.shapes import DTYPE_BYTES, AdapterShape, BatchShape, DatasetShape, LoraLinear, ModelShape, lora_linears
 from gradian.plan.stores import (GIB, CurvatureCost, IndexCost, Passes, StreamCost, auto_store, curvature_cost,
-                                 engine_passes, lora_matrices)
+                                 engine_passes, lora_matrices, scores_jointly)
 
 if TYPE_CHECKING:
     from gradian.config import GradianConfig
@@ -375,7 +375,9 @@ def _price(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, sett
     passes = engine_passes(settings.engine, settings.fisher, settings.fisher_samples, normalization)
     cross_name = settings.cross_check_engine
     cross = (engine_passes(cross_name, settings.fisher, settings.fisher_samples, normalization,
-                           primed=passes.first > 0) if cross_name else None)
+                           primed=passes.first > 0,
+                           shared_scoring=scores_jointly(settings.engine) and scores_jointly(cross_name))
+             if cross_name else None)
     auto, auto_reason = auto_store(data, settings.max_index_gb, budgets.disk)
     if settings.store == "auto":
         store, reason = auto, f"engine.store is auto: {auto_reason}"

@@ -38,7 +38,7 @@ from gradian.plan.shapes import LoraLinear
 from gradian.sizes import GIB
 
 __all__ = ["Passes", "IndexCost", "StreamCost", "CurvatureCost", "engine_passes", "auto_store", "curvature_cost",
-           "lora_matrices", "GIB"]
+           "lora_matrices", "scores_jointly", "GIB"]
 
 
 
@@ -71,7 +71,7 @@ class Passes:
         return self.gradients
 
     def what(self) -> str:
-        """The passes in words (``squared norms and Kronecker factors, eigenvalue correction, scoring``)."""
+        """The passes in words (``Kronecker factors, eigenvalue correction and squared norms, scoring``)."""
         return ", ".join(self.names)
 
 
@@ -133,10 +133,30 @@ def _kronecker(engine: str) -> tuple[bool, bool, str]:
     return curvature == "kronecker", bool(getattr(cls, "correct_eigenvalues", False)), curvature
 
 
+def scores_jointly(engine: str) -> bool:
+    """Whether ``engine``'s scoring (on the final adapter) is the shared one, which ``gradian
+    attribute`` makes in one pass with its cross-check's (``gradian.engines.base.score_jointly``)."""
+    from gradian.engines.base import Engine
+    from gradian.engines.registry import engine_class
+
+    cls = engine_class(engine)
+    return _kronecker(engine)[0] or getattr(cls, "score", None) is Engine.score
+
+
 def engine_passes(engine: str, fisher: str = "empirical", fisher_samples: int = 1, normalization: str = "none",
-                  primed: bool = False) -> Passes:
+                  primed: bool = False, shared_scoring: bool = False) -> Passes:
     """The passes of one fit and one scoring by ``engine`` (see the module doc). ``primed``: the
-    first pass was made already (a cross-check after a Kronecker engine on the same stream)."""
+    first pass was made already (a cross-check after a Kronecker engine on the same stream);
+    ``shared_scoring``: its scoring is made in another engine's scoring pass (a cross-check both of
+    whose engines ``scores_jointly``), so it makes none of its own."""
+    passes = _engine_passes(engine, fisher, fisher_samples, normalization, primed)
+    if not shared_scoring:
+        return passes
+    names = tuple(name for name in passes.names if name != "scoring")
+    return Passes(engine, passes.first, passes.model, passes.gradients - 1, names, primed)
+
+
+def _engine_passes(engine: str, fisher: str, fisher_samples: int, normalization: str, primed: bool) -> Passes:
     kronecker, corrects, curvature = _kronecker(engine)
     if kronecker:
         sampled = fisher in ("sampled", "true")
@@ -144,11 +164,15 @@ def engine_passes(engine: str, fisher: str = "empirical", fisher_samples: int = 
         recompute = sampled or normalization != "none"  # the stored gradients are not the Fisher's
         model = (draws if sampled else 0) + (draws if corrects and recompute else 0)
         gradients = 1 + (1 if corrects and not recompute else 0)
-        names = ([] if primed else ["squared norms and Kronecker factors"])
+        # over a stream the squared norms (for a DataInf cross-check) come with the first pass that
+        # forms per-example gradients: the eigenvalue correction over them when there is one
+        in_correction = corrects and not recompute
+        names = ([] if primed else ["Kronecker factors" if in_correction else "squared norms and Kronecker factors"])
         if sampled:
             names.append(f"sampled-Fisher factors ({draws} pass{'es' if draws > 1 else ''})")
         if corrects:
-            names.append(f"eigenvalue correction, recomputed ({draws} pass{'es' if draws > 1 else ''})" if recompute else "eigenvalue correction")
+            names.append(f"eigenvalue correction, recomputed ({draws} pass{'es' if draws > 1 else ''})" if recompute
+                         else "eigenvalue correction and squared norms")
         return Passes(engine, 0 if primed else 1, model, gradients, tuple(names + ["scoring"]), primed)
     if curvature == "datainf":  # the squared norms, the preconditioner, the scoring
         return Passes(engine, 0 if primed else 1, 0, 2,
