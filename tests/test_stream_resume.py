@@ -145,3 +145,33 @@ def test_the_running_sums_are_kept_at_most_every_few_seconds_from_the_start_of_t
     assert np.array_equal(resumed.scores, whole.scores)
     for key, value in whole_state.arrays.items():
         assert np.array_equal(state.arrays[key], value), key
+
+
+def test_the_squared_norms_a_pass_kept_are_read_back_by_a_later_stream(tmp_path, tiny_lora_dirs, chat_tokenizer):
+    """The eigenvalue correction keeps the squared norms (the first pass made only the factors); a
+    later stream over the same inputs, whose fit would be stored and make no pass, reads them back
+    for DataInf instead of making a pass; damaged, they are computed again."""
+    from gradian.index.stream import GradientStream
+
+    cfg, gm, dataset, tokenized, query = _inputs(tiny_lora_dirs, chat_tokenizer, tmp_path / "cache")
+    from gradian.attribution.checkpoints import fit_context
+    from gradian.engines import get_engine
+    from gradian.grads.collectors import KroneckerCollector
+
+    first = GradientStream(gm, chat_tokenizer, dataset, cfg, tokenized=tokenized)
+    with KroneckerCollector(gm) as collector:
+        first.prime(collector, norms=False)
+    assert first._norms is None
+    get_engine("ekfac").fit(first, cfg.engine, fit_context(cfg, gm, chat_tokenizer, dataset, None, tokenized=tokenized,
+                                                          collected=collector, store="stream"))
+    assert first.passes == 2 and first._norms is not None  # the correction kept them
+    later = GradientStream(gm, chat_tokenizer, dataset, cfg, tokenized=tokenized)
+    for block, norms in later.sq_norms().items():
+        np.testing.assert_array_equal(norms, first.sq_norms()[block])
+    assert later.passes == 0 and later.rows_computed == 0
+    kept = first.passes_root / "norms.npz"
+    kept.write_bytes(kept.read_bytes()[:-7] + b"damaged")
+    again = GradientStream(gm, chat_tokenizer, dataset, cfg, tokenized=tokenized)
+    for block, norms in again.sq_norms().items():
+        np.testing.assert_array_equal(norms, first.sq_norms()[block])
+    assert again.passes == 1 and again.rows_computed == N_ROWS

@@ -14,6 +14,8 @@ Interface:
   the resumable pass every engine's folded pass goes through (``gradian.engines.base.chunk_pass``):
   each chunk's outputs are kept under ``<cache_dir>/stream/<index id>/passes/`` by
   ``gradian.index.passes``, so an interrupted pass resumes at the first chunk it had not finished.
+  The first pass that forms per-example gradients keeps their squared norms there too
+  (``norms.npz``), which ``sq_norms`` reads back in a later run.
   Given ``shard`` (a ``gradian.distributed.ShardGroup`` of a torchrun launch), every folded pass
   is sharded: each rank computes a contiguous span of the chunks and every rank gets the whole
   fold (``_fold_sharded``); every rank must then make the same passes in the same order.
@@ -213,7 +215,49 @@ class GradientStream:
             out, _ = self._fold_span(progress, of_chunk, tuple(rows), tuple(sums), capture)
         if norms:
             self._norms = {b: out.pop(f"norm.{b}", np.zeros(self.n)) for b in self.block_names}
+            self._keep_norms()
         return out
+
+    def _keep_norms(self) -> None:
+        """Keep the squared norms beside the passes (``norms.npz`` and its sha256), so a later run
+        over the same inputs whose fit is stored already (and makes no pass that would keep them)
+        reads them back instead of making a pass for them."""
+        if self._norms is None or not self._keep_partials or (self.shard is not None and not self.shard.is_main):
+            return
+        import hashlib
+        import io
+
+        from gradian.atomic import write_bytes_atomic, write_text_atomic
+
+        buffer = io.BytesIO()
+        # untyped: numpy's stubs would match a ** mapping of arrays against savez's allow_pickle keyword
+        named: dict[str, Any] = {f"norm.{b}": np.asarray(v) for b, v in self._norms.items()}
+        np.savez(buffer, **named)
+        data = buffer.getvalue()
+        try:
+            write_bytes_atomic(self.passes_root / "norms.npz", data)
+            write_text_atomic(self.passes_root / "norms.sha256", hashlib.sha256(data).hexdigest())
+        except OSError as err:
+            self._cannot_keep(err)
+
+    def _kept_norms(self) -> dict[str, np.ndarray] | None:
+        """The squared norms a pass kept (``_keep_norms``), when they are whole and check out."""
+        import hashlib
+        import io
+
+        try:
+            data = (self.passes_root / "norms.npz").read_bytes()
+            sha = (self.passes_root / "norms.sha256").read_text().strip()
+        except OSError:
+            return None
+        if hashlib.sha256(data).hexdigest() != sha:
+            return None
+        try:
+            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+                kept = {b: npz[f"norm.{b}"] for b in self.block_names}
+        except (OSError, ValueError, KeyError):
+            return None
+        return kept if all(v.shape == (self.n,) for v in kept.values()) else None
 
     @property
     def _norm_names(self) -> list[str]:
@@ -352,10 +396,15 @@ class GradientStream:
         out = self.fold_chunks(pass_key("prime", {"factors": collector is not None}), of_chunk,
                                rows=norm_names, sums=factor_names, capture=self._chunk)
         self._norms = {b: out.get(f"norm.{b}", np.zeros(self.n)) for b in self.block_names}
+        self._keep_norms()
         if collector is not None:
             collector.restore(out)
 
     def sq_norms(self) -> dict[str, np.ndarray]:
+        """Every row's squared norm per block: those a pass kept (this stream's, or an earlier
+        run's over the same inputs), else from a pass of their own."""
+        if self._norms is None:
+            self._norms = self._kept_norms()
         if self._norms is None:
             self.prime()
         assert self._norms is not None
