@@ -422,14 +422,9 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
             cross_check = other
             cross_state = fit(cross_check)
         fit_seconds[cross_check] = round(time.time() - t0, 3)
-    cross = None
-    if cross_state is not None and _joint(main_state, cross_state):
-        # both engines' inner products in one scoring pass (a stream recomputes each row once)
-        main, cross = _score_jointly(cfg, [main_state, cross_state], qg, items)
-    else:
-        main = _score(cfg, main_state, qg, gm, tokenizer, items, progress)
-        if cross_state is not None:
-            cross = _score(cfg, cross_state, qg, gm, tokenizer, items, progress)
+    scored = _score(cfg, [main_state] + ([cross_state] if cross_state is not None else []), qg, gm, tokenizer,
+                    items, progress)
+    main, cross = scored[0], (scored[1] if cross_state is not None else None)
     item_scores = np.asarray(main.scores, dtype=np.float64)
     rank = _mean_over_items(main.rank_scores)
     cross_scores = None
@@ -786,14 +781,22 @@ def _fit(cfg: GradianConfig, engine: str, index: GradientIndex | GradientStream,
     return state
 
 
-def _score(cfg: GradianConfig, state: EngineState, qg: QueryGradient, gm: GradientModel,
-           tokenizer: PreTrainedTokenizerBase, items: Sequence[QueryItem], progress: Progress | None = None) -> EngineResult:
-    """The engine's ``[n, items]`` scores, one column per query item (their mean is the ranking)."""
+def _score(cfg: GradianConfig, states: Sequence[EngineState], qg: QueryGradient, gm: GradientModel,
+           tokenizer: PreTrainedTokenizerBase, items: Sequence[QueryItem],
+           progress: Progress | None = None) -> list[EngineResult]:
+    """Each engine's ``[n, items]`` scores, one column per query item (their mean is the ranking):
+    in one scoring pass when every engine's scoring is the shared one over the same training
+    gradients (``score_jointly``), otherwise each by its engine's own ``score``."""
     from gradian.engines import get_engine
+    from gradian.engines.base import score_jointly
     from gradian.attribution.checkpoints import activate
     from gradian.query import build_query_gradient
 
-    engine_cfg = dataclasses.replace(cfg.engine, name=state.engine)
+    configs = [dataclasses.replace(cfg.engine, name=state.engine) for state in states]
+    engines = [get_engine(state.engine) for state in states]
+    query = qg.per_item if qg.per_item is not None else qg.vectors
+    joint = len(states) > 1 and all(state.train is states[0].train and engine.scores_jointly(state)
+                                    for state, engine in zip(states, engines))
 
     def query_for(view: GradientModel) -> dict[str, np.ndarray] | None:  # the query under another adapter (TracIn checkpoints)
         try:
@@ -803,34 +806,13 @@ def _score(cfg: GradianConfig, state: EngineState, qg: QueryGradient, gm: Gradie
         finally:
             activate(gm, None, cfg)
 
-    query = qg.per_item if qg.per_item is not None else qg.vectors
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in words
-        result = get_engine(state.engine).score(state, query, engine_cfg, query_for=query_for, query_items=items,
-                                                query_signal=qg.signal, progress=progress)
-    _check_finite_scores(result.scores, engine_cfg)
-    return result
-
-
-def _joint(*states: EngineState) -> bool:
-    """The states can be scored in one pass: each engine's scoring is the shared one, over the
-    same training gradients."""
-    from gradian.engines import get_engine
-
-    return (all(state.train is states[0].train for state in states)
-            and all(get_engine(state.engine).scores_jointly(state) for state in states))
-
-
-def _score_jointly(cfg: GradianConfig, states: Sequence[EngineState], qg: QueryGradient,
-                   items: Sequence[QueryItem]) -> list[EngineResult]:
-    """``_score`` of each state, their inner products made in one pass (``score_jointly``)."""
-    from gradian.engines import get_engine
-    from gradian.engines.base import score_jointly
-
-    query = qg.per_item if qg.per_item is not None else qg.vectors
-    configs = [dataclasses.replace(cfg.engine, name=state.engine) for state in states]
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # reported below, in words
-        results = score_jointly([(get_engine(state.engine), state, query, engine_cfg)
-                                 for state, engine_cfg in zip(states, configs)])
+        if joint:  # a stream then recomputes each row's gradient once for every engine
+            results = score_jointly(list(zip(engines, states, [query] * len(states), configs)))
+        else:
+            results = [engine.score(state, query, engine_cfg, query_for=query_for, query_items=items,
+                                    query_signal=qg.signal, progress=progress)
+                       for engine, state, engine_cfg in zip(engines, states, configs)]
     for result, engine_cfg in zip(results, configs):
         _check_finite_scores(result.scores, engine_cfg)
     return results

@@ -431,12 +431,17 @@ class Engine(ABC):
         later needs no pass of its own for them). The default fit reads nothing."""
         return False
 
+    @classmethod
+    def shared_scoring(cls) -> bool:
+        """Whether the engine scores the final adapter by the shared scoring alone (``score_under``),
+        so that ``score_jointly`` may make its inner products in one pass with another engine's. An
+        engine that overrides ``score`` (its own method) says False unless it scores the final
+        adapter by ``score_under`` anyway. ``gradian plan`` prices the passes by it."""
+        return cls.score is Engine.score
+
     def scores_jointly(self, state: EngineState) -> bool:
-        """Whether ``score`` of ``state`` is the shared scoring alone (``score_under``), so that
-        ``score_jointly`` may make its inner products in one pass with another engine's. An engine
-        that overrides ``score`` (a sum over checkpoints, its own method) says False unless the
-        state is scored by ``score_under`` anyway."""
-        return type(self).score is Engine.score
+        """``shared_scoring`` for this fitted ``state`` (a state over checkpoints may be scored otherwise)."""
+        return self.shared_scoring()
 
 
 def score_jointly(jobs: Sequence[tuple[Engine, EngineState, Mapping[str, npt.ArrayLike], EngineConfig]]
@@ -461,36 +466,34 @@ def score_jointly(jobs: Sequence[tuple[Engine, EngineState, Mapping[str, npt.Arr
         relatif = engine.ranks_by_self_influence(config)
         own_rows = engine.self_influence_rows(state, pre) if relatif else None
         prepared.append((engine, state, pre, single, relatif, own_rows))
-    # one direction of [all queries, width] per block; each job's columns in turn
-    widths = [next(iter(pre.direction.values())).shape[0] for _, _, pre, _, _, _ in prepared]
+    # one direction of [all queries, width] per block: each job's queries in turn
     direction = {b: np.concatenate([pre.direction[b] for _, _, pre, _, _, _ in prepared], axis=0)
                  for b in train.block_names}
-    own_jobs = [(j, own) for j, (_, _, _, _, _, own) in enumerate(prepared) if own is not None]
+    # the self-influences are computed in the scoring pass itself, while each row's gradient exists
+    own_rows_of = {j: job[5] for j, job in enumerate(prepared) if job[5] is not None}
+    owns = list(own_rows_of)
     also = None
-    also_inputs: dict[str, object] | None = None
-    if own_jobs:
-        # the self-influences are computed in the scoring pass itself, while each row's gradient exists
+    also_inputs: dict[str, object] = {}
+    if owns:
         def also(chunk: dict[str, np.ndarray]) -> np.ndarray:
-            values = [np.asarray(own(chunk), dtype=np.float64) for _, own in own_jobs]
+            values = [np.asarray(rows_of(chunk), dtype=np.float64) for rows_of in own_rows_of.values()]
             return values[0] if len(values) == 1 else np.stack(values, axis=1)
 
-        also_inputs = {}
-        for j, _ in own_jobs:
-            engine, state, pre = prepared[j][0], prepared[j][1], prepared[j][2]
-            inputs = engine.self_influence_inputs(state, pre)
-            also_inputs.update(inputs if len(own_jobs) == 1 else {f"{j}.{k}": v for k, v in inputs.items()})
+        for j in owns:  # one job's keys as they are, so its pass keeps the key of scoring it alone
+            inputs = prepared[j][0].self_influence_inputs(prepared[j][1], prepared[j][2])
+            also_inputs.update(inputs if len(owns) == 1 else {f"{j}.{k}": v for k, v in inputs.items()})
     scores_all, own_all = dot_pass(train, direction, also, also_inputs)
     results = []
     first = 0
     for j, (engine, state, pre, single, relatif, own_rows) in enumerate(prepared):
-        scores = np.ascontiguousarray(scores_all[:, first: first + widths[j]])
-        first += widths[j]
+        width = next(iter(pre.direction.values())).shape[0]
+        scores = np.ascontiguousarray(scores_all[:, first: first + width])
+        first += width
         notes = list(pre.notes)
         ranking = None
         if relatif:
-            if own_rows is not None and own_all is not None:
-                place = [k for k, _ in own_jobs].index(j)
-                own = own_all if len(own_jobs) == 1 else own_all[:, place]
+            if own_all is not None and j in owns:
+                own = own_all if len(owns) == 1 else own_all[:, owns.index(j)]
             else:
                 own = engine.self_influence(state, pre)
             ranking = scores / np.sqrt(np.where(own > 0, own, np.inf))[:, None]

@@ -356,6 +356,10 @@ class _KroneckerEngine(Engine):
             notes.append(f"{self.name}: {state.meta['checkpoints_note']}")
         return Preconditioned(pre, damping=damping, notes=notes)
 
+    @classmethod
+    def shared_scoring(cls) -> bool:
+        return True  # the final adapter's state is scored by score_under (see score)
+
     def scores_jointly(self, state: EngineState) -> bool:
         # a state over checkpoints scores each checkpoint under its own query
         return not state.extra.get("checkpoints")

@@ -200,14 +200,23 @@ class KroneckerCollector(OutputGradientHooks):
     def sums(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]:
         """``{layer key: (sum x x^T [in, in], sum g g^T [out, out], real tokens)}`` gathered so far,
         float64, zeros for a layer no pass reached."""
+        return {key: (mirror_upper(xx).cpu().numpy(), mirror_upper(gg).cpu().numpy(), tokens)
+                for key, (xx, gg, tokens) in self._held().items()}
+
+    def _held(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, int]]:
+        """``{layer key: (running sum x x^T, running sum g g^T, tokens)}`` as held, only their upper
+        triangles meaningful; float64 zeros for a layer no pass reached."""
+        import torch
+
         out = {}
         for layer in self.layers:
             key = layer["key"]
             if key in self._sums:
                 xx, gg, tokens = self._sums[key]
-                out[key] = (mirror_upper(xx).cpu().numpy(), mirror_upper(gg).cpu().numpy(), int(tokens))
+                out[key] = (xx, gg, int(tokens))
             else:
-                out[key] = (np.zeros((layer["in"], layer["in"])), np.zeros((layer["out"], layer["out"])), 0)
+                out[key] = (torch.zeros((layer["in"], layer["in"]), dtype=torch.float64),
+                            torch.zeros((layer["out"], layer["out"]), dtype=torch.float64), 0)
         return out
 
     def part_names(self) -> list[str]:
@@ -223,14 +232,8 @@ class KroneckerCollector(OutputGradientHooks):
         ``gram_upper`` leaves them): sums of these taken over chunks are mirrored once, when
         ``restore``d and read, not chunk by chunk."""
         out: dict[str, np.ndarray] = {}
-        for layer in self.layers:
-            key = layer["key"]
-            if key in self._sums:
-                xx, gg, tokens = self._sums[key]
-                xx, gg = xx.cpu().numpy(), gg.cpu().numpy()
-            else:
-                xx, gg, tokens = np.zeros((layer["in"], layer["in"])), np.zeros((layer["out"], layer["out"])), 0
-            out[f"factor.{key}.xx"], out[f"factor.{key}.gg"] = xx, gg
+        for key, (xx, gg, tokens) in self._held().items():
+            out[f"factor.{key}.xx"], out[f"factor.{key}.gg"] = xx.cpu().numpy(), gg.cpu().numpy()
             out[f"factor.{key}.tokens"] = np.asarray(tokens, dtype=np.int64)
         out["factor.examples"] = np.asarray(self.examples, dtype=np.int64)
         out["factor.real_tokens"] = np.asarray(self.real_tokens, dtype=np.int64)

@@ -50,7 +50,7 @@ import numpy as np
 
 from gradian.atomic import write_bytes_atomic, write_text_atomic
 
-__all__ = ["PassProgress"]
+__all__ = ["PassProgress", "keep_arrays", "kept_arrays"]
 
 
 class _PassRecord(TypedDict, total=False):
@@ -73,6 +73,30 @@ def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def keep_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Write ``arrays`` to ``path`` (npz) and its sha256 beside it (``<path>.sha256``), each
+    atomically: results a pass computed once and a later run reads back (``kept_arrays``)."""
+    data = _npz_bytes(arrays)
+    write_bytes_atomic(path, data)
+    write_text_atomic(path.with_name(path.name + ".sha256"), _sha(data))
+
+
+def kept_arrays(path: Path) -> dict[str, np.ndarray] | None:
+    """What ``keep_arrays`` wrote to ``path``, or None when it is missing, damaged or unreadable."""
+    try:
+        data = path.read_bytes()
+        sha = path.with_name(path.name + ".sha256").read_text().strip()
+    except OSError:
+        return None
+    if _sha(data) != sha:
+        return None
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (OSError, ValueError):
+        return None
 
 
 class PassProgress:

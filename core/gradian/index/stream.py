@@ -44,7 +44,7 @@ from gradian.chunks import accumulate, pass_key
 from gradian.grads import make_projector
 from gradian.grads.collectors import KroneckerCollector, structured_projector
 from gradian.index.build import _STORAGE, build_target, capture_rows, stored_norms
-from gradian.index.passes import PassProgress
+from gradian.index.passes import PassProgress, keep_arrays, kept_arrays
 from gradian.index.sharded import ShardedBuildError, gather_outcomes, shard_of
 from gradian.index.sizing import AutoProjection, auto_projection, index_bytes, store_rule
 
@@ -219,45 +219,23 @@ class GradientStream:
         return out
 
     def _keep_norms(self) -> None:
-        """Keep the squared norms beside the passes (``norms.npz`` and its sha256), so a later run
-        over the same inputs whose fit is stored already (and makes no pass that would keep them)
-        reads them back instead of making a pass for them."""
+        """Keep the squared norms beside the passes (``norms.npz``), so a later run over the same
+        inputs whose fit is stored already (and makes no pass that would keep them) reads them
+        back instead of making a pass for them."""
         if self._norms is None or not self._keep_partials or (self.shard is not None and not self.shard.is_main):
             return
-        import hashlib
-        import io
-
-        from gradian.atomic import write_bytes_atomic, write_text_atomic
-
-        buffer = io.BytesIO()
-        # untyped: numpy's stubs would match a ** mapping of arrays against savez's allow_pickle keyword
-        named: dict[str, Any] = {f"norm.{b}": np.asarray(v) for b, v in self._norms.items()}
-        np.savez(buffer, **named)
-        data = buffer.getvalue()
         try:
-            write_bytes_atomic(self.passes_root / "norms.npz", data)
-            write_text_atomic(self.passes_root / "norms.sha256", hashlib.sha256(data).hexdigest())
+            keep_arrays(self.passes_root / "norms.npz", {f"norm.{b}": np.asarray(v) for b, v in self._norms.items()})
         except OSError as err:
             self._cannot_keep(err)
 
     def _kept_norms(self) -> dict[str, np.ndarray] | None:
         """The squared norms a pass kept (``_keep_norms``), when they are whole and check out."""
-        import hashlib
-        import io
-
-        try:
-            data = (self.passes_root / "norms.npz").read_bytes()
-            sha = (self.passes_root / "norms.sha256").read_text().strip()
-        except OSError:
+        kept = kept_arrays(self.passes_root / "norms.npz")
+        if kept is None or set(self._norm_names) - set(kept):
             return None
-        if hashlib.sha256(data).hexdigest() != sha:
-            return None
-        try:
-            with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-                kept = {b: npz[f"norm.{b}"] for b in self.block_names}
-        except (OSError, ValueError, KeyError):
-            return None
-        return kept if all(v.shape == (self.n,) for v in kept.values()) else None
+        norms = {b: kept[f"norm.{b}"] for b in self.block_names}
+        return norms if all(v.shape == (self.n,) for v in norms.values()) else None
 
     @property
     def _norm_names(self) -> list[str]:
@@ -375,28 +353,20 @@ class GradientStream:
 
         ``norms=False`` (with a collector): the factors alone, from the forward and backward the
         capture makes but without forming any per-example gradient (the ``hooks`` strategy; the
-        others capture as usual); the norms are then computed by a pass of their own if an engine
-        asks for them (``sq_norms``)."""
+        others capture as usual); the norms then come with the next pass that captures per-example
+        gradients (``fold_chunks``), or a pass of their own if an engine asks for them first
+        (``sq_norms``)."""
         if collector is not None and not norms and self.config.grads.strategy == "hooks":
             out = self.fold_chunks(pass_key("prime", {"factors": True, "norms": False}),
                                    lambda start, chunk: collector.take(), sums=collector.part_names(),
                                    capture=self._forward_backward)
             collector.restore(out)
             return
-        storage = _STORAGE[self.config.grads.storage_dtype]
-        norm_names = self._norm_names
-        factor_names = collector.part_names() if collector is not None else []
-
-        def of_chunk(start: int, chunk: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-            part = {f"norm.{b}": v for b, v in stored_norms(chunk, storage).items()}
-            if collector is not None:
-                part.update(collector.take())
-            return part
-
-        out = self.fold_chunks(pass_key("prime", {"factors": collector is not None}), of_chunk,
-                               rows=norm_names, sums=factor_names, capture=self._chunk)
-        self._norms = {b: out.get(f"norm.{b}", np.zeros(self.n)) for b in self.block_names}
-        self._keep_norms()
+        # the pass captures per-example gradients, so fold_chunks keeps their squared norms
+        # (unless they are known already); the factors, when gathered, are its sums
+        out = self.fold_chunks(pass_key("prime", {"factors": collector is not None}),
+                               lambda start, chunk: collector.take() if collector is not None else {},
+                               sums=collector.part_names() if collector is not None else ())
         if collector is not None:
             collector.restore(out)
 

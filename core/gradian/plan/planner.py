@@ -25,7 +25,7 @@ from gradian.sizes import format_size, parse_size
 from gradian.plan.memory import CaptureSettings, MemoryEstimate, block_widths, estimate_memory, index_bytes
 from gradian.plan.shapes import DTYPE_BYTES, AdapterShape, BatchShape, DatasetShape, LoraLinear, ModelShape, lora_linears
 from gradian.plan.stores import (GIB, CurvatureCost, IndexCost, Passes, StreamCost, auto_store, curvature_cost,
-                                 engine_passes, lora_matrices, scores_jointly)
+                                 engine_passes, lora_matrices)
 
 if TYPE_CHECKING:
     from gradian.config import GradianConfig
@@ -372,11 +372,14 @@ def _price(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, sett
     blocks = block_widths(linears, settings.capture.block_granularity, settings.projection_dim, kind)
     data = dataset.n * sum(w for _, w in blocks) * DTYPE_BYTES[settings.storage_dtype]
     normalization = settings.capture.normalization
+    from gradian.engines.registry import engine_class
+
     passes = engine_passes(settings.engine, settings.fisher, settings.fisher_samples, normalization)
     cross_name = settings.cross_check_engine
     cross = (engine_passes(cross_name, settings.fisher, settings.fisher_samples, normalization,
                            primed=passes.first > 0,
-                           shared_scoring=scores_jointly(settings.engine) and scores_jointly(cross_name))
+                           shared_scoring=engine_class(settings.engine).shared_scoring()
+                           and engine_class(cross_name).shared_scoring())
              if cross_name else None)
     auto, auto_reason = auto_store(data, settings.max_index_gb, budgets.disk)
     if settings.store == "auto":

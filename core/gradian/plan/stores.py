@@ -38,7 +38,7 @@ from gradian.plan.shapes import LoraLinear
 from gradian.sizes import GIB
 
 __all__ = ["Passes", "IndexCost", "StreamCost", "CurvatureCost", "engine_passes", "auto_store", "curvature_cost",
-           "lora_matrices", "scores_jointly", "GIB"]
+           "lora_matrices", "GIB"]
 
 
 
@@ -133,22 +133,12 @@ def _kronecker(engine: str) -> tuple[bool, bool, str]:
     return curvature == "kronecker", bool(getattr(cls, "correct_eigenvalues", False)), curvature
 
 
-def scores_jointly(engine: str) -> bool:
-    """Whether ``engine``'s scoring (on the final adapter) is the shared one, which ``gradian
-    attribute`` makes in one pass with its cross-check's (``gradian.engines.base.score_jointly``)."""
-    from gradian.engines.base import Engine
-    from gradian.engines.registry import engine_class
-
-    cls = engine_class(engine)
-    return _kronecker(engine)[0] or getattr(cls, "score", None) is Engine.score
-
-
 def engine_passes(engine: str, fisher: str = "empirical", fisher_samples: int = 1, normalization: str = "none",
                   primed: bool = False, shared_scoring: bool = False) -> Passes:
     """The passes of one fit and one scoring by ``engine`` (see the module doc). ``primed``: the
     first pass was made already (a cross-check after a Kronecker engine on the same stream);
     ``shared_scoring``: its scoring is made in another engine's scoring pass (a cross-check both of
-    whose engines ``scores_jointly``), so it makes none of its own."""
+    whose engines have ``Engine.shared_scoring``), so it makes none of its own."""
     passes = _engine_passes(engine, fisher, fisher_samples, normalization, primed)
     if not shared_scoring:
         return passes
