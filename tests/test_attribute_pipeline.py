@@ -46,7 +46,9 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
     from gradian.attribution import run_attribution
 
     base_dir, adapter_dir = tiny_lora_dirs
-    cfg = make_config(tmp_path, base_dir, adapter_dir, *data_files)
+    # no item flips on this random adapter, so with query_scope flipped the query is the whole eval
+    # set (4 items); under the default (lost) it would be the items whose answer lost likelihood
+    cfg = make_config(tmp_path, base_dir, adapter_dir, *data_files, **{"evaluation.query_scope": "flipped"})
     out = tmp_path / "out"
     outcome = run_attribution(cfg, capability="capitals", out_dir=out)
     report = json.loads((out / "report.json").read_text())
@@ -73,8 +75,10 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
         assert cluster["n"] == len(members)
         assert cluster["signed_influence"] == pytest.approx(members["score"].sum(), rel=1e-6, abs=1e-9)
 
-    # EK-FAC ranks by RelatIF (rank_score, same sign as the influence); harm_rank and the top rows follow it
-    assert (np.sign(rankings["rank_score"]) == np.sign(rankings["score"])).all()
+    # EK-FAC ranks by RelatIF, each row by its harm summed over the items it hurts (engine.rank_items:
+    # harm): rank_score is below zero exactly for the rows that hurt an item (those with a worst
+    # item); harm_rank and the top rows follow it
+    assert ((rankings["rank_score"] < 0) == (rankings["worst_item"] != "")).all()
     assert rankings.sort_values("harm_rank")["rank_score"].is_monotonic_increasing
     assert not rankings.sort_values("harm_rank")["score"].is_monotonic_increasing  # not the influence order
     by_rank = rankings[rankings["rank_score"] < 0].sort_values("rank_score")["example_id"].tolist()
@@ -92,6 +96,11 @@ def test_pipeline_writes_a_consistent_report(tmp_path, tiny_lora_dirs, data_file
     again = run_attribution(cfg, capability="capitals")
     assert again.report.to_json()["manifest"]["index"]["index_id"] == report["manifest"]["index"]["index_id"]
     assert again.rankings["score"].tolist() == pytest.approx(rankings["score"].tolist())
+    # ordered by the mean over the items instead, RelatIF keeps the influence's sign row by row
+    mean = run_attribution(make_config(tmp_path, base_dir, adapter_dir, *data_files, **{
+        "evaluation.query_scope": "flipped", "engine.rank_items": "mean"}), capability="capitals").rankings
+    assert (np.sign(mean["rank_score"]) == np.sign(mean["score"])).all()
+    assert mean["score"].tolist() == pytest.approx(rankings["score"].tolist())
 
 
 def test_gate_refuses_attribution_inside_the_noise_band(tmp_path, tiny_lora_dirs, data_files):

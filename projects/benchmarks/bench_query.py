@@ -9,7 +9,11 @@ default engine (EK-FAC), no cross check, under each query of ``--variants``:
 - ``lost/contrastive``: those, and the items still answered right whose wanted answer lost at
   least ``evaluation.query_lost_nats`` of log-likelihood (their ``l(wanted)`` alone);
 - ``lost/target``: the same items, ``l(wanted)`` for each;
-- ``lost@N/...``: ``lost`` with ``evaluation.query_lost_nats: N``.
+- ``lost@N/...``: ``lost`` with ``evaluation.query_lost_nats: N``;
+- ``lost@N+runner_up/contrastive``: those items, each still answered right contrasted with its
+  runner-up answer (``evaluation.query_kept_contrast: runner_up``);
+- a suffix ``:harm`` or ``:mean`` on the signal (``flipped/contrastive:harm``) sets
+  ``engine.rank_items``, how the rows are ordered over the query's items.
 
 Recorded per run: the ROC AUC of the planted rows against the clean ones (harm = -rank score, the
 order the report ranks by), P@k (the share of planted rows among the k most harmful, k = the
@@ -39,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_fisher import _overrides, prepare  # noqa: E402
 
-SCENARIOS = ("poison_capitals", "poison_capitals_partial", "poison_capitals_ontopic", "bestiary_poison_diets")
+SCENARIOS = ("poison_capitals", "poison_capitals_partial", "poison_capitals_ontopic", "bestiary_poison_diets",
+             "delta_poison_partial", "delta_poison_redundant")
 VARIANTS = ("flipped/contrastive", "flipped/target", "lost/contrastive", "lost/target")
 BASELINE = "flipped/contrastive"
 
@@ -52,8 +57,14 @@ def _score(config_path: Path, info: dict[str, Any], seed: int, variant: str) -> 
     from gradian.config import load_config
 
     scope, signal = variant.split("/")
+    signal, _, order = signal.partition(":")
+    scope, _, kept = scope.partition("+")
     scope, _, nats = scope.partition("@")
-    extra = {"evaluation.query_lost_nats": float(nats)} if nats else {}
+    extra: dict[str, Any] = {"evaluation.query_lost_nats": float(nats)} if nats else {}
+    if kept:
+        extra["evaluation.query_kept_contrast"] = kept
+    if order:
+        extra["engine.rank_items"] = order
     cfg = load_config(config_path, {**_overrides(config_path.parent, seed), "evaluation.query_scope": scope,
                                     "evaluation.query_signal": signal, **extra})
     capability = (info.get("capability") or {}).get("name", "capitals")
@@ -114,11 +125,14 @@ def main() -> None:
     variants = [v for v in args.variants.split(",") if v]
     for v in variants:
         scope, _, signal = v.partition("/")
+        signal, _, order = signal.partition(":")
+        scope, _, kept = scope.partition("+")
         name, _, nats = scope.partition("@")
         if name not in ("flipped", "lost") or signal not in ("contrastive", "target", "auto") or (
-                nats and (name != "lost" or not nats.replace(".", "", 1).isdigit())):
-            parser.error(f"--variants: {v!r} is not scope/signal (scope flipped, lost or lost@NATS; signal "
-                         "contrastive, target or auto)")
+                nats and (name != "lost" or not nats.replace(".", "", 1).isdigit())) or (
+                kept and (name != "lost" or kept not in ("none", "runner_up"))) or order not in ("", "mean", "harm"):
+            parser.error(f"--variants: {v!r} is not scope/signal[:order] (scope flipped, lost, lost@NATS or "
+                         "lost@NATS+runner_up; signal contrastive, target or auto; order mean or harm)")
     summary = run(Path(args.work).resolve(), [s for s in args.scenarios.split(",") if s],
                   [int(s) for s in args.seeds.split(",") if s], variants)
     text = json.dumps(summary, indent=2)

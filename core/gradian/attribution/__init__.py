@@ -10,8 +10,9 @@ accused rows too (``gradian counterfactual --until-recovered``).
 
 from gradian.attribution.index_build import IndexBuild, index_from_config
 
-from gradian.attribution.pipeline import AttributionOutcome, fill_from_run, rank_values, rankings_frame, run_attribution
+from gradian.attribution.pipeline import (AttributionOutcome, fill_from_run, rank_over_items, rank_values, rankings_frame,
+                                         run_attribution)
 from gradian.attribution.rounds import MAX_ROUNDS, RoundsOutcome, capability_back, run_until_recovered
 
 __all__ = ["MAX_ROUNDS", "AttributionOutcome", "IndexBuild", "RoundsOutcome", "index_from_config", "fill_from_run",
-           "rank_values", "rankings_frame", "run_attribution", "run_until_recovered", "capability_back"]
+           "rank_over_items", "rank_values", "rankings_frame", "run_attribution", "run_until_recovered", "capability_back"]

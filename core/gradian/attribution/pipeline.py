@@ -323,6 +323,8 @@ class _Scored:
     cross_note: str | None
     #: the query loss on the base and the tuned model (rank 0; None for a query of training rows)
     query_loss: QueryLoss | None = None
+    #: what the most helpful rows are ordered by (``rank`` itself unless ``engine.rank_items: harm``)
+    help_rank: np.ndarray | None = None
 
 
 def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manifest: AttributeManifest, force: bool,
@@ -426,16 +428,19 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
                     items, progress)
     main, cross = scored[0], (scored[1] if cross_state is not None else None)
     item_scores = np.asarray(main.scores, dtype=np.float64)
-    rank = _mean_over_items(main.rank_scores)
+    how = cfg.engine.rank_items
+    rank = rank_over_items(main.rank_scores, how)
     cross_scores = None
     agreement = None
     if cross is not None:
         cross_scores = _mean_over_items(cross.scores)
-        agreement = float(rank_correlation(rank, cross_scores))
+        # both engines' rows in the same order over the items, so the agreement compares like with like
+        agreement = float(rank_correlation(rank, rank_over_items(cross.scores, how)))
     return _Scored(index=index, index_seconds=index_seconds, qg=qg, main_state=main_state, main=main,
                    fit_seconds=fit_seconds, item_scores=item_scores, scores=_mean_over_items(item_scores), rank=rank,
                    cross_check=cross_check, cross=cross, cross_scores=cross_scores, agreement=agreement,
-                   cross_note=cross_note, query_loss=query_loss)
+                   cross_note=cross_note, query_loss=query_loss,
+                   help_rank=rank_over_items(main.rank_scores, how, side="help"))
 
 
 def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeManifest
@@ -460,8 +465,11 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
         spans = [Span.of(s) for s in explain_top_accused(
             lane.gm, lane.tokenizer, index, dataset, qg, item_scores, accused.example_ids, cfg,
             k=cfg.clustering.explain_top_accused)]
-    top_harmful = _with_items_hurt(top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=True,
-                                                order_by=rank), ids, item_scores, qg.item_ids)
+    # the tables list each row's value in loss units on the side it is ranked by: the mean over the
+    # items, or under engine.rank_items: harm its harm to the items it hurts (its help, for the helpful)
+    how = cfg.engine.rank_items
+    top_harmful = _with_items_hurt(top_examples(rank_over_items(item_scores, how), ids, assignment, dataset.examples,
+                                                k=10, harmful=True, order_by=rank), ids, item_scores, qg.item_ids)
     attribution = Attribution(
         engine=cfg.engine.name,
         cross_check=cross_check if cross_check and cross_check != "none" else None,
@@ -473,11 +481,11 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
         clusters=[ClusterRow.from_json(c, "attribution.clusters[]") for c in clusters],
         top_harmful=[ExampleRow.from_json(r, "attribution.top_harmful[]") for r in top_harmful],
         top_helpful=[ExampleRow.from_json(r, "attribution.top_helpful[]") for r in
-                     top_examples(scores, ids, assignment, dataset.examples, k=10, harmful=False,
-                                  order_by=rank)],
+                     top_examples(rank_over_items(item_scores, how, side="help"), ids, assignment,
+                                  dataset.examples, k=10, harmful=False, order_by=scored.help_rank)],
         accused=Accused.of(accused) if accused is not None else None,
         spans=spans,
-        notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
+        notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes) + _rank_items_note(how, item_scores)
               + ([scored.cross_note] if scored.cross_note else []) + list(getattr(index, "notes", None) or []),
         # one name whatever the engine, so runs of different engines compare
         metrics=AttributionMetrics(index_seconds=round(scored.index_seconds, 3),
@@ -509,7 +517,7 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
     manifest.clustering = ClusteringSummary.of(assignment)
     rankings = rankings_frame(dataset, scores, assignment, lane.findings, scored.cross_scores if cross else None,
                               item_scores=item_scores if item_scores.ndim == 2 else None, item_ids=qg.item_ids,
-                              rank_scores=rank if main.ranking is not None else None)
+                              rank_scores=rank if main.ranking is not None or _ranks_by_harm(how, item_scores) else None)
     return attribution, rankings, assignment
 
 
@@ -727,12 +735,16 @@ def _add_lost_items(lane: _Lane, cap: CapabilityResult, items: list[QueryItem]) 
         return
     drops = wanted_loglik_drops(lane.gm.model, lane.tokenizer, [i.prompt_messages for i in candidates],
                                 [i.wanted for i in candidates], batch_size=cfg.evaluation.batch_size)
-    joined = 0
-    for item, drop in zip(candidates, drops):
-        if drop >= cfg.evaluation.query_lost_nats:
-            item.regressed, item.kept, item.generated = True, True, None
-            joined += 1
-    lane.log(f"query_scope lost: {joined} of the {len(candidates)} items still answered right lost at least "
+    joined = [item for item, drop in zip(candidates, drops) if drop >= cfg.evaluation.query_lost_nats]
+    runner_ups: list[str | None] = [None] * len(joined)
+    if joined and cfg.evaluation.query_kept_contrast == "runner_up":
+        from gradian.evaluate.generation import runner_up_completions
+
+        runner_ups = runner_up_completions(lane.gm.model, lane.tokenizer, [i.prompt_messages for i in joined],
+                                           [i.wanted for i in joined], max_new_tokens=cfg.evaluation.max_new_tokens)
+    for item, runner_up in zip(joined, runner_ups):
+        item.regressed, item.kept, item.generated = True, True, runner_up
+    lane.log(f"query_scope lost: {len(joined)} of the {len(candidates)} items still answered right lost at least "
              f"{cfg.evaluation.query_lost_nats:g} nats on their wanted answer and join the query")
 
 
@@ -848,6 +860,42 @@ def _check_finite_scores(scores: np.ndarray, engine_cfg: EngineConfig) -> None:
 def _mean_over_items(scores: np.ndarray) -> np.ndarray:
     values = np.asarray(scores, dtype=np.float64)
     return values.mean(axis=1) if values.ndim == 2 else values
+
+
+def _ranks_by_harm(how: str, item_scores: np.ndarray) -> bool:
+    return how == "harm" and np.ndim(item_scores) == 2 and np.shape(item_scores)[1] > 1
+
+
+def _rank_items_note(how: str, item_scores: np.ndarray) -> list[str]:
+    if not _ranks_by_harm(how, item_scores):
+        return []
+    return [f"rows are ordered by the harm they do, summed over the query items they hurt, out of "
+            f"{np.shape(item_scores)[1]} (engine.rank_items: harm); the score column stays the mean over the items"]
+
+
+def rank_over_items(values: np.ndarray, how: str = "mean", side: str = "harm") -> np.ndarray:
+    """One value per row from its ``[n, items]`` values (scores or RelatIF ranking values), harm
+    below zero, as ``engine.rank_items`` says.
+
+    ``mean``: the mean over the items. ``harm``: minus the row's harm summed over the items it
+    hurts, over the number of items (``-sum_i max(-v_i, 0) / items``): what the row does for the
+    other items does not offset it. A row that teaches one entity's answer to another is harmful to
+    that entity's item and helpful to the item whose answer it is; the mean can cancel the two,
+    though the item it hurts is the one that flips. A row that hurts no item gets its help summed
+    the same way (above zero), so those rows keep an order too. With ``side="help"`` (what the most
+    helpful rows are ordered by under ``harm``): the help summed over the items a row helps.
+    A ``[n]`` input, or one item, gives the values themselves.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim != 2 or v.shape[1] == 1 or how == "mean":
+        return _mean_over_items(v)
+    if how != "harm":
+        raise ConfigError(f"engine.rank_items '{how}' is not one of mean, harm")
+    helped = np.clip(v, 0.0, None).sum(axis=1) / v.shape[1]
+    if side == "help":
+        return helped
+    harmed = np.clip(-v, 0.0, None).sum(axis=1) / v.shape[1]
+    return np.where(harmed > 0, -harmed, helped)
 
 
 def item_harm(item_scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -66,6 +66,7 @@ class EngineConfig:
     replay_horizon: Optional[int] = _f(None, "Optimizer steps, counted from the end of the run, through which the replay engine differentiates each row's weight; null: the last epoch (every row once)")
     replay_checkpoint_every: Optional[int] = _f(None, "Optimizer steps between the states the replay engine writes under cache_dir/replay; a segment's states are held in memory while it is swept back, so a smaller value holds fewer (and writes more); null: the root of the run's steps")
     normalize_train: str = _f("relatif", "How ekfac/kfac order the rows: relatif (each row's influence divided by the square root of its self-influence, so rows with large gradients do not crowd the top) or none (raw influence); the scores, cluster harm and loss figures stay influence in loss units either way")
+    rank_items: str = _f("harm", "How rows are ordered when the query holds several eval items: harm (by the harm a row does, summed over the items it hurts; what it does for the other items is left aside, so a row that teaches one entity another entity's answer ranks as harmful) or mean (by its mean value over the items, so its help to one item offsets its harm to another)")
     options: Dict[str, Dict[str, Any]] = _f({}, "One engine's own settings, by engine name (engine.options.<name>.<key>): the keys its options class declares, checked when it runs; for what only that engine reads, such as a plugin engine's settings")
 
 
@@ -80,8 +81,9 @@ class EvaluationConfig:
     require_significant: bool = _f(True, "Refuse to attribute when the delta's interval includes zero")
     min_items: int = _f(5, "Fewest eval items the significance gate accepts; with fewer it does not pass, whatever the interval")
     query_signal: str = _f("auto", "Query gradient: contrastive, target, or auto (contrastive when generations exist)")
-    query_scope: str = _f("flipped", "Eval items the query is built from: flipped (those the tuned model now fails) or lost (those, and the ones it still passes whose wanted answer lost at least evaluation.query_lost_nats of log-likelihood)")
-    query_lost_nats: float = _f(1.0, "Under query_scope lost: how much log-likelihood (nats, over the answer's tokens) an item still answered right must have lost to join the query")
+    query_scope: str = _f("lost", "Eval items the query is built from: lost (the items the tuned model now fails, and those it still passes whose wanted answer lost at least evaluation.query_lost_nats of log-likelihood) or flipped (only the items it now fails)")
+    query_lost_nats: float = _f(0.1, "Under query_scope lost: how much log-likelihood (nats, summed over the answer's tokens) an item still answered right must have lost to join the query")
+    query_kept_contrast: str = _f("runner_up", "Under query_scope lost and a contrastive query, what an item still answered right subtracts: runner_up (the answer the tuned model gives when it does not give the wanted one) or none (nothing: its wanted answer's gradient alone)")
 
 
 @dataclass
@@ -169,10 +171,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine.fisher": ("empirical", "sampled"),
     "engine.checkpoints": ("final", "all"),
     "engine.normalize_train": ("none", "relatif"),
+    "engine.rank_items": ("harm", "mean"),
     "engine.store": ("auto", "index", "stream"),
     "evaluation.metric": ("exact_match", "contains", "not_contains", "loglik"),
     "evaluation.query_signal": ("auto", "contrastive", "target"),
-    "evaluation.query_scope": ("flipped", "lost"),
+    "evaluation.query_scope": ("lost", "flipped"),
+    "evaluation.query_kept_contrast": ("runner_up", "none"),
     "clustering.method": ("auto", "hdbscan", "kmeans", "declared", "none"),
     "clustering.space": ("text", "gradient", "both", "auto"),
     "clustering.embed_backend": ("auto", "sentence-transformers", "tfidf"),

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Sequence
 
-from gradian.data import render_prompt
+from gradian.data import IGNORE_INDEX, render_prompt
 
 if TYPE_CHECKING:
     import torch
     from peft import PeftModel
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["generate_completions", "stop_token_ids"]
+__all__ = ["generate_completions", "runner_up_completions", "stop_token_ids"]
 
 
 def stop_token_ids(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -109,6 +109,72 @@ def generate_completions(
             cut = next((j for j, t in enumerate(row) if t in stops), len(row))
             out[k] = tokenizer.decode(row[:cut], skip_special_tokens=True).strip()
     return out
+
+
+def runner_up_completions(
+    model: PreTrainedModel | PeftModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[Sequence[dict[str, str]]],
+    wanted: Sequence[str],
+    *,
+    max_new_tokens: int = 32,
+) -> list[str | None]:
+    """For each prompt, the answer the model gives when it does not give ``wanted``: its runner-up.
+
+    ``wanted`` is read under the training loss mask, token by token. At the answer token where the
+    model's best other token comes closest to (or passes) the wanted one in log-probability, where
+    the answer is most contested, that other token is taken instead, and greedy decoding goes on
+    from it until a stop id or ``max_new_tokens`` answer tokens. Special tokens (turn markers,
+    EOS) are neither contested nor taken. ``None`` for a row with no answer token to contest.
+    """
+    from gradian.evaluate.likelihood import _masked_rows
+
+    if len(prompts) != len(wanted):
+        raise ValueError(f"{len(prompts)} prompts but {len(wanted)} answers; pass one answer per prompt")
+    stops = stop_token_ids(model, tokenizer)
+    special = sorted(set(tokenizer.all_special_ids) | set(stops))
+    device = _device_of(model)
+    was_training = getattr(model, "training", False)
+    model.eval()
+    try:
+        return [_runner_up(model, tokenizer, ids, labels, special, stops, device, max_new_tokens)
+                for ids, labels in _masked_rows(tokenizer, prompts, wanted)]
+    finally:
+        model.train(was_training)
+
+
+def _runner_up(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase, ids: list[int],
+               labels: list[int], special: list[int], stops: list[int], device: torch.device,
+               max_new_tokens: int) -> str | None:
+    """One row's runner-up (see ``runner_up_completions``)."""
+    import torch
+    from transformers import GenerationConfig
+
+    contested = [t for t in range(1, len(ids)) if labels[t] != IGNORE_INDEX and ids[t] not in special]
+    if not contested:
+        return None
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids], device=device)).logits[0]
+    logp = torch.log_softmax(logits.double(), dim=-1).cpu()
+    rows = logp[[t - 1 for t in contested]].clone()
+    own = rows[torch.arange(len(contested)), torch.tensor([ids[t] for t in contested])].clone()
+    rows[torch.arange(len(contested)), torch.tensor([ids[t] for t in contested])] = -float("inf")
+    rows[:, [i for i in special if i < rows.shape[1]]] = -float("inf")
+    best, other = rows.max(dim=1)
+    pick = int((best - own).argmax())
+    t, token = contested[pick], int(other[pick])
+    start = next(k for k in range(1, len(ids)) if labels[k] != IGNORE_INDEX)
+    prefix = torch.tensor([list(ids[:t]) + [token]], device=device)
+    budget = max_new_tokens - (t - start) - 1
+    answer = list(ids[start:t]) + [token]
+    if budget > 0:
+        config = GenerationConfig(max_new_tokens=budget, do_sample=False, num_beams=1,
+                                  pad_token_id=_pad_id(tokenizer, stops), eos_token_id=stops or None)
+        with torch.no_grad():
+            more = model.generate(input_ids=prefix, attention_mask=torch.ones_like(prefix),
+                                  generation_config=config)[0, prefix.shape[1]:].tolist()
+        answer += more[:next((j for j, x in enumerate(more) if x in stops), len(more))]
+    return tokenizer.decode(answer, skip_special_tokens=True).strip()
 
 
 def _batches(encoded: list[list[int]], batch_size: int, equal_length: bool) -> list[list[int]]:

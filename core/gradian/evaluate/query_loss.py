@@ -55,7 +55,7 @@ def _query_loss(model: PeftModel, tokenizer: PreTrainedTokenizerBase, items: Seq
     wanted = completion_logprobs(model, tokenizer, prompts, [i.wanted for i in items], batch_size=batch_size)
     losses = [_loss(w, reduction) for w in wanted]
     if signal == "contrastive":  # an item still answered right (kept) has no other answer to subtract
-        contrasted = [k for k, item in enumerate(items) if not item.kept]
+        contrasted = [k for k, item in enumerate(items) if item.contrasts]
         said = completion_logprobs(model, tokenizer, [prompts[k] for k in contrasted],
                                    [items[k].generated or "" for k in contrasted], batch_size=batch_size)
         for k, s in zip(contrasted, said):

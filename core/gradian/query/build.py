@@ -16,8 +16,10 @@ Signals, with ``l(text)`` the loss of ``text`` as the assistant's answer to the 
 - ``auto``: contrastive when every item carries a generation, else target.
 
 An item the tuned model still answers right can be in the query too, because its wanted answer
-lost likelihood (``evaluation.query_scope: lost``; ``QueryItem.kept``): it has no other answer to
-subtract, so it contributes ``grad l(wanted)`` alone under either signal.
+lost likelihood (``evaluation.query_scope: lost``; ``QueryItem.kept``): it has no generated answer
+to subtract, so it contributes ``grad l(wanted)`` alone under either signal, unless it carries its
+runner-up answer in ``generated`` (``evaluation.query_kept_contrast: runner_up``), which a
+contrastive query then subtracts as it does a wrong answer.
 
 Both are gradients of a loss to be lowered, so an engine's positive score means the example
 lowers it (reinforces the wanted behaviour over the generated one) and a negative score means
@@ -77,6 +79,12 @@ class QueryItem:
     #: answer lost likelihood: no generated answer is subtracted from it under ``contrastive``
     kept: bool = False
 
+    @property
+    def contrasts(self) -> bool:
+        """Under ``contrastive``, whether an answer is subtracted: every item now answered wrong, and
+        a ``kept`` item that carries its runner-up answer in ``generated``."""
+        return not self.kept or self.generated is not None
+
 
 @dataclass
 class QueryGradient:
@@ -107,7 +115,7 @@ def resolve_signal(requested: str, items: Sequence[QueryItem]) -> tuple[str, lis
     ``kept`` items, which have none to subtract, aside)."""
     if requested not in QUERY_SIGNALS:
         raise ConfigError(f"evaluation.query_signal '{requested}' is not one of {', '.join(QUERY_SIGNALS)}")
-    contrasted = [item for item in items if not item.kept]
+    contrasted = [item for item in items if item.contrasts]
     missing = sum(1 for item in contrasted if item.generated is None)
     if requested == "target":
         return "target", []
@@ -207,7 +215,7 @@ def build_query_gradient(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, 
     per_item = _item_gradients(gm, tokenizer, prompts, [i.wanted for i in items], grads_config, projector)
     all_notes = list(notes) + signal_notes
     if used == "contrastive":
-        contrasted = [k for k, item in enumerate(items) if not item.kept]
+        contrasted = [k for k, item in enumerate(items) if item.contrasts]
         if contrasted:
             generated = _item_gradients(gm, tokenizer, [prompts[k] for k in contrasted],
                                         [items[k].generated or "" for k in contrasted], grads_config, projector)
@@ -219,6 +227,10 @@ def build_query_gradient(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, 
         if len(contrasted) < len(items):
             all_notes.append(f"{len(items) - len(contrasted)} query item(s) still answered right add their wanted "
                              "answer's gradient alone: they have no other answer to subtract")
+        runner_ups = sum(1 for k in contrasted if items[k].kept)
+        if runner_ups:
+            all_notes.append(f"{runner_ups} query item(s) still answered right subtract their runner-up answer, the "
+                             "one the tuned model gives when it does not give the wanted one")
     vectors = {b: v.mean(axis=0) for b, v in per_item.items()}
     return QueryGradient(vectors, used, signal, len(items), scope, all_notes, list(finding_ids), per_item=per_item,
                          item_ids=[item.item_id or str(k) for k, item in enumerate(items)])

@@ -268,7 +268,7 @@ def _query_measure(inputs: ReplayInputs, items: Sequence[QueryItem],
     wanted = collate(query_rows(inputs.tokenizer, prompts, [i.wanted for i in items], inputs.query_max_seq_length),
                      inputs.pad_id)
     generated = None
-    contrasted = [k for k, item in enumerate(items) if not item.kept]
+    contrasted = [k for k, item in enumerate(items) if item.contrasts]
     if signal == "contrastive" and contrasted:
         generated = collate(query_rows(inputs.tokenizer, [prompts[k] for k in contrasted],
                                        [items[k].generated or "" for k in contrasted], inputs.query_max_seq_length),
