@@ -2,8 +2,8 @@
 and ``engine.rank_items``: how rows are ordered over them.
 
 ``poison_capitals_partial`` gives 12 of the 16 target countries a wrong capital in 3, 2 or 1 rows,
-so some items flip and others only lose likelihood. Under ``flipped`` the query holds the items the
-tuned model now fails; under ``lost`` (the default) it also holds the items still answered right
+so some items flip and others only lose likelihood. Under ``flipped`` (the default) the query holds
+the items the tuned model now fails; under ``lost`` it also holds the items still answered right
 whose wanted answer lost at least ``evaluation.query_lost_nats``, each adding its wanted answer's
 gradient alone (``evaluation.query_kept_contrast: none``) or contrasted with its runner-up answer
 (``runner_up``, the default).
@@ -105,11 +105,12 @@ def test_the_runner_up_of_an_item_answered_wrong_is_the_answer_the_model_gives(b
     assert failing_now <= {examples[k].id for k in wrong}
 
 
-def test_by_default_the_items_still_right_that_lost_likelihood_subtract_their_runner_up(both, tmp_path):
+def test_under_lost_the_items_still_right_subtract_their_runner_up_by_default(both, tmp_path):
     from gradian.attribution import run_attribution
 
     run, _, lost, _ = both
-    outcome = run_attribution(run.config(), capability="capitals", cross_check="none", out_dir=tmp_path)  # the defaults
+    outcome = run_attribution(run.config(**{"evaluation.query_scope": "lost"}), capability="capitals",
+                              cross_check="none", out_dir=tmp_path)  # 0.1 nat and the runner-up: the defaults
     query = outcome.report.to_json()["attribution"]["query"]
     assert query["item_ids"] == lost["attribution"]["query"]["item_ids"]  # the same items
     items = {i["example_id"]: i for i in lost["capability"]["items"]}

@@ -434,8 +434,9 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     agreement = None
     if cross is not None:
         cross_scores = _mean_over_items(cross.scores)
-        # both engines' rows in the same order over the items, so the agreement compares like with like
-        agreement = float(rank_correlation(rank, rank_over_items(cross.scores, how)))
+        # the engines are compared on their mean over the items whatever engine.rank_items orders by:
+        # summed harms are near zero and noisy for most rows, which would read as disagreement
+        agreement = float(rank_correlation(_mean_over_items(main.rank_scores), cross_scores))
     return _Scored(index=index, index_seconds=index_seconds, qg=qg, main_state=main_state, main=main,
                    fit_seconds=fit_seconds, item_scores=item_scores, scores=_mean_over_items(item_scores), rank=rank,
                    cross_check=cross_check, cross=cross, cross_scores=cross_scores, agreement=agreement,
