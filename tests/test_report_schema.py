@@ -122,7 +122,7 @@ def test_the_attribute_report_is_its_typed_report(attribute_outcome):
     assert report.manifest.index is not None and report.manifest.index.n_examples == 20
     assert report.manifest.engine_state is not None and report.manifest.clustering.method == "declared"
     assert report.attribution.engine == report.manifest.config["engine"]["name"]
-    query = report.attribution.query  # the items that lost likelihood on this random adapter (query_scope: lost)
+    query = report.attribution.query  # no item flips on this random adapter: the whole eval set, or under lost the items that lost likelihood
     assert query is not None and 1 <= query.n_items == len(query.item_ids) <= 4
     assert {c.cluster for c in report.attribution.clusters} == {"a", "b"}
     assert report.attribution.lumpiness is not None and report.skipped is not None
