@@ -323,8 +323,6 @@ class _Scored:
     cross_note: str | None
     #: the query loss on the base and the tuned model (rank 0; None for a query of training rows)
     query_loss: QueryLoss | None = None
-    #: what the most helpful rows are ordered by (``rank`` itself unless ``engine.rank_items: harm``)
-    help_rank: np.ndarray | None = None
 
 
 def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manifest: AttributeManifest, force: bool,
@@ -440,8 +438,7 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     return _Scored(index=index, index_seconds=index_seconds, qg=qg, main_state=main_state, main=main,
                    fit_seconds=fit_seconds, item_scores=item_scores, scores=_mean_over_items(item_scores), rank=rank,
                    cross_check=cross_check, cross=cross, cross_scores=cross_scores, agreement=agreement,
-                   cross_note=cross_note, query_loss=query_loss,
-                   help_rank=rank_over_items(main.rank_scores, how, side="help"))
+                   cross_note=cross_note, query_loss=query_loss)
 
 
 def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeManifest
@@ -483,7 +480,8 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
         top_harmful=[ExampleRow.from_json(r, "attribution.top_harmful[]") for r in top_harmful],
         top_helpful=[ExampleRow.from_json(r, "attribution.top_helpful[]") for r in
                      top_examples(rank_over_items(item_scores, how, side="help"), ids, assignment,
-                                  dataset.examples, k=10, harmful=False, order_by=scored.help_rank)],
+                                  dataset.examples, k=10, harmful=False,
+                                  order_by=rank_over_items(main.rank_scores, how, side="help"))],
         accused=Accused.of(accused) if accused is not None else None,
         spans=spans,
         notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes) + _rank_items_note(how, item_scores)
