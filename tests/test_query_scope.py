@@ -2,12 +2,12 @@
 and ``engine.rank_items``: how rows are ordered over them.
 
 ``poison_capitals_partial`` gives 12 of the 16 target countries a wrong capital in 3, 2 or 1 rows,
-so some items flip and others only lose likelihood. Under ``flipped`` (the default) the query holds
-the items the tuned model now fails; under ``lost`` it also holds the items still answered right
-whose wanted answer lost at least ``evaluation.query_lost_nats``, each adding its wanted answer's
-gradient alone (``evaluation.query_kept_contrast: none``) or contrasted with its runner-up answer
-(``runner_up``, the default).
-"""
+so some items flip and others only lose likelihood. Under ``flipped`` the query holds the items
+the tuned model now fails; under ``lost`` (the default) it also holds the items still answered
+right whose wanted answer lost at least ``evaluation.query_lost_nats``, each adding its wanted
+answer's gradient alone (``evaluation.query_kept_contrast: none``) or contrasted with its runner-up
+answer (``runner_up``, the default). Those items order the rows; the score column, the clusters
+and the accused set stay on the items that flipped."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ def both(tinyworld_run, tmp_path_factory):
     lost = run_attribution(run.config(**{"evaluation.query_scope": "lost", "evaluation.query_lost_nats": 0.1,
                                          "evaluation.query_kept_contrast": "none"}),
                            capability="capitals", cross_check="none", out_dir=out / "lost")
-    return run, flipped.report.to_json(), lost.report.to_json(), lost
+    return run, flipped.report.to_json(), lost.report.to_json(), lost, flipped
 
 
 def test_the_flipped_scope_holds_the_items_answered_wrong(both):
-    run, flipped, _, _ = both
+    run, flipped, _, _, _ = both
     items = flipped["capability"]["items"]
     query = flipped["attribution"]["query"]
     failing_now = {i["example_id"] for i in items if i["flipped"]}
@@ -46,7 +46,7 @@ def test_lost_adds_the_items_still_right_whose_wanted_answer_lost_likelihood(bot
     from gradian.grads.model import load_model_for_gradients
     from transformers import AutoTokenizer
 
-    run, flipped, lost, outcome = both
+    run, flipped, lost, outcome, _ = both
     items = {i["example_id"]: i for i in lost["capability"]["items"]}
     before, after = set(flipped["attribution"]["query"]["item_ids"]), set(lost["attribution"]["query"]["item_ids"])
     added = after - before
@@ -90,7 +90,7 @@ def test_the_runner_up_of_an_item_answered_wrong_is_the_answer_the_model_gives(b
     from gradian.evaluate.generation import generate_completions, runner_up_completions
     from gradian.grads.model import load_model_for_gradients
 
-    run, flipped, _, _ = both
+    run, flipped, _, _, _ = both
     cfg = run.config()
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.base_model)
@@ -105,19 +105,61 @@ def test_the_runner_up_of_an_item_answered_wrong_is_the_answer_the_model_gives(b
     assert failing_now <= {examples[k].id for k in wrong}
 
 
-def test_under_lost_the_items_still_right_subtract_their_runner_up_by_default(both, tmp_path):
+@pytest.fixture(scope="module")
+def default(both, tmp_path_factory):
+    """Every default: ``lost``, 0.1 nat, the runner-up, rows ordered by their harm."""
     from gradian.attribution import run_attribution
 
-    run, _, lost, _ = both
-    outcome = run_attribution(run.config(**{"evaluation.query_scope": "lost"}), capability="capitals",
-                              cross_check="none", out_dir=tmp_path)  # 0.1 nat and the runner-up: the defaults
-    query = outcome.report.to_json()["attribution"]["query"]
-    assert query["item_ids"] == lost["attribution"]["query"]["item_ids"]  # the same items
+    run = both[0]
+    return run_attribution(run.config(), capability="capitals", cross_check="none",
+                           out_dir=tmp_path_factory.mktemp("query-default"))
+
+
+def test_under_lost_the_items_still_right_subtract_their_runner_up_by_default(both, default):
+    _, _, lost, _, _ = both
+    query = default.report.to_json()["attribution"]["query"]
+    assert query["scope"] == "regressed"
+    assert query["item_ids"] == lost["attribution"]["query"]["item_ids"]  # the same items as lost above
     items = {i["example_id"]: i for i in lost["capability"]["items"]}
-    kept = sum(1 for i in query["item_ids"] if items[i]["tuned_correct"])
+    kept = [i for i in query["item_ids"] if items[i]["tuned_correct"]]
+    assert kept and query["kept_item_ids"] == kept
     notes = " ".join(query["notes"])
-    assert kept and f"{kept} query item(s) still answered right subtract their runner-up answer" in notes
+    assert f"{len(kept)} query item(s) still answered right subtract their runner-up answer" in notes
     assert "add their wanted answer's gradient alone" not in notes
+
+
+def test_the_items_still_right_order_the_rows_but_leave_the_score_and_the_accused_set_alone(both, default):
+    """The kept items move ``rank_score`` only: the score column is the mean over the flipped
+    items' own columns (the same numbers as under ``flipped``), and so the clusters and the accused
+    set are those of ``flipped``; ordered over every item that lost likelihood, the planted rows
+    aimed at the countries that did not flip come up too."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    from gradian.attribution import rank_values
+    from gradian.attribution.pipeline import accused_ids
+
+    run, flipped, _, _, flipped_outcome = both
+    report = default.report.to_json()
+    query = report["attribution"]["query"]
+    flipped_ids = [i for i in query["item_ids"] if i not in query["kept_item_ids"]]
+    assert set(flipped_ids) == set(flipped["attribution"]["query"]["item_ids"]) and query["kept_item_ids"]
+    # the same per-item scores on the flipped items, so the same mean over them (to float32 rounding:
+    # the query's items are padded into other batches when the kept items join them)
+    ours, theirs = default.rankings["score"].to_numpy(), flipped_outcome.rankings["score"].to_numpy()
+    assert np.allclose(ours, theirs, rtol=1e-4, atol=1e-6 * np.abs(theirs).max())
+    assert accused_ids(report) == accused_ids(flipped)
+    assert any("the score column, the clusters and the accused set use the mean over the "
+               f"{len(flipped_ids)} items now answered wrong" in n for n in report["attribution"]["notes"])
+    # the order is another: over every item in the query
+    assert not np.allclose(default.rankings["rank_score"].to_numpy(),
+                           flipped_outcome.rankings["rank_score"].to_numpy())
+
+    def auc(outcome):
+        return roc_auc_score(outcome.rankings["row_index"].isin(run.planted_rows), -rank_values(outcome.rankings))
+
+    auc_default, auc_flipped = auc(default), auc(flipped_outcome)
+    assert auc_default > auc_flipped
 
 
 def test_ranking_by_harm_over_items_finds_the_rows_that_teach_another_entitys_answer(both):
@@ -130,7 +172,7 @@ def test_ranking_by_harm_over_items_finds_the_rows_that_teach_another_entitys_an
 
     from gradian.attribution import rank_over_items, rank_values, run_attribution
 
-    run, _, _, _ = both
+    run, _, _, _, _ = both
     planted = run.planted_rows
     flipped = {"evaluation.query_scope": "flipped"}  # the items that flipped: the rows aimed at them
     mean = run_attribution(run.config(**flipped, **{"engine.rank_items": "mean"}), capability="capitals",

@@ -431,12 +431,13 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     cross_scores = None
     agreement = None
     if cross is not None:
-        cross_scores = _mean_over_items(cross.scores)
-        # the engines are compared on their mean over the items whatever engine.rank_items orders by:
-        # summed harms are near zero and noisy for most rows, which would read as disagreement
-        agreement = float(rank_correlation(_mean_over_items(main.rank_scores), cross_scores))
+        cross_scores = _measured_mean(cross.scores, qg)
+        # the engines are compared on their mean over the items (those the score column holds)
+        # whatever engine.rank_items orders by: summed harms are near zero and noisy for most rows,
+        # which would read as disagreement
+        agreement = float(rank_correlation(_measured_mean(main.rank_scores, qg), cross_scores))
     return _Scored(index=index, index_seconds=index_seconds, qg=qg, main_state=main_state, main=main,
-                   fit_seconds=fit_seconds, item_scores=item_scores, scores=_mean_over_items(item_scores), rank=rank,
+                   fit_seconds=fit_seconds, item_scores=item_scores, scores=_measured_mean(item_scores, qg), rank=rank,
                    cross_check=cross_check, cross=cross, cross_scores=cross_scores, agreement=agreement,
                    cross_note=cross_note, query_loss=query_loss)
 
@@ -484,7 +485,7 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
                                   order_by=rank_over_items(main.rank_scores, how, side="help"))],
         accused=Accused.of(accused) if accused is not None else None,
         spans=spans,
-        notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes) + _rank_items_note(how, item_scores)
+        notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes) + _rank_items_note(how, item_scores) + _measured_note(qg)
               + ([scored.cross_note] if scored.cross_note else []) + list(getattr(index, "notes", None) or []),
         # one name whatever the engine, so runs of different engines compare
         metrics=AttributionMetrics(index_seconds=round(scored.index_seconds, 3),
@@ -861,6 +862,24 @@ def _mean_over_items(scores: np.ndarray) -> np.ndarray:
     return values.mean(axis=1) if values.ndim == 2 else values
 
 
+def _measured_mean(item_scores: np.ndarray, qg: QueryGradient) -> np.ndarray:
+    """The score column: the mean over the items the tuned model now fails. Items it still answers
+    right (``evaluation.query_scope: lost``) order the rows (``rank_over_items``) but stay out of it,
+    and so out of the clusters, the verdict and the accused set, which must answer for the items
+    that flipped: a row that only dents a kept item's likelihood is not what broke the capability."""
+    values = np.asarray(item_scores, dtype=np.float64)
+    columns = qg.measured_columns() if values.ndim == 2 and values.shape[1] == len(qg.item_ids) else None
+    return _mean_over_items(values[:, columns] if columns is not None else values)
+
+
+def _measured_note(qg: QueryGradient) -> list[str]:
+    if qg.measured_columns() is None:
+        return []
+    kept = len(qg.kept_item_ids)
+    return [f"the score column, the clusters and the accused set use the mean over the {len(qg.item_ids) - kept} "
+            f"items now answered wrong; the {kept} still answered right order the rows but stay out of it"]
+
+
 def _ranks_by_harm(how: str, item_scores: np.ndarray) -> bool:
     return how == "harm" and np.ndim(item_scores) == 2 and np.shape(item_scores)[1] > 1
 
@@ -869,7 +888,7 @@ def _rank_items_note(how: str, item_scores: np.ndarray) -> list[str]:
     if not _ranks_by_harm(how, item_scores):
         return []
     return [f"rows are ordered by the harm they do, summed over the query items they hurt, out of "
-            f"{np.shape(item_scores)[1]} (engine.rank_items: harm); the score column stays the mean over the items"]
+            f"{np.shape(item_scores)[1]} (engine.rank_items: harm); the score column stays a mean over items"]
 
 
 def rank_over_items(values: np.ndarray, how: str = "mean", side: str = "harm") -> np.ndarray:

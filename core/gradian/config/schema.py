@@ -81,7 +81,7 @@ class EvaluationConfig:
     require_significant: bool = _f(True, "Refuse to attribute when the delta's interval includes zero")
     min_items: int = _f(5, "Fewest eval items the significance gate accepts; with fewer it does not pass, whatever the interval")
     query_signal: str = _f("auto", "Query gradient: contrastive, target, or auto (contrastive when generations exist)")
-    query_scope: str = _f("flipped", "Eval items the query is built from: flipped (the items the tuned model now fails) or lost (those, and the ones it still passes whose wanted answer lost at least evaluation.query_lost_nats of log-likelihood)")
+    query_scope: str = _f("lost", "Eval items the query is built from: lost (the items the tuned model now fails, and the ones it still passes whose wanted answer lost at least evaluation.query_lost_nats of log-likelihood: all of them order the rows, the failed ones alone make the score column and the accused set) or flipped (only the items it now fails)")
     query_lost_nats: float = _f(0.1, "Under query_scope lost: how much log-likelihood (nats, summed over the answer's tokens) an item still answered right must have lost to join the query")
     query_kept_contrast: str = _f("runner_up", "Under query_scope lost and a contrastive query, what an item still answered right subtracts: runner_up (the answer the tuned model gives when it does not give the wanted one) or none (nothing: its wanted answer's gradient alone)")
 

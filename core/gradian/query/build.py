@@ -91,7 +91,8 @@ class QueryGradient:
     """``vectors``: ``{block: [width]}``; ``signal``: the one actually used; notes for the report.
 
     ``per_item``: ``{block: [items, width]}``, one query gradient per item (``vectors`` is their
-    mean, so the mean of the per-item scores is the score of ``vectors``); ``item_ids`` names them.
+    mean, so the mean of the per-item scores is the score of ``vectors``); ``item_ids`` names them,
+    and ``kept_item_ids`` those of them the tuned model still answers right (``QueryItem.kept``).
     """
 
     vectors: dict[str, np.ndarray]
@@ -103,11 +104,19 @@ class QueryGradient:
     finding_ids: list[str] = field(default_factory=list)
     per_item: dict[str, np.ndarray] | None = None
     item_ids: list[str] = field(default_factory=list)
+    kept_item_ids: list[str] = field(default_factory=list)
 
     def to_dict(self) -> JsonObject:
         return {"signal": self.signal, "requested_signal": self.requested_signal, "n_items": self.n_items,
                 "scope": self.scope, "notes": list(self.notes), "finding_ids": list(self.finding_ids),
-                "item_ids": list(self.item_ids)}
+                "item_ids": list(self.item_ids), "kept_item_ids": list(self.kept_item_ids)}
+
+    def measured_columns(self) -> np.ndarray | None:
+        """The per-item columns of the items the tuned model now fails (a boolean mask over
+        ``item_ids``), or None when every item is one of them or none is."""
+        kept = set(self.kept_item_ids)
+        mask = np.array([i not in kept for i in self.item_ids], dtype=bool)
+        return mask if kept and mask.any() else None
 
 
 def resolve_signal(requested: str, items: Sequence[QueryItem]) -> tuple[str, list[str]]:
@@ -232,5 +241,6 @@ def build_query_gradient(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, 
             all_notes.append(f"{runner_ups} query item(s) still answered right subtract their runner-up answer, the "
                              "one the tuned model gives when it does not give the wanted one")
     vectors = {b: v.mean(axis=0) for b, v in per_item.items()}
+    item_ids = [item.item_id or str(k) for k, item in enumerate(items)]
     return QueryGradient(vectors, used, signal, len(items), scope, all_notes, list(finding_ids), per_item=per_item,
-                         item_ids=[item.item_id or str(k) for k, item in enumerate(items)])
+                         item_ids=item_ids, kept_item_ids=[i for i, item in zip(item_ids, items) if item.kept])

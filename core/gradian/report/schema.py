@@ -372,6 +372,8 @@ class _QueryGradient(Protocol):
     def finding_ids(self) -> Sequence[str]: ...
     @property
     def item_ids(self) -> Sequence[str]: ...
+    @property
+    def kept_item_ids(self) -> Sequence[str]: ...
 
 
 class _TextPiece(Protocol):
@@ -576,6 +578,9 @@ class QuerySummary(_Block):
     notes: list[str] = field(default_factory=list)
     finding_ids: list[str] = field(default_factory=list)
     item_ids: list[str] = field(default_factory=list)
+    kept_item_ids: list[str] = field(default_factory=list, metadata=_help(
+        "the items among item_ids the tuned model still answers right (evaluation.query_scope: lost); "
+        "they order the rows but leave the score column, the clusters and the accused set alone"))
     extra: dict[str, JsonValue] = _extra()
 
     @classmethod
@@ -583,7 +588,7 @@ class QuerySummary(_Block):
         """From a ``gradian.query.QueryGradient``: how it was built, without its vectors."""
         return cls(signal=query.signal, requested_signal=query.requested_signal, n_items=int(query.n_items),
                    scope=query.scope, notes=list(query.notes), finding_ids=list(query.finding_ids),
-                   item_ids=list(query.item_ids))
+                   item_ids=list(query.item_ids), kept_item_ids=list(query.kept_item_ids))
 
 
 @dataclass
