@@ -86,6 +86,23 @@ def test_a_cluster_that_is_all_harm_stays_whole():
     assert accused.method == "whole_cluster" and accused.n == 30 and accused.n_left_out == 0
 
 
+def test_two_components_split_the_harm_when_the_best_three_straddle_it():
+    """A recorded topic of 350 rows, 24 planted (``tests/golden/accused_topics``): the best
+    mixture by BIC has three components, the most harmful of them wide enough to reach from the
+    clean spread to the planted tail, so it does not stand apart; the two-component mixture,
+    second by BIC, does. The cut is then made, not the whole topic accused."""
+    from pathlib import Path
+
+    from gradian.cluster import refine_accused
+
+    data = json.loads((Path(__file__).parent / "golden" / "accused_topics" / "partial_seed1.json").read_text())
+    scores, planted = np.asarray(data["scaled_scores"]), np.asarray(data["planted"])
+    ids = [f"r{i}" for i in range(len(scores))]
+    accused = refine_accused("0", ids, scores, scale=1.0)
+    precision, recall = _precision_recall(set(accused.example_ids), ids, planted)
+    assert accused.method == "score_gap" and precision >= 0.9 and recall >= 0.5, (accused.n, precision, recall)
+
+
 def test_the_accused_set_round_trips_through_its_dict():
     from gradian.cluster import AccusedSet, refine_accused
 

@@ -8,10 +8,10 @@ estimated share of them that is harmful, and the rows left out.
 
 Is there a split at all? Gaussian mixtures of one, two and three components are fitted to the
 transformed harm ``t = asinh(-score / s)`` (``s`` = the dataset's median absolute score: linear
-near zero, logarithmic in the tail, so one very harmful row does not flatten the rest) and the one
-with the lowest BIC is kept. The harm is bimodal when that mixture has more than one component and
-its most harmful component stands apart from the next one (Ashman's D >= 2). If it is not, the
-whole cluster is the accused set. Three components, not two: curvature-corrected scores put many
+near zero, logarithmic in the tail, so one very harmful row does not flatten the rest). The harm
+is bimodal when a mixture of more than one component fits better than one Gaussian (lower BIC)
+and its most harmful component stands apart from the next one (Ashman's D >= 2); of those, the
+one with the lowest BIC is kept. If there is none, the whole cluster is the accused set. Three components, not two: curvature-corrected scores put many
 clean rows in a narrow spike at zero with the rest of the clean rows spread around it, and a
 two-component fit then spends itself separating the spike from the spread, not the harmful rows
 from the clean ones.
@@ -168,17 +168,22 @@ def _harmful_probability(t: np.ndarray, scores: np.ndarray, seed: int) -> tuple[
         return fallback, None
     x = t[:, None]
     fits = [GaussianMixture(k, random_state=seed, n_init=N_INIT).fit(x) for k in MIXTURE_KS if k < len(t)]
-    best = min(fits, key=lambda g: g.bic(x))
-    if best.n_components == 1:
-        return fallback, None
-    means = best.means_.ravel()
-    variances = best.covariances_.ravel()
-    order = np.argsort(means)
-    top, below = int(order[-1]), int(order[-2])
-    separation = math.sqrt(2.0) * (means[top] - means[below]) / math.sqrt(float(variances[top] + variances[below]))
-    if separation < MIN_SEPARATION:
-        return fallback, None
-    return best.predict_proba(x)[:, top], (float(means[below]), float(means[top]))
+    # by BIC, the mixtures that fit better than one Gaussian; the first whose most harmful
+    # component stands apart from the next decides. The best-BIC mixture alone is not enough: a
+    # wide third component can straddle the planted rows' tail and the clean spread (no
+    # separation) where two components split them cleanly (docs/clustering.md)
+    for mixture in sorted(fits, key=lambda g: g.bic(x)):
+        if mixture.n_components == 1:
+            break
+        means = mixture.means_.ravel()
+        variances = mixture.covariances_.ravel()
+        order = np.argsort(means)
+        top, below = int(order[-1]), int(order[-2])
+        separation = (math.sqrt(2.0) * (means[top] - means[below])
+                      / math.sqrt(float(variances[top] + variances[below])))
+        if separation >= MIN_SEPARATION:
+            return mixture.predict_proba(x)[:, top], (float(means[below]), float(means[top]))
+    return fallback, None
 
 
 def _gap_split(t: np.ndarray, between: tuple[float, float] | None = None) -> np.ndarray | None:
