@@ -227,6 +227,7 @@ def _seed_figures(ws: Workspace, name: str, seed: int, out: Path) -> tuple[dict[
         plan = plan_removal(data, report=run_.report, rankings=run_.rankings, drop="accused")
     except ConfigError as err:  # nothing accused: no retrain to make
         figures["rounds"], figures["stopped"] = [], str(err)
+        figures["first_retrain"] = figures["last_retrain"] = nothing_removed(report)
         return figures, children
     ws.log(f"[accused, seed {seed}] retraining without {plan.n_drop} rows, then round by round until the "
            f"capability is back (at most {SEED_ROUNDS})")
@@ -246,6 +247,17 @@ def _seed_figures(ws: Workspace, name: str, seed: int, out: Path) -> tuple[dict[
                                                     "recall", "outcome")}
     figures["base"] = block.capability.base
     return figures, children
+
+
+def nothing_removed(report: Report) -> dict[str, Any]:
+    """The "last retrain" of a seed whose report accuses nothing: no row removed, so the capability
+    stays where the fine-tune left it, every flipped item still below the base. The seed's medians
+    count it so (a seed left out of them would let the others pass for it); its precision stays
+    None, there being no removal to be precise about."""
+    cap = report.capability
+    return {"n_removed": 0, "after": cap.tuned if cap is not None else None,
+            "items_below_base_after": cap.n_flipped if cap is not None else None, "precision": None,
+            "recall": 0.0, "outcome": "nothing_removed"}
 
 
 def run_seeds(ws: Workspace, name: str, seeds: list[int], quick: bool = False) -> ExperimentResult:
