@@ -22,7 +22,7 @@ def suite_modules():
 
     sys.path.insert(0, str(PROJECT))
     try:
-        yield {name: importlib.import_module(name) for name in ("verdicts", "tracking", "fidelity")}
+        yield {name: importlib.import_module(name) for name in ("verdicts", "tracking", "fidelity", "accused")}
     finally:
         sys.path.remove(str(PROJECT))
 
@@ -378,16 +378,9 @@ def test_targets_and_unknown_worlds(suite_modules):
 def test_a_seed_with_nothing_accused_counts_as_the_tuned_capability(suite_modules):
     """``validate.py accused --seeds``: a seed whose report accuses nothing enters the medians as a
     removal of no rows, with every flipped item still below the base (not left out of them)."""
-    import importlib
-
     from gradian.report.schema import Report
 
-    sys.path.insert(0, str(PROJECT))
-    try:
-        accused = importlib.import_module("accused")
-    finally:
-        sys.path.remove(str(PROJECT))
-    last = accused.nothing_removed(Report.of(_accused_report(accused_ids=())))
+    last = suite_modules["accused"].nothing_removed(Report.of(_accused_report(accused_ids=())))
     assert last["n_removed"] == 0 and last["items_below_base_after"] == 12 and last["after"] == 0.25
     assert last["precision"] is None and last["recall"] == 0.0
 

@@ -485,8 +485,8 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
                                   order_by=rank_over_items(main.rank_scores, how, side="help"))],
         accused=Accused.of(accused) if accused is not None else None,
         spans=spans,
-        notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes) + _rank_items_note(how, item_scores) + _measured_note(qg)
-              + ([scored.cross_note] if scored.cross_note else []) + list(getattr(index, "notes", None) or []),
+        notes=list(main.notes) + (list(cross.notes) if cross else []) + list(qg.notes)
+              + _rank_items_note(how, item_scores) + _measured_note(qg) + ([scored.cross_note] if scored.cross_note else []) + list(getattr(index, "notes", None) or []),
         # one name whatever the engine, so runs of different engines compare
         metrics=AttributionMetrics(index_seconds=round(scored.index_seconds, 3),
                                    fit_seconds=scored.fit_seconds[cfg.engine.name]),

@@ -11,10 +11,11 @@ transformed harm ``t = asinh(-score / s)`` (``s`` = the dataset's median absolut
 near zero, logarithmic in the tail, so one very harmful row does not flatten the rest). The harm
 is bimodal when a mixture of more than one component fits better than one Gaussian (lower BIC)
 and its most harmful component stands apart from the next one (Ashman's D >= 2); of those, the
-one with the lowest BIC is kept. If there is none, the whole cluster is the accused set. Three components, not two: curvature-corrected scores put many
-clean rows in a narrow spike at zero with the rest of the clean rows spread around it, and a
-two-component fit then spends itself separating the spike from the spread, not the harmful rows
-from the clean ones.
+one with the lowest BIC is kept. If there is none, the whole cluster is the accused set. Three
+components, not two: curvature-corrected scores put many clean rows in a narrow spike at zero with
+the rest of the clean rows spread around it, and a two-component fit then spends itself separating
+the spike from the spread, not the harmful rows from the clean ones. Two still count where the
+best three straddle the harmful tail and the clean spread with one wide component.
 
 If it is bimodal, the accused set is ``score_gap``: the rows above the widest gap in sorted ``t``
 between the most harmful component's mean and the next one's. The other candidates are computed and listed beside it with their
