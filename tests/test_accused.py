@@ -256,8 +256,57 @@ def test_only_rows_the_mixture_holds_harmful_bring_their_siblings():
     assert sibling_anchors(accused, 0.0) == ["r0", "r1", "r7", "r3"]
 
 
+def test_rows_the_base_already_answered_leave_the_set_and_their_siblings_with_them():
+    from gradian.cluster import KNOWN_NATS, AccusedSet, add_gradient_siblings, leave_out_known
+    from gradian.report.schema import Accused
+
+    ids = [f"r{i}" for i in range(8)]
+    scores = [-9.0, -8.0, -3.0, 0.1, -0.2, 3.0, 0.2, -0.1]
+    members = ids[:6]
+    cosines = np.full((8, 3), 0.05)
+    cosines[5, 0] = cosines[7, 2] = 0.9  # r5 (inside the cluster) copies r0, r7 (outside) copies r2
+    accused = add_gradient_siblings(_hand_accused(ids, scores, ["r0", "r1", "r2"]), ids, scores, cosines, [0, 1, 2])
+    assert accused.example_ids == ["r0", "r1", "r2", "r5", "r7"]
+    # r2 and r7 cost the base nothing (it already gave them); r5 is exactly at the line; r1 has no figure
+    losses = {"r0": 9.5, "r2": 0.004, "r5": KNOWN_NATS, "r7": 0.02}
+    out = leave_out_known(accused, ids, scores, losses, members)
+    assert out.example_ids == ["r0", "r1"]
+    assert [k["example_id"] for k in out.known_to_base] == ["r2", "r5", "r7"]
+    assert out.known_to_base[0]["base_loss"] == pytest.approx(0.004)
+    # members go back to the cluster's left-out rows; the stranger r7 leaves the set and its record
+    assert {"r2", "r5"} <= set(out.left_out_ids) and "r7" not in out.left_out_ids
+    assert [a["example_id"] for a in out.added] == []
+    assert (out.n, out.n_in_cluster, out.n_outside_cluster) == (2, 2, 0)
+    assert out.mean_per_example == pytest.approx(-8.5)
+    assert out.share_of_negative == pytest.approx(17.0 / 20.3)
+    assert "3 row(s) left out that the base model already answered" in out.reason
+    assert leave_out_known(accused, ids, scores, losses, members, threshold=0) is accused
+    assert leave_out_known(accused, ids, scores, {"r0": 9.5}, members) is accused
+    again = Accused.of(out).to_json()
+    assert AccusedSet.from_dict({k: v for k, v in again.items() if k != "extra"}).known_to_base == out.known_to_base
+
+
+def test_a_training_row_scores_as_the_same_prompt_and_answer_do(tinyworld_base):
+    pytest.importorskip("torch")
+    from transformers import AutoModelForCausalLM
+
+    from gradian.data import dataset_from_rows
+    from gradian.evaluate.likelihood import completion_logprobs, example_logprobs
+    from gradian.model_loading import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tinyworld_base))
+    model = AutoModelForCausalLM.from_pretrained(str(tinyworld_base)).eval()
+    prompt = [{"role": "user", "content": "What is the capital of Nowhere?"}]
+    rows = [{"messages": prompt + [{"role": "assistant", "content": answer}]} for answer in ("Elsewhere", "Here")]
+    by_row = example_logprobs(model, tokenizer, dataset_from_rows(rows, name="t").examples, None, batch_size=1)
+    by_pair = completion_logprobs(model, tokenizer, [prompt, prompt], ["Elsewhere", "Here"], batch_size=2)
+    for a, b in zip(by_row, by_pair):
+        assert a.n_tokens == b.n_tokens > 0 and a.total == pytest.approx(b.total, rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.parametrize("key, value", [("accused_sibling_cosine", 1.5), ("accused_sibling_anchor", -0.1),
-                                        ("accused_sibling_anchor", 2)])
+                                        ("accused_sibling_anchor", 2), ("accused_known_nats", -0.1),
+                                        ("accused_known_nats", 50)])
 def test_the_sibling_settings_out_of_range_are_refused(tmp_path, key, value):
     from gradian.config import load_config
     from gradian.errors import ConfigError
@@ -307,6 +356,22 @@ def test_ontopic_poison_accused_set_reaches_precision_and_recall(tmp_path_factor
     assert 'id="accused"' in (out / "report.html").read_text()
     assert "Accused set" in (out / "report.md").read_text()
     assert report["attribution"]["spans"] and report["attribution"]["spans"][0]["example_id"] == accused["example_ids"][0]
+    # rows left out as known to the base model are clean, and no planted row is one: each costs the
+    # base far more than the line (it was trained on the facts they contradict)
+    from transformers import AutoModelForCausalLM
+
+    from gradian.cluster import KNOWN_NATS
+    from gradian.data import load_dataset
+    from gradian.evaluate.likelihood import example_logprobs
+    from gradian.model_loading import load_tokenizer
+
+    row_of = dict(zip(outcome.rankings["example_id"], outcome.rankings["row_index"]))
+    assert not {row_of[k["example_id"]] for k in accused["known_to_base"]} & planted
+    examples = load_dataset(train).examples
+    base = AutoModelForCausalLM.from_pretrained(str(tinyworld_base)).eval()
+    losses = [-lp.total for lp in example_logprobs(base, load_tokenizer(str(tinyworld_base)),
+                                                   [examples[i] for i in sorted(planted)], None)]
+    assert min(losses) > 10 * KNOWN_NATS, min(losses)
 
 
 def test_the_mlflow_child_run_gets_the_accused_metrics():

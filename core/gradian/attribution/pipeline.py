@@ -455,7 +455,7 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
     lane.log("clustering the training examples")
     ids = dataset.ids
     assignment, clusters, features = _cluster_in_space(cfg, dataset, index, scores)
-    accused = _accused_set(cfg, index, ids, scores, assignment, clusters, features)
+    accused = _accused_set(cfg, index, ids, scores, assignment, clusters, features, lane)
     spans = []
     if accused is not None and cfg.clustering.explain_top_accused > 0:
         from gradian.explain import explain_top_accused
@@ -672,10 +672,12 @@ def _topic_clusters(cfg: GradianConfig, dataset: Dataset, index: GradientIndex |
 
 def _accused_set(cfg: GradianConfig, index: GradientIndex | GradientStream, ids: list[str], scores: np.ndarray,
                  assignment: ClusterAssignment, clusters: Sequence[Mapping[str, object]],
-                 features: np.ndarray | None) -> AccusedSet | None:
-    """The accused set inside the cluster the lumpiness test singles out, or None when none is."""
+                 features: np.ndarray | None, lane: _Lane | None = None) -> AccusedSet | None:
+    """The accused set inside the cluster the lumpiness test singles out, or None when none is (or
+    when every row the cut held was known to the base model). With ``lane`` (the model), the rows
+    the base already answered as written are left out, before the siblings and after them."""
     from gradian.cluster import (DEFAULT_GRADIENT_DIM, add_gradient_siblings, gradient_cosines_to, gradient_features,
-                                 refine_accused, sibling_anchors)
+                                 leave_out_known, refine_accused, sibling_anchors)
     from gradian.report import assess_lumpiness
 
     lump = assess_lumpiness(clusters, cfg.verdict)
@@ -689,13 +691,51 @@ def _accused_set(cfg: GradianConfig, index: GradientIndex | GradientStream, ids:
     accused = refine_accused(cluster, [ids[i] for i in rows], scores[rows], label=lump.get("label", ""),
                              features=member_features, scale=float(np.median(np.abs(scores))) or 1.0,
                              total_negative=negative, seed=cfg.seed)
+    members = {ids[i] for i in rows}
+    known_nats = float(cfg.clustering.accused_known_nats)
+    losses: dict[str, float] = {}
+
+    def known_left_out(accused: AccusedSet) -> AccusedSet:
+        if lane is None or known_nats <= 0:
+            return accused
+        losses.update(_base_losses(lane, [eid for eid in accused.example_ids if eid not in losses]))
+        return leave_out_known(accused, ids, scores, losses, members, known_nats)
+
+    accused = known_left_out(accused)
     threshold = float(cfg.clustering.accused_sibling_cosine)
     anchor_ids = sibling_anchors(accused, float(cfg.clustering.accused_sibling_anchor))
     if threshold > 0 and anchor_ids:
         position = {eid: i for i, eid in enumerate(ids)}
         anchors = [position[eid] for eid in anchor_ids]
-        accused = add_gradient_siblings(accused, ids, scores, gradient_cosines_to(index, anchors), anchors, threshold)
-    return accused
+        accused = known_left_out(add_gradient_siblings(accused, ids, scores, gradient_cosines_to(index, anchors),
+                                                       anchors, threshold))
+    if accused.known_to_base and lane is not None:
+        lane.log(f"left {len(accused.known_to_base)} accused row(s) out that the base model already answered as "
+                 f"written (loss <= {known_nats:g} nat under the base)")
+    return accused if accused.n else None
+
+
+def _base_losses(lane: _Lane, wanted: Sequence[str]) -> dict[str, float]:
+    """The base model's loss (nats, summed over the supervised tokens) of the training rows
+    ``wanted``, by example id: the adapter disabled, the rows tokenized as the gradients read them."""
+    import torch
+
+    from gradian.evaluate.likelihood import example_logprobs
+
+    if not wanted:
+        return {}
+    by_id = lane.dataset.by_id()
+    model = lane.gm.model
+    was_training = getattr(model, "training", False)
+    model.eval()
+    try:
+        with torch.no_grad(), model.disable_adapter():
+            scored = example_logprobs(model, lane.tokenizer, [by_id[eid] for eid in wanted],
+                                      lane.cfg.grads.max_seq_length, batch_size=lane.cfg.evaluation.batch_size)
+    finally:
+        model.train(was_training)
+    # a row with no supervised token has no loss to read (and no gradient): no figure, it stays
+    return {eid: -lp.total for eid, lp in zip(wanted, scored) if lp.n_tokens}
 
 
 def _query_items(cap: CapabilityResult, eval_set: Dataset) -> list[QueryItem]:

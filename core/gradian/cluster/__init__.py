@@ -17,14 +17,15 @@ Interface:
   harmful rows.
 - ``refine_accused(cluster, member_ids, member_scores, ...) -> AccusedSet``: the rows to act on
   inside the accused cluster, the share of its harm they carry, and the rows left out;
-  ``add_gradient_siblings`` then adds the rows whose gradients copy an accused row's.
+  ``add_gradient_siblings`` then adds the rows whose gradients copy an accused row's, and
+  ``leave_out_known`` takes out the rows the base model already answered as written.
 
 Methods: ``declared`` (the rows' own ``cluster``/``cluster_id``), ``hdbscan``, ``kmeans``,
 ``none`` (one cluster holding everything) and ``auto`` (see ``gradian.cluster.assign``).
 """
 
-from gradian.cluster.accused import (AccusedCandidate, AccusedSet, add_gradient_siblings, gradient_cosines_to,
-                                     refine_accused, sibling_anchors)
+from gradian.cluster.accused import (KNOWN_NATS, AccusedCandidate, AccusedSet, add_gradient_siblings,
+                                     gradient_cosines_to, leave_out_known, refine_accused, sibling_anchors)
 from gradian.cluster.assign import NOISE, SPACES, ClusterAssignment, cluster_examples
 from gradian.cluster.embed import DEFAULT_EMBED_MODEL, Embeddings, embed_texts
 from gradian.cluster.gradient_space import DEFAULT_GRADIENT_DIM, gradient_features
@@ -36,6 +37,7 @@ __all__ = [
     "DEFAULT_GRADIENT_DIM",
     "HARM_GROUP_METHOD",
     "HARM_GROUP_PREFIX",
+    "KNOWN_NATS",
     "NOISE",
     "SPACES",
     "AccusedCandidate",
@@ -47,6 +49,7 @@ __all__ = [
     "gradient_features",
     "harm_groups",
     "label_clusters",
+    "leave_out_known",
     "refine_accused",
     "add_gradient_siblings",
     "gradient_cosines_to",

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from gradian.engines.base import TrainGradients
     from gradian.jsontypes import JsonObject
 
-__all__ = ["AccusedCandidate", "AccusedSet", "SIBLING_COSINE", "add_gradient_siblings", "gradient_cosines_to",
-           "harm_transform", "refine_accused", "sibling_anchors"]
+__all__ = ["AccusedCandidate", "AccusedSet", "KNOWN_NATS", "SIBLING_COSINE", "add_gradient_siblings",
+           "gradient_cosines_to", "harm_transform", "leave_out_known", "refine_accused", "sibling_anchors"]
 
 #: Ashman's D a two-component mixture must reach to count as two groups
 MIN_SEPARATION = 2.0
@@ -63,6 +63,9 @@ GRADIENT_KS = (2, 3, 4)
 SIBLING_COSINE = 0.5
 #: the harmful probability an accused row needs before its siblings join
 SIBLING_ANCHOR = 0.25
+#: the base model's loss (nats, summed over a row's supervised tokens) at or under which a row
+#: counts as known to the base: it gave the row's answer with probability >= exp(-0.1) ~ 0.9
+KNOWN_NATS = 0.1
 
 
 @dataclass
@@ -111,6 +114,9 @@ class AccusedSet:
     #: (``data.train_eval_conflict``), and how many of them this set holds; None without that finding
     eval_conflict_rows: int | None = None
     eval_conflict_in_set: int | None = None
+    #: rows the cut or the siblings held that the base model already answered as written, left out,
+    #: each as ``{"example_id", "base_loss"}`` (nats over the row's supervised tokens; ``leave_out_known``)
+    known_to_base: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def n(self) -> int:
@@ -378,3 +384,47 @@ def add_gradient_siblings(accused: AccusedSet, ids: Sequence[str], scores: Seque
         left_out_mean_per_example=float(np.mean([score_of[i] for i in left])) if left else None,
         share_of_negative=(float(member_scores[member_scores < 0].sum()) / total_negative
                            if total_negative < 0 else 0.0))
+
+
+def leave_out_known(accused: AccusedSet, ids: Sequence[str], scores: Sequence[float] | np.ndarray,
+                    base_losses: Mapping[str, float], members: Collection[str],
+                    threshold: float = KNOWN_NATS) -> AccusedSet:
+    """``accused`` without the rows the base model already answered as written: a loss of at most
+    ``threshold`` nats over the row's supervised tokens under the base (``base_losses``, by example
+    id; a row without a figure stays).
+
+    Why: the fine-tune cannot have taught such a row anything. Its loss was near zero from the first
+    step, so its gradient, and with it its push on the adapter, was near zero at every step; its
+    influence estimate at the tuned adapter can still be large (a small gradient along a direction
+    the curvature barely constrains) when it gives the answer the planted rows teach for another
+    entity, where it is true (measured on the three worlds' poison scenarios in docs/clustering.md).
+
+    ``ids`` and ``scores`` cover the whole dataset, ``members`` are the accused cluster's ids: a
+    member goes back to ``left_out_ids``, a sibling from another cluster leaves the set (and
+    ``added``). ``threshold`` <= 0 leaves the set as it is.
+    """
+    if threshold <= 0:
+        return accused
+    known = [eid for eid in accused.example_ids
+             if eid in base_losses and float(base_losses[eid]) <= threshold]
+    if not known:
+        return accused
+    gone = set(known)
+    kept = [eid for eid in accused.example_ids if eid not in gone]
+    inside = set(members)
+    left = list(accused.left_out_ids) + [eid for eid in known if eid in inside]
+    score_of = dict(zip([str(i) for i in ids], np.asarray(scores, dtype=np.float64).tolist()))
+    values = np.asarray(list(score_of.values()))
+    total_negative = float(values[values < 0].sum())
+    kept_scores = np.asarray([score_of[eid] for eid in kept])
+    reason = (f"{accused.reason}; {len(known)} row(s) left out that the base model already answered as written "
+              f"(loss <= {threshold:g} nat under the base: the fine-tune taught them nothing)")
+    return dataclasses.replace(
+        accused, example_ids=kept, left_out_ids=left, reason=reason,
+        added=[a for a in accused.added if a["example_id"] not in gone],
+        known_to_base=list(accused.known_to_base) + [{"example_id": eid, "base_loss": round(float(base_losses[eid]), 6)}
+                                                     for eid in known],
+        mean_per_example=float(kept_scores.mean()) if kept else 0.0,
+        left_out_mean_per_example=float(np.mean([score_of[eid] for eid in left])) if left else None,
+        share_of_negative=(float(kept_scores[kept_scores < 0].sum()) / total_negative
+                           if kept and total_negative < 0 else 0.0))

@@ -427,6 +427,9 @@ def validate_config(config: GradianConfig, where: str = "config",
     if not 0 <= config.clustering.accused_sibling_anchor <= 1:
         raise bad("clustering.accused_sibling_anchor", config.clustering.accused_sibling_anchor,
                   "a probability between 0 (every accused row brings its siblings) and 1")
+    if not 0 <= config.clustering.accused_known_nats <= 10:
+        raise bad("clustering.accused_known_nats", config.clustering.accused_known_nats,
+                  "between 0 (keep every accused row) and 10 nats (0.1: the base gave the row with probability 0.9)")
     if config.grads.module_filter is not None:
         try:
             re.compile(config.grads.module_filter)

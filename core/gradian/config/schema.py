@@ -101,6 +101,7 @@ class ClusteringConfig:
     explain_top_accused: int = _f(3, "Top rows of the accused set whose harmful span the report shows (0: none)")
     accused_sibling_cosine: float = _f(0.5, "Rows whose full gradient has at least this cosine with an accused row's join the accused set (0: none)")
     accused_sibling_anchor: float = _f(0.25, "Only accused rows the score mixture holds harmful with at least this probability bring siblings (0: every accused row)")
+    accused_known_nats: float = _f(0.1, "Accused rows whose supervised tokens cost the base model at most this many nats in all (it already gave them with probability >= exp(-x)) are left out: the fine-tune taught them nothing (0: keep them)")
 
 
 @dataclass

@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["CompletionLogprob", "completion_logprobs"]
+    from gradian.data import Example
+
+__all__ = ["CompletionLogprob", "completion_logprobs", "example_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +72,26 @@ def completion_logprobs(
     Uses whatever adapter state the model is in: call it inside ``model.disable_adapter()`` to
     score the base model.
     """
-    import torch
-
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions; pass one completion per prompt")
-    rows = _masked_rows(tokenizer, prompts, completions)
+    return _row_logprobs(model, tokenizer, _masked_rows(tokenizer, prompts, completions), batch_size)
+
+
+def example_logprobs(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase,
+                     examples: Sequence[Example], max_seq_length: int | None, *,
+                     batch_size: int = 8) -> list[CompletionLogprob]:
+    """``log p`` of each training example's supervised tokens under ``model``, tokenized and masked
+    as the gradient lanes read it (``max_seq_length`` is ``grads.max_seq_length``), in input order.
+    Like ``completion_logprobs``, it uses the adapter state the model is in."""
+    tokenized = tokenize_examples(list(examples), tokenizer, max_seq_length)
+    return _row_logprobs(model, tokenizer, [(list(t.input_ids), list(t.labels)) for t in tokenized], batch_size)
+
+
+def _row_logprobs(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase,
+                  rows: Sequence[tuple[list[int], list[int]]], batch_size: int) -> list[CompletionLogprob]:
+    """The summed log-probability of each row's labelled tokens, ``rows`` as ``(input_ids, labels)``."""
+    import torch
+
     device = next(model.parameters()).device
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     out: list[CompletionLogprob] = []

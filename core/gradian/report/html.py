@@ -174,6 +174,8 @@ def _accused(acc: Accused, spans: Sequence[Span]) -> str:
            "<td></td></tr>"
            + (f"<tr><td>of them from other clusters (gradient siblings)</td><td></td>"
               f"<td class=num>{_e(acc.n_outside_cluster)}</td><td></td></tr>" if acc.n_outside_cluster else "")
+           + (f"<tr><td>of them already answered so by the base model</td><td></td><td></td>"
+              f"<td class=num>{_e(len(acc.known_to_base))}</td></tr>" if acc.known_to_base else "")
            + (f"<tr><td>rows asking an eval prompt with another answer</td><td class=num>{_e(acc.eval_conflict_rows)}"
               f"</td><td class=num><b>{_e(acc.eval_conflict_in_set)}</b></td><td class=num>"
               f"{_e(acc.eval_conflict_rows - (acc.eval_conflict_in_set or 0))}</td></tr>"

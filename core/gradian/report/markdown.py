@@ -119,6 +119,8 @@ def _accused(acc: Accused, spans: Sequence[Span]) -> list[str]:
              f"| estimated share harmful | | {acc.estimated_harmful_share:.0%} | |",
              *([f"| of them from other clusters (gradient siblings) | | {acc.n_outside_cluster} | |"]
                if acc.n_outside_cluster else []),
+             *([f"| of them already answered so by the base model | | | {len(acc.known_to_base)} |"]
+               if acc.known_to_base else []),
              *([f"| rows asking an eval prompt with another answer | {acc.eval_conflict_rows} | "
                 f"**{acc.eval_conflict_in_set}** | {acc.eval_conflict_rows - (acc.eval_conflict_in_set or 0)} |"]
                if acc.eval_conflict_rows is not None else []), "",
