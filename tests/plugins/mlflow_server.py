@@ -58,6 +58,31 @@ def mlflow_server(tmp_path_factory):
     log.close()
 
 
+#: the variables through which MLflow hands a tracking store, experiment or run to a process
+MLFLOW_ENV = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def mlflow_env_restored():
+    """Every test leaves MLflow's environment variables as it found them. ``mlflow.set_experiment``
+    exports ``MLFLOW_EXPERIMENT_ID`` into this process's environment, and ``monkeypatch.delenv``
+    of a variable that was not set records nothing to undo: a test that sets an experiment in
+    process would hand it to every later test's subprocess, where that experiment does not exist."""
+    saved = {key: os.environ.get(key) for key in MLFLOW_ENV}
+    yield
+    changed = False
+    for key, value in saved.items():
+        if os.environ.get(key) == value:
+            continue
+        changed = True
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if changed and "mlflow" in sys.modules:
+        forget_active_experiment()
+
+
 @pytest.fixture
 def tracking(mlflow_server, monkeypatch):
     """Point MLflow at the session's server for one test."""
