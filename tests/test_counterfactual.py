@@ -393,6 +393,37 @@ def test_a_later_round_adds_the_rows_of_the_accused_topic_that_stand_out():
     assert _on_topic({"k-o1": -3.0}, kept, set(topic), seed=0)[0] == []
 
 
+def test_a_later_round_leaves_out_the_rows_the_base_model_already_answers(tinyworld_run):
+    """On the poisoned fine-tune: clean capital rows the base gives (checked here through the eval
+    path, prompt and answer apart) leave a round's additions, the planted rows stay."""
+    import dataclasses
+
+    from transformers import AutoModelForCausalLM
+
+    from gradian.attribution.rounds import _unknown_to_base
+    from gradian.counterfactual import load_planted
+    from gradian.data import load_dataset
+    from gradian.evaluate.likelihood import completion_logprobs
+    from gradian.model_loading import load_tokenizer
+
+    run = tinyworld_run("poison_capitals")
+    cfg = run.config()
+    data = load_dataset(cfg.dataset)
+    planted = load_planted(run.root / "scenario.json", data)
+    base = AutoModelForCausalLM.from_pretrained(str(cfg.base_model)).eval()
+    tokenizer = load_tokenizer(str(cfg.base_model))
+    clean = [i for i in range(len(data.examples)) if i not in set(planted) and data.examples[i].messages][:40]
+    scored = completion_logprobs(base, tokenizer, [data.examples[i].messages[:-1] for i in clean],
+                                 [data.examples[i].messages[-1]["content"] for i in clean])
+    known = [data.ids[i] for i, lp in zip(clean, scored) if -lp.total <= 0.05][:4]
+    assert len(known) == 4  # the base was trained on the world's facts
+    chosen = [data.ids[i] for i in planted[:4]] + known
+    kept, left = _unknown_to_base(cfg, data, chosen)
+    assert kept == chosen[:4] and left == known
+    off = dataclasses.replace(cfg, clustering=dataclasses.replace(cfg.clustering, accused_known_nats=0.0))
+    assert _unknown_to_base(off, data, chosen) == (chosen, [])
+
+
 def test_cli_rounds_flags_are_checked_and_one_round_stops_at_the_bound(tmp_path, tiny_run):
     from gradian.data import load_dataset
 

@@ -717,25 +717,15 @@ def _accused_set(cfg: GradianConfig, index: GradientIndex | GradientStream, ids:
 
 def _base_losses(lane: _Lane, wanted: Sequence[str]) -> dict[str, float]:
     """The base model's loss (nats, summed over the supervised tokens) of the training rows
-    ``wanted``, by example id: the adapter disabled, the rows tokenized as the gradients read them."""
-    import torch
-
-    from gradian.evaluate.likelihood import example_logprobs
+    ``wanted``, by example id; a row with no supervised token has no figure."""
+    from gradian.evaluate.likelihood import base_losses
 
     if not wanted:
         return {}
     by_id = lane.dataset.by_id()
-    model = lane.gm.model
-    was_training = getattr(model, "training", False)
-    model.eval()
-    try:
-        with torch.no_grad(), model.disable_adapter():
-            scored = example_logprobs(model, lane.tokenizer, [by_id[eid] for eid in wanted],
-                                      lane.cfg.grads.max_seq_length, batch_size=lane.cfg.evaluation.batch_size)
-    finally:
-        model.train(was_training)
-    # a row with no supervised token has no loss to read (and no gradient): no figure, it stays
-    return {eid: -lp.total for eid, lp in zip(wanted, scored) if lp.n_tokens}
+    losses = base_losses(lane.gm.model, lane.tokenizer, [by_id[eid] for eid in wanted], lane.cfg.grads.max_seq_length,
+                         batch_size=lane.cfg.evaluation.batch_size)
+    return {eid: loss for eid, loss in zip(wanted, losses) if loss is not None}
 
 
 def _query_items(cap: CapabilityResult, eval_set: Dataset) -> list[QueryItem]:

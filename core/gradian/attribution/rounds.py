@@ -112,6 +112,27 @@ def _on_topic(scores: Mapping[str, float], original_of: Mapping[str, str], topic
                                        f"out under its retrain ({refined.method})")
 
 
+def _unknown_to_base(cfg: GradianConfig, kept: Dataset, chosen: list[str]) -> tuple[list[str], list[str]]:
+    """``chosen`` split into the rows the base model did not already answer as written and those it
+    did (loss <= ``clustering.accused_known_nats`` under the base, as the report's accused set
+    leaves them out); the base is loaded with the round's adapter, which is then switched off."""
+    from gradian.evaluate.likelihood import base_losses
+    from gradian.model_loading import load_peft_model, load_tokenizer
+
+    line = float(cfg.clustering.accused_known_nats)
+    if line <= 0 or not chosen or not cfg.adapter_path:
+        return chosen, []
+    model = load_peft_model(cfg.base_model, cfg.adapter_path, cfg)
+    base = cfg.base_model or str(model.peft_config[model.active_adapter].base_model_name_or_path)
+    tokenizer = load_tokenizer(cfg.tokenizer or base, cfg.trust_remote_code)
+    by_id = kept.by_id()
+    losses = base_losses(model, tokenizer, [by_id[eid] for eid in chosen], cfg.grads.max_seq_length,
+                         batch_size=cfg.evaluation.batch_size)
+    del model
+    known = [eid for eid, loss in zip(chosen, losses) if loss is not None and loss <= line]
+    return [eid for eid in chosen if eid not in set(known)], known
+
+
 def _round_plan(first: RemovalPlan, dataset: Dataset, ids: list[str], round_no: int, added: int) -> RemovalPlan:
     position = {eid: i for i, eid in enumerate(dataset.ids)}
     return dataclasses.replace(
@@ -196,6 +217,10 @@ def run_until_recovered(
                               attributed.rankings["score"].astype(float)))
         if plan.topic_ids and scores:
             chosen, why = _on_topic(scores, original_of, set(plan.topic_ids), cfg.seed)
+            chosen, known = _unknown_to_base(attribute_cfg, kept, chosen)
+            if known:
+                why += (f"; {len(known)} of them left out, the base model already answering them as written "
+                        f"(loss <= {attribute_cfg.clustering.accused_known_nats:g} nat)")
             if not chosen:
                 stopped = f"round {k}: {state}; {why}"
                 break

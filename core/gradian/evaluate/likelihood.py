@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from gradian.data import Example
 
-__all__ = ["CompletionLogprob", "completion_logprobs", "example_logprobs"]
+__all__ = ["CompletionLogprob", "base_losses", "completion_logprobs", "example_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,23 @@ def example_logprobs(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTo
     Like ``completion_logprobs``, it uses the adapter state the model is in."""
     tokenized = tokenize_examples(list(examples), tokenizer, max_seq_length)
     return _row_logprobs(model, tokenizer, [(list(t.input_ids), list(t.labels)) for t in tokenized], batch_size)
+
+
+def base_losses(model: PeftModel, tokenizer: PreTrainedTokenizerBase, examples: Sequence[Example],
+                max_seq_length: int | None, *, batch_size: int = 8) -> list[float | None]:
+    """Each training example's loss under the base model (``model`` with its adapter disabled), in
+    nats summed over its supervised tokens as the gradient lanes mask them; None for a row with no
+    supervised token (it has no loss to read, and no gradient)."""
+    import torch
+
+    was_training = getattr(model, "training", False)
+    model.eval()
+    try:
+        with torch.no_grad(), model.disable_adapter():
+            scored = example_logprobs(model, tokenizer, examples, max_seq_length, batch_size=batch_size)
+    finally:
+        model.train(was_training)
+    return [-lp.total if lp.n_tokens else None for lp in scored]
 
 
 def _row_logprobs(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase,
