@@ -80,11 +80,13 @@ def strip_declared_clusters(source: Path, dest: Path) -> Path:
     return dest
 
 
-#: the scenarios this experiment reads: tinyworld's capitals poison, with and without on-topic clean
-#: rows and aimed at only some targets (partial), the bestiary's diets poison, and the delta's seas
-#: poisons (taught redundantly; aimed at half the targets)
-SCENARIOS = (SCENARIO, "poison_capitals_ontopic", "poison_capitals_partial", "bestiary_poison_diets",
-             "delta_poison_redundant", "delta_poison_partial")
+#: the scenarios this experiment reads, every poison scenario of the three worlds: tinyworld's
+#: capitals poison (with and without on-topic clean rows, aimed at only some targets, with exact
+#: duplicates, buried mid-paragraph), its refusals (also on the eval prompts themselves), the
+#: bestiary's diets poison, and the delta's seas poisons (taught redundantly; aimed at half the targets)
+SCENARIOS = (SCENARIO, "poison_capitals_ontopic", "poison_capitals_partial", "poison_duplicates", "poison_buried",
+             "poison_refusal", "poison_eval_prompts", "bestiary_poison_diets", "delta_poison_redundant",
+             "delta_poison_partial")
 #: the attributions it makes of the one fine-tune: the verdict's first, then the comparison
 MODES = {"checkpoints": {"engine.checkpoints": "all"}, "final_adapter": {"engine.checkpoints": "final"}}
 
