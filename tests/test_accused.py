@@ -375,6 +375,8 @@ def test_ontopic_poison_accused_set_reaches_precision_and_recall(tmp_path_factor
 
 
 def test_the_mlflow_child_run_gets_the_accused_metrics():
+    import dataclasses
+
     from gradian.report.schema import Accused, Attribution, Report
     from gradian.report.tracker import report_metrics
     from gradian_mlflow.sink import ArtifactKeys
@@ -386,6 +388,10 @@ def test_the_mlflow_child_run_gets_the_accused_metrics():
     report = Report(attribution=Attribution(engine="datainf", accused=accused)).to_json()
     metrics = report_metrics(report)
     assert metrics["attribution.accused_n"] == 44.0
+    assert metrics["attribution.accused_known_to_base_n"] == 0.0
+    known = dataclasses.replace(accused, known_to_base=[{"example_id": "r50", "base_loss": 0.01}])
+    assert report_metrics(Report(attribution=Attribution(engine="datainf", accused=known)).to_json())[
+        "attribution.accused_known_to_base_n"] == 1.0
     assert metrics["attribution.accused_share_of_negative"] == 0.69
     assert ArtifactKeys.ACCUSED == "gradian/accused.parquet"
 

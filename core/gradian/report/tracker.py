@@ -138,6 +138,7 @@ def report_metrics(report: "Report | Mapping[str, object]") -> dict[str, float]:
         accused = attribution.accused
         if accused is not None:
             metrics["attribution.accused_n"] = float(accused.n)
+            metrics["attribution.accused_known_to_base_n"] = float(len(accused.known_to_base))
             for key, value in (("share_of_negative", accused.share_of_negative),
                                ("share_of_cluster_harm", accused.share_of_cluster_harm),
                                ("estimated_harmful_share", accused.estimated_harmful_share)):
