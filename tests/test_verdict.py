@@ -101,6 +101,32 @@ def test_concentrated_harm_is_a_data_verdict_naming_the_cluster():
     assert d.hedges == ()
 
 
+def test_a_topic_net_helpful_in_loss_units_is_judged_again_in_the_rankings_units():
+    """Refusals planted in a topic whose clean rows help the query far more in loss units (a few
+    rows with large gradients): flat there, lumpy in the ranking's units, so the verdict reads data
+    and names the topic; the harm in nats stays the loss-unit share. Without a ranked table, or
+    when it is flat too, the verdict is what the loss units say."""
+    import dataclasses
+
+    ids = [f"{i:012x}-{i}" for i in range(300)]
+    labels = {eid: ("topic" if i < 120 else "drills") for i, eid in enumerate(ids)}
+    loss = np.concatenate([np.full(40, -50.0), np.full(20, 200.0), np.zeros(60), np.full(180, -0.2)])
+    rank = np.concatenate([np.full(40, -5.0), np.full(20, 0.5), np.zeros(60), np.full(180, -0.05)])
+    block = Attribution.from_json(attribution(loss, ids, labels))
+    flat = decide_verdict(capability(), [lr_finding("medium")], block)
+    assert (flat.kind, flat.accused_cluster) == ("config", None)
+    ranked = dataclasses.replace(block, ranked_clusters=[ClusterRow.from_json(c)
+                                                         for c in cluster_table(rank, ids, labels, None, 5)])
+    d = decide_verdict(capability(), [lr_finding("medium")], ranked)
+    assert (d.kind, d.rule, d.accused_cluster, d.offer_deletions) == ("data", "lumpy", "topic", True)
+    assert d.lumpiness.reason.startswith("in the ranking's units") and "in loss units" in d.lumpiness.reason
+    loss_row = next(c for c in block.clusters if c.cluster == "topic")
+    assert d.lumpiness.share_of_negative == pytest.approx(loss_row.share_of_negative)
+    flat_rank = dataclasses.replace(block, ranked_clusters=[ClusterRow.from_json(c) for c in cluster_table(
+        np.full(300, -1.0), ids, labels, None, 5)])
+    assert decide_verdict(capability(), [lr_finding("medium")], flat_rank).kind == "config"
+
+
 def test_decision_is_frozen_and_repeatable():
     scores, ids, clusters = planted_scores()
     args = (capability(), [lr_finding()], attribution(scores, ids, clusters))

@@ -455,7 +455,8 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
     lane.log("clustering the training examples")
     ids = dataset.ids
     assignment, clusters, features = _cluster_in_space(cfg, dataset, index, scores)
-    accused = _accused_set(cfg, index, ids, scores, assignment, clusters, features, lane)
+    ranked = _ranked_table(cfg, dataset, rank, assignment, clusters)
+    accused = _accused_set(cfg, index, ids, scores, assignment, ranked or clusters, features, lane)
     spans = []
     if accused is not None and cfg.clustering.explain_top_accused > 0:
         from gradian.explain import explain_top_accused
@@ -478,6 +479,7 @@ def _attribute(lane: _Lane, scored: _Scored, gated: bool, manifest: AttributeMan
         gated=gated,
         n_examples=len(ids),
         clusters=[ClusterRow.from_json(c, "attribution.clusters[]") for c in clusters],
+        ranked_clusters=[ClusterRow.from_json(c, "attribution.ranked_clusters[]") for c in ranked] if ranked else None,
         top_harmful=[ExampleRow.from_json(r, "attribution.top_harmful[]") for r in top_harmful],
         top_helpful=[ExampleRow.from_json(r, "attribution.top_helpful[]") for r in
                      top_examples(rank_over_items(item_scores, how, side="help"), ids, assignment,
@@ -579,6 +581,24 @@ def _cluster_in_space(cfg: GradianConfig, dataset: Dataset, index: GradientIndex
     if kept is None:
         return assignment, clusters, features
     return kept[0], kept[1], features
+
+
+def _ranked_table(cfg: GradianConfig, dataset: Dataset, rank: np.ndarray, assignment: ClusterAssignment,
+                  clusters: Sequence[Mapping[str, object]]) -> Sequence[Mapping[str, object]] | None:
+    """The cluster table of ``assignment`` in the ranking's units (``rank``: each row's value as the
+    rows are ordered, RelatIF-normalized by default) when no cluster is lumpy in loss units and one
+    is in these; else None. In loss units a few rows with large gradients weigh as much as many
+    ordinary ones: on tinyworld's refusal poison the clean language answers in the refusals' own
+    topic help the query about three times as much as the 48 refusals harm it, so the topic is net
+    helpful, while in the ranking's units it carries 86-91% of the net harm (docs/validation.md). A
+    flat table stays flat where the ranking's units agree (a training setting that hurts a kind of
+    row as a whole, as tinyworld's lr_10x: its drills are 59% of the data in both)."""
+    from gradian.report import assess_lumpiness, cluster_table
+
+    if assess_lumpiness(clusters, cfg.verdict).get("lumpy"):
+        return None
+    table = cluster_table(rank, dataset.ids, assignment, dataset.examples, cfg.clustering.top_examples_per_cluster)
+    return table if assess_lumpiness(table, cfg.verdict).get("lumpy") else None
 
 
 def _harm_group_table(cfg: GradianConfig, dataset: Dataset, scores: np.ndarray, base: ClusterAssignment

@@ -60,6 +60,7 @@ if TYPE_CHECKING:
 __all__ = ["AttributionInput", "CapabilityFigures", "CapabilityInput", "EngineAgreement", "Hedge", "VerdictDecision",
            "VerdictKind", "VerdictRule", "VerdictThresholds", "as_finding", "assess_lumpiness", "attribution_block",
            "attribution_findings", "capability_block", "decide_verdict", "harm_of", "lumpiness_of", "matching_accused",
+           "ranked_lumpiness",
            "ratio_text", "share_text"]
 
 #: what the verdict takes as the capability: the typed block, the evaluate lane's result, or report.json's dict
@@ -266,6 +267,22 @@ def lumpiness_of(clusters: Sequence[ClusterRow], thresholds: VerdictThresholds) 
     return out
 
 
+def ranked_lumpiness(attribution: Attribution, loss: Lumpiness, thresholds: VerdictThresholds) -> Lumpiness:
+    """The lumpiness of ``attribution.ranked_clusters`` when it is lumpy where ``loss`` (the loss-unit
+    table's) is not, else ``loss``. A few rows with large gradients can outweigh a topic's harm in
+    loss units (clean rows the query leans on, in the topic of the rows that broke it); the ranking's
+    units discount them. The reason says which units decided, and ``share_of_negative`` stays the
+    loss-unit one, so the harm stated in nats is still a share of the measured loss rise."""
+    ranked = lumpiness_of(attribution.ranked_clusters or [], thresholds)
+    if not ranked.lumpy:
+        return loss
+    row = next((c for c in attribution.clusters if str(c.cluster) == ranked.cluster), None)
+    ranked.reason = (f"in the ranking's units (each row's influence over the square root of its self-influence), "
+                     f"{ranked.reason}; in loss units {loss.reason}")
+    ranked.share_of_negative = float(row.share_of_negative) if row is not None else None
+    return ranked
+
+
 def matching_accused(attribution: Attribution | None, cluster: str | None) -> Accused | None:
     """The attribution's accused set when it refines the cluster the verdict accuses."""
     accused = attribution.accused if attribution is not None else None
@@ -419,6 +436,8 @@ def decide_verdict(capability: CapabilityInput, findings: Sequence[Finding | Map
     gated = attr.gated if attr is not None else False
     attributed = attr is not None and not gated and cap is not None and status == "regressed"
     lump = lumpiness_of(attr.clusters, t) if attr is not None else None
+    if attr is not None and attr.ranked_clusters and lump is not None and not lump.lumpy:
+        lump = ranked_lumpiness(attr, lump, t)
     lumpy = bool(attributed and lump is not None and lump.lumpy)
     accused = lump.cluster if lumpy and lump is not None else None
     accused_set = matching_accused(attr, accused)

@@ -769,6 +769,10 @@ class Attribution(_Block):
     gated: bool = field(default=False, metadata=_help("attribution ran without a significant regression"))
     n_examples: int = 0
     clusters: list[ClusterRow] = field(default_factory=list)
+    ranked_clusters: list[ClusterRow] | None = field(default=None, metadata=_optional(
+        "the cluster table again in the ranking's units (each row's influence over the square root of its "
+        "self-influence), present only when no cluster stands out in loss units and one does in these: the "
+        "verdict and the accused set then read it"))
     top_harmful: list[ExampleRow] = field(default_factory=list)
     top_helpful: list[ExampleRow] = field(default_factory=list)
     accused: Accused | None = field(default=None, metadata=_help(
