@@ -692,10 +692,10 @@ def _topic_clusters(cfg: GradianConfig, dataset: Dataset, index: GradientIndex |
 
 def _accused_set(cfg: GradianConfig, index: GradientIndex | GradientStream, ids: list[str], scores: np.ndarray,
                  assignment: ClusterAssignment, clusters: Sequence[Mapping[str, object]],
-                 features: np.ndarray | None, lane: _Lane | None = None) -> AccusedSet | None:
+                 features: np.ndarray | None, lane: _Lane) -> AccusedSet | None:
     """The accused set inside the cluster the lumpiness test singles out, or None when none is (or
-    when every row the cut held was known to the base model). With ``lane`` (the model), the rows
-    the base already answered as written are left out, before the siblings and after them."""
+    when every row the cut held was known to the base model). The rows the base (``lane``'s model)
+    already answered as written are left out, before the siblings and after them."""
     from gradian.cluster import (DEFAULT_GRADIENT_DIM, add_gradient_siblings, gradient_cosines_to, gradient_features,
                                  leave_out_known, refine_accused, sibling_anchors)
     from gradian.report import assess_lumpiness
@@ -716,7 +716,7 @@ def _accused_set(cfg: GradianConfig, index: GradientIndex | GradientStream, ids:
     losses: dict[str, float] = {}
 
     def known_left_out(accused: AccusedSet) -> AccusedSet:
-        if lane is None or known_nats <= 0:
+        if known_nats <= 0:
             return accused
         losses.update(_base_losses(lane, [eid for eid in accused.example_ids if eid not in losses]))
         return leave_out_known(accused, ids, scores, losses, members, known_nats)
@@ -729,7 +729,7 @@ def _accused_set(cfg: GradianConfig, index: GradientIndex | GradientStream, ids:
         anchors = [position[eid] for eid in anchor_ids]
         accused = known_left_out(add_gradient_siblings(accused, ids, scores, gradient_cosines_to(index, anchors),
                                                        anchors, threshold))
-    if accused.known_to_base and lane is not None:
+    if accused.known_to_base:
         lane.log(f"left {len(accused.known_to_base)} accused row(s) out that the base model already answered as "
                  f"written (loss <= {known_nats:g} nat under the base)")
     return accused if accused.n else None

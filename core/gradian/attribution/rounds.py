@@ -130,7 +130,8 @@ def _unknown_to_base(cfg: GradianConfig, kept: Dataset, chosen: list[str]) -> tu
                          batch_size=cfg.evaluation.batch_size)
     del model
     known = [eid for eid, loss in zip(chosen, losses) if loss is not None and loss <= line]
-    return [eid for eid in chosen if eid not in set(known)], known
+    gone = set(known)
+    return [eid for eid in chosen if eid not in gone], known
 
 
 def _round_plan(first: RemovalPlan, dataset: Dataset, ids: list[str], round_no: int, added: int) -> RemovalPlan:

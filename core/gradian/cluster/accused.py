@@ -373,17 +373,25 @@ def add_gradient_siblings(accused: AccusedSet, ids: Sequence[str], scores: Seque
     joined = set(new_ids)
     reason = (f"{accused.reason}; {len(added)} more row(s) added whose gradient has cosine >= {threshold:g} "
               "with an accused row's (the same lesson in other words)")
+    return _with_rows(accused, ids, values, list(accused.example_ids) + new_ids,
+                      [i for i in accused.left_out_ids if i not in joined], reason=reason,
+                      added=list(accused.added) + added)
+
+
+def _with_rows(accused: AccusedSet, ids: Sequence[str], values: np.ndarray, members: list[str], left: list[str],
+               **changes: Any) -> AccusedSet:
+    """``accused`` holding ``members`` and leaving ``left``, with the figures that follow from them
+    (mean per example on both sides, share of every negative score in the dataset) recomputed from
+    the dataset's ``ids`` and ``values``; ``changes`` replace other fields."""
     score_of = dict(zip(ids, values.tolist()))
-    members = list(accused.example_ids) + new_ids
-    left = [i for i in accused.left_out_ids if i not in joined]
     total_negative = float(values[values < 0].sum())
     member_scores = np.asarray([score_of[i] for i in members])
     return dataclasses.replace(
-        accused, example_ids=members, left_out_ids=left, reason=reason, added=list(accused.added) + added,
-        mean_per_example=float(member_scores.mean()),
+        accused, example_ids=members, left_out_ids=left, **changes,
+        mean_per_example=float(member_scores.mean()) if members else 0.0,
         left_out_mean_per_example=float(np.mean([score_of[i] for i in left])) if left else None,
         share_of_negative=(float(member_scores[member_scores < 0].sum()) / total_negative
-                           if total_negative < 0 else 0.0))
+                           if members and total_negative < 0 else 0.0))
 
 
 def leave_out_known(accused: AccusedSet, ids: Sequence[str], scores: Sequence[float] | np.ndarray,
@@ -410,21 +418,13 @@ def leave_out_known(accused: AccusedSet, ids: Sequence[str], scores: Sequence[fl
     if not known:
         return accused
     gone = set(known)
-    kept = [eid for eid in accused.example_ids if eid not in gone]
     inside = set(members)
-    left = list(accused.left_out_ids) + [eid for eid in known if eid in inside]
-    score_of = dict(zip([str(i) for i in ids], np.asarray(scores, dtype=np.float64).tolist()))
-    values = np.asarray(list(score_of.values()))
-    total_negative = float(values[values < 0].sum())
-    kept_scores = np.asarray([score_of[eid] for eid in kept])
     reason = (f"{accused.reason}; {len(known)} row(s) left out that the base model already answered as written "
               f"(loss <= {threshold:g} nat under the base: the fine-tune taught them nothing)")
-    return dataclasses.replace(
-        accused, example_ids=kept, left_out_ids=left, reason=reason,
+    return _with_rows(
+        accused, [str(i) for i in ids], np.asarray(scores, dtype=np.float64),
+        [eid for eid in accused.example_ids if eid not in gone],
+        list(accused.left_out_ids) + [eid for eid in known if eid in inside], reason=reason,
         added=[a for a in accused.added if a["example_id"] not in gone],
         known_to_base=list(accused.known_to_base) + [{"example_id": eid, "base_loss": round(float(base_losses[eid]), 6)}
-                                                     for eid in known],
-        mean_per_example=float(kept_scores.mean()) if kept else 0.0,
-        left_out_mean_per_example=float(np.mean([score_of[eid] for eid in left])) if left else None,
-        share_of_negative=(float(kept_scores[kept_scores < 0].sum()) / total_negative
-                           if kept and total_negative < 0 else 0.0))
+                                                     for eid in known])

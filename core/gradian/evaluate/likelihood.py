@@ -13,8 +13,9 @@ by their count. Sums are accumulated in float64 from a float32-or-wider log-soft
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 from gradian.data import IGNORE_INDEX, dataset_from_rows, render_prompt, tokenize_examples
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 
     from gradian.data import Example
 
-__all__ = ["CompletionLogprob", "base_losses", "completion_logprobs", "example_logprobs"]
+__all__ = ["CompletionLogprob", "base_losses", "completion_logprobs", "evaluating", "example_logprobs"]
 
 
 @dataclass(frozen=True)
@@ -92,16 +93,20 @@ def base_losses(model: PeftModel, tokenizer: PreTrainedTokenizerBase, examples: 
     """Each training example's loss under the base model (``model`` with its adapter disabled), in
     nats summed over its supervised tokens as the gradient lanes mask them; None for a row with no
     supervised token (it has no loss to read, and no gradient)."""
-    import torch
+    with evaluating(model), model.disable_adapter():
+        scored = example_logprobs(model, tokenizer, examples, max_seq_length, batch_size=batch_size)
+    return [-lp.total if lp.n_tokens else None for lp in scored]
 
+
+@contextmanager
+def evaluating(model: PreTrainedModel | PeftModel) -> Iterator[None]:
+    """``model`` in eval mode (no dropout) inside the block, back in the mode it was in after."""
     was_training = getattr(model, "training", False)
     model.eval()
     try:
-        with torch.no_grad(), model.disable_adapter():
-            scored = example_logprobs(model, tokenizer, examples, max_seq_length, batch_size=batch_size)
+        yield
     finally:
         model.train(was_training)
-    return [-lp.total if lp.n_tokens else None for lp in scored]
 
 
 def _row_logprobs(model: PreTrainedModel | PeftModel, tokenizer: PreTrainedTokenizerBase,

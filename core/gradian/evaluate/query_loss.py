@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
-from gradian.evaluate.likelihood import CompletionLogprob, completion_logprobs
+from gradian.evaluate.likelihood import CompletionLogprob, completion_logprobs, evaluating
 
 if TYPE_CHECKING:
     from peft import PeftModel
@@ -70,14 +70,10 @@ def query_loss_change(model: PeftModel, tokenizer: PreTrainedTokenizerBase, item
     adapter on and with it disabled; ``reduction`` is ``grads.loss_reduction``."""
     if reduction not in _UNITS:
         raise ValueError(f"loss reduction {reduction!r} is not one of {', '.join(_UNITS)}")
-    was_training = getattr(model, "training", False)
-    model.eval()
-    try:
+    with evaluating(model):
         tuned = _query_loss(model, tokenizer, items, signal, reduction, batch_size)
         with model.disable_adapter():
             base = _query_loss(model, tokenizer, items, signal, reduction, batch_size)
-    finally:
-        model.train(was_training)
     return QueryLossChange(signal=signal, unit=_UNITS[reduction], base=base, tuned=tuned, n_items=len(items))
 
 
@@ -86,12 +82,8 @@ def wanted_loglik_drops(model: PeftModel, tokenizer: PreTrainedTokenizerBase, pr
     """Per item, ``log p_base(wanted) - log p_tuned(wanted)`` in nats (summed over the answer's
     supervised tokens): how much likelihood the fine-tune took from the wanted answer (negative:
     it gained some)."""
-    was_training = getattr(model, "training", False)
-    model.eval()
-    try:
+    with evaluating(model):
         tuned = completion_logprobs(model, tokenizer, prompts, wanted, batch_size=batch_size)
         with model.disable_adapter():
             base = completion_logprobs(model, tokenizer, prompts, wanted, batch_size=batch_size)
-    finally:
-        model.train(was_training)
     return [b.total - t.total for b, t in zip(base, tuned)]
