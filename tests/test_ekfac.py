@@ -298,7 +298,7 @@ def test_factors_are_the_same_from_a_capture_a_plain_pass_and_the_fits_own_pass(
     """The factor sums a ``KroneckerCollector`` gathers during a per-example capture, during the
     plain forward and backward of ``output_gradient_pass`` (a stream's factors-only first pass),
     and those the fit's own pass computes are bit for bit the same, on sites that read one input
-    (q/k/v, gate/up), whose input sum the collector computes once per batch."""
+    (q/k/v, gate/up), whose input sum the collector and the own pass compute once per batch."""
     import torch
 
     from gradian.data import dataset_from_rows, tokenize_examples
@@ -333,19 +333,20 @@ def test_factors_are_the_same_from_a_capture_a_plain_pass_and_the_fits_own_pass(
             run()
         assert collector.complete(len(tokenized))
         got[name], n_calls[name] = collector.sums, calls[0]
-    own = {}
-    for _, sums, _ in ModelPasses(gm, tokenized, tok.pad_token_id, GradsConfig(batch_size=len(tokenized))).factor_sums():
-        own.update(sums)
+    calls[0] = 0
+    own = ModelPasses(gm, tokenized, tok.pad_token_id, GradsConfig(batch_size=len(tokenized))).factor_totals()
+    n_calls["own pass"] = calls[0]
     assert set(got["capture"]) == set(got["plain"]) == set(own)
-    for key, (xx, gg, tokens) in own.items():
+    for key, (xx, gg, tokens, rows) in own.items():
         for name in ("capture", "plain"):
             assert np.array_equal(got[name][key][0], xx) and np.array_equal(got[name][key][1], gg), (name, key)
             assert got[name][key][2] == tokens
         assert np.array_equal(xx, xx.T) and np.array_equal(gg, gg.T)
+        assert rows == len(tokenized)
     # two sums per LoRA matrix, less the input sums reused: k and v read q's input, up reads gate's
     layers = len(got["plain"])
     n_blocks = layers // (2 * len(sites))
-    assert n_calls["plain"] == n_calls["capture"] == 2 * layers - 3 * n_blocks
+    assert n_calls["plain"] == n_calls["capture"] == n_calls["own pass"] == 2 * layers - 3 * n_blocks
 
 
 def test_ekfac_over_checkpoints_is_the_weighted_sum_of_fits_under_each(tmp_path, tiny_lora_dirs, chat_tokenizer):

@@ -100,11 +100,7 @@ def test_projected_fit_is_the_full_fit_seen_through_the_projection():
     projector = make_projector(_kron(), gm)
     full_context = FitContext(passes=dataclasses.replace(context).passes.__class__(
         gm, tokenized, tok.pad_token_id, GradsConfig(batch_size=3)), grads=GradsConfig(batch_size=3))
-    full_sums = {}
-    for _, sums, _rows in full_context.passes.factor_sums():
-        for key, (xx, gg, tokens) in sums.items():
-            acc = full_sums.setdefault(key, [0, 0, 0])
-            acc[0], acc[1], acc[2] = acc[0] + xx, acc[1] + gg, acc[2] + tokens
+    full_sums = {key: (xx, gg, tokens) for key, (xx, gg, tokens, _rows) in full_context.passes.factor_totals().items()}
     for layer in context.passes.layers:
         key, block, j = layer["key"], layer["block"], layer["j"]
         p_in = projector.side_matrix(block, j, "in", dtype=torch.float64)

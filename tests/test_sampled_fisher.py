@@ -123,10 +123,10 @@ def test_sampled_factors_and_eigenvalues_equal_a_plain_per_example_loop():
     got_gg = {k: 0.0 for k in gg}
     got_tokens = 0
     for draw in range(DRAWS):
-        for _, sums, _rows in passes.factor_sums(SEED, draw):
-            for key, (a, s, n) in sums.items():
-                got_xx[key], got_gg[key] = got_xx[key] + a, got_gg[key] + s
-                got_tokens += n
+        for key, (a, s, n, rows) in passes.factor_totals(SEED, draw).items():
+            got_xx[key], got_gg[key] = got_xx[key] + a, got_gg[key] + s
+            got_tokens += n
+            assert rows == len(tokenized)
     assert got_tokens == tokens * n_lin
     for key in xx:
         np.testing.assert_allclose(got_xx[key], xx[key], rtol=1e-8, atol=1e-12 * np.abs(xx[key]).max())

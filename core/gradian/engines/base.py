@@ -180,10 +180,10 @@ def as_query_matrix(query: Mapping[str, npt.ArrayLike], blocks: list[str]) -> tu
 class CurvaturePasses(Protocol):
     """Passes over the model a curvature fit asks for (``gradian.grads.collectors.ModelPasses``).
 
-    ``layers``: every LoRA matrix (``key``, ``block``, ``offset``, ``out``, ``in``); ``factor_sums``
-    yields ``(offset, {key: (sum x x^T, sum g g^T, tokens)}, rows)`` per batch and
-    ``layer_gradients`` ``(rows, {key: G [rows, out, in]})``, both under the training labels
-    (``fisher_seed`` None) or labels sampled from the model."""
+    ``layers``: every LoRA matrix (``key``, ``block``, ``offset``, ``out``, ``in``); ``factor_totals``
+    returns ``{key: (sum x x^T, sum g g^T, tokens, rows)}`` over the whole set (``tick(rows)``
+    after each batch) and ``layer_gradients`` yields ``(rows, {key: G [rows, out, in]})`` per
+    batch, both under the training labels (``fisher_seed`` None) or labels sampled from the model."""
 
     layers: list[dict[str, Any]]
 
@@ -193,8 +193,8 @@ class CurvaturePasses(Protocol):
     @property
     def block_dims(self) -> dict[str, int]: ...
 
-    def factor_sums(self, fisher_seed: int | None = None,
-                    draw: int = 0) -> Iterator[tuple[int, dict[str, tuple[np.ndarray, np.ndarray, int]], int]]: ...
+    def factor_totals(self, fisher_seed: int | None = None, draw: int = 0,
+                      tick: Callable[[int], None] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray, int, int]]: ...
 
     def layer_gradients(self, fisher_seed: int | None = None,
                         draw: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]: ...

@@ -236,10 +236,8 @@ class _KroneckerEngine(Engine):
                 context.progress(done[0], total_steps)
 
         for draw in range(draws_to_run):
-            for _, batch_sums, examples in passes.factor_sums(seed, draw):
-                for key, (xx, gg, tokens) in batch_sums.items():
-                    factors[key].add_sums(xx, gg, tokens, examples)
-                tick(examples)
+            for key, (xx, gg, tokens, rows) in passes.factor_totals(seed, draw, tick).items():
+                factors[key].add_sums(xx, gg, tokens, rows)
         eigen = {}
         for layer in layers:
             a, s = factors[layer["key"]].finish()

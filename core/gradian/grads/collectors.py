@@ -8,8 +8,8 @@ Interface:
   ``sum g g^T`` from whatever forward and backward passes run inside it (the index build's), so
   an empirical-Fisher fit needs no pass of its own; ``sums`` and ``complete(n)``.
 - ``ModelPasses(gm, tokenized, pad_id, grads)``: the passes a curvature fit asks for, over the
-  tokenized training set in dataset order: ``factor_sums`` (per batch, the two covariances'
-  sums) and ``layer_gradients`` (per batch, each row's matrix gradient per LoRA layer), under the
+  tokenized training set in dataset order: ``factor_totals`` (the two covariances' sums over
+  every row) and ``layer_gradients`` (per batch, each row's matrix gradient per LoRA layer), under the
   training labels or labels sampled from the model (the true Fisher). Engines receive one in
   their ``FitContext`` and never touch the model themselves.
 """
@@ -382,38 +382,56 @@ class ModelPasses:
             return "sum"
         return self.grads.loss_reduction if self.grads is not None else "mean"
 
-    def factor_sums(self, fisher_seed: int | None = None,
-                    draw: int = 0) -> Iterator[tuple[int, dict[str, tuple[np.ndarray, np.ndarray, int]], int]]:
-        """Per batch: ``(offset, {layer: (sum x x^T, sum g g^T, real tokens)}, rows)`` over the real
-        tokens (float64 numpy), under the training labels, or labels sampled from the model with
-        ``fisher_seed`` (draw ``draw``; see ``sample_labels`` and ``_reduction``). One forward and
-        one backward per batch: the input sums and the logits the labels are drawn from come from
-        the same forward."""
+    def factor_totals(self, fisher_seed: int | None = None, draw: int = 0,
+                      tick: Callable[[int], None] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray, int, int]]:
+        """``{layer: (sum x x^T, sum g g^T, real tokens, rows)}`` over the whole training set
+        (float64 numpy, symmetric), under the training labels, or labels sampled from the model
+        with ``fisher_seed`` (draw ``draw``; see ``sample_labels`` and ``_reduction``); ``rows`` is
+        how many rows reached the layer. One forward and one backward per batch: the input sums
+        and the logits the labels are drawn from come from the same forward. ``tick(rows)`` after
+        each batch.
+
+        The batch parts are upper triangles (``gram_upper``) added into float64 running sums and
+        mirrored once at the end, as the collector does; layers that read one input (q/k/v,
+        gate/up) sum it once per batch."""
         reduction = self._reduction(fisher_seed)
         by_id = {layer["id"]: layer for layer in self.layers}
+        held: dict[str, list[Any]] = {}
         for offset, batch in self._batches():
             _, io = linear_inputs_and_output_grads(self.gm, batch, reduction,
                                                    self._labels(fisher_seed, draw, offset, batch))
             real = batch.attention_mask.bool()
-            out = {}
+            # every input of this batch stays alive in ``io`` meanwhile, so a memory address
+            # names one input
+            input_sums: dict[tuple[Any, ...], Any] = {}
             for lin_id, layer in by_id.items():
-                key = layer["key"]
-                xx = gg = None
-                tokens = 0
+                key, reached = layer["key"], False
                 for x, g in io[lin_id]:
-                    part_x, part_g, n_tokens = second_moments(*self._sides(layer, x, g), real)
-                    xx = add_upper(xx, part_x)
-                    gg = add_upper(gg, part_g)
-                    tokens += n_tokens
-                if xx is not None and gg is not None:
-                    out[key] = (mirror_upper(xx).cpu().numpy(), mirror_upper(gg).cpu().numpy(), tokens)
-            yield offset, out, len(batch)
-
+                    same = None if self.projector is not None else \
+                        (x.data_ptr(), tuple(x.shape), tuple(x.stride()), x.dtype)
+                    xx, gg, tokens = second_moments(*self._sides(layer, x, g), real,
+                                                    input_sums.get(same) if same is not None else None)
+                    if same is not None:
+                        input_sums[same] = xx
+                    entry = held.get(key)
+                    if entry is None:
+                        held[key] = [add_upper(None, xx), add_upper(None, gg), tokens, 0]
+                    else:
+                        add_upper(entry[0], xx)
+                        add_upper(entry[1], gg)
+                        entry[2] += tokens
+                    reached = True
+                if reached:
+                    held[key][3] += len(batch)
+            if tick is not None:
+                tick(len(batch))
+        return {key: (mirror_upper(xx).cpu().numpy(), mirror_upper(gg).cpu().numpy(), int(tokens), int(rows))
+                for key, (xx, gg, tokens, rows) in held.items()}
 
     def layer_gradients(self, fisher_seed: int | None = None,
                         draw: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """Per batch: ``(rows, {layer: G [rows, out, in]})`` float64 numpy, each row's gradient of
-        every LoRA matrix, under the labels ``factor_sums`` would use (the same draws: the
+        every LoRA matrix, under the labels ``factor_totals`` would use (the same draws: the
         generator of a batch depends only on the seed, the draw and the batch's first row)."""
         import torch
 
