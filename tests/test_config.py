@@ -71,6 +71,8 @@ def test_unknown_override_key():
         ("grads:\n  module_filter: '(['\n", "grads.module_filter"),
         ("train:\n  learning_rate: 0\n", "train.learning_rate"),
         ("grads:\n  batch_size: lots\n", "grads.batch_size"),
+        ("engine:\n  factor_rows: 0\n", "engine.factor_rows"),
+        ("engine:\n  factor_rows: 2.5\n", "engine.factor_rows"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, text, key):

@@ -514,3 +514,81 @@ def test_a_damaged_fitted_state_is_detected_fitted_again_and_said(tmp_path, dama
     q = {b: g[0] for b, g in grads.items()}
     engine = get_engine("ekfac")
     assert np.array_equal(engine.score(hit, q, config).scores, engine.score(clean, q, config).scores)
+
+
+def test_factor_rows_are_chosen_by_each_rows_tokens():
+    from gradian.grads.collectors import factor_share, in_factor_rows
+
+    assert factor_share(100, None) == 1.0 and factor_share(100, 100) == 1.0 and factor_share(100, 500) == 1.0
+    assert factor_share(100, 25) == 0.25 and factor_share(0, 5) == 1.0
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, 5000, size=int(rng.integers(3, 40))).tolist() for _ in range(4000)]
+    chosen = [in_factor_rows(r, 0.25) for r in rows]
+    # a binomial(4000, 0.25) count: 1000 expected, sd 27; eight sd either side
+    assert 780 < sum(chosen) < 1220
+    # the choice is the row's own: the same ids (list, array, another dtype) give the same answer,
+    # every row is chosen at share 1, and a smaller share chooses a subset of a larger one's
+    assert chosen == [in_factor_rows(np.asarray(r, dtype=np.int32), 0.25) for r in rows]
+    assert all(in_factor_rows(r, 1.0) for r in rows[:50])
+    tenth = [in_factor_rows(r, 0.1) for r in rows]
+    assert all(c for c, t in zip(chosen, tenth) if t) and 0 < sum(tenth) < sum(chosen)
+
+
+def test_factors_over_a_share_of_the_rows_are_those_rows_sums_in_every_path():
+    """With ``engine.factor_rows`` below the row count, the fit's own pass and a collector under
+    plain passes over only the chosen rows (a stream's first pass) sum the same numbers, those of
+    the chosen rows alone; a collector shown another row refuses it; the eigenvalue correction
+    still reads every row."""
+    from gradian.grads import collate, iter_example_gradients
+    from gradian.grads.capture import output_gradient_pass
+    from gradian.grads.collectors import KroneckerCollector, ModelPasses, in_factor_rows
+
+    gm, tok, tokenized, grads, context = _setup(batch_size=3)
+    passes = context.passes
+    share = passes.factor_share(3)
+    assert share == pytest.approx(3 / 7)
+    chosen = [t for t in tokenized if in_factor_rows(t.input_ids, share)]
+    assert 0 < len(chosen) < len(tokenized)
+    with KroneckerCollector(gm, share=share) as collector:
+        for first in range(0, len(chosen), 3):
+            output_gradient_pass(gm, collate(chosen[first: first + 3], tok.pad_token_id), "mean")
+        collector.skip(len(tokenized) - len(chosen))
+    assert collector.complete(len(tokenized)) and collector.summed_examples == len(chosen)
+    own = passes.factor_totals(share=share)
+    alone = ModelPasses(gm, chosen, tok.pad_token_id, context.grads).factor_totals()
+    for key, (xx, gg, tokens, rows) in alone.items():
+        assert rows == len(chosen) and own[key][2:] == (tokens, rows) and collector.sums[key][2] == tokens
+        for got in (own[key], collector.sums[key]):
+            assert np.array_equal(got[0], xx) and np.array_equal(got[1], gg), key
+    with pytest.raises(ValueError, match="outside it"):
+        with KroneckerCollector(gm, share=share):
+            output_gradient_pass(gm, collate(tokenized, tok.pad_token_id), "mean")
+    stored = {}
+    for _, chunk in iter_example_gradients(gm, tokenized, context.grads, tok.pad_token_id):
+        for b, g in chunk.items():
+            stored.setdefault(b, []).append(g)
+    train = InMemoryGradients({b: np.concatenate(v) for b, v in stored.items()})
+    config = EngineConfig(name="ekfac", factor_rows=3)
+    fitted = get_engine("ekfac").fit(train, config, context)
+    reused = get_engine("ekfac").fit(train, config, FitContext(**{**vars(context), "collected": collector}))
+    assert fitted.meta["factors_from"] == "own pass" and reused.meta["factors_from"] == "index build"
+    assert fitted.meta["factor_rows"] == reused.meta["factor_rows"] == len(chosen)
+    for key, value in fitted.arrays.items():
+        assert np.array_equal(reused.arrays[key], value), key
+    # a collector over every row is not reused for a fit over a share, and a share that reaches
+    # every row is no share: the fit is the uncapped one, state id included
+    with KroneckerCollector(gm) as everything:
+        output_gradient_pass(gm, collate(tokenized, tok.pad_token_id), "mean")
+    assert get_engine("ekfac").fit(train, config, FitContext(**{**vars(context), "collected": everything})
+                                   ).meta["factors_from"] == "own pass"
+    plain = get_engine("ekfac").fit(train, EngineConfig(name="ekfac"), context)
+    wide = get_engine("ekfac").fit(train, EngineConfig(name="ekfac", factor_rows=len(tokenized)), context)
+    assert wide.meta["factor_rows"] == plain.meta["factor_rows"] == len(tokenized)
+    for key, value in plain.arrays.items():
+        assert np.array_equal(wide.arrays[key], value), key
+    # the covariances differ from the whole set's, the corrected eigenvalues read every row
+    assert not np.allclose(fitted.arrays[next(k for k in plain.arrays if k.endswith(".q_a"))],
+                           plain.arrays[next(k for k in plain.arrays if k.endswith(".q_a"))])
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ConfigError, match="factor_rows"):
+            get_engine("ekfac").settings(EngineConfig(name="ekfac", factor_rows=bad))

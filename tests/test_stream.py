@@ -26,11 +26,13 @@ def _files_under(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
 
 
-def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: bool = True) -> dict[str, object]:
+def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: bool = True,
+                factor_rows: int | None = None) -> dict[str, object]:
     """EK-FAC over the index and over a stream of the same fine-tune, each fitted in its own cache
     (so neither reuses the other's state), scored against both query signals. ``prime_norms``:
     the stream's first pass also keeps the squared norms, or (False) gathers the factors alone
-    from forward and backward passes that form no per-example gradient."""
+    from forward and backward passes that form no per-example gradient. ``factor_rows``: the
+    factors summed over about that many rows (``engine.factor_rows``)."""
     from gradian.attribution.checkpoints import fit_context
     from gradian.attribution.pipeline import _query_items
     from gradian.data import load_dataset, tokenize_examples
@@ -44,17 +46,28 @@ def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: 
     from gradian.model_loading import load_tokenizer
     from gradian.query import build_query_gradient, select_query_items
 
-    cfg = world_run.config(**{"dtype": dtype, "cache_dir": str(tmp_path / "index-cache")})
+    from gradian.grads.collectors import factor_share
+
+    cfg = world_run.config(**{"dtype": dtype, "cache_dir": str(tmp_path / "index-cache"),
+                              "engine.factor_rows": factor_rows})
     streamed_cache = tmp_path / "stream-cache"
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model)
     dataset = load_dataset(cfg.dataset)
     tokenized = tokenize_examples(dataset.examples, tokenizer, cfg.grads.max_seq_length)
-    with KroneckerCollector(gm) as built:
+    share = factor_share(len(dataset), factor_rows)
+    # over a share of the rows the index build gathers nothing, and the fit sums the chosen rows in
+    # a pass of its own, batched as the stream's first pass batches them
+    built = KroneckerCollector(gm) if share == 1.0 else None
+    if built is not None:
+        with built:
+            index = GradientIndex.build(gm, tokenizer, dataset, cfg)
+    else:
         index = GradientIndex.build(gm, tokenizer, dataset, cfg)
     stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized)
-    with KroneckerCollector(gm) as primed:
+    with KroneckerCollector(gm, share=share) as primed:
         stream.prime(primed, norms=prime_norms)
+    prime_rows = stream.rows_computed
     assert stream.index_id == index.index_id and stream.passes == 1
     assert (stream._norms is not None) == prime_norms
     engine = get_engine("ekfac")
@@ -63,12 +76,13 @@ def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: 
     on_stream = fit_engine("ekfac", stream, cfg.engine,
                            fit_context(cfg, gm, tokenizer, dataset, None, tokenized=tokenized, collected=primed,
                                        store="stream"), cache_dir=streamed_cache)
-    assert on_stream.meta["factors_from"] == "index build" == on_index.meta["factors_from"]
+    assert on_stream.meta["factors_from"] == "index build"
+    assert on_index.meta["factors_from"] == ("index build" if built is not None else "own pass")
     eval_set = load_dataset(cfg.eval_dataset)
     cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability="capability")
     items, scope, notes, ids = select_query_items(_query_items(cap, eval_set), dataset.examples)
     out: dict[str, object] = {"stream": stream, "index": index, "streamed_cache": streamed_cache, "config": cfg,
-                              "states": (on_index, on_stream)}
+                              "states": (on_index, on_stream), "prime_rows": prime_rows}
     for signal in ("contrastive", "target"):
         qg = build_query_gradient(gm, tokenizer, items, signal, cfg.grads, scope=scope, notes=notes, finding_ids=ids)
         out[signal] = (engine.score(on_index, qg.per_item, cfg.engine), engine.score(on_stream, qg.per_item, cfg.engine))
@@ -124,6 +138,22 @@ def test_streamed_ekfac_scores_equal_the_index_ones_on_both_worlds(tinyworld_run
             np.testing.assert_allclose(joint.scores, alone.scores, rtol=1e-6, atol=1e-12 * np.abs(alone.scores).max())
         np.testing.assert_allclose(joint_ekfac.ranking, got["target"][0].ranking, rtol=1e-6,
                                    atol=1e-12 * np.abs(got["target"][0].ranking).max())
+
+
+def test_factors_over_a_share_of_the_rows_stream_as_they_index(tinyworld_run, tmp_path):
+    """``engine.factor_rows``: the stream's first pass leaves the rows not chosen out of its
+    forward and backward passes, and over the index the fit sums the chosen rows in its own pass,
+    batched alike: the same factors, so the same scores."""
+    got = _score_both(tinyworld_run("poison_capitals"), tmp_path, "float64", prime_norms=False, factor_rows=200)
+    n = got["index"].n
+    on_index, on_stream = got["states"]
+    assert 100 < got["prime_rows"] < 300 < n, got["prime_rows"]
+    assert on_index.meta["factor_rows"] == on_stream.meta["factor_rows"] == got["prime_rows"]
+    for signal in ("contrastive", "target"):
+        indexed, streamed = got[signal]
+        np.testing.assert_allclose(streamed.scores, indexed.scores, rtol=1e-6, atol=1e-12 * np.abs(indexed.scores).max())
+        rho = spearmanr(indexed.ranking.mean(axis=1), streamed.ranking.mean(axis=1)).statistic
+        assert rho == pytest.approx(1.0, abs=1e-12), (signal, rho)
 
 
 def test_stream_rows_and_norms_are_the_index_ones(tinyworld_run, tmp_path):

@@ -31,7 +31,9 @@ store is ``stream / floor <= 3.5``. The stream's and the index's scores and rank
 to agree (relative 1e-5 in float32, 1e-9 in float64), so both timings are of the same work.
 
 Run: ``python projects/benchmarks/bench_stream.py [--model tinyworld|small|medium] [--rows N]
-[--tokens T] [--batch-size B] [--repeats 3] [--dtype float32|float64] [--out results.json]``.
+[--tokens T] [--batch-size B] [--repeats 3] [--dtype float32|float64] [--factor-rows N] [--out results.json]``.
+``--factor-rows`` sets ``engine.factor_rows``: the stream's first pass then runs over about that
+many rows, and over the index the fit sums them in a pass of its own.
 Random weights are fine: timing does not depend on what the model knows.
 """
 
@@ -116,7 +118,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from gradian.data import dataset_from_rows, tokenize_examples
     from gradian.engines import get_engine
     from gradian.grads import capture_per_example_grads, collate, per_example_loss, wrap_peft_model
-    from gradian.grads.collectors import KroneckerCollector
+    from gradian.grads.collectors import KroneckerCollector, factor_share
     from gradian.index import GradientIndex
     from gradian.index.stream import GradientStream
 
@@ -127,7 +129,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     peft_model, values = build_model(args.model, args.rank, args.dtype)
     base = {"device": "cpu", "dtype": args.dtype, "grads.batch_size": args.batch_size,
             "grads.chunk_size": args.chunk_size, "grads.max_seq_length": int(args.tokens * 1.5) + 16,
-            "grads.max_index_gb": None}
+            "grads.max_index_gb": None, "engine.factor_rows": args.factor_rows}
     probe = load_config(overrides={**base, "cache_dir": tempfile.gettempdir()})
     gm = wrap_peft_model(peft_model, probe)
     dataset = dataset_from_rows(make_rows(args.rows, args.tokens))
@@ -147,6 +149,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         batches += [collate(tokenized[s: min(s + args.batch_size, last)], pad)
                     for s in range(first, last, args.batch_size)]
     lora = [p for block in gm.blocks for p in block.parameters]
+    # engine.factor_rows: the stream's first pass runs over the chosen rows; over the index the fit
+    # sums them in a pass of its own (the build gathers no factors)
+    def share(rows: Any) -> float:
+        return factor_share(len(rows), args.factor_rows)
     reduction = probe.grads.loss_reduction
 
     def floor() -> float:
@@ -168,7 +174,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cfg = load_config(overrides={**base, "cache_dir": cache, "engine.store": "stream"})
         t0 = time.perf_counter()
         stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized)
-        with KroneckerCollector(gm) as collector:
+        with KroneckerCollector(gm, share=share(dataset)) as collector:
             stream.prime(collector, norms=args.prime_norms)
         t1 = time.perf_counter()
         context = fit_context(cfg, gm, tokenizer, dataset, None, tokenized=tokenized, collected=collector,
@@ -187,7 +193,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     def index_ekfac(cache: str, dataset: Any = dataset, tokenized: list[Any] = tokenized) -> dict[str, Any]:
         cfg = load_config(overrides={**base, "cache_dir": cache, "engine.store": "index"})
         t0 = time.perf_counter()
-        with KroneckerCollector(gm) as collector:
+        collector = KroneckerCollector(gm) if share(dataset) == 1.0 else None
+        if collector is not None:
+            with collector:
+                index = GradientIndex.build(gm, tokenizer, dataset, cfg)
+        else:
             index = GradientIndex.build(gm, tokenizer, dataset, cfg)
         t1 = time.perf_counter()
         context = fit_context(cfg, gm, tokenizer, dataset, None, tokenized=tokenized, collected=collector)
@@ -195,7 +205,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         t2 = time.perf_counter()
         result = ekfac.score(state, query, cfg.engine)
         t3 = time.perf_counter()
-        assert not index.cache_hit and state.meta["factors_from"] == "index build"
+        assert not index.cache_hit and state.meta["factors_from"] == ("index build" if collector is not None else "own pass")
         return {"total": t3 - t0, "build": t1 - t0, "fit": t2 - t1, "score": t3 - t2,
                 "index_bytes": index.disk_bytes(), "result": result}
 
@@ -320,7 +330,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "tokens_per_row_range": [int(min(lengths)), int(max(lengths))],
         "supervised_tokens": int(sum(sum(1 for x in t.labels if x != -100) for t in tokenized)),
         "batch_size": args.batch_size, "chunk_size": args.chunk_size, "repeats": args.repeats,
-        "prime_norms": args.prime_norms,
+        "prime_norms": args.prime_norms, "factor_rows": args.factor_rows,
         "tokenize_seconds": round(tokenize_seconds, 4),
         "seconds": {k: _stats(v) for k, v in times.items()},
         "ratio_of_medians": {
@@ -368,6 +378,8 @@ def main() -> None:
                         help="The stream's first pass also keeps the squared norms, as it does when a DataInf "
                              "cross-check will read them (default: the factors alone, EK-FAC with no such cross-check)")
     parser.add_argument("--floor-second", action="store_true", help="Also time the floor after each repeat")
+    parser.add_argument("--factor-rows", type=int, default=None,
+                        help="engine.factor_rows: the Kronecker factors from about this many rows (default: every row)")
     parser.add_argument("--quick", action="store_true", help="A smoke run: tinyworld, 32 rows of 32 tokens, once")
     parser.add_argument("--out", type=Path, default=None, help="Also write the JSON here")
     args = parser.parse_args()

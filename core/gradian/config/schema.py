@@ -61,6 +61,7 @@ class EngineConfig:
     fisher: str = _f("empirical", "Curvature of ekfac/kfac: empirical (training labels, deterministic) or sampled (labels sampled from the model; `true` is accepted too)")
     fisher_samples: int = _f(1, "Label draws averaged by the sampled Fisher")
     fisher_seed: int = _f(0, "Seed of the sampled Fisher's label draws; part of the fitted state's id")
+    factor_rows: Optional[int] = _f(None, "Rows the Kronecker factors of ekfac/kfac are summed over: null for every row, or about this many, each row chosen by a hash of its tokens (the same rows in every pass, store and shard); ekfac's eigenvalue correction still reads every row. With engine.store: stream the first pass then runs over those rows only")
     checkpoints: str = _f("final", "Adapters ekfac/kfac are fitted and scored under: final (the trained adapter) or all (every saved checkpoint-N, summed with the learning rate at each, as TracIn does; falls back to final when the run saved none)")
     store: str = _f("auto", "Where the training gradients come from: index (written to the on-disk index once, read by every pass), stream (recomputed from the model in each pass, nothing written; the same numbers the index would hold), or auto (the index when it fits grads.max_index_gb and the free disk of cache_dir, the stream otherwise; the run says which)")
     replay_horizon: Optional[int] = _f(None, "Optimizer steps, counted from the end of the run, through which the replay engine differentiates each row's weight; null: the last epoch (every row once)")

@@ -181,8 +181,8 @@ class CurvaturePasses(Protocol):
     """Passes over the model a curvature fit asks for (``gradian.grads.collectors.ModelPasses``).
 
     ``layers``: every LoRA matrix (``key``, ``block``, ``offset``, ``out``, ``in``); ``factor_totals``
-    returns ``{key: (sum x x^T, sum g g^T, tokens, rows)}`` over the whole set (``tick(rows)``
-    after each batch) and ``layer_gradients`` yields ``(rows, {key: G [rows, out, in]})`` per
+    returns ``{key: (sum x x^T, sum g g^T, tokens, rows)}`` over the rows (all, or the ``share``
+    ``factor_share(engine.factor_rows)`` gives; ``tick(rows)`` after each batch) and ``layer_gradients`` yields ``(rows, {key: G [rows, out, in]})`` per
     batch, both under the training labels (``fisher_seed`` None) or labels sampled from the model."""
 
     layers: list[dict[str, Any]]
@@ -193,15 +193,22 @@ class CurvaturePasses(Protocol):
     @property
     def block_dims(self) -> dict[str, int]: ...
 
+    def factor_share(self, factor_rows: int | None) -> float: ...
+
     def factor_totals(self, fisher_seed: int | None = None, draw: int = 0,
-                      tick: Callable[[int], None] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray, int, int]]: ...
+                      tick: Callable[[int], None] | None = None,
+                      share: float = 1.0) -> dict[str, tuple[np.ndarray, np.ndarray, int, int]]: ...
 
     def layer_gradients(self, fisher_seed: int | None = None,
                         draw: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]: ...
 
 
 class CollectedFactors(Protocol):
-    """Kronecker sums gathered during an index build (``gradian.grads.collectors.KroneckerCollector``)."""
+    """Kronecker sums gathered during an index build (``gradian.grads.collectors.KroneckerCollector``):
+    over the ``share`` of the rows it was made with, ``summed_examples`` of them."""
+
+    share: float
+    summed_examples: int
 
     @property
     def sums(self) -> dict[str, tuple[np.ndarray, np.ndarray, int]]: ...

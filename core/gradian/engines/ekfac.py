@@ -75,7 +75,8 @@ TRAIN_NORMALIZATIONS = ("none", "relatif")
 
 class KroneckerSettings(TypedDict, total=False):
     """What a Kronecker fit depends on (``Engine.settings``); the sampled Fisher's keys only under
-    ``fisher: sampled``, ``checkpoints`` only when it is not the final adapter."""
+    ``fisher: sampled``, ``checkpoints`` only when it is not the final adapter, ``factor_rows``
+    only when set."""
 
     fisher: str
     eigenvalue_correction: bool
@@ -83,6 +84,7 @@ class KroneckerSettings(TypedDict, total=False):
     fisher_seed: int
     fisher_labels: str
     checkpoints: str
+    factor_rows: int
 
 
 class _CheckpointFit(TypedDict):
@@ -125,6 +127,12 @@ class _KroneckerEngine(Engine):
                 raise ConfigError(f"engine.fisher_samples must be at least 1, got {config.fisher_samples}")
             out.update({"fisher_samples": int(config.fisher_samples), "fisher_seed": int(config.fisher_seed),
                         "fisher_labels": SAMPLED_LABELS})
+        factor_rows = getattr(config, "factor_rows", None)
+        if factor_rows is not None:
+            if isinstance(factor_rows, bool) or not isinstance(factor_rows, int) or factor_rows < 1:
+                raise ConfigError(f"engine.factor_rows must be a whole number of rows, at least 1, or null (every "
+                                  f"row), got {factor_rows!r}")
+            out["factor_rows"] = int(factor_rows)  # absent when unset, so those state ids stay as they were
         mode = getattr(config, "checkpoints", "final")
         if mode not in CHECKPOINT_MODES:
             raise ConfigError(f"engine.checkpoints '{mode}' is not one of {', '.join(CHECKPOINT_MODES)}")
@@ -217,17 +225,21 @@ class _KroneckerEngine(Engine):
         draws = settings.get("fisher_samples", 1) if settings["fisher"] == "sampled" else 1
         seed = settings.get("fisher_seed") if settings["fisher"] == "sampled" else None
         factors = {layer["key"]: KroneckerFactors.zeros(layer["out"], layer["in"]) for layer in layers}
+        share = passes.factor_share(settings.get("factor_rows"))
         collected = context.collected
         reuse = (settings["fisher"] == "empirical" and collected is not None
+                 and float(collected.share) == share
                  and collected.complete(n_examples) and set(collected.sums) == set(factors))
         if reuse:
             assert collected is not None
+            summed = int(collected.summed_examples)
             for key, (a_sum, s_sum, tokens) in collected.sums.items():
-                factors[key] = KroneckerFactors(a_sum.copy(), s_sum.copy(), tokens, n_examples)
+                factors[key] = KroneckerFactors(a_sum.copy(), s_sum.copy(), tokens, summed)
             draws_to_run = 0
         else:
             draws_to_run = draws
-        total_steps = max(draws_to_run * n_examples + (draws * n_examples if self._second_pass(settings, grads) else 0), 1)
+        factor_steps = n_examples if share >= 1.0 else int(round(share * n_examples))
+        total_steps = max(draws_to_run * factor_steps + (draws * n_examples if self._second_pass(settings, grads) else 0), 1)
         done = [0]
 
         def tick(rows: int) -> None:
@@ -236,8 +248,12 @@ class _KroneckerEngine(Engine):
                 context.progress(done[0], total_steps)
 
         for draw in range(draws_to_run):
-            for key, (xx, gg, tokens, rows) in passes.factor_totals(seed, draw, tick).items():
+            for key, (xx, gg, tokens, rows) in passes.factor_totals(seed, draw, tick, share).items():
                 factors[key].add_sums(xx, gg, tokens, rows)
+        if share < 1.0 and not any(f.tokens for f in factors.values()):
+            raise ConfigError(f"engine.factor_rows {settings['factor_rows']} chose none of the {n_examples} training "
+                              "rows to sum the Kronecker factors over (rows are chosen by a hash of their tokens, "
+                              "about that many); raise it, or set it to null for every row")
         eigen = {}
         for layer in layers:
             a, s = factors[layer["key"]].finish()
@@ -278,6 +294,7 @@ class _KroneckerEngine(Engine):
         meta = {"layers": [{k: v for k, v in layer.items() if k != "id"} for layer in layers],
                 "factors_from": "index build" if reuse else "own pass",
                 "n_examples": n_examples,
+                "factor_rows": max((f.examples for f in factors.values()), default=0) // max(draws_to_run, 1),
                 "tokens": {key: f.tokens for key, f in factors.items()},
                 "eigenvalues_from": ("index" if self.correct_eigenvalues and not self._second_pass(settings, grads)
                                      else "second pass" if self.correct_eigenvalues else "kronecker product")}

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from gradian.data import TokenizedExample
     from gradian.grads.model import GradientModel
 
-__all__ = ["KroneckerCollector", "ModelPasses", "fisher_generator", "gram_upper", "lora_layers", "sample_labels",
-           "add_upper", "mirror_upper", "second_moments", "structured_projector"]
+__all__ = ["KroneckerCollector", "ModelPasses", "factor_share", "fisher_generator", "gram_upper", "in_factor_rows",
+           "lora_layers", "sample_labels", "add_upper", "mirror_upper", "second_moments", "structured_projector"]
 
 
 def lora_layers(gm: "GradientModel", projector: KroneckerProjector | None = None) -> list[dict[str, Any]]:
@@ -71,6 +71,26 @@ def fisher_generator(seed: int, draw: int, offset: int) -> "torch.Generator":
 
     digest = hashlib.sha256(f"{seed}:{draw}:{offset}".encode()).digest()
     return torch.Generator(device="cpu").manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def factor_share(n_rows: int, factor_rows: int | None) -> float:
+    """The share of the training rows the Kronecker factors are summed over: every row (1.0)
+    unless ``engine.factor_rows`` is set below ``n_rows``."""
+    if factor_rows is None or n_rows <= 0 or int(factor_rows) >= n_rows:
+        return 1.0
+    return int(factor_rows) / n_rows
+
+
+def in_factor_rows(token_ids: Any, share: float) -> bool:
+    """Whether a row (its token ids, padding left out) is one the Kronecker factors are summed
+    over at ``share``: a hash of the ids against the share, so the choice depends on the row alone
+    (not on its position, its batch, the shard or the pass that meets it) and every pass makes
+    the same one. Identical rows are chosen together."""
+    if share >= 1.0:
+        return True
+    ids = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64))
+    digest = hashlib.blake2b(ids.tobytes(), digest_size=8, person=b"gradian-factors").digest()
+    return int.from_bytes(digest, "little") < share * 2.0 ** 64
 
 
 def sample_labels(logits: "torch.Tensor", labels: "torch.Tensor", gen: "torch.Generator") -> "torch.Tensor":
@@ -182,12 +202,18 @@ class KroneckerCollector(OutputGradientHooks):
     #: how many recent inputs (and their sums) are held for layers that read the same input
     RECENT_INPUTS = 4
 
-    def __init__(self, gm: "GradientModel", projector: KroneckerProjector | None = None) -> None:
+    def __init__(self, gm: "GradientModel", projector: KroneckerProjector | None = None, share: float = 1.0) -> None:
         super().__init__()
         self.gm = gm
         self.projector = projector
         self.layers = lora_layers(gm, projector)
+        #: the share of rows summed (``factor_share``): below 1, the passes it watches hand it only
+        #: the rows ``in_factor_rows`` chooses, and account for the others with ``skip``
+        self.share = float(share)
+        #: rows accounted for (summed, or skipped by a pass that sums a share of them)
         self.examples = 0
+        #: rows whose tokens the sums hold
+        self.summed_examples = 0
         self.real_tokens = 0
         # key -> [sum x x^T, sum g g^T, tokens]: two torch float64 tensors and an int, added to in place
         self._sums: dict[str, list[Any]] = {}
@@ -221,9 +247,13 @@ class KroneckerCollector(OutputGradientHooks):
 
     def part_names(self) -> list[str]:
         """The names of what ``take`` returns: each layer's two sums and token count, and the
-        examples and real tokens seen."""
+        examples accounted for, those summed and the real tokens summed."""
         return [f"factor.{layer['key']}.{part}" for layer in self.layers for part in ("xx", "gg", "tokens")] + \
-            ["factor.examples", "factor.real_tokens"]
+            ["factor.examples", "factor.summed_examples", "factor.real_tokens"]
+
+    def skip(self, rows: int) -> None:
+        """Account for ``rows`` rows a pass left out because they are not among those summed."""
+        self.examples += int(rows)
 
     def take(self) -> dict[str, np.ndarray]:
         """Everything gathered since the last ``take`` (float64 sums, int64 counts, named as in
@@ -236,8 +266,9 @@ class KroneckerCollector(OutputGradientHooks):
             out[f"factor.{key}.xx"], out[f"factor.{key}.gg"] = xx.cpu().numpy(), gg.cpu().numpy()
             out[f"factor.{key}.tokens"] = np.asarray(tokens, dtype=np.int64)
         out["factor.examples"] = np.asarray(self.examples, dtype=np.int64)
+        out["factor.summed_examples"] = np.asarray(self.summed_examples, dtype=np.int64)
         out["factor.real_tokens"] = np.asarray(self.real_tokens, dtype=np.int64)
-        self._sums, self.examples, self.real_tokens = {}, 0, 0
+        self._sums, self.examples, self.summed_examples, self.real_tokens = {}, 0, 0, 0
         return out
 
     def restore(self, parts: Mapping[str, np.ndarray]) -> None:
@@ -253,6 +284,7 @@ class KroneckerCollector(OutputGradientHooks):
                 self._sums[key] = [torch.from_numpy(np.array(parts[f"factor.{key}.xx"], dtype=np.float64)),
                                    torch.from_numpy(np.array(parts[f"factor.{key}.gg"], dtype=np.float64)), tokens]
         self.examples = int(parts.get("factor.examples", 0))
+        self.summed_examples = int(parts.get("factor.summed_examples", self.examples))
         self.real_tokens = int(parts.get("factor.real_tokens", 0))
 
     def __enter__(self) -> "KroneckerCollector":
@@ -285,6 +317,12 @@ class KroneckerCollector(OutputGradientHooks):
         if ids is not None:
             self.examples += int(ids.shape[0])
             self._mask = mask.bool() if mask is not None else None
+            if self.share < 1.0:
+                rows = ids if self._mask is None else (row[keep] for row, keep in zip(ids, self._mask))
+                if not all(in_factor_rows(row.cpu().numpy(), self.share) for row in rows):
+                    raise ValueError("a Kronecker collector summing a share of the rows was shown a row outside it: "
+                                     "the passes it watches must leave those rows out (and skip() them)")
+            self.summed_examples += int(ids.shape[0])
             self.real_tokens += int(self._mask.sum()) if self._mask is not None else int(ids.numel())
 
     def on_call(self, module: nn.Module, x: torch.Tensor) -> GradientTaker:
@@ -354,11 +392,28 @@ class ModelPasses:
     def _sides(self, layer: dict[str, Any], x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.projector.project_sides(layer["block"], layer["j"], x, g) if self.projector is not None else (x, g)
 
+    def factor_share(self, factor_rows: int | None) -> float:
+        """The share of these rows the Kronecker factors are summed over under ``engine.factor_rows``."""
+        return factor_share(len(self.tokenized), factor_rows)
+
     def _batches(self) -> Iterator[tuple[int, TokenBatch]]:
         size = int(self.grads.batch_size) if self.grads is not None else 4
         for offset in range(0, len(self.tokenized), size):
             rows = self.tokenized[offset: offset + size]
             yield offset, collate(rows, self.pad_id if self.pad_id is not None else 0, self.gm.device)
+
+    def _chosen_batches(self, share: float) -> Iterator[tuple[int, int, TokenBatch]]:
+        """``(chunk start, offset, batch)`` over the rows ``in_factor_rows`` chooses at ``share``,
+        batched as a stream's first pass batches them (the chosen rows of each index chunk, in the
+        index's batch size), so both sum the same numbers; ``offset`` is the chunk start plus the
+        batch's place among the chunk's chosen rows."""
+        size = int(self.grads.batch_size) if self.grads is not None else 4
+        chunk = int(self.grads.chunk_size) if self.grads is not None else len(self.tokenized)
+        pad = self.pad_id if self.pad_id is not None else 0
+        for first in range(0, len(self.tokenized), max(chunk, 1)):
+            chosen = [t for t in self.tokenized[first: first + chunk] if in_factor_rows(t.input_ids, share)]
+            for offset in range(0, len(chosen), size):
+                yield first, first + offset, collate(chosen[offset: offset + size], pad, self.gm.device)
 
 
     @staticmethod
@@ -383,21 +438,44 @@ class ModelPasses:
         return self.grads.loss_reduction if self.grads is not None else "mean"
 
     def factor_totals(self, fisher_seed: int | None = None, draw: int = 0,
-                      tick: Callable[[int], None] | None = None) -> dict[str, tuple[np.ndarray, np.ndarray, int, int]]:
-        """``{layer: (sum x x^T, sum g g^T, real tokens, rows)}`` over the whole training set
+                      tick: Callable[[int], None] | None = None,
+                      share: float = 1.0) -> dict[str, tuple[np.ndarray, np.ndarray, int, int]]:
+        """``{layer: (sum x x^T, sum g g^T, real tokens, rows)}`` over the training rows
         (float64 numpy, symmetric), under the training labels, or labels sampled from the model
         with ``fisher_seed`` (draw ``draw``; see ``sample_labels`` and ``_reduction``); ``rows`` is
         how many rows reached the layer. One forward and one backward per batch: the input sums
         and the logits the labels are drawn from come from the same forward. ``tick(rows)`` after
-        each batch.
+        each batch. With ``share`` below 1 only the rows ``in_factor_rows`` chooses are passed, in
+        the batches ``_chosen_batches`` makes.
 
         The batch parts are upper triangles (``gram_upper``) added into float64 running sums and
         mirrored once at the end, as the collector does; layers that read one input (q/k/v,
-        gate/up) sum it once per batch."""
+        gate/up) sum it once per batch. Over a share, each index chunk's running sums are added
+        to the total as a stream's first pass folds its chunks, so both give the same bits: with
+        the rows not chosen left out, the factors' smallest eigenvectors are set by rounding, and
+        EK-FAC's corrected eigenvalues with them."""
         reduction = self._reduction(fisher_seed)
         by_id = {layer["id"]: layer for layer in self.layers}
         held: dict[str, list[Any]] = {}
-        for offset, batch in self._batches():
+        total: dict[str, list[Any]] = {}
+
+        def fold() -> None:
+            for key, (xx, gg, tokens, rows) in held.items():
+                if key not in total:
+                    total[key] = [np.zeros(tuple(xx.shape)), np.zeros(tuple(gg.shape)), 0, 0]
+                done = total[key]
+                done[0], done[1] = done[0] + xx.cpu().numpy(), done[1] + gg.cpu().numpy()
+                done[2] += tokens
+                done[3] += rows
+            held.clear()
+
+        batches = ((0, offset, batch) for offset, batch in self._batches()) if share >= 1.0 \
+            else self._chosen_batches(share)
+        group = 0
+        for chunk, offset, batch in batches:
+            if chunk != group:
+                fold()
+                group = chunk
             _, io = linear_inputs_and_output_grads(self.gm, batch, reduction,
                                                    self._labels(fisher_seed, draw, offset, batch))
             real = batch.attention_mask.bool()
@@ -425,8 +503,11 @@ class ModelPasses:
                     held[key][3] += len(batch)
             if tick is not None:
                 tick(len(batch))
-        return {key: (mirror_upper(xx).cpu().numpy(), mirror_upper(gg).cpu().numpy(), int(tokens), int(rows))
-                for key, (xx, gg, tokens, rows) in held.items()}
+        fold()
+        import torch
+
+        return {key: (mirror_upper(torch.from_numpy(xx)).numpy(), mirror_upper(torch.from_numpy(gg)).numpy(),
+                      int(tokens), int(rows)) for key, (xx, gg, tokens, rows) in total.items()}
 
     def layer_gradients(self, fisher_seed: int | None = None,
                         draw: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]:

@@ -42,7 +42,7 @@ import numpy as np
 
 from gradian.chunks import accumulate, pass_key
 from gradian.grads import make_projector
-from gradian.grads.collectors import KroneckerCollector, structured_projector
+from gradian.grads.collectors import KroneckerCollector, factor_share, in_factor_rows, structured_projector
 from gradian.index.build import _STORAGE, build_target, capture_rows, stored_norms
 from gradian.index.passes import PassProgress, keep_arrays, kept_arrays
 from gradian.index.sharded import ShardedBuildError, gather_outcomes, shard_of
@@ -357,11 +357,15 @@ class GradientStream:
         gradients (``fold_chunks``), or a pass of their own if an engine asks for them first
         (``sq_norms``)."""
         if collector is not None and not norms and self.config.grads.strategy == "hooks":
-            out = self.fold_chunks(pass_key("prime", {"factors": True, "norms": False}),
+            # factors summed over a share of the rows (engine.factor_rows) are other sums: other partials
+            share = {"factor_share": collector.share} if collector.share < 1.0 else {}
+            out = self.fold_chunks(pass_key("prime", {"factors": True, "norms": False, **share}),
                                    lambda start, chunk: collector.take(), sums=collector.part_names(),
-                                   capture=self._forward_backward)
+                                   capture=lambda k: self._forward_backward(k, collector))
             collector.restore(out)
             return
+        if collector is not None and collector.share < 1.0:
+            raise ValueError("a share of the rows is summed only by a factors-only first pass (norms=False, hooks)")
         # the pass captures per-example gradients, so fold_chunks keeps their squared norms
         # (unless they are known already); the factors, when gathered, are its sums
         out = self.fold_chunks(pass_key("prime", {"factors": collector is not None}),
@@ -403,20 +407,26 @@ class GradientStream:
         first = k * self.target.chunk_size
         return self._capture(first, first + self.target.chunk_rows(k))
 
-    def _forward_backward(self, k: int) -> dict[str, np.ndarray]:
+    def _forward_backward(self, k: int, collector: KroneckerCollector | None = None) -> dict[str, np.ndarray]:
         """Chunk ``k``'s forward and backward passes, in the capture's batches, forming nothing
-        (for hooks active meanwhile, such as a ``KroneckerCollector``)."""
+        (for hooks active meanwhile, such as a ``KroneckerCollector``). When ``collector`` sums a
+        share of the rows only, the other rows are left out of the passes (and accounted for)."""
         from gradian.grads import collate
         from gradian.grads.capture import output_gradient_pass
 
         first = k * self.target.chunk_size
         end = first + self.target.chunk_rows(k)
         grads, pad = self.config.grads, self.tokenizer.pad_token_id
+        rows = self.tokenized[first:end]
+        if collector is not None and collector.share < 1.0:
+            chosen = [t for t in rows if in_factor_rows(t.input_ids, collector.share)]
+            collector.skip(len(rows) - len(chosen))
+            rows = chosen
         with self._own_adapter():
-            for offset in range(first, end, grads.batch_size):
-                batch = collate(self.tokenized[offset: min(offset + grads.batch_size, end)], pad, self.gm.device)
-                output_gradient_pass(self.gm, batch, grads.loss_reduction)
-        self.rows_computed += end - first
+            for offset in range(0, len(rows), grads.batch_size):
+                output_gradient_pass(self.gm, collate(rows[offset: offset + grads.batch_size], pad, self.gm.device),
+                                     grads.loss_reduction)
+        self.rows_computed += len(rows)
         return {}
 
     @contextmanager
@@ -511,7 +521,13 @@ def capture_training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizer
     build's own passes, or a stream's first pass (made here, which also keeps the squared norms
     unless ``norms`` is False: no engine to come reads them), so an empirical-Fisher fit needs no
     pass of its own."""
-    collector = KroneckerCollector(gm, structured_projector(gm, config.grads)) if collect else None
+    share = factor_share(len(dataset), getattr(config.engine, "factor_rows", None))
+    # over a share of the rows (engine.factor_rows) the factors are summed in batches of the chosen
+    # rows alone: by a stream's factors-only first pass, which passes only those rows, or else by the
+    # fit's own pass, batched the same way (a capture's full batches would sum other roundings)
+    if share < 1.0 and not (choice.store == "stream" and not norms and config.grads.strategy == "hooks"):
+        collect = False
+    collector = KroneckerCollector(gm, structured_projector(gm, config.grads), share) if collect else None
     if collector is None:
         return training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
                                   tokenized=tokenized, shard=shard), None
