@@ -10,14 +10,23 @@ recipe and the seed given, and kept in ``--work`` so a second run only scores):
   the sampled fit with one label draw (its own two passes: factors, then the correction). Each is
   timed ``--repeats`` times; medians, ranges and the ratios to the capture pass are printed.
 - ``auc``: for every scenario, seed and query of ``--queries`` (target and contrastive),
-  ``gradian attribute`` once with ``engine.fisher: empirical`` and once with ``sampled`` (one
-  draw, ``fisher_seed`` 0), no cross check; the ROC AUC of the planted rows against the clean
-  ones, harm = -rank score (the score the report ranks by, RelatIF-normalized by default).
+  ``gradian attribute`` once per curvature setting, no cross check: by default
+  ``engine.fisher: empirical`` and ``sampled`` (one draw, ``fisher_seed`` 0) at the default
+  damping; ``--fishers``, ``--samples`` (label draws of the sampled Fisher) and
+  ``--lambda-scales`` (``engine.lambda_scale``) and ``--factor-shares`` (``engine.factor_rows`` as
+  a share of the scenario's rows) widen the grid. The ROC AUC of the planted rows
+  against the clean ones, harm = -rank score (the score the report ranks by, RelatIF-normalized
+  by default), and each setting's Spearman correlation with the first one's ranking; per scenario
+  and query the median over the seeds, the range, and how many seeds each setting wins, ties or
+  loses against the first one. A fit is cached per setting that
+  changes it (the Fisher, the draws), so a second damping only scores.
 
 Run::
 
     python projects/benchmarks/bench_fisher.py speed [--scenario poison_capitals] [--repeats 5]
     python projects/benchmarks/bench_fisher.py auc [--scenarios poison_capitals,bestiary_poison_diets] [--seeds 0,1,2] [--queries target,contrastive]
+    python projects/benchmarks/bench_fisher.py auc --lambda-scales 0.1,0.01 --samples 1,2
+    python projects/benchmarks/bench_fisher.py auc --fishers empirical --queries contrastive --factor-shares 0.25
 
 Both print JSON (``--out`` writes it too). Timings on a shared machine are noisy: compare the
 ratios from one run.
@@ -34,6 +43,10 @@ from typing import Any
 
 SCENARIOS = ("poison_capitals", "bestiary_poison_diets")
 FISHERS = ("empirical", "sampled")
+#: ``engine.lambda_scale``'s default (the damping as a share of each LoRA matrix's mean eigenvalue)
+DEFAULT_SCALE = 0.1
+#: a setting's share of the rows for the factors, turned into ``engine.factor_rows`` per scenario
+FACTOR_SHARE = "factor_share"
 
 
 def prepare(work: Path, scenario: str, seed: int) -> tuple[Path, dict[str, Any]]:
@@ -116,42 +129,87 @@ def speed(work: Path, scenario: str, seed: int, repeats: int) -> dict[str, Any]:
                                       "per_repeat": _spread(v)} for k, v in ratios.items()}}
 
 
-def auc(work: Path, scenarios: list[str], seeds: list[int], queries: list[str]) -> dict[str, Any]:
+def variants(fishers: list[str], samples: list[int], lambda_scales: list[float],
+             factor_shares: list[float] | None = None) -> dict[str, dict[str, Any]]:
+    """The curvature settings ``auc`` compares, by name: every Fisher at every damping, the sampled
+    one also at every number of label draws, each with its factors summed over every row and over
+    each share of ``factor_shares`` (``engine.factor_rows`` set to that share of the scenario's
+    rows). The default damping, one draw and every row keep the bare names (``empirical``,
+    ``sampled``); other settings add ``x<draws>``, ``@<lambda_scale>`` and ``/<share>``."""
+    out: dict[str, dict[str, Any]] = {}
+    for fisher in fishers:
+        for draws in (samples if fisher == "sampled" else [1]):
+            for scale in lambda_scales:
+                for share in [1.0, *(factor_shares or [])]:
+                    name = (fisher + (f"x{draws}" if draws != 1 else "") + (f"@{scale:g}" if scale != DEFAULT_SCALE else "")
+                            + (f"/{share:g}" if share != 1.0 else ""))
+                    out[name] = {"engine.fisher": fisher, "engine.fisher_samples": draws, "engine.lambda_scale": scale,
+                                 **({FACTOR_SHARE: share} if share != 1.0 else {})}
+    return out
+
+
+def auc(work: Path, scenarios: list[str], seeds: list[int], queries: list[str],
+        settings: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    from scipy.stats import spearmanr
     from sklearn.metrics import roc_auc_score
 
     from gradian.attribution import rank_values, run_attribution
     from gradian.config import load_config
+    from gradian.data import load_dataset
 
+    settings = settings or variants(list(FISHERS), [1], [DEFAULT_SCALE])
     rows: list[dict[str, Any]] = []
     for scenario in scenarios:
         for seed in seeds:
             config_path, info = prepare(work, scenario, seed)
             planted = set(info["planted"]["indices"])
             capability = (info.get("capability") or {}).get("name", "capitals")
+            n_rows = len(load_dataset(load_config(config_path, _overrides(config_path.parent, seed)).dataset))
             for query in queries:
                 row: dict[str, Any] = {"scenario": scenario, "seed": seed, "query": query}
-                for fisher in FISHERS:
+                first: Any = None
+                for name, setting in settings.items():
+                    setting = dict(setting)
+                    share = setting.pop(FACTOR_SHARE, None)
+                    if share is not None:
+                        setting["engine.factor_rows"] = max(1, round(float(share) * n_rows))
                     cfg = load_config(config_path, {**_overrides(config_path.parent, seed), "engine.name": "ekfac",
-                                                    "engine.fisher": fisher, "engine.fisher_samples": 1,
-                                                    "evaluation.query_signal": query})
+                                                    **setting, "evaluation.query_signal": query})
                     started = time.perf_counter()
                     outcome = run_attribution(cfg, capability=capability, cross_check=None)
                     if outcome.rankings is None:
-                        raise SystemExit(f"{scenario} seed {seed}: attribution did not run ({fisher}, {query})")
-                    harm = -rank_values(outcome.rankings)
-                    is_planted = outcome.rankings["row_index"].isin(planted).to_numpy()
-                    row[fisher] = round(float(roc_auc_score(is_planted, harm)), 4)
-                    row[f"{fisher}_seconds"] = round(time.perf_counter() - started, 1)
+                        raise SystemExit(f"{scenario} seed {seed}: attribution did not run ({name}, {query})")
+                    ranked = outcome.rankings.sort_values("row_index")
+                    harm = -rank_values(ranked)
+                    is_planted = ranked["row_index"].isin(planted).to_numpy()
+                    row[name] = round(float(roc_auc_score(is_planted, harm)), 4)
+                    row[f"{name}_seconds"] = round(time.perf_counter() - started, 1)
+                    if first is None:
+                        first = harm
+                    else:  # the ranking's agreement with the first setting's
+                        row[f"{name}_rho"] = round(float(spearmanr(first, harm).statistic), 4)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    return summarize(rows, list(settings))
+
+
+def summarize(rows: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """Per scenario and query, each setting's median AUC over the seeds and its range, and on how
+    many seeds it beats, ties (within 0.001) or loses to the first setting (the baseline)."""
     summary: dict[str, Any] = {"rows": rows, "median": {}}
-    for scenario in scenarios:
-        for query in queries:
-            mine = [r for r in rows if r["scenario"] == scenario and r["query"] == query]
-            summary["median"][f"{scenario} {query}"] = {
-                **{f: statistics.median(r[f] for r in mine) for f in FISHERS},
-                **{f"{f}_range": [min(r[f] for r in mine), max(r[f] for r in mine)] for f in FISHERS},
-                "sampled_wins_every_seed": all(r["sampled"] > r["empirical"] for r in mine)}
+    base = names[0]
+    for key in dict.fromkeys((r["scenario"], r["query"]) for r in rows):
+        mine = [r for r in rows if (r["scenario"], r["query"]) == key]
+        entry: dict[str, Any] = {}
+        for name in names:
+            entry[name] = statistics.median(r[name] for r in mine)
+            entry[f"{name}_range"] = [min(r[name] for r in mine), max(r[name] for r in mine)]
+            if name != base:
+                diff = [r[name] - r[base] for r in mine]
+                entry[f"{name}_vs_{base}"] = {"higher": sum(d > 0.001 for d in diff),
+                                              "equal": sum(abs(d) <= 0.001 for d in diff),
+                                              "lower": sum(d < -0.001 for d in diff)}
+        summary["median"][" ".join(key)] = entry
     return summary
 
 
@@ -166,6 +224,13 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS), help="auc: comma-separated poison scenarios")
     parser.add_argument("--seeds", default="0,1,2", help="auc: comma-separated fine-tune seeds")
     parser.add_argument("--queries", default="target,contrastive", help="auc: comma-separated query signals")
+    parser.add_argument("--fishers", default=",".join(FISHERS), help="auc: comma-separated engine.fisher values")
+    parser.add_argument("--samples", default="1", help="auc: comma-separated label draws for the sampled Fisher")
+    parser.add_argument("--lambda-scales", default=str(DEFAULT_SCALE),
+                        help="auc: comma-separated engine.lambda_scale values (each Fisher at each)")
+    parser.add_argument("--factor-shares", default="",
+                        help="auc: comma-separated shares of the rows for the Kronecker factors (engine.factor_rows), "
+                             "each beside every row")
     parser.add_argument("--out", default=None, help="write the JSON here as well as printing it")
     args = parser.parse_args()
     work = Path(args.work).resolve()
@@ -178,7 +243,10 @@ def main() -> None:
         summary = speed(work, args.scenario, args.seed, args.repeats)
     else:
         summary = auc(work, [s for s in args.scenarios.split(",") if s], [int(s) for s in args.seeds.split(",") if s],
-                      [q for q in args.queries.split(",") if q])
+                      [q for q in args.queries.split(",") if q],
+                      variants([f for f in args.fishers.split(",") if f], [int(n) for n in args.samples.split(",") if n],
+                               [float(x) for x in args.lambda_scales.split(",") if x],
+                               [float(x) for x in args.factor_shares.split(",") if x]))
     text = json.dumps(summary, indent=2)
     if args.out:
         Path(args.out).write_text(text + "\n")
