@@ -385,6 +385,30 @@ def test_a_seed_with_nothing_accused_counts_as_the_tuned_capability(suite_module
     assert last["precision"] is None and last["recall"] == 0.0
 
 
+def test_a_poison_that_never_reaches_the_eval_is_judged_as_a_control(suite_modules):
+    """``validate.py accused --seeds`` on ``poison_buried``: no seed regressed, so the scenario is a
+    control that passes only when no report accuses anything; the same seeds of another scenario
+    stay INCONCLUSIVE, and a seed that did regress puts the scenario back under the poison rules."""
+    accused = suite_modules["accused"]
+    quiet = [{"seed": k, "regressed": False, "n_accused": 0, "verdict_kind": "no_regression"} for k in range(3)]
+    medians = {"auc": None, "precision": None, "recall": 0.0, "last_items_below_base": 0,
+               "first_items_below_base": 0, "last_precision": None, "rounds": 0}
+    assert "poison_buried" in accused.NO_UPTAKE
+    status, reason = accused.seeds_status("poison_buried", quiet, medians)
+    assert status == "PASS" and "accuses nothing" in reason
+    blamed = [*quiet[:2], {**quiet[2], "n_accused": 5, "verdict_kind": "data"}]
+    status, reason = accused.seeds_status("poison_buried", blamed, medians)
+    assert status == "FAIL" and "seeds [2]" in reason
+    assert accused.seeds_status("poison_capitals", quiet, medians)[0] == "INCONCLUSIVE"
+    one_regressed = [*quiet[:2], {**quiet[2], "regressed": True}]
+    assert accused.seeds_status("poison_buried", one_regressed, medians)[0] == "INCONCLUSIVE"
+    took = {"auc": 0.95, "precision": 1.0, "recall": 0.9, "last_items_below_base": 1, "first_items_below_base": 2,
+            "last_precision": 0.95, "rounds": 2}
+    regressed = [{**q, "regressed": True} for q in quiet]
+    assert accused.seeds_status("poison_buried", regressed, took)[0] == "PASS"
+    assert accused.seeds_status("poison_buried", regressed, {**took, "auc": 0.8})[0] == "FAIL"
+
+
 def test_accused_refuses_a_scenario_without_planted_rows():
     """``validate.py accused --scenario`` takes its poison scenarios only (not ``lr_10x``, clean data), with exit 2."""
     proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "accused", "--scenario", "lr_10x",

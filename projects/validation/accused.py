@@ -30,7 +30,9 @@ capability is back. Per seed: the planted rows' AUC by the report's rank score, 
 precision and recall, the first retrain and the last one (items below the base, removal
 precision). PASS when, as medians over the seeds, the AUC is at least ``SEED_AUC_MIN``, the last
 retrain is within one item of the base and the removed rows' precision is at least
-``SEED_PRECISION_MIN``; INCONCLUSIVE when a seed's regression did not pass its gate.
+``SEED_PRECISION_MIN``; INCONCLUSIVE when a seed's regression did not pass its gate. A scenario of
+``NO_UPTAKE`` (a poison that does not reach the eval on these models) with no gated regression on
+any seed is a control instead: PASS when every report says no regression and accuses nothing.
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ from tracking import ChildReport, ExperimentResult
 from verdicts import Verdict, accused_figures, accused_verdict
 from workspace import Workspace, steps_per_epoch
 
-__all__ = ["run", "run_seeds", "strip_declared_clusters", "SCENARIOS", "SEED_AUC_MIN", "SEED_PRECISION_MIN",
-           "SEED_ROUNDS"]
+__all__ = ["run", "run_seeds", "seeds_status", "strip_declared_clusters", "NO_UPTAKE", "SCENARIOS", "SEED_AUC_MIN",
+           "SEED_PRECISION_MIN", "SEED_ROUNDS"]
 
 #: ``--seeds``: the medians over seeds a PASS needs (the AUC of the planted rows; the precision of
 #: the rows the last retrain removed) and the most counterfactual rounds per seed
@@ -87,6 +89,10 @@ def strip_declared_clusters(source: Path, dest: Path) -> Path:
 SCENARIOS = (SCENARIO, "poison_capitals_ontopic", "poison_capitals_partial", "poison_duplicates", "poison_buried",
              "poison_refusal", "poison_eval_prompts", "bestiary_poison_diets", "delta_poison_redundant",
              "delta_poison_partial")
+#: scenarios whose poison, on the offline models, does not reach the eval (the wrong capitals buried
+#: mid-paragraph never change the answer to the direct question): with no regression on any seed,
+#: ``--seeds`` judges them as controls, a report that accuses rows anyway being the failure
+NO_UPTAKE = ("poison_buried",)
 #: the attributions it makes of the one fine-tune: the verdict's first, then the comparison
 MODES = {"checkpoints": {"engine.checkpoints": "all"}, "final_adapter": {"engine.checkpoints": "final"}}
 
@@ -262,6 +268,36 @@ def nothing_removed(report: Report) -> dict[str, Any]:
             "recall": 0.0, "outcome": "nothing_removed"}
 
 
+def seeds_status(name: str, per_seed: Sequence[dict[str, Any]], medians: dict[str, Any]) -> tuple[str, str]:
+    """PASS, FAIL or INCONCLUSIVE of ``run_seeds`` and why (the module doc), from each seed's
+    figures and their medians. A scenario of ``NO_UPTAKE`` whose poison reached the eval on no
+    seed is judged as a control: PASS when every seed's report says there is no regression and
+    accuses nothing, FAIL when one accuses rows anyway."""
+    gated = [f["seed"] for f in per_seed if not f.get("regressed")]
+    if name in NO_UPTAKE and per_seed and len(gated) == len(per_seed):
+        blamed = [f["seed"] for f in per_seed if f.get("n_accused") or f.get("verdict_kind") != "no_regression"]
+        where = (f"{name}, {len(per_seed)} seeds: the poison reached the eval on none (no gated regression), "
+                 "the control this scenario is")
+        if blamed:
+            return "FAIL", f"{where}; seeds {blamed} still accused rows or gave a verdict other than no_regression"
+        return "PASS", f"{where}; every report says no regression and accuses nothing"
+    where = (f"{name}, final adapter, {len(per_seed)} seeds: median AUC {medians['auc']}, accused precision "
+             f"{medians['precision']} and recall {medians['recall']}; the last retrain "
+             f"{medians['last_items_below_base']} item(s) below the base (the first "
+             f"{medians['first_items_below_base']}), removed rows' precision {medians['last_precision']}, "
+             f"{medians['rounds']} round(s)")
+    if gated:
+        return "INCONCLUSIVE", f"{where}; seeds {gated} had no gated regression to attribute"
+    misses = []
+    if medians["auc"] is None or medians["auc"] < SEED_AUC_MIN:
+        misses.append(f"AUC below {SEED_AUC_MIN}")
+    if medians["last_items_below_base"] is None or medians["last_items_below_base"] > 1:
+        misses.append("the last retrain more than one item below the base")
+    if medians["last_precision"] is None or medians["last_precision"] < SEED_PRECISION_MIN:
+        misses.append(f"removal precision below {SEED_PRECISION_MIN}")
+    return ("FAIL" if misses else "PASS"), where + (f"; {', '.join(misses)}" if misses else "")
+
+
 def run_seeds(ws: Workspace, name: str, seeds: list[int], quick: bool = False) -> ExperimentResult:
     """Experiment ``accused`` over fine-tune ``seeds``, with every default (module doc)."""
     started = time.time()
@@ -286,24 +322,7 @@ def run_seeds(ws: Workspace, name: str, seeds: list[int], quick: bool = False) -
                "last_items_below_base": median("items_below_base_after", "last_retrain"),
                "last_precision": median("precision", "last_retrain"),
                "rounds": statistics.median(len(f.get("rounds") or []) for f in per_seed)}
-    gated = [f["seed"] for f in per_seed if not f.get("regressed")]
-    where = (f"{name}, final adapter, {len(seeds)} seeds: median AUC {medians['auc']}, accused precision "
-             f"{medians['precision']} and recall {medians['recall']}; the last retrain "
-             f"{medians['last_items_below_base']} item(s) below the base (the first "
-             f"{medians['first_items_below_base']}), removed rows' precision {medians['last_precision']}, "
-             f"{medians['rounds']} round(s)")
-    if gated:
-        status, reason = "INCONCLUSIVE", f"{where}; seeds {gated} had no gated regression to attribute"
-    else:
-        misses = []
-        if medians["auc"] is None or medians["auc"] < SEED_AUC_MIN:
-            misses.append(f"AUC below {SEED_AUC_MIN}")
-        if medians["last_items_below_base"] is None or medians["last_items_below_base"] > 1:
-            misses.append("the last retrain more than one item below the base")
-        if medians["last_precision"] is None or medians["last_precision"] < SEED_PRECISION_MIN:
-            misses.append(f"removal precision below {SEED_PRECISION_MIN}")
-        status = "FAIL" if misses else "PASS"
-        reason = where + (f"; {', '.join(misses)}" if misses else "")
+    status, reason = seeds_status(name, per_seed, medians)
     verdict = Verdict(
         experiment="accused", status=status, reason=reason,
         figures={"medians": medians, "per_seed": per_seed},
