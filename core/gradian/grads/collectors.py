@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from gradian.data import TokenizedExample
     from gradian.grads.model import GradientModel
 
-__all__ = ["KroneckerCollector", "ModelPasses", "factor_share", "fisher_generator", "gram_upper", "in_factor_rows",
+__all__ = ["KroneckerCollector", "ModelPasses", "factor_rows_of", "factor_share", "fisher_generator", "gram_upper", "in_factor_rows",
            "lora_layers", "sample_labels", "add_upper", "mirror_upper", "second_moments", "structured_projector"]
 
 
@@ -91,6 +91,12 @@ def in_factor_rows(token_ids: Any, share: float) -> bool:
     ids = np.ascontiguousarray(np.asarray(token_ids, dtype=np.int64))
     digest = hashlib.blake2b(ids.tobytes(), digest_size=8, person=b"gradian-factors").digest()
     return int.from_bytes(digest, "little") < share * 2.0 ** 64
+
+
+def factor_rows_of(rows: Sequence[TokenizedExample], share: float) -> list[TokenizedExample]:
+    """The rows of ``rows`` (in order) the Kronecker factors are summed over at ``share``: the one
+    choice a stream's first pass and the fit's own pass both make, chunk by chunk."""
+    return list(rows) if share >= 1.0 else [t for t in rows if in_factor_rows(t.input_ids, share)]
 
 
 def sample_labels(logits: "torch.Tensor", labels: "torch.Tensor", gen: "torch.Generator") -> "torch.Tensor":
@@ -411,7 +417,7 @@ class ModelPasses:
         chunk = int(self.grads.chunk_size) if self.grads is not None else len(self.tokenized)
         pad = self.pad_id if self.pad_id is not None else 0
         for first in range(0, len(self.tokenized), max(chunk, 1)):
-            chosen = [t for t in self.tokenized[first: first + chunk] if in_factor_rows(t.input_ids, share)]
+            chosen = factor_rows_of(self.tokenized[first: first + chunk], share)
             for offset in range(0, len(chosen), size):
                 yield first, first + offset, collate(chosen[offset: offset + size], pad, self.gm.device)
 

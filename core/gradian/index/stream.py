@@ -42,7 +42,7 @@ import numpy as np
 
 from gradian.chunks import accumulate, pass_key
 from gradian.grads import make_projector
-from gradian.grads.collectors import KroneckerCollector, factor_share, in_factor_rows, structured_projector
+from gradian.grads.collectors import KroneckerCollector, factor_rows_of, factor_share, structured_projector
 from gradian.index.build import _STORAGE, build_target, capture_rows, stored_norms
 from gradian.index.passes import PassProgress, keep_arrays, kept_arrays
 from gradian.index.sharded import ShardedBuildError, gather_outcomes, shard_of
@@ -419,7 +419,7 @@ class GradientStream:
         grads, pad = self.config.grads, self.tokenizer.pad_token_id
         rows = self.tokenized[first:end]
         if collector is not None and collector.share < 1.0:
-            chosen = [t for t in rows if in_factor_rows(t.input_ids, collector.share)]
+            chosen = factor_rows_of(rows, collector.share)
             collector.skip(len(rows) - len(chosen))
             rows = chosen
         with self._own_adapter():
