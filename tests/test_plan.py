@@ -531,10 +531,16 @@ def test_pass_counts_are_what_the_engines_make_on_a_real_run(tmp_path, tiny_lora
     n = len(dataset)
     query_for = hello_query_for(chat_tokenizer)
     shape, lora = read_model_shape(base), adapter_shape(final)
+    # engine.factor_rows 3 of 6 rows: the passes that only sum the Kronecker factors read the chosen rows
+    factor_chosen = collectors.factor_rows_of(tokenize_examples(dataset.examples, chat_tokenizer, None), 0.5)
+    assert 0 < len(factor_chosen) < n
     cases = [("ekfac", {}), ("kfac", {}), ("datainf", {}), ("graddot", {}),
-             ("ekfac", {"engine.fisher": "sampled", "engine.fisher_samples": 2}), ("ekfac", {"grads.normalization": "l2"})]
+             ("ekfac", {"engine.fisher": "sampled", "engine.fisher_samples": 2}), ("ekfac", {"grads.normalization": "l2"}),
+             ("ekfac", {"engine.factor_rows": 3}), ("kfac", {"engine.factor_rows": 3}),
+             ("ekfac", {"engine.factor_rows": 3, "engine.fisher": "sampled", "engine.fisher_samples": 2}),
+             ("ekfac", {"engine.factor_rows": 3, "grads.normalization": "l2"})]
     for k, (engine, extra) in enumerate(cases):
-        for store in ("stream", "index") if not extra else ("stream",):
+        for store in ("stream", "index") if set(extra) <= {"engine.factor_rows"} else ("stream",):
             rows.update(captured=0, model=0, read=0)
             cfg_overrides = {"dtype": "float64", "device": "cpu", "attn_implementation": "sdpa",
                              "cache_dir": str(tmp_path / f"{k}-{store}"), "base_model": str(base),
@@ -543,21 +549,37 @@ def test_pass_counts_are_what_the_engines_make_on_a_real_run(tmp_path, tiny_lora
             cfg = load_config(overrides=cfg_overrides)
             gm = load_model_for_gradients(str(base), str(final), cfg)
             tokenized = tokenize_examples(dataset.examples, chat_tokenizer, cfg.grads.max_seq_length)
+            want = engine_passes(engine, cfg.engine.fisher, cfg.engine.fisher_samples, cfg.grads.normalization,
+                                 factor_share=collectors.factor_share(n, cfg.engine.factor_rows))
+            # as gradian attribute runs it alone: no engine reads the squared norms, so the first pass
+            # gathers the factors without per-example gradients when it is the plan's "Kronecker factors"
+            factors_only = want.names[:1] == ("Kronecker factors",) and want.first == 1
             train, collector = capture_training_gradients(gm, chat_tokenizer, dataset, cfg, StoreChoice(store, "test"),
                                                           collect=needs_whole_gradients(engine),
+                                                          norms=not (factors_only and "engine.factor_rows" in extra),
                                                           tokenized=tokenized if store == "stream" else None)
             context = fit_context(cfg, gm, chat_tokenizer, dataset, None, tokenized=tokenized, collected=collector,
                                   store=store)
             state = fit_engine(engine, train, cfg.engine, context, cache_dir=cfg.cache_dir)
             get_engine(engine).score(state, query_for(gm), cfg.engine)
-            want = engine_passes(engine, cfg.engine.fisher, cfg.engine.fisher_samples, cfg.grads.normalization)
             label = (engine, extra, store)
+            share_rows = len(factor_chosen) if want.factor_share < 1 else n
             if store == "stream":
-                assert rows["captured"] + rows["model"] == want.stream * n and rows["read"] == 0, (label, rows)
+                # a factors-only first pass forms no per-example gradient: its rows are the collector's
+                unseen = 1 if factors_only and want.stream_share_passes else 0
+                assert rows["captured"] + rows["model"] == ((want.stream - want.stream_share_passes) * n
+                                                            + (want.stream_share_passes - unseen) * share_rows), (label, rows)
+                assert rows["read"] == 0, (label, rows)
+                if unseen:
+                    assert collector is not None and collector.summed_examples == share_rows, label
                 assert train.passes == want.first + want.gradients, label
+                assert want.stream_floors == want.stream - want.stream_share_passes * (1 - want.factor_share)
             else:
-                assert rows["captured"] + rows["model"] == want.index_captures * n, (label, rows)
+                assert rows["captured"] + rows["model"] == ((want.index_captures - want.index_share_passes) * n
+                                                            + want.index_share_passes * share_rows), (label, rows)
                 assert rows["read"] == want.index_reads * n, (label, rows)
+            if "engine.factor_rows" in extra:
+                assert want.factor_share == 0.5 and want.stream_floors < want.stream, label
             if engine == "ekfac" and not extra and store == "stream":
                 # gradian attribute's default cross-check, over the same (primed) stream
                 rows.update(captured=0, model=0, read=0)
@@ -655,6 +677,27 @@ def test_plan_command_refuses_bad_flags_naming_them():
     assert not any("refuses" in note for note in projected["notes"])
     assert projected["stored_per_example"] == _stored_values(linears, 256)
     assert projected["curvature"]["factor_bytes"] == _factor_bytes(linears, 256)
+
+
+def test_plan_prices_the_factor_share_of_engine_factor_rows():
+    runner = CliRunner()
+    base = ["plan", "--model-config", "qwen2.5-0.5b", "--r", "16", "--target-modules", "all-linear",
+            "--n-examples", "10000", "--tokens", "512", "--no-calibrate"]
+    every = json.loads(runner.invoke(app, [*base, "--json"]).stdout)
+    quarter = runner.invoke(app, [*base, "--factor-rows", "2500", "--json"])
+    data = json.loads(quarter.stdout)
+    assert data["settings"]["factor_rows"] == 2500
+    # the stream's first pass reads a quarter of the rows; the index adds a pass of the fit's own over them
+    assert (every["stream"]["passes"], every["stream"]["floors"]) == (3, 3.0)
+    assert (data["stream"]["passes"], data["stream"]["floors"]) == (3, 2.25)
+    assert (every["index"]["captures"], data["index"]["captures"], data["index"]["capture_floors"]) == (1, 2, 1.25)
+    text = runner.invoke(app, [*base, "--factor-rows", "2500"]).output
+    assert "stream: nothing on disk; 3 forward+backward passes (1 over about 25% of the rows: engine.factor_rows)" in text
+    # at least the rows there are: every row, priced as such
+    whole = json.loads(runner.invoke(app, [*base, "--factor-rows", "20000", "--json"]).stdout)
+    assert whole["stream"]["floors"] == 3.0 and whole["index"]["captures"] == 1
+    refused = runner.invoke(app, [*base, "--factor-rows", "0"])
+    assert isinstance(refused.exception, ConfigError) and "engine.factor_rows" in str(refused.exception)
 
 
 def test_plan_command_reads_a_dataset_and_times_a_random_init_model(tmp_path, chat_tokenizer, tiny_lora_dirs):

@@ -43,6 +43,7 @@ def plan_command(
     module_filter: Optional[str] = typer.Option(None, "--module-filter", help="grads.module_filter to plan for"),
     engine: Optional[str] = typer.Option(None, "--engine", help="engine.name to plan for (its passes and curvature; default: the config's)"),
     store: Optional[str] = typer.Option(None, "--store", help="engine.store to plan for: auto, index or stream (default: the config's)"),
+    factor_rows: Optional[int] = typer.Option(None, "--factor-rows", help="engine.factor_rows to plan for: the Kronecker factors summed over about this many rows (default: the config's; every row)"),
     run: Optional[str] = typer.Option(None, "--run", "-r", help="The training run (an output directory or runs:/<mlflow run id>): engine.name replay prices the replay of its recipe"),
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id of the training run (same as --run runs:/<id>)"),
     memory: Optional[str] = typer.Option(None, "--memory", help="Memory per device, e.g. 24GiB or 80GB: propose settings that fit"),
@@ -84,6 +85,7 @@ def plan_command(
         "grads.projection_dim": projection_dim, "grads.projection_kind": projection_kind,
         "grads.storage_dtype": storage_dtype,
         "grads.module_filter": module_filter, "engine.name": engine, "engine.store": store,
+        "engine.factor_rows": factor_rows,
     })
     budgets = Budgets(parse_size(memory, "--memory") if memory else None, parse_size(disk, "--disk") if disk else None,
                       parse_size(host_memory, "--host-memory") if host_memory else None)
@@ -286,16 +288,16 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
                 host_rows)
     seconds = estimate.seconds if estimate is not None else None
 
-    def about(passes: int) -> str:
+    def about(passes: float) -> str:
         return f", about {_duration(passes * seconds)}" if seconds is not None else ""
 
     passes, index = p.passes, p.index
     print_line(f"stores ({s.engine}, one fit and one scoring: {passes.what()}):")
     print_line(f"  index: {fmt(index.disk_bytes)} on disk; {index.captures} forward+backward "
-               f"pass{'es' if index.captures > 1 else ''}{about(index.captures)}, then {index.reads} "
-               f"read{'s' if index.reads > 1 else ''} of the index")
+               f"pass{'es' if index.captures > 1 else ''}{passes.share_note('index')}{about(index.capture_floors)}, "
+               f"then {index.reads} read{'s' if index.reads > 1 else ''} of the index")
     print_line(f"  stream: nothing on disk; {p.stream.passes} forward+backward "
-               f"pass{'es' if p.stream.passes > 1 else ''}{about(p.stream.passes)}")
+               f"pass{'es' if p.stream.passes > 1 else ''}{passes.share_note('stream')}{about(p.stream.floors)}")
     if curv.state_bytes:
         print_line(f"  {s.engine} state: {fmt(curv.state_bytes)} on disk under either store (eigenbases and eigenvalues)")
     cross = p.cross_check

@@ -85,6 +85,8 @@ class PlanSettings:
     #: ``engine.fisher`` and ``engine.fisher_samples``: a sampled Fisher makes passes of its own
     fisher: str = "empirical"
     fisher_samples: int = 1
+    #: ``engine.factor_rows``: the Kronecker factors summed over about this many rows (None: every row)
+    factor_rows: int | None = None
     #: the cross-check ``gradian attribute`` runs beside the engine (``auto``: the engine's own)
     cross_check: str | None = "auto"
 
@@ -103,7 +105,8 @@ class PlanSettings:
                    projection_dim=grads.projection_dim, storage_dtype=grads.storage_dtype, chunk_size=grads.chunk_size,
                    capture=capture, device=device, engine=engine.name, store=getattr(engine, "store", "auto"),
                    max_index_gb=grads.max_index_gb, fisher=getattr(engine, "fisher", "empirical"),
-                   fisher_samples=int(getattr(engine, "fisher_samples", 1)))
+                   fisher_samples=int(getattr(engine, "fisher_samples", 1)),
+                   factor_rows=getattr(engine, "factor_rows", None))
 
     @property
     def projection_kind(self) -> str:
@@ -374,7 +377,10 @@ def _price(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, sett
     normalization = settings.capture.normalization
     from gradian.engines.registry import engine_class
 
-    passes = engine_passes(settings.engine, settings.fisher, settings.fisher_samples, normalization)
+    from gradian.grads.collectors import factor_share
+
+    passes = engine_passes(settings.engine, settings.fisher, settings.fisher_samples, normalization,
+                           factor_share=factor_share(dataset.n, settings.factor_rows))
     cross_name = settings.cross_check_engine
     cross = (engine_passes(cross_name, settings.fisher, settings.fisher_samples, normalization,
                            primed=passes.first > 0,
@@ -389,8 +395,8 @@ def _price(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, sett
     return Priced(
         device=settings.device, linears=linears, worst=worst, memory=memory, blocks=blocks, passes=passes, cross_check=cross,
         index=IndexCost(disk_bytes=disk, data_bytes=data, host_buffer=memory.writer_buffer,
-                        captures=passes.index_captures, reads=passes.index_reads),
-        stream=StreamCost(passes=passes.stream, host_buffer=memory.stream_chunk),
+                        captures=passes.index_captures, reads=passes.index_reads, capture_floors=passes.index_floors),
+        stream=StreamCost(passes=passes.stream, host_buffer=memory.stream_chunk, floors=passes.stream_floors),
         curvature=curvature_cost(settings.engine, linears, settings.projection_dim, kind),
         store=store, store_reason=reason, auto_store=auto, auto_reason=auto_reason)
 

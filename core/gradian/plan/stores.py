@@ -30,7 +30,7 @@ the scoring under each checkpoint, and TracIn scores once per checkpoint (counte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from gradian.index.sizing import store_rule
@@ -54,6 +54,16 @@ class Passes:
     names: tuple[str, ...] = ()
     #: the gradients were captured already by another engine's passes (a cross-check): no build
     primed: bool = False
+    #: ``engine.factor_rows`` as a share of the rows (``gradian.grads.collectors.factor_share``; 1:
+    #: every row): the passes that only sum the Kronecker factors run over that share
+    factor_share: float = 1.0
+    #: of the stream's passes, those over the factor share alone
+    stream_share_passes: int = 0
+    #: of the index's captures, those over the factor share alone
+    index_share_passes: int = 0
+    #: captures the index makes beyond the build and ``model``: the fit's own pass over the factor
+    #: share, which the build cannot sum (its batches mix chosen and other rows)
+    index_own: int = 0
 
     @property
     def stream(self) -> int:
@@ -63,7 +73,24 @@ class Passes:
     @property
     def index_captures(self) -> int:
         """Forward and backward passes under ``engine.store: index``: the build and the fit's own."""
-        return (0 if self.primed else 1) + self.model
+        return (0 if self.primed else 1) + self.model + self.index_own
+
+    @property
+    def stream_floors(self) -> float:
+        """The stream's passes in passes over every row: those over the factor share count as that share."""
+        return self.stream - self.stream_share_passes * (1.0 - self.factor_share)
+
+    @property
+    def index_floors(self) -> float:
+        """The index's captures in passes over every row (``stream_floors``)."""
+        return self.index_captures - self.index_share_passes * (1.0 - self.factor_share)
+
+    def share_note(self, store: str) -> str:
+        """``" (1 over about 25% of the rows: engine.factor_rows)"``, or ``""`` when every pass reads every row."""
+        k = self.stream_share_passes if store == "stream" else self.index_share_passes
+        if not k or self.factor_share >= 1.0:
+            return ""
+        return f" ({k} over about {self.factor_share:.0%} of the rows: engine.factor_rows)"
 
     @property
     def index_reads(self) -> int:
@@ -89,6 +116,8 @@ class IndexCost:
     captures: int
     #: passes that read the index
     reads: int
+    #: ``captures`` in passes over every row (``Passes.index_floors``)
+    capture_floors: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +128,8 @@ class StreamCost:
     passes: int
     #: host memory of the chunk in flight
     host_buffer: int
+    #: ``passes`` in passes over every row (``Passes.stream_floors``)
+    floors: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,19 +165,21 @@ def _kronecker(engine: str) -> tuple[bool, bool, str]:
 
 
 def engine_passes(engine: str, fisher: str = "empirical", fisher_samples: int = 1, normalization: str = "none",
-                  primed: bool = False, shared_scoring: bool = False) -> Passes:
+                  primed: bool = False, shared_scoring: bool = False, factor_share: float = 1.0) -> Passes:
     """The passes of one fit and one scoring by ``engine`` (see the module doc). ``primed``: the
     first pass was made already (a cross-check after a Kronecker engine on the same stream);
     ``shared_scoring``: its scoring is made in another engine's scoring pass (a cross-check both of
-    whose engines have ``Engine.shared_scoring``), so it makes none of its own."""
-    passes = _engine_passes(engine, fisher, fisher_samples, normalization, primed)
+    whose engines have ``Engine.shared_scoring``), so it makes none of its own; ``factor_share``:
+    ``engine.factor_rows`` as a share of the rows, the Kronecker factors summed over that share."""
+    passes = _engine_passes(engine, fisher, fisher_samples, normalization, primed, factor_share)
     if not shared_scoring:
         return passes
     names = tuple(name for name in passes.names if name != "scoring")
-    return Passes(engine, passes.first, passes.model, passes.gradients - 1, names, primed)
+    return replace(passes, gradients=passes.gradients - 1, names=names)
 
 
-def _engine_passes(engine: str, fisher: str, fisher_samples: int, normalization: str, primed: bool) -> Passes:
+def _engine_passes(engine: str, fisher: str, fisher_samples: int, normalization: str, primed: bool,
+                   share: float = 1.0) -> Passes:
     kronecker, corrects, curvature = _kronecker(engine)
     if kronecker:
         sampled = fisher in ("sampled", "true")
@@ -163,11 +196,34 @@ def _engine_passes(engine: str, fisher: str, fisher_samples: int, normalization:
         if corrects:
             names.append(f"eigenvalue correction, recomputed ({draws} pass{'es' if draws > 1 else ''})" if recompute
                          else "eigenvalue correction and squared norms")
-        return Passes(engine, 0 if primed else 1, model, gradients, tuple(names + ["scoring"]), primed)
+        passes = Passes(engine, 0 if primed else 1, model, gradients, tuple(names + ["scoring"]), primed)
+        return passes if share >= 1.0 else _over_share(passes, share, sampled, draws, in_correction)
     if curvature == "datainf":  # the squared norms, the preconditioner, the scoring
         return Passes(engine, 0 if primed else 1, 0, 2,
                       tuple(([] if primed else ["squared norms"]) + ["preconditioner", "scoring"]), primed)
     return Passes(engine, 0, 0, 1, ("scoring",), primed)
+
+
+def _over_share(passes: Passes, share: float, sampled: bool, draws: int, in_correction: bool) -> Passes:
+    """A Kronecker engine's ``passes`` with its factors summed over ``share`` of the rows
+    (``engine.factor_rows``), as ``gradian.index.stream.capture_training_gradients`` and the fit
+    make them. With the empirical Fisher and a factors-only first pass (``in_correction``: no
+    per-example gradient is formed before the eigenvalue correction) a stream's first pass runs over
+    the share alone, while the index build, whose batches mix chosen and other rows, sums nothing
+    and the fit adds a pass of its own over the share. Otherwise the first pass, which would also
+    keep the squared norms, is not made (the norms come with the first pass over per-example
+    gradients): a sampled Fisher's factor passes run over the share, and the empirical Fisher's
+    factors are summed by a pass of the fit's own over it."""
+    if passes.primed:
+        return passes
+    if in_correction:
+        return replace(passes, factor_share=share, stream_share_passes=1, index_share_passes=1, index_own=1)
+    names = tuple(name for name in passes.names if name != "squared norms and Kronecker factors")
+    if sampled:
+        return replace(passes, factor_share=share, first=0, names=names, stream_share_passes=draws,
+                       index_share_passes=draws)
+    return replace(passes, factor_share=share, first=0, model=passes.model + 1, names=("Kronecker factors", *names),
+                   stream_share_passes=1, index_share_passes=1)
 
 
 def auto_store(data_bytes: int, max_index_gb: float | None, disk: int | None) -> tuple[str, str]:
