@@ -16,8 +16,12 @@ ranks. Per width it prints:
 
 Each figure is given per seed and as the median and range over seeds.
 
+``--basis`` chooses the side matrices: ``random`` (the product's projection), or one of two
+experiments fitted to the factors: ``eigen`` (each side onto its factor's top eigenvectors) and
+``whitened`` (the random matrix after each factor's damped inverse square root).
+
 Run: ``python projects/benchmarks/bench_compact_index.py [--work DIR] [--scenarios a,b]
-[--seeds 0,1,2,3,4] [--widths 4,8,16,32] [--out results.json]``. About a minute per fine-tune on
+[--seeds 0,1,2,3,4] [--widths 4,8,16,32] [--basis random|eigen|whitened] [--out results.json]``. About a minute per fine-tune on
 2 CPU cores once the fine-tunes exist (they take about three minutes each the first time).
 """
 
@@ -43,8 +47,12 @@ WIDTHS = (4, 8, 16, 32)
 class _ProjectedSums:
     """The Kronecker sums a collector gathers, seen through a ``kronecker`` projection."""
 
+    #: summed over every row (``engine.factor_rows`` unset)
+    share = 1.0
+
     def __init__(self, sums: dict[str, tuple[np.ndarray, np.ndarray, int]], n: int) -> None:
         self.sums, self._n = sums, n
+        self.summed_examples = n
 
     def complete(self, n: int) -> bool:
         return n == self._n
@@ -65,18 +73,29 @@ def _project_sums(collector: Any, projector: Any, layers: list[dict[str, Any]]) 
 
 
 class _EigenSides:
-    """A kronecker projector whose side matrices are each factor's top eigenvectors (an experiment:
-    the projection is fitted to the data instead of drawn at random)."""
+    """A kronecker projector whose side matrices are fitted to the data instead of drawn at random
+    (an experiment). ``eigen``: each side onto its factor's top eigenvectors. ``whitened``: the
+    random side matrix applied after the factor's damped inverse square root,
+    ``P (C + d I)^(-1/2)`` with ``d = damping x mean eigenvalue``, so the projection keeps the
+    inner products of the curvature-whitened gradients, which are what the scores read."""
 
-    def __init__(self, base: Any, collector: Any, layers: list[dict[str, Any]]) -> None:
+    def __init__(self, base: Any, collector: Any, layers: list[dict[str, Any]], basis: str = "eigen",
+                 damping: float = 0.1) -> None:
         self.base, self.kind, self.width = base, "kronecker", base.width
         self._sides: dict[tuple[str, int, str], np.ndarray] = {}
         for layer in layers:
-            xx, gg, _ = collector.sums[layer["key"]]
+            xx, gg, tokens = collector.sums[layer["key"]]
             for side, cov in (("in", xx), ("out", gg)):
                 if cov.shape[0] > base.width:
-                    _, vectors = np.linalg.eigh((cov + cov.T) / 2)
-                    self._sides[(layer["block"], layer["j"], side)] = vectors[:, ::-1][:, : base.width].T.copy()
+                    values, vectors = np.linalg.eigh((cov + cov.T) / 2 / max(tokens, 1))
+                    if basis == "eigen":
+                        m = vectors[:, ::-1][:, : base.width].T.copy()
+                    else:
+                        values = np.clip(values, 0.0, None)
+                        inv_sqrt = (vectors / np.sqrt(values + damping * values.mean())) @ vectors.T
+                        p = base.side_matrix(layer["block"], layer["j"], side, dtype=torch_float64()).numpy()
+                        m = p @ inv_sqrt
+                    self._sides[(layer["block"], layer["j"], side)] = m
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.base, name)
@@ -103,6 +122,12 @@ class _EigenSides:
         return torch.cat(parts, dim=1)
 
 
+def torch_float64() -> Any:
+    import torch
+
+    return torch.float64
+
+
 def measure_seed(root: Path, planted: set[int], capability: str, widths: list[int],
                  basis: str = "random") -> list[dict[str, Any]]:
     import torch
@@ -125,9 +150,9 @@ def measure_seed(root: Path, planted: set[int], capability: str, widths: list[in
     for width in widths:
         grads = dataclasses.replace(cfg.grads, projection_kind="kronecker", projection_dim=int(width))
         projector = make_projector(grads, gm)
-        if basis == "eigen":
+        if basis != "random":
             projector = _EigenSides(projector, collector, ModelPasses(gm, tokenized, tokenizer.pad_token_id,
-                                                                      cfg.grads).layers)
+                                                                      cfg.grads).layers, basis)
         project = {b: projector.project(b, torch.from_numpy(np.asarray(v, dtype=np.float64))).numpy()
                    for b, v in full_rows.items()}
         query = {b: projector.project(b, torch.from_numpy(np.asarray(v, dtype=np.float64))).numpy()
@@ -149,9 +174,10 @@ def main() -> None:
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--seeds", default="0,1,2,3,4")
     parser.add_argument("--widths", default=",".join(str(w) for w in WIDTHS))
-    parser.add_argument("--basis", choices=("random", "eigen"), default="random",
+    parser.add_argument("--basis", choices=("random", "eigen", "whitened"), default="random",
                         help="random: the product's kronecker projection; eigen: each side onto its factor's top "
-                             "eigenvectors (an experiment)")
+                             "eigenvectors; whitened: the random projection after each factor's damped inverse "
+                             "square root (experiments)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     widths = [int(w) for w in args.widths.split(",") if w]
