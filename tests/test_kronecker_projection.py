@@ -130,6 +130,40 @@ def test_projected_fit_is_the_full_fit_seen_through_the_projection():
             np.testing.assert_allclose(second.arrays[key], value, rtol=1e-8, atol=1e-12 * value.max())
 
 
+def test_the_compact_index_benchmark_projects_after_the_fact_what_the_build_projects():
+    """bench_compact_index.py measures each width on the full index and factors projected after the
+    capture (``project`` and ``_project_sums``); its figures stand for the product only if that
+    fits the same EK-FAC as a projected build with its collector."""
+    import sys
+    from pathlib import Path
+
+    from gradian.grads import make_projector
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "projects" / "benchmarks"))
+    try:
+        import bench_compact_index as bench
+    finally:
+        sys.path.pop(0)
+    gm, tok, tokenized, train, context, collector = _setup(_kron())
+    _, _, _, full, _, full_collector = _setup(GradsConfig(batch_size=3))
+    projector = make_projector(_kron(), gm)
+    projected = {b: projector.project(b, torch.from_numpy(v)).numpy() for b, v in full.rows(range(full.n)).items()}
+    for block, value in train.rows(range(train.n)).items():
+        np.testing.assert_allclose(projected[block], value, rtol=1e-9, atol=1e-12 * np.abs(value).max())
+    after = FitContext(passes=context.passes, grads=_kron(), collected=bench._ProjectedSums(
+        bench._project_sums(full_collector, projector, context.passes.layers), len(tokenized)))
+    engine = get_engine("ekfac")
+    built = engine.fit(train, EngineConfig(name="ekfac"), FitContext(**{**vars(context), "collected": collector}))
+    bench_state = engine.fit(InMemoryGradients(projected), EngineConfig(name="ekfac"), after)
+    assert bench_state.meta["factors_from"] == built.meta["factors_from"] == "index build"
+    for key, value in built.arrays.items():
+        if key.endswith(".eigenvalues"):
+            np.testing.assert_allclose(bench_state.arrays[key], value, rtol=1e-7, atol=1e-10 * value.max())
+    query = {b: v[:2] for b, v in projected.items()}
+    np.testing.assert_allclose(engine.score(bench_state, query, EngineConfig(name="ekfac")).scores,
+                               engine.score(built, query, EngineConfig(name="ekfac")).scores, rtol=1e-7)
+
+
 def test_a_width_past_every_side_is_the_full_width_fit_and_score():
     wide = _kron(width=4096)
     gm, tok, tokenized, train, context, _ = _setup(wide)
