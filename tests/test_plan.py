@@ -700,6 +700,32 @@ def test_plan_prices_the_factor_share_of_engine_factor_rows():
     assert isinstance(refused.exception, ConfigError) and "engine.factor_rows" in str(refused.exception)
 
 
+def test_the_eigendecompositions_are_counted_from_the_lora_shapes_and_timed_on_the_cpu():
+    linears = lora_linears(read_model_shape("qwen2.5-0.5b"), AdapterShape(16, "all-linear"))
+    sides = _lora_sides(linears)
+    cost = curvature_cost("ekfac", linears)
+    assert cost.eigh_count == 2 * len(sides) and cost.eigh_widest == max(max(o, i) for o, i in sides)
+    assert cost.eigh_cubes == sum(o**3 + i**3 for o, i in sides)
+    assert curvature_cost("ekfac", linears, 64, "kronecker").eigh_cubes == sum(min(o, 64) ** 3 + min(i, 64) ** 3
+                                                                               for o, i in sides)
+    assert curvature_cost("datainf", linears).eigh_cubes == 0
+    from gradian.plan.timing import calibrate_eigh
+
+    assert calibrate_eigh(64, repeats=1) > 0
+    runner = CliRunner()
+    base = ["plan", "--model-config", "qwen2.5-0.5b", "--r", "16", "--target-modules", "all-linear",
+            "--n-examples", "100", "--tokens", "64"]
+    timed = json.loads(runner.invoke(app, [*base, "--json"]).stdout)
+    # the capture is not timed for a model this size on a CPU; the eigendecompositions still are
+    assert timed["time"]["seconds"] is None and timed["time"]["eigendecompositions"] > 0
+    assert timed["time"]["eigh_timed_side"] == 1024 and timed["curvature"]["eigh_cubes"] == cost.eigh_cubes
+    text = runner.invoke(app, base).output
+    assert "ekfac's 672 eigendecompositions of its factors (widest 4,864)" in text, text
+    datainf = json.loads(runner.invoke(app, [*base, "--engine", "datainf", "--json"]).stdout)
+    assert datainf["time"]["eigendecompositions"] is None
+    assert json.loads(runner.invoke(app, [*base, "--no-calibrate", "--json"]).stdout)["time"] is None
+
+
 def test_plan_command_reads_a_dataset_and_times_a_random_init_model(tmp_path, chat_tokenizer, tiny_lora_dirs):
     base, adapter = tiny_lora_dirs
     rows = [{"prompt": f"question {i}", "completion": "answer " * (i + 1)} for i in range(8)]

@@ -44,6 +44,7 @@ KEYS = [
     "index.capture_floors",
     "stream.passes", "stream.host_buffer", "stream.floors",
     "curvature.factor_bytes", "curvature.device", "curvature.host", "curvature.state_bytes",
+    "curvature.eigh_count", "curvature.eigh_widest", "curvature.eigh_cubes",
     "store", "store_reason", "auto_store", "auto_reason",
     "proposal.changes", "proposal.peak_memory", "proposal.index_bytes", "proposal.fits", "proposal.reasons",
     "proposal.store", "proposal.disk_bytes", "proposal.host_peak",

@@ -144,6 +144,13 @@ def plan_command(
                                       adapter_dir=cfg.adapter_path if has_weights else None,
                                       tokenized=tokenized if has_weights else None, pad_id=pad_id)
 
+    curvature = plan.priced.curvature
+    if estimate is not None and curvature.eigh_cubes:  # on the CPU, whatever the capture's device
+        from gradian.plan.timing import EIGH_TIMED_SIDE, calibrate_eigh
+
+        side = min(curvature.eigh_widest, EIGH_TIMED_SIDE)
+        estimate = dataclasses.replace(estimate, eigendecompositions=calibrate_eigh(side) * curvature.eigh_cubes,
+                                       eigh_timed_side=side)
     if plan.replay is not None and estimate is not None and estimate.seconds_per_token is not None:
         plan.replay = _timed_replay(plan.replay, cfg, model, lora, device, source, tokenized, pad_id)
     if as_json:
@@ -325,6 +332,12 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
             print_line(f"time: about {_duration(estimate.seconds)} per forward+backward pass over the data "
                        f"({estimate.seconds_per_token * 1e3:.3f} ms per token, {estimate.source} on {estimate.device}, "
                        f"{estimate.measured_tokens} tokens)")
+    if estimate is not None and estimate.eigendecompositions is not None:
+        curv = plan.priced.curvature
+        print_line(f"time: {plan.settings.engine}'s {curv.eigh_count:,} eigendecompositions of its factors (widest "
+                   f"{curv.eigh_widest:,}) about {_duration(estimate.eigendecompositions)} more, on this host's CPU "
+                   f"where the fit makes them (one of side {estimate.eigh_timed_side:,} timed, scaled as the cube "
+                   "of each side); a fitted state stored in cache_dir is not decomposed again")
     for note in plan.notes:
         print_line(f"note: {note}")
     proposal = plan.proposal

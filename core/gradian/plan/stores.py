@@ -153,6 +153,11 @@ class CurvatureCost:
     device: int = 0
     host: int = 0
     state_bytes: int = 0
+    #: the fit's eigendecompositions: how many (two per LoRA matrix), the widest side, and the sum
+    #: of every side cubed, which their time follows (``gradian.plan.timing.calibrate_eigh``)
+    eigh_count: int = 0
+    eigh_widest: int = 0
+    eigh_cubes: int = 0
 
 
 def _kronecker(engine: str) -> tuple[bool, bool, str]:
@@ -258,4 +263,5 @@ def curvature_cost(engine: str, linears: Sequence[LoraLinear], projection_dim: i
     values = 8 * sum(o * i for o, i in matrices)
     widest = max((max(o, i) for o, i in matrices), default=0)
     return CurvatureCost(factor_bytes=factors, device=factors, host=2 * factors + 5 * 8 * widest * widest,
-                         state_bytes=factors + values)
+                         state_bytes=factors + values, eigh_count=2 * len(matrices), eigh_widest=widest,
+                         eigh_cubes=sum(i**3 + o**3 for o, i in matrices))
