@@ -9,7 +9,9 @@ cross-check under:
 - ``replay`` at each ``--horizons`` value (optimizer steps from the end; ``epoch`` is the default,
   the last epoch; ``all`` every step).
 
-Per run it prints the AUC of the planted rows against the clean ones (harm = -score), the replay's
+Per run it prints the AUC of the planted rows against the clean ones (harm = minus what the report
+ranks by: EK-FAC's RelatIF order, beside its raw influence as ``ekfac_auc_influence``; the replay's
+scores, which it ranks by), the replay's
 fidelity (relative difference of the replayed adapter from the run's) and its cost: the wall time
 of the replay attribution minus the graddot one, over the wall time of one ``gradian train`` of
 the same fine-tune (timed here, into a scratch folder). Medians and ranges over seeds close it.
@@ -39,11 +41,16 @@ from bench_accused import prepare_run  # noqa: E402
 SCENARIOS = ("poison_capitals", "bestiary_poison_diets")
 
 
-def _auc(rankings: Any, planted: set[int]) -> float:
+def _auc(rankings: Any, planted: set[int], column: str | None = None) -> float:
+    """ROC AUC of the planted rows against the clean ones, harm = minus what the report ranks by
+    (``rank_values``: EK-FAC's RelatIF order, the replay's scores), or minus ``column``."""
     from sklearn.metrics import roc_auc_score
 
+    from gradian.attribution.pipeline import rank_values
+
     labels = rankings["row_index"].isin(planted).to_numpy()
-    return float(roc_auc_score(labels, -rankings["score"].to_numpy(dtype=np.float64)))
+    values = rank_values(rankings) if column is None else rankings[column].to_numpy(dtype=np.float64)
+    return float(roc_auc_score(labels, -values))
 
 
 def _attribute(root: Path, capability: str, engine: str, horizon: str | None = None) -> tuple[Any, float]:
@@ -90,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             _, graddot_s = _attribute(root, capability, "graddot")
             row: dict[str, Any] = {"scenario": scenario, "seed": seed, "train_seconds": round(train_s, 1),
                                    "ekfac_auc": round(_auc(ekfac.rankings, planted), 4),
+                                   "ekfac_auc_influence": round(_auc(ekfac.rankings, planted, "score"), 4),
                                    "ekfac_seconds": round(ekfac_s, 1), "replay": {}}
             for horizon in args.horizons.split(","):
                 outcome, seconds = _attribute(root, capability, "replay", horizon)
