@@ -15,6 +15,8 @@ LoRA r=8 on all seven projections) a fresh child process:
    countsketch) and compares the bytes of its chunk files with ``index_bytes``.
 
 Run: ``python projects/benchmarks/bench_plan.py [--shapes 10m,100m,400m] [--out results.json]``.
+``--eigh 2048,4096`` instead compares the plan's eigendecomposition time (one of side 1,024 timed,
+scaled as the cube) with measured eigendecompositions of those sides.
 ``--child SHAPE`` is the per-shape worker (prints one JSON object). One thread, CPU.
 """
 
@@ -162,14 +164,43 @@ def summarize(result: dict) -> dict:
     return summary
 
 
+def eigh_scaling(sides: list[int]) -> list[dict[str, float]]:
+    """The plan's eigendecomposition time (``calibrate_eigh`` at its timed side, scaled as the cube)
+    against one measured eigendecomposition of each of ``sides``, in this process's thread settings."""
+    import time
+
+    import torch
+
+    from gradian.plan.timing import EIGH_TIMED_SIDE, calibrate_eigh
+
+    rate = calibrate_eigh(EIGH_TIMED_SIDE)
+    out = []
+    for side in sides:
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(side, side, dtype=torch.float64, generator=gen)
+        matrix = x @ x.T / side
+        start = time.perf_counter()
+        torch.linalg.eigh(matrix)
+        measured = time.perf_counter() - start
+        out.append({"side": side, "predicted_s": round(rate * side**3, 3), "measured_s": round(measured, 3),
+                    "predicted_over_measured": round(rate * side**3 / measured, 3)})
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="10m,100m,100m-bf16-sdpa,400m", help="Comma-separated shapes to run")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--eigh", default=None,
+                        help="Instead: the plan's eigendecomposition time scaled from its timed side against "
+                             "measured ones of these comma-separated sides (e.g. 2048,4096)")
     parser.add_argument("--out", type=Path, default=None, help="Also write the JSON here")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child)))
+        return
+    if args.eigh:
+        print(json.dumps(eigh_scaling([int(s) for s in args.eigh.split(",") if s]), indent=2))
         return
     results = [run_shape(name) for name in args.shapes.split(",") if name]
     text = json.dumps({"summary": [summarize(r) for r in results], "details": results}, indent=2)

@@ -45,8 +45,8 @@ MAX_RANDOM_PARAMETERS = {"cpu": 150_000_000, "cuda": 3_000_000_000}
 CPU_TOKENS = 1024
 
 #: the widest side ``calibrate_eigh`` times: large enough that LAPACK works at the pace of the
-#: large factors (its time per ``m^3`` still falls from 512 to 2048 on a CPU, so scaling a 1024
-#: measurement up errs high by a little: 0.73 s predicted, 0.65 s measured at 2048 on the 2-core host)
+#: large factors (its time per ``m^3`` still falls past 1024 on a CPU, so scaling a 1024
+#: measurement up errs a little high: ``projects/benchmarks/bench_plan.py --eigh 2048,3072``)
 EIGH_TIMED_SIDE = 1024
 
 
