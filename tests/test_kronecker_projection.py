@@ -134,16 +134,10 @@ def test_the_compact_index_benchmark_projects_after_the_fact_what_the_build_proj
     """bench_compact_index.py measures each width on the full index and factors projected after the
     capture (``project`` and ``_project_sums``); its figures stand for the product only if that
     fits the same EK-FAC as a projected build with its collector."""
-    import sys
-    from pathlib import Path
-
     from gradian.grads import make_projector
+    from tests.plugins.benchmarks import import_benchmark
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "projects" / "benchmarks"))
-    try:
-        import bench_compact_index as bench
-    finally:
-        sys.path.pop(0)
+    bench = import_benchmark("bench_compact_index")
     gm, tok, tokenized, train, context, collector = _setup(_kron())
     _, _, _, full, _, full_collector = _setup(GradsConfig(batch_size=3))
     projector = make_projector(_kron(), gm)

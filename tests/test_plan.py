@@ -566,17 +566,17 @@ def test_pass_counts_are_what_the_engines_make_on_a_real_run(tmp_path, tiny_lora
             share_rows = len(factor_chosen) if want.factor_share < 1 else n
             if store == "stream":
                 # a factors-only first pass forms no per-example gradient: its rows are the collector's
-                unseen = 1 if factors_only and want.stream_share_passes else 0
-                assert rows["captured"] + rows["model"] == ((want.stream - want.stream_share_passes) * n
-                                                            + (want.stream_share_passes - unseen) * share_rows), (label, rows)
+                unseen = 1 if factors_only and want.share_passes else 0
+                assert rows["captured"] + rows["model"] == ((want.stream - want.share_passes) * n
+                                                            + (want.share_passes - unseen) * share_rows), (label, rows)
                 assert rows["read"] == 0, (label, rows)
                 if unseen:
                     assert collector is not None and collector.summed_examples == share_rows, label
                 assert train.passes == want.first + want.gradients, label
-                assert want.stream_floors == want.stream - want.stream_share_passes * (1 - want.factor_share)
+                assert want.stream_floors == want.stream - want.share_passes * (1 - want.factor_share)
             else:
-                assert rows["captured"] + rows["model"] == ((want.index_captures - want.index_share_passes) * n
-                                                            + want.index_share_passes * share_rows), (label, rows)
+                assert rows["captured"] + rows["model"] == ((want.index_captures - want.share_passes) * n
+                                                            + want.share_passes * share_rows), (label, rows)
                 assert rows["read"] == want.index_reads * n, (label, rows)
             if "engine.factor_rows" in extra:
                 assert want.factor_share == 0.5 and want.stream_floors < want.stream, label

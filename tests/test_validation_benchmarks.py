@@ -2,23 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "projects" / "benchmarks"
+from tests.plugins.benchmarks import import_benchmark
 
 
 @pytest.fixture(scope="module")
 def run_all():
-    import importlib
-
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("run_all")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return import_benchmark("run_all")
 
 
 def test_every_bench_script_is_found(run_all):
@@ -54,17 +45,11 @@ def test_figures_from_json(run_all):
 def test_the_attribution_quality_figures_read_the_typed_cluster_rows():
     """bench_attribution_quality's figures from a ranking where the planted rows are the most
     harmful and their cluster carries most of the negative influence."""
-    import importlib
-
     import pandas as pd
 
     from gradian.report.schema import ClusterRow
 
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        bench = importlib.import_module("bench_attribution_quality")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    bench = import_benchmark("bench_attribution_quality")
     rankings = pd.DataFrame({"row_index": range(6), "score": [-5.0, -4.0, 0.5, -0.5, 1.0, 2.0]})
     clusters = [ClusterRow(cluster="clean", label="clean", n=4, signed_influence=3.0, share_of_negative=0.05,
                            mean_per_example=0.75),
@@ -77,13 +62,7 @@ def test_the_attribution_quality_figures_read_the_typed_cluster_rows():
 
 
 def test_lds_modes_read_engine_settings_and_need_a_fidelity_run(tmp_path):
-    import importlib
-
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        bench = importlib.import_module("bench_lds_modes")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    bench = import_benchmark("bench_lds_modes")
     assert bench.mode_overrides("default") == {}
     assert bench.mode_overrides("checkpoints=all+normalize_train=relatif") == {
         "engine.checkpoints": "all", "engine.normalize_train": "relatif"}

@@ -81,6 +81,8 @@ class _EigenSides:
 
     def __init__(self, base: Any, collector: Any, layers: list[dict[str, Any]], basis: str = "eigen",
                  damping: float = 0.1) -> None:
+        import torch
+
         self.base, self.kind, self.width = base, "kronecker", base.width
         self._sides: dict[tuple[str, int, str], np.ndarray] = {}
         for layer in layers:
@@ -93,7 +95,7 @@ class _EigenSides:
                     else:
                         values = np.clip(values, 0.0, None)
                         inv_sqrt = (vectors / np.sqrt(values + damping * values.mean())) @ vectors.T
-                        p = base.side_matrix(layer["block"], layer["j"], side, dtype=torch_float64()).numpy()
+                        p = base.side_matrix(layer["block"], layer["j"], side, dtype=torch.float64).numpy()
                         m = p @ inv_sqrt
                     self._sides[(layer["block"], layer["j"], side)] = m
 
@@ -120,12 +122,6 @@ class _EigenSides:
                 g = g @ p_in.T
             parts.append(g.reshape(rows, -1))
         return torch.cat(parts, dim=1)
-
-
-def torch_float64() -> Any:
-    import torch
-
-    return torch.float64
 
 
 def measure_seed(root: Path, planted: set[int], capability: str, widths: list[int],

@@ -167,21 +167,12 @@ def summarize(result: dict) -> dict:
 def eigh_scaling(sides: list[int]) -> list[dict[str, float]]:
     """The plan's eigendecomposition time (``calibrate_eigh`` at its timed side, scaled as the cube)
     against one measured eigendecomposition of each of ``sides``, in this process's thread settings."""
-    import time
-
-    import torch
-
-    from gradian.plan.timing import EIGH_TIMED_SIDE, calibrate_eigh
+    from gradian.plan.timing import EIGH_TIMED_SIDE, calibrate_eigh, eigh_seconds
 
     rate = calibrate_eigh(EIGH_TIMED_SIDE)
     out = []
     for side in sides:
-        gen = torch.Generator().manual_seed(1)
-        x = torch.randn(side, side, dtype=torch.float64, generator=gen)
-        matrix = x @ x.T / side
-        start = time.perf_counter()
-        torch.linalg.eigh(matrix)
-        measured = time.perf_counter() - start
+        measured = eigh_seconds(side, repeats=1, seed=1)
         out.append({"side": side, "predicted_s": round(rate * side**3, 3), "measured_s": round(measured, 3),
                     "predicted_over_measured": round(rate * side**3 / measured, 3)})
     return out

@@ -301,10 +301,10 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
     passes, index = p.passes, p.index
     print_line(f"stores ({s.engine}, one fit and one scoring: {passes.what()}):")
     print_line(f"  index: {fmt(index.disk_bytes)} on disk; {index.captures} forward+backward "
-               f"pass{'es' if index.captures > 1 else ''}{passes.share_note('index')}{about(index.capture_floors)}, "
+               f"pass{'es' if index.captures > 1 else ''}{passes.share_note()}{about(index.capture_floors)}, "
                f"then {index.reads} read{'s' if index.reads > 1 else ''} of the index")
     print_line(f"  stream: nothing on disk; {p.stream.passes} forward+backward "
-               f"pass{'es' if p.stream.passes > 1 else ''}{passes.share_note('stream')}{about(p.stream.floors)}")
+               f"pass{'es' if p.stream.passes > 1 else ''}{passes.share_note()}{about(p.stream.floors)}")
     if curv.state_bytes:
         print_line(f"  {s.engine} state: {fmt(curv.state_bytes)} on disk under either store (eigenbases and eigenvalues)")
     cross = p.cross_check

@@ -57,10 +57,9 @@ class Passes:
     #: ``engine.factor_rows`` as a share of the rows (``gradian.grads.collectors.factor_share``; 1:
     #: every row): the passes that only sum the Kronecker factors run over that share
     factor_share: float = 1.0
-    #: of the stream's passes, those over the factor share alone
-    stream_share_passes: int = 0
-    #: of the index's captures, those over the factor share alone
-    index_share_passes: int = 0
+    #: of the passes, those over the factor share alone (the same count under either store: the
+    #: stream's factors-only first pass is the index's extra pass, ``index_own``)
+    share_passes: int = 0
     #: captures the index makes beyond the build and ``model``: the fit's own pass over the factor
     #: share, which the build cannot sum (its batches mix chosen and other rows)
     index_own: int = 0
@@ -78,19 +77,18 @@ class Passes:
     @property
     def stream_floors(self) -> float:
         """The stream's passes in passes over every row: those over the factor share count as that share."""
-        return self.stream - self.stream_share_passes * (1.0 - self.factor_share)
+        return self.stream - self.share_passes * (1.0 - self.factor_share)
 
     @property
     def index_floors(self) -> float:
         """The index's captures in passes over every row (``stream_floors``)."""
-        return self.index_captures - self.index_share_passes * (1.0 - self.factor_share)
+        return self.index_captures - self.share_passes * (1.0 - self.factor_share)
 
-    def share_note(self, store: str) -> str:
+    def share_note(self) -> str:
         """``" (1 over about 25% of the rows: engine.factor_rows)"``, or ``""`` when every pass reads every row."""
-        k = self.stream_share_passes if store == "stream" else self.index_share_passes
-        if not k or self.factor_share >= 1.0:
+        if not self.share_passes or self.factor_share >= 1.0:
             return ""
-        return f" ({k} over about {self.factor_share:.0%} of the rows: engine.factor_rows)"
+        return f" ({self.share_passes} over about {self.factor_share:.0%} of the rows: engine.factor_rows)"
 
     @property
     def index_reads(self) -> int:
@@ -222,13 +220,12 @@ def _over_share(passes: Passes, share: float, sampled: bool, draws: int, in_corr
     if passes.primed:
         return passes
     if in_correction:
-        return replace(passes, factor_share=share, stream_share_passes=1, index_share_passes=1, index_own=1)
+        return replace(passes, factor_share=share, share_passes=1, index_own=1)
     names = tuple(name for name in passes.names if name != "squared norms and Kronecker factors")
     if sampled:
-        return replace(passes, factor_share=share, first=0, names=names, stream_share_passes=draws,
-                       index_share_passes=draws)
+        return replace(passes, factor_share=share, first=0, names=names, share_passes=draws)
     return replace(passes, factor_share=share, first=0, model=passes.model + 1, names=("Kronecker factors", *names),
-                   stream_share_passes=1, index_share_passes=1)
+                   share_passes=1)
 
 
 def auto_store(data_bytes: int, max_index_gb: float | None, disk: int | None) -> tuple[str, str]:

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
     from gradian.data import TokenizedExample
     from gradian.grads.model import GradientModel
 
-__all__ = ["TimeEstimate", "ReplayTiming", "calibrate_time", "calibrate_replay", "calibrate_eigh", "MAX_RANDOM_PARAMETERS",
-           "CPU_TOKENS", "EIGH_TIMED_SIDE"]
+__all__ = ["TimeEstimate", "ReplayTiming", "calibrate_time", "calibrate_replay", "calibrate_eigh", "eigh_seconds",
+           "MAX_RANDOM_PARAMETERS", "CPU_TOKENS", "EIGH_TIMED_SIDE"]
 
 #: the largest model ``calibrate_time`` builds with random weights, by device type: a few batches
 #: of a bigger one take minutes on a CPU, and on a GPU the build itself does
@@ -186,15 +186,14 @@ def calibrate_time(model: ModelShape, adapter: AdapterShape, dataset: DatasetSha
     return TimeEstimate(rate * total_tokens, rate, f"measured on the {source}", measured, str(device))
 
 
-def calibrate_eigh(side: int = EIGH_TIMED_SIDE, repeats: int = 3) -> float:
-    """Seconds per ``side^3`` of one float64 symmetric eigendecomposition on this host's CPU, under
-    torch's thread settings: where and how a Kronecker engine's fit decomposes its factors
-    (``gradian.engines.kronecker.eigendecompose``), whatever device captured the gradients. The
-    median of ``repeats`` on a fixed positive semi-definite matrix."""
+def eigh_seconds(side: int, repeats: int = 3, seed: int = 0) -> float:
+    """Median seconds of ``repeats`` float64 symmetric eigendecompositions of one fixed positive
+    semi-definite ``side x side`` matrix (drawn from ``seed``) on this host's CPU, under torch's
+    thread settings: where and how a Kronecker engine's fit decomposes its factors
+    (``gradian.engines.kronecker.eigendecompose``), whatever device captured the gradients."""
     import torch
 
-    side = max(int(side), 2)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator().manual_seed(seed)
     x = torch.randn(side, side, dtype=torch.float64, generator=gen)
     matrix = x @ x.T / side
     times = []
@@ -202,7 +201,14 @@ def calibrate_eigh(side: int = EIGH_TIMED_SIDE, repeats: int = 3) -> float:
         start = time.perf_counter()
         torch.linalg.eigh(matrix)
         times.append(time.perf_counter() - start)
-    return statistics.median(times) / side**3
+    return statistics.median(times)
+
+
+def calibrate_eigh(side: int = EIGH_TIMED_SIDE, repeats: int = 3) -> float:
+    """Seconds per ``side^3`` of one eigendecomposition (``eigh_seconds``), which scaled by a
+    factor's side cubed prices its decomposition."""
+    side = max(int(side), 2)
+    return eigh_seconds(side, repeats) / side**3
 
 
 @dataclass
