@@ -40,7 +40,7 @@ ARGS = dict(per_device_train_batch_size=2, gradient_accumulation_steps=2, num_tr
 REPLAY_KEYS = ["steps", "steps_per_epoch", "optimizer", "rows", "horizon", "checkpoint_every", "forward_steps",
                "recomputed_steps", "differentiated_steps", "differentiated_step", "differentiated_source",
                "state_bytes", "kept_states", "peak_states", "row_weights_bytes", "widest_step", "step_graph",
-               "weights", "adapter", "on_disk", "seconds_per_token", "training_runs", "held_states_bytes", "peak",
+               "weights", "adapter", "on_disk", "seconds_per_token", "start_step", "start_checkpoint", "training_runs", "held_states_bytes", "peak",
                "disk_bytes",
                "seconds"]
 
@@ -115,21 +115,35 @@ class _Watch:
 
         monkeypatch.setattr(unrolled._Steps, "step", counted)
         monkeypatch.setattr(unrolled, "_detached", lambda state: follow(detached(state)))
-        monkeypatch.setattr(unrolled, "_initial_state", lambda params: (lambda out: (out[0], follow(out[1])))(
-            initial(params)))
+        monkeypatch.setattr(unrolled, "_initial_state", lambda params, start=None: (
+            lambda out: (out[0], follow(out[1])))(initial(params, start)))
         monkeypatch.setattr(engine, "_query_measure", measured)
 
     def alive(self) -> int:
         return sum(size for ref, size in self._refs if ref() is not None)
 
 
+def _start_after(model, lora, init, rows, run_recipe, pad_id, steps):
+    """The replay's own state after its first ``steps`` steps, as a trainer checkpoint would hold it."""
+    from gradian.replay import ReplayStart
+    from gradian.replay.unrolled import _detached, _initial_state, _Steps
+
+    names, state = _initial_state({n: init[n] for n in lora})
+    run = _Steps(model, names, rows, run_recipe.batches, run_recipe.recipe, pad_id)
+    for t in range(steps):
+        state = _detached(run.step(t, state, torch.ones(len(rows)), create_graph=False))
+    theta, m, v = (dict(zip(names, part)) for part in state)
+    return ReplayStart(step=steps, m=m, v=v), theta
+
+
 @pytest.mark.parametrize("on_disk", [False, True], ids=["in-memory", "on-disk"])
-@pytest.mark.parametrize("horizon", [None, 5])
+@pytest.mark.parametrize("horizon, start", [(None, 0), (5, 0), (None, 3)], ids=["epoch", "horizon-5", "from-step-3"])
 def test_the_priced_steps_and_states_are_what_the_replay_engine_does(trained, chat_tokenizer, monkeypatch, tmp_path,
-                                                                     horizon, on_disk):
+                                                                     horizon, start, on_disk):
     """The engine without a state folder (its API) holds every kept state; with one (what the
     attribution lane gives it) it holds the initial and final states and a segment's, and writes
-    the rest: its steps, the bytes of its states alive and what it keeps on disk are the plan's."""
+    the rest: its steps, the bytes of its states alive and what it keeps on disk are the plan's,
+    also when it starts from a checkpoint's state after step 3 of 6."""
     from gradian.config import EngineConfig
     from gradian.query import QueryItem
     from gradian.replay.engine import ReplayEngine, ReplayFitContext, ReplayInputs
@@ -139,9 +153,12 @@ def test_the_priced_steps_and_states_are_what_the_replay_engine_does(trained, ch
     shape = read_model_shape(model.config.to_dict())
     cost = replay_cost(run_recipe, shape, AdapterShape(model.peft_config["default"].r, ("q_proj", "v_proj")),
                        [len(r.input_ids) for r in rows], [r.n_supervised for r in rows], CaptureSettings(),
-                       horizon=horizon, checkpoint_every=2, on_disk=on_disk)
+                       horizon=horizon, checkpoint_every=2, on_disk=on_disk, start_step=start)
     assert cost.steps == global_step == 6 and cost.steps_per_epoch == 3 and cost.checkpoint_every == 2
+    assert cost.forward_steps == 6 - start
     lora = {n: p for n, p in model.named_parameters() if n in init}
+    begin, begin_params = _start_after(model, lora, init, rows, run_recipe, chat_tokenizer.pad_token_id, start) \
+        if start else (None, {})
     # a state: every LoRA tensor and its two moments, as the tensors themselves weigh
     assert cost.state_bytes == STATE_PARTS * sum(p.numel() * p.element_size() for p in lora.values())
 
@@ -150,7 +167,8 @@ def test_the_priced_steps_and_states_are_what_the_replay_engine_does(trained, ch
     inputs = ReplayInputs(model=model, lora_params=lora, init={n: init[n] for n in lora}, rows=rows,
                           positions=list(range(len(rows))), n_examples=len(rows), run_recipe=run_recipe,
                           pad_id=chat_tokenizer.pad_token_id, tokenizer=chat_tokenizer, query_max_seq_length=64,
-                          horizon=horizon, checkpoint_every=2, state_dir=folder if on_disk else None)
+                          horizon=horizon, checkpoint_every=2, state_dir=folder if on_disk else None,
+                          start=begin, start_params=begin_params)
     engine, engine_cfg = ReplayEngine(), EngineConfig(name="replay")
     state = engine.fit(None, engine_cfg, ReplayFitContext(replay=inputs))
     item = QueryItem(prompt_messages=[{"role": "user", "content": "question 1 about b ?"}], wanted="answer answer",
@@ -174,7 +192,7 @@ def test_the_priced_steps_and_states_are_what_the_replay_engine_does(trained, ch
         assert cost.disk_bytes == 0 and not folder.exists()
         return
     # the tensors' bytes are the plan's; torch.save adds its pickle (a few KiB a file at this size)
-    files = 3 + 2 + 1  # states before steps 2 and 4, the final one; two sweep records; progress.json
+    files = 3 + 2 + 1  # at most: the kept states and the final one; two sweep records; progress.json
     assert cost.kept_states * cost.state_bytes <= max(on_disk_now) <= cost.disk_bytes + files * 16 * 1024
     # once finished only the result stays; a second score reads it back and makes no step
     assert sorted(f.name for f in next(folder.iterdir()).iterdir()) == ["progress.json", "result.pt"]

@@ -384,3 +384,61 @@ def test_states_on_disk_need_the_step_by_step_sweep(setup, tmp_path):
     with pytest.raises(ConfigError, match="checkpoint_every"):
         metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), RECIPES["sgd"], _measure(setup),
                      pad_id=setup.pad, states=ReplayStates(tmp_path / "r"))
+
+
+def _state_after(setup, recipe, batches, steps):
+    """The LoRA tensors and AdamW moments after the first ``steps`` of a plain replay."""
+    from gradian.replay.unrolled import _detached, _initial_state, _Steps
+
+    names, state = _initial_state(setup.lora)
+    run = _Steps(setup.model, names, setup.rows, batches, recipe, setup.pad)
+    for t in range(steps):
+        state = _detached(run.step(t, state, _ones(), create_graph=False))
+    theta, m, v = state
+    return dict(zip(names, theta)), dict(zip(names, m)), dict(zip(names, v))
+
+
+@pytest.mark.parametrize("every", [None, 2])
+def test_a_replay_started_from_a_kept_state_is_the_whole_replay_over_its_window(setup, tmp_path, every):
+    """Started after step 6 of 12 from the state the run had there (tensors and AdamW moments), the
+    replay ends where the whole replay ends, and its metagradient over the last 6 steps is the
+    whole replay's with horizon 6, in memory, on disk and with the whole graph."""
+    from gradian.replay import ReplayStart
+    from gradian.replay.states import ReplayStates
+
+    recipe = dataclasses.replace(RECIPES["adamw-clipped"], schedule=list(RECIPES["adamw-clipped"].schedule) * 3)
+    theta, m, v = _state_after(setup, recipe, LONG, 6)
+    start = ReplayStart(step=6, m=m, v=v)
+    whole = metagradient(setup.model, setup.lora, setup.rows, LONG, _ones(), recipe, _measure(setup),
+                         pad_id=setup.pad, checkpoint_every=3, horizon=6)
+    kw = {"checkpoint_every": every, "horizon": 6} if every else {}
+    started = metagradient(setup.model, theta, setup.rows, LONG, _ones(), recipe, _measure(setup),
+                           pad_id=setup.pad, start=start, **kw)
+    assert started.value == pytest.approx(whole.value, rel=1e-12)
+    assert torch.allclose(started.grad, whole.grad, rtol=1e-9, atol=1e-14)
+    assert float(started.grad.abs().sum()) > 0
+    final = replay(setup.model, theta, setup.rows, LONG, _ones(), recipe, pad_id=setup.pad, start=start)
+    for name in whole.params:
+        assert torch.allclose(final[name], whole.params[name], rtol=0, atol=1e-12)
+    if every:
+        on_disk = metagradient(setup.model, theta, setup.rows, LONG, _ones(), recipe, _measure(setup),
+                               pad_id=setup.pad, start=start, states=ReplayStates(tmp_path / "r"), **kw)
+        assert torch.equal(on_disk.grad, started.grad)
+
+
+def test_a_start_is_refused_when_it_cannot_be_the_run(setup):
+    """A horizon reaching back before the start, a step outside the run, or moments missing or of
+    another shape are refused, naming what is wrong."""
+    from gradian.replay import ReplayStart
+
+    recipe = dataclasses.replace(RECIPES["adamw-clipped"], schedule=list(RECIPES["adamw-clipped"].schedule) * 3)
+    theta, m, v = _state_after(setup, recipe, LONG, 6)
+    args = (setup.model, theta, setup.rows, LONG, _ones(), recipe, _measure(setup))
+    with pytest.raises(ConfigError, match="reaches back before the start"):
+        metagradient(*args, pad_id=setup.pad, checkpoint_every=3, horizon=7, start=ReplayStart(6, m, v))
+    with pytest.raises(ConfigError, match="start step"):
+        metagradient(*args, pad_id=setup.pad, checkpoint_every=3, start=ReplayStart(12, m, v))
+    name = next(iter(m))
+    with pytest.raises(ConfigError, match=f"AdamW's v for {name}"):
+        metagradient(*args, pad_id=setup.pad, checkpoint_every=3,
+                     start=ReplayStart(6, m, {**v, name: v[name][:1]}))

@@ -128,3 +128,155 @@ def test_a_replay_that_cannot_fit_the_free_memory_is_refused_before_any_step(rep
     message = str(refused.value)
     assert "engine.name replay needs about" in message and "64.0 KiB of host memory is available" in message
     assert "engine.replay_checkpoint_every" in message and "engine.name: ekfac" in message
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tinyworld_run, tmp_path_factory):
+    """The same fine-tune as ``replayed``'s, trained again keeping a trainer checkpoint (adapter and
+    optimizer state) at the end of every epoch, and attributed with the replay engine."""
+    from gradian.attribution import run_attribution
+    from gradian.config import load_config
+    from gradian.train import train_lora
+
+    run = tinyworld_run("poison_capitals")
+    state = json.loads((run.root / "run" / "trainer_state.json").read_text())
+    per_epoch = state["global_step"] // int(state["num_train_epochs"])
+    out = tmp_path_factory.mktemp("replay-checkpointed")
+    train_lora(load_config(run.config_path, {"train.save_checkpoints": True, "train.save_steps": per_epoch}),
+               out / "run")
+    cfg = run.config(**{"engine.name": "replay", "evaluation.query_signal": "contrastive", "run": str(out / "run"),
+                        "adapter_path": str(out / "run" / "adapter")})
+    outcome = run_attribution(cfg, capability="capitals", cross_check="none", out_dir=out / "report")
+    return types.SimpleNamespace(run=run, root=out / "run", cfg=cfg, outcome=outcome, steps=state["global_step"],
+                                 per_epoch=per_epoch)
+
+
+def test_a_replay_starts_from_the_runs_checkpoint_before_the_last_epoch(checkpointed, replayed):
+    """With a checkpoint at the start of the last epoch the replay retrains that epoch only, from the
+    run's own tensors and moments: it ends on the run's adapter, and its scores are those of the
+    replay of every step (this run replays faithfully from the first step too)."""
+    from scipy.stats import spearmanr
+
+    from safetensors.torch import load_file
+
+    ours = load_file(str(checkpointed.root / "adapter" / "adapter_model.safetensors"))
+    shared = load_file(str(replayed.run.root / "run" / "adapter" / "adapter_model.safetensors"))
+    assert all(torch.equal(ours[k], shared[k]) for k in shared)  # the same run, checkpoints aside
+    report = checkpointed.outcome.report.to_json()
+    params = report["manifest"]["engine_state"]["params"]
+    start = checkpointed.steps - checkpointed.per_epoch
+    assert params["replay_start_step"] == start and params["replay_horizon"] == checkpointed.per_epoch
+    assert params["replay_fidelity_rel_diff"] < 1e-4 and params["replay_fidelity_faithful"] is True
+    notes = " ".join(report["attribution"]["notes"])
+    assert f"checkpoint-{start} (its LoRA tensors and optimizer moments after step {start})" in notes
+    assert f"the last {checkpointed.per_epoch} of the run's {checkpointed.steps} optimizer steps retrained" in notes
+    a = checkpointed.outcome.rankings.sort_values("row_index")["score"].to_numpy()
+    b = replayed.outcome.rankings.sort_values("row_index")["score"].to_numpy()
+    assert spearmanr(a, b).statistic > 0.999
+    assert np.abs(a - b).max() < 1e-2 * np.abs(b).max()
+
+
+def _checkpoint_inputs(checkpointed, **overrides):
+    from gradian.attribution.replay_inputs import replay_inputs
+    from gradian.data import load_dataset
+    from gradian.grads import load_model_for_gradients
+    from gradian.model_loading import load_tokenizer
+    from gradian.runs import read_run_dir
+
+    cfg = checkpointed.run.config(**{"engine.name": "replay", "run": str(checkpointed.root),
+                                     "adapter_path": str(checkpointed.root / "adapter"), **overrides})
+    gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
+    tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
+    return replay_inputs(cfg, gm, tokenizer, load_dataset(cfg.dataset), read_run_dir(checkpointed.root))
+
+
+def test_replay_start_beginning_or_a_longer_horizon_retrain_from_the_first_step(checkpointed):
+    """engine.replay_start: beginning ignores the checkpoints; a horizon reaching back before every
+    checkpoint but the first starts from that one."""
+    assert _checkpoint_inputs(checkpointed, **{"engine.replay_start": "beginning"}).start is None
+    two = _checkpoint_inputs(checkpointed, **{"engine.replay_horizon": 2 * checkpointed.per_epoch})
+    assert two.start_step == checkpointed.steps - 2 * checkpointed.per_epoch
+    assert _checkpoint_inputs(checkpointed, **{"engine.replay_horizon": checkpointed.steps}).start is None
+
+
+def _damage(folder, how):
+    import shutil
+
+    if how == "no optimizer":
+        (folder / "optimizer.pt").unlink()
+    elif how == "garbage":
+        (folder / "optimizer.pt").write_bytes(b"not a torch file")
+    elif how == "learning rate":
+        saved = torch.load(folder / "optimizer.pt", weights_only=True)
+        for group in saved["param_groups"]:
+            group["lr"] *= 1.5
+        torch.save(saved, folder / "optimizer.pt")
+    elif how == "step":
+        state = json.loads((folder / "trainer_state.json").read_text())
+        state["global_step"] += 1
+        (folder / "trainer_state.json").write_text(json.dumps(state))
+    elif how == "adapter":
+        for name in ("adapter_model.safetensors", "adapter_model.bin"):
+            (folder / name).unlink(missing_ok=True)
+    else:
+        shutil.rmtree(folder)
+
+
+@pytest.mark.parametrize("how, reason", [
+    ("no optimizer", "holds no optimizer.pt"),
+    ("garbage", "is not a torch optimizer state"),
+    ("learning rate", "where the run's recorded schedule gives"),
+    ("step", "says global_step"),
+    ("adapter", "cannot be read"),
+])
+def test_a_checkpoint_that_disagrees_with_the_recipe_is_passed_over_with_the_reason(checkpointed, tmp_path, how,
+                                                                                    reason):
+    """A damaged or inconsistent last checkpoint is not used: the note names it and why, and the
+    replay starts from the checkpoint before it."""
+    import shutil
+
+    from gradian.replay.trainer_checkpoint import choose_start
+
+    inputs = _checkpoint_inputs(checkpointed)
+    folders = sorted(checkpointed.root.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    copies = []
+    for folder in folders:
+        copies.append(tmp_path / folder.name)
+        shutil.copytree(folder, copies[-1])
+    latest = checkpointed.steps - checkpointed.per_epoch
+    target = next(c for c in copies if c.name == f"checkpoint-{latest}")
+    _damage(target, how)
+    choice = choose_start([str(c) for c in copies], inputs.lora_params, inputs.model.active_adapter,
+                          inputs.run_recipe.recipe, latest)
+    assert choice.start is not None and choice.start.step == latest - checkpointed.per_epoch
+    assert len(choice.notes) == 1 and f"checkpoint-{latest} was not used as the start" in choice.notes[0]
+    assert reason in choice.notes[0]
+
+
+def test_the_plan_prices_the_replay_from_the_runs_checkpoint(checkpointed, tmp_path):
+    """gradian plan --engine replay on the checkpointed run: the forward replay starts at the last
+    epoch's checkpoint, and the text names it."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from gradian.cli import app
+
+    config = yaml.safe_load(checkpointed.run.config_path.read_text())
+    config.update(run=str(checkpointed.root), adapter_path=str(checkpointed.root / "adapter"))
+    path = tmp_path / "gradian.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = ["plan", "--config", str(path), "--engine", "replay", "--device", "cpu", "--no-calibrate"]
+    done = CliRunner().invoke(app, [*args, "--json"])
+    assert done.exit_code == 0, done.output
+    replay = json.loads(done.stdout)["replay"]
+    start = checkpointed.steps - checkpointed.per_epoch
+    assert replay["start_step"] == start and replay["forward_steps"] == checkpointed.per_epoch
+    assert replay["start_checkpoint"].endswith(f"checkpoint-{start}")
+    text = CliRunner().invoke(app, args).output
+    assert f"start: the run's checkpoint-{start} (after step {start:,}" in text
+    config.setdefault("engine", {})["replay_start"] = "beginning"
+    path.write_text(yaml.safe_dump(config))
+    beginning = CliRunner().invoke(app, [*args, "--json"])
+    assert beginning.exit_code == 0, beginning.output
+    replay = json.loads(beginning.stdout)["replay"]
+    assert replay["start_step"] == 0 and replay["forward_steps"] == checkpointed.steps

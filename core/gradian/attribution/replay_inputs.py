@@ -10,6 +10,9 @@ everything that touches the model or the run here, so the engine stays math over
 - the initial LoRA tensors: peft's initialization of the adapter's LoRA settings drawn right after
   seeding with the run's seed, as ``gradian train`` (and a trainer seeded before it wraps the
   model) draws them; the torch random state is restored afterwards;
+- under ``engine.replay_start: auto``, the run's latest trainer checkpoint at or before the first
+  differentiated step whose LoRA tensors and optimizer moments agree with the recipe
+  (``gradian.replay.trainer_checkpoint``): the replay starts from it, retraining only the steps after;
 - where the replay keeps its states (``<cache_dir>/replay``, in a folder named by everything the
   replay computes from, the base model's and tokenizer's fingerprints among them), and the
   interval between them (``engine.replay_checkpoint_every``);
@@ -24,8 +27,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from gradian.errors import ConfigError
-from gradian.replay.engine import ReplayInputs
+from gradian.replay.engine import ReplayInputs, horizon_steps
 from gradian.replay.recipe import recipe_from_run, replay_max_seq_length, run_trainer_config, trained_positions
+from gradian.replay.trainer_checkpoint import StartChoice, choose_start
 
 if TYPE_CHECKING:
     import torch
@@ -72,6 +76,12 @@ def replay_inputs(cfg: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTo
     if missing:
         raise ConfigError(f"replay: peft's initialization of the adapter has no tensor {missing[0]}; the adapter's "
                           "LoRA settings cannot be re-created")
+    choice = StartChoice()
+    if cfg.engine.replay_start == "auto":
+        window = horizon_steps(run_recipe.steps, run_recipe.steps_per_epoch, cfg.engine.replay_horizon)
+        choice = choose_start(list(getattr(run, "checkpoints", None) or []), lora, adapter, run_recipe.recipe,
+                              run_recipe.steps - window)
+        notes.extend(choice.notes)
     from gradian.index.manifest import tokenizer_fingerprint
 
     base = gm.fingerprints.get("base")
@@ -82,7 +92,8 @@ def replay_inputs(cfg: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTo
                           checkpoint_every=cfg.engine.replay_checkpoint_every, horizon=cfg.engine.replay_horizon,
                           # a model loaded without a fingerprint has no name to key its states by
                           state_dir=Path(cfg.cache_dir) / "replay" if base else None,
-                          identity={"base": base or "", "tokenizer": tokenizer_fingerprint(tokenizer)})
+                          identity={"base": base or "", "tokenizer": tokenizer_fingerprint(tokenizer)},
+                          start=choice.start, start_params=choice.params, start_path=choice.path)
     if base is None:
         notes.append("the base model has no content fingerprint, so the replay's states are held in memory, "
                      "not written under cache_dir, and an interrupted replay starts over")
@@ -119,7 +130,7 @@ def check_replay_memory(cfg: GradianConfig, inputs: ReplayInputs) -> None:
                            [r.n_supervised for r in inputs.rows],
                            CaptureSettings(dtype=dtype, attn_implementation=cfg.attn_implementation),
                            inputs.horizon, checkpoint_every=inputs.checkpoint_every,
-                           on_disk=inputs.state_dir is not None)
+                           on_disk=inputs.state_dir is not None, start_step=inputs.start_step)
     except (ConfigError, KeyError, TypeError, ValueError) as err:
         inputs.notes.append(f"the replay's memory was not checked before it started: the planner cannot read this "
                             f"model's shape ({err})")

@@ -188,9 +188,19 @@ def _replay_cost(cfg: GradianConfig, model: ModelShape, lora: AdapterShape, sett
         supervised = [min(x, limit) if limit else x for x in shape.supervised]
     kept = trained_positions(supervised, limit)
     run_recipe = recipe_from_run(config, len(kept))
+    start, folder = 0, ""
+    if cfg.engine.replay_start == "auto" and record is not None:
+        from gradian.replay.engine import horizon_steps
+        from gradian.replay.trainer_checkpoint import kept_optimizer_states
+
+        latest = run_recipe.steps - horizon_steps(run_recipe.steps, run_recipe.steps_per_epoch,
+                                                  cfg.engine.replay_horizon)
+        usable = [(step, path) for step, path in kept_optimizer_states(record.checkpoints) if 0 < step <= latest]
+        if usable:
+            start, folder = max(usable)[0], str(max(usable)[1])
     return replay_cost(run_recipe, model, lora, [lengths[j] for j in kept], [supervised[j] for j in kept],
                        settings.capture, cfg.engine.replay_horizon,
-                       checkpoint_every=cfg.engine.replay_checkpoint_every)
+                       checkpoint_every=cfg.engine.replay_checkpoint_every, start_step=start, start_checkpoint=folder)
 
 
 def _timed_replay(cost: ReplayCost, cfg: GradianConfig, model: ModelShape, lora: AdapterShape, device: str,
@@ -364,6 +374,10 @@ def _print_replay(plan: Plan, print_line: Callable[[str], None], fmt: Callable[[
     print_line(f"replay ({r.optimizer}, the run's recipe): {r.steps:,} optimizer steps "
                f"({r.steps_per_epoch:,} an epoch) over {r.rows:,} rows; the row weights act in the last "
                f"{r.horizon:,} ({which})")
+    if r.start_step:
+        print_line(f"  start: the run's {Path(r.start_checkpoint).name} (after step {r.start_step:,}; "
+                   "engine.replay_start: auto), where the replay starts if its optimizer state agrees with the "
+                   "recipe when it is read; the steps before it are not retrained")
     print_line(f"  steps: {r.forward_steps:,} replayed forward, the state kept every {r.checkpoint_every} "
                f"({r.kept_states} kept); {r.recomputed_steps:,} recomputed and {r.differentiated_steps:,} "
                "differentiated sweeping back")

@@ -11,7 +11,9 @@ took it): the forward replay takes every one of the run's ``T`` steps and keeps 
 ``k`` steps; the reverse sweep recomputes, in each segment holding one of the last ``H`` steps,
 the states after the segment's kept one (``R`` plain steps in all), and rebuilds each of the ``H``
 steps with its double-backward graph and pulls the adjoint back through it. One such
-differentiated step costs ``c`` plain steps, so the replay is ``(T + R + c H) / T`` training runs;
+differentiated step costs ``c`` plain steps, so the replay is ``(T + R + c H) / T`` training runs.
+A replay that starts from the run's own trainer checkpoint after step ``S`` (``start_step``;
+``engine.replay_start: auto``) replays ``T - S`` steps forward instead of ``T``;
 ``c`` is measured by ``gradian.plan.timing.calibrate_replay`` when the plan times the model
 (``DIFFERENTIATED_STEP`` otherwise, the median docs/replay.md gives).
 
@@ -91,6 +93,9 @@ class ReplayCost:
     seconds_per_token: float | None = None
     #: padded tokens of every step, in the run's order
     step_tokens: tuple[int, ...] = ()
+    #: the step the replay starts after (a trainer checkpoint's), 0: the first step; and its folder
+    start_step: int = 0
+    start_checkpoint: str = ""
 
     @property
     def training_runs(self) -> float:
@@ -133,8 +138,8 @@ class ReplayCost:
         from gradian.replay.unrolled import sweep_segments
 
         tokens = self.step_tokens
-        work = float(sum(tokens))
-        for first, last, low in sweep_segments(self.steps, self.checkpoint_every, self.horizon):
+        work = float(sum(tokens[self.start_step:]))
+        for first, last, low in sweep_segments(self.steps, self.checkpoint_every, self.horizon, self.start_step):
             work += sum(tokens[first:last - 1])
             work += self.differentiated_step * sum(tokens[low:last])
         return work
@@ -152,26 +157,30 @@ class ReplayCost:
 def replay_cost(run_recipe: RunRecipe, model: ModelShape, adapter: AdapterShape, lengths: Sequence[int],
                 supervised: Sequence[int], capture: CaptureSettings, horizon: int | None = None, differentiated_step: float | None = None,
                 differentiated_source: str = "", seconds_per_token: float | None = None,
-                checkpoint_every: int | None = None, on_disk: bool = True) -> ReplayCost:
+                checkpoint_every: int | None = None, on_disk: bool = True, start_step: int = 0,
+                start_checkpoint: str = "") -> ReplayCost:
     """The replay of ``run_recipe`` priced. ``lengths`` and ``supervised``: the tokens and the
     supervised tokens of each row the run trained on, in the recipe's row order; ``horizon``:
     ``engine.replay_horizon``; ``checkpoint_every``: ``engine.replay_checkpoint_every``;
     ``differentiated_step`` and ``seconds_per_token``: a timed differentiated step (in plain
-    steps) and plain step; ``on_disk``: where the kept states live (module doc)."""
+    steps) and plain step; ``on_disk``: where the kept states live (module doc); ``start_step``:
+    the step of the trainer checkpoint (``start_checkpoint``) the replay starts from, 0 for none."""
     from gradian.replay.engine import horizon_steps
     from gradian.replay.unrolled import checkpoint_interval, checkpoint_starts, sweep_segments
 
     steps = run_recipe.steps
-    every = checkpoint_interval(steps, checkpoint_every)
     window = horizon_steps(steps, run_recipe.steps_per_epoch, horizon)
-    segments = sweep_segments(steps, every, window)
+    if not 0 <= start_step <= steps - window:
+        raise ValueError(f"start_step {start_step} is not in 0..{steps - window}, before the differentiated steps")
+    every = checkpoint_interval(steps - start_step, checkpoint_every)
+    segments = sweep_segments(steps, every, window, start_step)
     recomputed = sum(last - first - 1 for first, last, _ in segments)
     differentiated = sum(last - low for _, last, low in segments)
-    kept = len(checkpoint_starts(steps, every))
+    kept = len(checkpoint_starts(steps, every, start_step))
     if on_disk:
         # the initial state, the final one, and a segment's: its first read back (the initial
         # state itself for the first segment) and those recomputed after it
-        peak_states = 2 + max((last - first - (first == 0) for first, last, _ in segments), default=0)
+        peak_states = 2 + max((last - first - (first == start_step) for first, last, _ in segments), default=0)
     else:
         # the kept states, the final one, and those a segment recomputes beside its kept one
         peak_states = kept + 1 + max((last - first - 1 for first, last, _ in segments), default=0)
@@ -193,9 +202,11 @@ def replay_cost(run_recipe: RunRecipe, model: ModelShape, adapter: AdapterShape,
                                                       "calibrations on tinyworld, docs/replay.md")
     return ReplayCost(
         steps=steps, steps_per_epoch=run_recipe.steps_per_epoch, optimizer=run_recipe.recipe.optimizer,
-        rows=len(lengths), horizon=window, checkpoint_every=every, forward_steps=steps, recomputed_steps=recomputed,
+        rows=len(lengths), horizon=window, checkpoint_every=every, forward_steps=steps - start_step,
+        recomputed_steps=recomputed,
         differentiated_steps=differentiated, differentiated_step=differentiated_step,
         differentiated_source=differentiated_source, state_bytes=state, kept_states=kept, peak_states=peak_states,
         row_weights_bytes=2 * len(lengths) * capture.adapter_bytes, widest_step=shape, step_graph=graph,
         weights=estimate.weights, adapter=estimate.adapter_weights, on_disk=on_disk,
-        seconds_per_token=seconds_per_token, step_tokens=step_tokens)
+        seconds_per_token=seconds_per_token, step_tokens=step_tokens, start_step=start_step,
+        start_checkpoint=start_checkpoint)

@@ -8,6 +8,6 @@ tensors only.
 
 from __future__ import annotations
 
-from gradian.replay.unrolled import OPTIMIZERS, Recipe, ReplayResult, metagradient, replay
+from gradian.replay.unrolled import OPTIMIZERS, Recipe, ReplayResult, ReplayStart, metagradient, replay
 
-__all__ = ["OPTIMIZERS", "Recipe", "ReplayResult", "metagradient", "replay"]
+__all__ = ["OPTIMIZERS", "Recipe", "ReplayResult", "ReplayStart", "metagradient", "replay"]

@@ -36,7 +36,7 @@ import numpy as np
 from gradian.engines.base import Engine, EngineResult, EngineState, FitContext, TrainGradients
 from gradian.errors import ConfigError
 from gradian.replay.recipe import RunRecipe
-from gradian.replay.unrolled import ReplayedModel, checkpoint_interval, metagradient, row_losses
+from gradian.replay.unrolled import ReplayedModel, ReplayStart, checkpoint_interval, metagradient, row_losses
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -94,14 +94,28 @@ class ReplayInputs:
     #: what names the model outside the tensors handed in (the base model's and the tokenizer's
     #: fingerprints), part of the key of the replay's folder under ``state_dir``
     identity: dict[str, str] = field(default_factory=dict)
+    #: the run's own state the replay starts from (a trainer checkpoint's), None: the first step
+    start: ReplayStart | None = None
+    #: that checkpoint's LoRA tensors (``lora_params``' names) and folder
+    start_params: dict[str, torch.Tensor] = field(default_factory=dict)
+    start_path: str | None = None
 
     @property
     def window(self) -> int:
         return horizon_steps(self.run_recipe.steps, self.run_recipe.steps_per_epoch, self.horizon)
 
     @property
+    def start_step(self) -> int:
+        return self.start.step if self.start is not None else 0
+
+    @property
     def every(self) -> int:
-        return checkpoint_interval(self.run_recipe.steps, self.checkpoint_every)
+        return checkpoint_interval(self.run_recipe.steps - self.start_step, self.checkpoint_every)
+
+    @property
+    def first_params(self) -> dict[str, torch.Tensor]:
+        """The LoRA tensors the replay starts from: the checkpoint's, else the run's initial ones."""
+        return self.start_params if self.start is not None else self.init
 
 
 @dataclass
@@ -119,6 +133,8 @@ class Fidelity:
     measurement_replayed: float
     measurement_run: float
     steps: int
+    #: the step the replay started after (a trainer checkpoint's), 0: from the first step
+    start_step: int = 0
 
     @property
     def faithful(self) -> bool:
@@ -126,17 +142,26 @@ class Fidelity:
 
     def to_dict(self) -> dict[str, float | int | bool]:
         return {"rel_diff": self.rel_diff, "measurement_replayed": self.measurement_replayed,
-                "measurement_run": self.measurement_run, "steps": self.steps, "faithful": self.faithful}
+                "measurement_run": self.measurement_run, "steps": self.steps, "start_step": self.start_step,
+                "faithful": self.faithful}
 
     def sentence(self) -> str:
-        head = (f"replay: {self.steps} optimizer steps retrained from the run's recipe; the replayed adapter differs "
+        retrained = (f"{self.steps} optimizer steps retrained from the run's recipe" if not self.start_step else
+                     f"the last {self.steps - self.start_step} of the run's {self.steps} optimizer steps retrained "
+                     f"from its own checkpoint after step {self.start_step}")
+        head = (f"replay: {retrained}; the replayed adapter differs "
                 f"from the run's by {self.rel_diff:.2e} (relative), the query measurement is "
                 f"{self.measurement_replayed:.4f} replayed against {self.measurement_run:.4f} for the run")
         if self.faithful:
             return head + ", so the scores are the effect of each row on this run"
-        return (head + f"; past {FIDELITY_REL_DIFF:g} the replay is not the run (another initialization, data "
-                "order or trainer), so each score is the effect of the row on a retrain with this recipe, the "
-                "quantity gradian counterfactual measures, not on the run as it happened")
+        why = ("another initialization, data order or trainer, or a run so sensitive that rounding differences "
+               "grow over its steps; a trainer checkpoint kept with its optimizer state before the last epoch "
+               "lets the replay start from the run's own state" if not self.start_step else
+               "another data order or trainer after the checkpoint, or rounding differences grown over the steps "
+               "after it")
+        return (head + f"; past {FIDELITY_REL_DIFF:g} the replay is not the run ({why}), so each score is the "
+                "effect of the row on a retrain with this recipe, the quantity gradian counterfactual measures, "
+                "not on the run as it happened")
 
 
 class ReplayEngine(Engine):
@@ -157,13 +182,14 @@ class ReplayEngine(Engine):
             raise ConfigError(f"replay: the index holds {train.n} rows but the dataset {inputs.n_examples}; "
                               "attribute the dataset the run trained on")
         meta = {"steps": inputs.run_recipe.steps, "checkpoint_every": inputs.every, "horizon": inputs.window,
-                "optimizer": inputs.run_recipe.recipe.optimizer, "reduction": inputs.run_recipe.recipe.reduction}
+                "start_step": inputs.start_step, "optimizer": inputs.run_recipe.recipe.optimizer,
+                "reduction": inputs.run_recipe.recipe.reduction}
         return EngineState(self.name, train, meta=meta, extra={"inputs": inputs})
 
     def describe(self, config: EngineConfig, state: EngineState | None = None) -> dict[str, JsonScalar]:
         if state is None:
             return {}
-        out = {f"replay_{k}": v for k, v in state.meta.items() if k in ("steps", "checkpoint_every", "horizon", "optimizer")}
+        out = {f"replay_{k}": v for k, v in state.meta.items() if k in ("steps", "checkpoint_every", "horizon", "start_step", "optimizer")}
         fidelity = state.meta.get("fidelity")
         if fidelity:
             out.update({"replay_fidelity_rel_diff": fidelity["rel_diff"],
@@ -188,13 +214,14 @@ class ReplayEngine(Engine):
             from gradian.replay.states import ReplayStates
 
             states = ReplayStates(inputs.state_dir / _state_key(inputs, query_items, query_signal))
-        result = metagradient(inputs.model, inputs.init, inputs.rows, inputs.run_recipe.batches, weights,
+        result = metagradient(inputs.model, inputs.first_params, inputs.rows, inputs.run_recipe.batches, weights,
                               inputs.run_recipe.recipe, measure, pad_id=inputs.pad_id,
-                              checkpoint_every=inputs.every, progress=progress, horizon=inputs.window, states=states)
+                              checkpoint_every=inputs.every, progress=progress, horizon=inputs.window, states=states,
+                              start=inputs.start)
         with torch.no_grad():
             run_value = float(measure(ReplayedModel(inputs.model, {n: p.detach() for n, p in inputs.lora_params.items()})))
         fidelity = Fidelity(_rel_diff(result.params, inputs.lora_params), result.value, run_value,
-                            inputs.run_recipe.steps)
+                            inputs.run_recipe.steps, inputs.start_step)
         state.meta["fidelity"] = fidelity.to_dict()
         scores = np.zeros(inputs.n_examples, dtype=np.float64)
         grad = result.grad.detach().to(torch.float64).cpu().numpy()
@@ -205,6 +232,9 @@ class ReplayEngine(Engine):
                  f"{inputs.run_recipe.steps} steps" + (" (the last epoch, which holds every row once)"
                                                       if window == inputs.run_recipe.steps_per_epoch else "")
                  + "; the run before them is held as it was"]
+        if inputs.start is not None:
+            notes.append(f"replay: started from the run's own state in {inputs.start_path} (its LoRA tensors and "
+                         f"optimizer moments after step {inputs.start_step}); the steps before it were not retrained")
         notes += [f"replay: {n}" for n in inputs.notes + list(inputs.run_recipe.notes)]
         if states is not None:
             if result.resumed == "reused":
@@ -241,6 +271,8 @@ def _state_key(inputs: ReplayInputs, items: Sequence[QueryItem], signal: str) ->
         "recipe": [list(map(float, recipe.schedule)), recipe.optimizer, list(recipe.betas), recipe.eps,
                    recipe.weight_decay, recipe.max_grad_norm, recipe.reduction],
         "every": inputs.every, "horizon": inputs.window, "pad_id": inputs.pad_id,
+        "start": None if inputs.start is None else [inputs.start.step, tensor_digest(inputs.start_params),
+                                                    tensor_digest(inputs.start.m), tensor_digest(inputs.start.v)],
         "query": [signal, inputs.query_max_seq_length,
                   [[item.prompt_messages, item.wanted, item.generated if signal == "contrastive" else None]
                    for item in items]],

@@ -194,18 +194,19 @@ class ReplayStates:
     def forward_start(self, starts: Sequence[int], steps: int) -> tuple[int, State | None]:
         """Where the forward replay resumes: the latest of the kept steps (``starts``, then the
         final ``steps``) up to which every kept state is on disk, and that state (``None`` for
-        step 0, whose state is the initial one)."""
-        latest = 0
+        ``starts[0]``, whose state is the one the replay starts from)."""
+        first = starts[0] if starts else 0
+        latest = first
         for t in [*starts[1:], steps]:
             if not self.has_state(t):
                 break
             latest = t
-        while latest > 0:
+        while latest > first:
             state = self.load_state(latest)
             if state is not None:
                 return latest, state
-            latest = max([s for s in starts if s < latest], default=0)
-        return 0, None
+            latest = max([s for s in starts if s < latest], default=first)
+        return first, None
 
     # -- the sweep ----------------------------------------------------------------------------------
 

@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     #: the optimizer state between steps: ``(theta, m, v)``, each one tensor per LoRA tensor
     State = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
 
-__all__ = ["OPTIMIZERS", "REDUCTIONS", "Recipe", "ReplayResult", "checkpoint_interval", "checkpoint_starts",
-           "metagradient", "replay", "row_losses", "sweep_segments"]
+__all__ = ["OPTIMIZERS", "REDUCTIONS", "Recipe", "ReplayResult", "ReplayStart", "checkpoint_interval",
+           "checkpoint_starts", "metagradient", "replay", "row_losses", "sweep_segments"]
 
 OPTIMIZERS = ("sgd", "adamw")
 #: how a step's rows make its loss (``Recipe.reduction``)
@@ -96,6 +96,29 @@ class Recipe:
             raise ConfigError(f"replay max_grad_norm must be >= 0 (0 = off), got {self.max_grad_norm!r}")
         if self.reduction not in REDUCTIONS:
             raise ConfigError(f"replay reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
+
+
+@dataclass
+class ReplayStart:
+    """Where a replay starts when not from the first step: the optimizer state after ``step`` of the
+    run's steps (the LoRA tensors are the ``lora_params`` handed in beside it), as a trainer
+    checkpoint holds it. ``m`` and ``v``: AdamW's moments by LoRA tensor name (empty under SGD)."""
+
+    step: int
+    m: dict[str, torch.Tensor] = field(default_factory=dict)
+    v: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def check(self, names: Sequence[str], params: Mapping[str, torch.Tensor], steps: int, optimizer: str) -> None:
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or not 0 <= self.step < steps:
+            raise ConfigError(f"replay start step must be an integer in 0..{steps - 1}, got {self.step!r}")
+        if optimizer != "adamw":
+            return
+        for moments, what in ((self.m, "m"), (self.v, "v")):
+            for name in names:
+                held = moments.get(name)
+                if held is None or tuple(held.shape) != tuple(params[name].shape):
+                    raise ConfigError(f"replay start: AdamW's {what} for {name} is missing or of another shape "
+                                      f"than the tensor ({tuple(params[name].shape)})")
 
 
 @dataclass
@@ -253,22 +276,30 @@ class _Steps:
             return [n[0] for n in new], [n[1] for n in new], [n[2] for n in new]
 
 
-def _initial_state(lora_params: Mapping[str, torch.Tensor]) -> tuple[list[str], State]:
+def _initial_state(lora_params: Mapping[str, torch.Tensor], start: ReplayStart | None = None) -> tuple[list[str], State]:
+    """The state the replay starts from: ``lora_params`` with zero moments, or ``start``'s moments."""
     import torch
 
     names = list(lora_params)
     theta = [lora_params[n].detach().clone() for n in names]
-    return names, (theta, [torch.zeros_like(p) for p in theta], [torch.zeros_like(p) for p in theta])
+
+    def moments(held: Mapping[str, torch.Tensor]) -> list[torch.Tensor]:
+        return [held[n].detach().to(p).clone() if n in held else torch.zeros_like(p) for n, p in zip(names, theta)]
+
+    if start is None:
+        return names, (theta, moments({}), moments({}))
+    return names, (theta, moments(start.m), moments(start.v))
 
 
 def _unroll(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
-            batches: Sequence[Sequence[int]], w: torch.Tensor, recipe: Recipe, pad_id: int) -> dict[str, torch.Tensor]:
+            batches: Sequence[Sequence[int]], w: torch.Tensor, recipe: Recipe, pad_id: int,
+            start: ReplayStart | None = None) -> dict[str, torch.Tensor]:
     """The final LoRA tensors as a differentiable function of ``w`` (and of the initial tensors)."""
-    names, (theta, m, v) = _initial_state(lora_params)
+    names, (theta, m, v) = _initial_state(lora_params, start)
     # leaves that require grad, so each step's gradient in theta exists; never written back
     state = ([p.requires_grad_(True) for p in theta], m, v)
     steps = _Steps(model, names, rows, batches, recipe, pad_id)
-    for t in range(len(batches)):
+    for t in range(start.step if start is not None else 0, len(batches)):
         state = steps.step(t, state, w, create_graph=True)
     return dict(zip(names, state[0]))
 
@@ -284,19 +315,20 @@ def checkpoint_interval(steps: int, checkpoint_every: int | None = None) -> int:
     return checkpoint_every or max(1, math.isqrt(max(steps - 1, 0)) + 1)
 
 
-def checkpoint_starts(steps: int, every: int) -> list[int]:
-    """The steps whose incoming state the forward replay keeps (step 0's is the initial state)."""
-    return list(range(0, steps, every))
+def checkpoint_starts(steps: int, every: int, begin: int = 0) -> list[int]:
+    """The steps whose incoming state the forward replay keeps (step ``begin``'s is the state it
+    starts from: the initial one, or a trainer checkpoint's)."""
+    return list(range(begin, steps, every))
 
 
-def sweep_segments(steps: int, every: int, horizon: int | None = None) -> list[tuple[int, int, int]]:
+def sweep_segments(steps: int, every: int, horizon: int | None = None, begin: int = 0) -> list[tuple[int, int, int]]:
     """The segments the reverse sweep visits, the last first, as ``(first, last, low)``: the states
     before steps ``first + 1 .. last - 1`` are recomputed from the one kept at ``first``, then steps
     ``last - 1`` down to ``low`` are differentiated. Only the segments that hold one of the last
-    ``horizon`` steps are visited (all with ``horizon=None``)."""
-    stop = 0 if horizon is None else max(steps - horizon, 0)
+    ``horizon`` steps are visited (every step from ``begin`` with ``horizon=None``)."""
+    stop = begin if horizon is None else max(steps - horizon, begin)
     out = []
-    for first in reversed(checkpoint_starts(steps, every)):
+    for first in reversed(checkpoint_starts(steps, every, begin)):
         if first + every <= stop:
             break
         out.append((first, min(first + every, steps), max(first, stop)))
@@ -307,7 +339,7 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
                batches: Sequence[Sequence[int]], w: torch.Tensor, recipe: Recipe,
                measure: Callable[["ReplayedModel"], torch.Tensor], pad_id: int,
                every: int, progress: Callable[[int, int], None] | None, horizon: int | None = None,
-               states: ReplayStates | None = None) -> ReplayResult:
+               states: ReplayStates | None = None, start: ReplayStart | None = None) -> ReplayResult:
     """The metagradient by a reverse sweep one step at a time, never holding more than one step's graph.
 
     Forward: plain training steps from the initial state, keeping the state at every ``every``-th
@@ -323,14 +355,15 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
     """
     import torch
 
-    names, state = _initial_state(lora_params)
+    names, state = _initial_state(lora_params, start)
     steps = _Steps(model, names, rows, batches, recipe, pad_id)
     total = len(batches)
+    first_step = start.step if start is not None else 0
     w = w.detach()
-    starts = checkpoint_starts(total, every)
-    segments = sweep_segments(total, every, horizon)
+    starts = checkpoint_starts(total, every, first_step)
+    segments = sweep_segments(total, every, horizon, first_step)
     # forward steps, the steps recomputed inside each segment, reverse steps
-    work = total + sum(last - first - 1 for first, last, _ in segments) + sum(last - low for _, last, low in segments)
+    work = total - first_step + sum(last - first - 1 for first, last, _ in segments) + sum(last - low for _, last, low in segments)
     if states is not None:
         finished = states.load_result()
         if finished is not None:
@@ -338,14 +371,14 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
             if progress is not None:
                 progress(work, work)
             return ReplayResult(value_done, grad_done, params_done, resumed="reused")
-    stored: dict[int, State] = {0: state}
-    begin = 0
+    stored: dict[int, State] = {first_step: state}
+    begin = first_step
     if states is not None:
         begin, loaded = states.forward_start(starts, total)
         if loaded is not None:
             state = _detached(loaded)
         del loaded  # the detached copy shares its storage; hold one reference, not two
-    done = begin
+    done = begin - first_step
 
     def tick() -> None:
         if progress is not None:
@@ -365,7 +398,7 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
 
     def kept(first: int) -> State:
         """The state before step ``first``: held, read back, or recomputed from an earlier one."""
-        if states is None or first == 0:
+        if states is None or first == first_step:
             return stored[first]
         loaded = states.load_state(first)
         if loaded is not None:
@@ -426,27 +459,30 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
     if states is not None:
         states.save_result(value, w_bar, params)
     return ReplayResult(value, w_bar, params,
-                        resumed=_resumed_from(begin, total, swept, len(segments)))
+                        resumed=_resumed_from(begin - first_step, begin, total, swept, len(segments)))
 
 
-def _resumed_from(begin: int, total: int, swept: int, segments: int) -> str | None:
+def _resumed_from(skipped: int, begin: int, total: int, swept: int, segments: int) -> str | None:
     """What an interrupted replay did not make again (None: it made everything)."""
     if swept:
         return f"resumed after {swept} of the sweep's {segments} segments"
-    if begin:
+    if skipped:
         return f"resumed the forward replay at step {begin} of {total}"
     return None
 
 
 def replay(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
            batches: Sequence[Sequence[int]], weights: torch.Tensor, recipe: Recipe, *,
-           pad_id: int) -> dict[str, torch.Tensor]:
-    """The LoRA tensors after the replayed run (detached), without a metagradient."""
+           pad_id: int, start: ReplayStart | None = None) -> dict[str, torch.Tensor]:
+    """The LoRA tensors after the replayed run (detached), without a metagradient; from ``start``
+    (the state after its step, ``lora_params`` its LoRA tensors) when given."""
     _check_inputs(model, lora_params, rows, batches, weights)
     recipe.check(len(batches))
-    names, state = _initial_state(lora_params)
+    if start is not None:
+        start.check(list(lora_params), lora_params, len(batches), recipe.optimizer)
+    names, state = _initial_state(lora_params, start)
     steps = _Steps(model, names, rows, batches, recipe, pad_id)
-    for t in range(len(batches)):
+    for t in range(start.step if start is not None else 0, len(batches)):
         state = _detached(steps.step(t, state, weights.detach(), create_graph=False))
     return dict(zip(names, state[0]))
 
@@ -465,6 +501,7 @@ def metagradient(
     progress: Callable[[int, int], None] | None = None,
     horizon: int | None = None,
     states: ReplayStates | None = None,
+    start: ReplayStart | None = None,
 ) -> ReplayResult:
     """``measure`` after the replayed run and its exact gradient in the per-row ``weights``.
 
@@ -489,6 +526,12 @@ def metagradient(
 
     ``states`` (segmented mode): a ``gradian.replay.states.ReplayStates`` folder for this replay's
     inputs; the kept states live there instead of in memory, and an interrupted replay resumes.
+
+    ``start``: the replay begins after ``start.step`` steps, from the optimizer state a trainer
+    checkpoint kept then (``lora_params`` hold the LoRA tensors of that checkpoint), instead of from
+    the first step; ``horizon`` may then reach back to ``start.step`` at most. The steps before it are
+    the run's own, so rounding differences between the replay and the run only grow over the
+    steps after it.
     """
     import torch
 
@@ -498,17 +541,22 @@ def metagradient(
         raise ConfigError("replay needs the model in eval mode (no dropout), so a replay is deterministic")
     if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
         raise ConfigError(f"replay horizon must be an integer >= 1 (or None for every step), got {horizon!r}")
+    if start is not None:
+        start.check(list(lora_params), lora_params, len(batches), recipe.optimizer)
+        if horizon is not None and horizon > len(batches) - start.step:
+            raise ConfigError(f"replay horizon {horizon} reaches back before the start (step {start.step} of "
+                              f"{len(batches)}); start from an earlier state or shorten the horizon")
     if checkpoint_every is not None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ConfigError(f"replay checkpoint_every must be an integer >= 1 (or None), got {checkpoint_every!r}")
         return _segmented(model, lora_params, rows, batches, weights, recipe, measure, pad_id, checkpoint_every,
-                          progress, horizon, states)
+                          progress, horizon, states, start)
     if states is not None:
         raise ConfigError("replay states on disk need the step-by-step sweep: give checkpoint_every too")
     if horizon is not None:
         raise ConfigError("replay horizon needs the step-by-step sweep: give checkpoint_every too")
     w = weights.detach().clone().requires_grad_(True)
-    final = _unroll(model, lora_params, rows, batches, w, recipe, pad_id)
+    final = _unroll(model, lora_params, rows, batches, w, recipe, pad_id, start)
     value = measure(ReplayedModel(model, final))
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
         raise ConfigError("replay measure must return a scalar tensor")
