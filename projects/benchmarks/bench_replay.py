@@ -16,8 +16,14 @@ fidelity (relative difference of the replayed adapter from the run's) and its co
 of the replay attribution minus the graddot one, over the wall time of one ``gradian train`` of
 the same fine-tune (timed here, into a scratch folder). Medians and ranges over seeds close it.
 
+``--checkpoints`` fine-tunes each run keeping a trainer checkpoint (LoRA tensors and optimizer
+state) at the end of every epoch, so the replay starts from the run's own state before the
+differentiated steps (``engine.replay_start: auto``) instead of retraining every step; the runs
+are otherwise the same (their folders end in ``-ckpt``). ``--starts auto,beginning`` replays each
+run both ways (the results then key each horizon as ``<horizon>/<start>``).
+
 Run: ``python projects/benchmarks/bench_replay.py [--work DIR] [--scenarios a,b] [--seeds 0,1]
-[--horizons epoch,all] [--out results.json]``. On 2 CPU cores a replay of a tinyworld fine-tune
+[--horizons epoch,all] [--checkpoints] [--starts auto,beginning] [--out results.json]``. On 2 CPU cores a replay of a tinyworld fine-tune
 (848 steps) takes two to five minutes, an EK-FAC attribution about ten seconds.
 """
 
@@ -53,7 +59,8 @@ def _auc(rankings: Any, planted: set[int], column: str | None = None) -> float:
     return float(roc_auc_score(labels, -values))
 
 
-def _attribute(root: Path, capability: str, engine: str, horizon: str | None = None) -> tuple[Any, float]:
+def _attribute(root: Path, capability: str, engine: str, horizon: str | None = None,
+               start: str = "auto") -> tuple[Any, float]:
     from gradian.attribution import run_attribution
     from gradian.config import load_config
 
@@ -61,6 +68,8 @@ def _attribute(root: Path, capability: str, engine: str, horizon: str | None = N
                                  "evaluation.query_signal": "contrastive"}
     if engine == "replay" and horizon not in (None, "epoch"):
         overrides["engine.replay_horizon"] = 10**9 if horizon == "all" else int(horizon)
+    if engine == "replay":
+        overrides["engine.replay_start"] = start
     cfg = load_config(root / "gradian.yaml", overrides)
     started = time.perf_counter()
     outcome = run_attribution(cfg, capability=capability, cross_check="none")
@@ -80,18 +89,44 @@ def _train_seconds(root: Path) -> float:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _epoch_steps(scenario: str) -> int:
+    """Optimizer steps in one epoch of ``scenario``'s fine-tune (its rows over the step's rows)."""
+    import math
+
+    from gradian.config import load_config
+    from gradian.tinyworld import write_scenario
+
+    with tempfile.TemporaryDirectory(prefix="bench-replay-rows-") as scratch:
+        write_scenario(scenario, Path(scratch))
+        train = load_config(Path(scratch) / "gradian.yaml").train
+        rows = sum(1 for line in (Path(scratch) / "train.jsonl").read_text().splitlines() if line.strip())
+    return math.ceil(rows / (train.per_device_train_batch_size * train.gradient_accumulation_steps))
+
+
+def _keys(args: argparse.Namespace) -> list[str]:
+    """The replays of each run: a horizon, or ``horizon/start`` when several starts are asked for."""
+    starts = args.starts.split(",")
+    return [h if len(starts) == 1 and starts[0] == "auto" else f"{h}/{s}"
+            for h in args.horizons.split(",") for s in starts]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gradian-bench-replay")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--horizons", default="epoch")
+    parser.add_argument("--checkpoints", action="store_true",
+                        help="keep a trainer checkpoint every epoch, so the replay starts from the run's own state")
+    parser.add_argument("--starts", default="auto", help="engine.replay_start values, comma-separated")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     results: list[dict[str, Any]] = []
     for scenario in args.scenarios.split(","):
         for seed in [int(s) for s in args.seeds.split(",")]:
-            root, planted, capability = prepare_run(args.work, scenario, seed)
+            keep = {"train.save_checkpoints": True, "train.save_steps": _epoch_steps(scenario)} \
+                if args.checkpoints else None
+            root, planted, capability = prepare_run(args.work, scenario, seed, keep, "-ckpt" if keep else "")
             train_s = _train_seconds(root)
             ekfac, ekfac_s = _attribute(root, capability, "ekfac")
             _, graddot_s = _attribute(root, capability, "graddot")
@@ -99,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
                                    "ekfac_auc": round(_auc(ekfac.rankings, planted), 4),
                                    "ekfac_auc_influence": round(_auc(ekfac.rankings, planted, "score"), 4),
                                    "ekfac_seconds": round(ekfac_s, 1), "replay": {}}
-            for horizon in args.horizons.split(","):
-                outcome, seconds = _attribute(root, capability, "replay", horizon)
+            for horizon in _keys(args):
+                outcome, seconds = _attribute(root, capability, "replay", *horizon.split("/"))
                 params = outcome.report.to_json()["manifest"]["engine_state"]["params"]
                 row["replay"][horizon] = {
                     "auc": round(_auc(outcome.rankings, planted), 4),
                     "steps": params.get("replay_steps"), "horizon_steps": params.get("replay_horizon"),
+                    "start_step": params.get("replay_start_step"),
                     "fidelity_rel_diff": params.get("replay_fidelity_rel_diff"),
                     "seconds": round(seconds, 1),
                     "training_runs": round((seconds - graddot_s) / train_s, 2),
@@ -116,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in results if r["scenario"] == scenario]
         ek = [r["ekfac_auc"] for r in rows]
         print(f"{scenario}: ekfac auc {np.median(ek):.3f} [{min(ek):.3f}, {max(ek):.3f}]")
-        for horizon in args.horizons.split(","):
+        for horizon in _keys(args):
             auc = [r["replay"][horizon]["auc"] for r in rows]
             cost = [r["replay"][horizon]["training_runs"] for r in rows]
             print(f"  replay horizon {horizon}: auc {np.median(auc):.3f} [{min(auc):.3f}, {max(auc):.3f}], "
