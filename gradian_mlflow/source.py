@@ -64,6 +64,9 @@ _LOG_METRICS = ("loss", "grad_norm", "learning_rate", "epoch", "eval_loss")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 #: files an adapter needs; optimizer state and pickles are never downloaded
 _ADAPTER_FILES = re.compile(r"^(adapter_config\.json|adapter_model\.(safetensors|bin)|trainer_state\.json|README\.md)$")
+#: a checkpoint's files when its optimizer state is wanted too (the replay engine starts from it)
+_CHECKPOINT_FILES = re.compile(r"^(adapter_config\.json|adapter_model\.(safetensors|bin)|trainer_state\.json|"
+                               r"README\.md|optimizer\.pt)$")
 _MARKER = DOWNLOAD_RECORD
 _BARE_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
@@ -371,9 +374,12 @@ def _fill_from_json_artifacts(run_id: str, files: list[str], record: RunRecord, 
 
 
 def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: MlflowClient | None = None, *,
-                    trust_run_dataset: bool = False, dataset_given: bool = False) -> RunRecord:
+                    trust_run_dataset: bool = False, dataset_given: bool = False,
+                    optimizer_states: bool = False) -> RunRecord:
     """Build a RunRecord from a run id or ``runs:/<id>``; adapters are downloaded to the cache.
 
+    ``optimizer_states``: each checkpoint is downloaded with its ``optimizer.pt`` where the run
+    logged one (what the replay engine starts from; a LoRA run's is twice its adapter's size).
     ``trust_run_dataset`` lets a dataset input outside the run's artifacts be read;
     ``dataset_given`` says the caller has the training data already, so a run whose only dataset
     is such an input is read without one instead of refused.
@@ -398,8 +404,10 @@ def read_mlflow_run(ref: str, cache_dir: str | Path | None = None, client: Mlflo
             raise RunRecordError(f"run {run_id}: {final.artifact_uri} lost its adapter_config.json while downloading")
         record.adapter_dir = str(adapter_dir)
         record.lora = LoraSettings.from_adapter_config(json.loads((adapter_dir / "adapter_config.json").read_text()))
+        # with their optimizer states (a cache of their own: the adapter-only one holds none)
+        kept, files_of = ("checkpoints", _CHECKPOINT_FILES) if optimizer_states else ("adapters", _ADAPTER_FILES)
         record.checkpoints = [
-            str(_cached_download(c.artifact_uri, run_cache / "adapters", only=_ADAPTER_FILES, notes=record.notes))
+            str(_cached_download(c.artifact_uri, run_cache / kept, only=files_of, notes=record.notes))
             for c in checkpoints
         ]
         if not record.logs.steps:

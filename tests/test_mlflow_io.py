@@ -726,3 +726,35 @@ def test_a_base_model_the_run_names_but_this_machine_lacks_is_named_with_the_fla
     assert reasons, skipped
     for reason in reasons:
         assert "_name_or_path" in reason and "/training-box/models/qwen-0.5b" in reason and "--base-model" in reason
+
+
+def test_the_checkpoints_optimizer_states_are_downloaded_for_the_replay_only(tracking, adapter_dir, data_file,
+                                                                               tmp_path):
+    """A run that logged its checkpoints with optimizer.pt: read for the replay engine (its
+    run_options), each checkpoint comes with it; read otherwise, only the adapter files come."""
+    import shutil
+
+    import mlflow
+
+    from gradian.config import load_config
+    from gradian.runs import run_options
+    from gradian_mlflow.source import read_mlflow_run
+
+    folder = tmp_path / "checkpoint"
+    shutil.copytree(adapter_dir, folder)
+    (folder / "optimizer.pt").write_bytes(b"moments")
+    with mlflow.start_run() as run:
+        mlflow.log_params(HF_PARAMS)
+        mlflow.log_artifacts(str(adapter_dir), artifact_path="adapter")
+        mlflow.log_artifacts(str(folder), artifact_path="checkpoint-4")
+    assert run_options(load_config(None, {"engine.name": "replay"})) == {"optimizer_states": True}
+    assert run_options(load_config(None, {"engine.name": "replay", "engine.replay_start": "beginning"})) == {}
+    assert run_options(load_config(None, {})) == {}
+    plain = read_mlflow_run(run.info.run_id, cache_dir=tmp_path / "cache", dataset_given=True)
+    (checkpoint,) = plain.checkpoints
+    assert Path(checkpoint, "adapter_model.safetensors").is_file() and not Path(checkpoint, "optimizer.pt").exists()
+    full = read_mlflow_run(run.info.run_id, cache_dir=tmp_path / "cache", dataset_given=True,
+                           **run_options(load_config(None, {"engine.name": "replay"})))
+    (checkpoint,) = full.checkpoints
+    assert Path(checkpoint, "optimizer.pt").read_bytes() == b"moments"
+    assert Path(checkpoint, "adapter_model.safetensors").is_file()

@@ -113,9 +113,9 @@ def resolve_inputs(cfg: GradianConfig, run: RunRecord | None = None, report_inpu
     ``report_inputs``: ``Report.manifest.inputs`` of the report a lane starts from.
     """
     if run is None and cfg.run:
-        from gradian.runs import resolve_run
+        from gradian.runs import resolve_run, run_options
 
-        run = resolve_run(cfg.run, cache_dir=cfg.cache_dir)
+        run = resolve_run(cfg.run, cache_dir=cfg.cache_dir, **run_options(cfg))
     origins: dict[str, str] = {}
     updates: dict[str, Any] = {}  # str values, but mypy checks replace(**updates) against every config field
     sources = (("report", _from_report(report_inputs)), ("run", _from_run(run)))

@@ -210,7 +210,7 @@ def _open(cfg: GradianConfig, cross_check: str | None, run: RunRecord | None, sh
     from gradian.engines.registry import check_projection, get_engine, resolve_cross_check
     from gradian.grads import load_model_for_gradients, skipped_modules_finding
     from gradian.model_loading import check_attention_kernel, load_tokenizer
-    from gradian.runs import resolve_run
+    from gradian.runs import resolve_run, run_options
 
     cross_check = resolve_cross_check(cfg.engine.name, cross_check)
     check_projection(cfg.grads, [cfg.engine.name, cross_check])  # before the audit, the index and the eval
@@ -218,7 +218,7 @@ def _open(cfg: GradianConfig, cross_check: str | None, run: RunRecord | None, sh
         if name and name != "none":
             get_engine(name).options(cfg.engine)
     if run is None and cfg.run:
-        run = resolve_run(cfg.run, cache_dir=cfg.cache_dir)
+        run = resolve_run(cfg.run, cache_dir=cfg.cache_dir, **run_options(cfg))
     cfg = fill_from_run(cfg, run)  # read once above, so every stage below sees this record
     if shard is not None:
         from gradian.distributed import shard_device

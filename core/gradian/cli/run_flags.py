@@ -52,11 +52,11 @@ def read_run(cfg: GradianConfig, trust_run_dataset: bool = False) -> "RunRecord 
     A tracking-server run's dataset input outside its own artifacts is read only with
     ``--trust-run-dataset``; with ``--dataset`` given, such a run is read without it.
     """
-    from gradian.runs import resolve_run, resolve_run_ref
+    from gradian.runs import resolve_run, resolve_run_ref, run_options
 
     if not cfg.run:
         return None
-    options = {"trust_run_dataset": True} if trust_run_dataset else {}
+    options = {"trust_run_dataset": True, **run_options(cfg)} if trust_run_dataset else run_options(cfg)
     if cfg.dataset:
         options["dataset_given"] = True
     record = resolve_run(resolve_run_ref(cfg.run), cache_dir=cfg.cache_dir, **options)

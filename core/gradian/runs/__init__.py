@@ -24,6 +24,7 @@ from gradian.runs.sources import (
     is_remote_run_ref,
     resolve_run,
     resolve_run_ref,
+    run_options,
 )
 from gradian.runs.record import (
     DatasetRef,
@@ -52,6 +53,7 @@ __all__ = [
     "installed_schemes",
     "is_remote_run_ref",
     "list_checkpoints",
+    "run_options",
     "normalize_trainer_config",
     "parse_param_value",
     "read_run_dir",

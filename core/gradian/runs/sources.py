@@ -7,7 +7,8 @@ scheme**, and only the entry point chosen is loaded.
 
 - ``gradian.run_sources``: ``<scheme> = "pkg.module:SOURCE"``. ``SOURCE`` has
   ``read(ref: RunRef, cache_dir: Path, **options) -> RunRecord`` (options, passed only when set:
-  ``trust_run_dataset``, ``dataset_given``), and may have ``name`` (its cache folder under the
+  ``trust_run_dataset``, ``dataset_given``, ``optimizer_states``: the checkpoints' optimizer
+  states are wanted too, for the replay engine; ``run_options`` gives the last from a config), and may have ``name`` (its cache folder under the
   cache dir; default: the scheme) and ``matches(text) -> bool`` to claim references written
   without a scheme (MLflow claims a bare 32-hex run id that is not a local folder). A plain
   function ``(ref: str, cache_dir, **options)`` also works: it gets the reference as written.
@@ -28,12 +29,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gradian.errors import RunRecordError
 from gradian.runs.reader import read_run_dir
 from gradian.runs.record import RunRecord
 from gradian.runs.ref import LOCAL_SCHEME, RunRef
+
+if TYPE_CHECKING:
+    from gradian.config import GradianConfig
 
 __all__ = [
     "RUN_SOURCES_GROUP",
@@ -42,6 +46,7 @@ __all__ = [
     "RunSource",
     "resolve_run_ref",
     "resolve_run",
+    "run_options",
     "is_remote_run_ref",
     "installed_schemes",
     "has_report_sink",
@@ -140,6 +145,14 @@ def resolve_run_ref(text: "str | RunRef") -> RunRef:
 def is_remote_run_ref(ref: "str | RunRef") -> bool:
     """Whether ``ref`` is read by a run source rather than as a local run directory."""
     return not resolve_run_ref(ref).is_local
+
+
+def run_options(cfg: GradianConfig) -> dict[str, bool]:
+    """The reading options ``cfg`` asks of a run source beyond the flags: ``optimizer_states`` when
+    the replay engine may start from a checkpoint (``engine.replay_start: auto``)."""
+    if cfg.engine.name == "replay" and cfg.engine.replay_start == "auto":
+        return {"optimizer_states": True}
+    return {}
 
 
 def resolve_run(ref: "str | RunRef", cache_dir: str | Path = ".gradian", **options: bool) -> RunRecord:
