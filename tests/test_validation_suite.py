@@ -418,6 +418,18 @@ def test_accused_refuses_a_scenario_without_planted_rows():
     assert "Traceback" not in proc.stderr
 
 
+
+@pytest.mark.parametrize("value", ["two", "0", "250,-3"])
+def test_fidelity_refuses_replay_horizons_that_are_not_step_counts(value):
+    """``validate.py fidelity --replay-horizons`` takes whole numbers of steps, at least 1: anything else
+    exits 2 naming the flag and the value, before any work."""
+    proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "fidelity", "--replay-horizons", value,
+                           "--no-mlflow", "--workdir", "/nonexistent/never-written"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--replay-horizons" in proc.stderr and value in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
 # -- the quick suite, end to end ----------------------------------------------------------------
 
 

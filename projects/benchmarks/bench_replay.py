@@ -6,7 +6,8 @@ cross-check under:
 
 - ``ekfac`` (the default engine) and ``graddot`` (the cheapest: its wall time is the lane's cost
   without an engine: audit, eval, index read, clustering);
-- ``replay`` at each ``--horizons`` value (optimizer steps from the end; ``epoch`` is the default,
+- ``replay`` at each ``--horizons`` value (optimizer steps from the end, or ``<x>epochs`` for x
+  times the scenario's steps per epoch, rounded; ``epoch`` is the default,
   the last epoch; ``all`` every step).
 
 Per run it prints the AUC of the planted rows against the clean ones (harm = minus what the report
@@ -59,15 +60,26 @@ def _auc(rankings: Any, planted: set[int], column: str | None = None) -> float:
     return float(roc_auc_score(labels, -values))
 
 
-def _attribute(root: Path, capability: str, engine: str, horizon: str | None = None,
+def _horizon_steps(horizon: str, epoch_steps: int) -> int | None:
+    """``engine.replay_horizon`` for a ``--horizons`` value: None for ``epoch`` (the default)."""
+    if horizon == "epoch":
+        return None
+    if horizon == "all":
+        return 10**9
+    if horizon.endswith("epochs"):
+        return max(1, round(float(horizon.removesuffix("epochs")) * epoch_steps))
+    return int(horizon)
+
+
+def _attribute(root: Path, capability: str, engine: str, horizon: int | None = None,
                start: str = "auto") -> tuple[Any, float]:
     from gradian.attribution import run_attribution
     from gradian.config import load_config
 
     overrides: dict[str, Any] = {"cache_dir": str(root / ".gradian"), "device": "cpu", "engine.name": engine,
                                  "evaluation.query_signal": "contrastive"}
-    if engine == "replay" and horizon not in (None, "epoch"):
-        overrides["engine.replay_horizon"] = 10**9 if horizon == "all" else int(horizon)
+    if engine == "replay" and horizon is not None:
+        overrides["engine.replay_horizon"] = horizon
     if engine == "replay":
         overrides["engine.replay_start"] = start
     cfg = load_config(root / "gradian.yaml", overrides)
@@ -124,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for scenario in args.scenarios.split(","):
         for seed in [int(s) for s in args.seeds.split(",")]:
-            keep = {"train.save_checkpoints": True, "train.save_steps": _epoch_steps(scenario)} \
-                if args.checkpoints else None
+            epoch_steps = _epoch_steps(scenario)
+            keep = {"train.save_checkpoints": True, "train.save_steps": epoch_steps} if args.checkpoints else None
             root, planted, capability = prepare_run(args.work, scenario, seed, keep, "-ckpt" if keep else "")
             train_s = _train_seconds(root)
             ekfac, ekfac_s = _attribute(root, capability, "ekfac")
@@ -135,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                                    "ekfac_auc_influence": round(_auc(ekfac.rankings, planted, "score"), 4),
                                    "ekfac_seconds": round(ekfac_s, 1), "replay": {}}
             for horizon in _keys(args):
-                outcome, seconds = _attribute(root, capability, "replay", *horizon.split("/"))
+                steps, *start = horizon.split("/")
+                outcome, seconds = _attribute(root, capability, "replay", _horizon_steps(steps, epoch_steps), *start)
                 params = outcome.report.to_json()["manifest"]["engine_state"]["params"]
                 row["replay"][horizon] = {
                     "auc": round(_auc(outcome.rankings, planted), 4),

@@ -24,6 +24,10 @@ Then, with the same recipe and seed:
   ``sqrt(1 - noise^2 / spread^2)``. With leave-one-cluster-out, the full set is also retrained
   under those seeds, the noise of a near-full retrain.
 
+``replay_horizons`` (``--replay-horizons 282,318``): the replay is scored again at each of these
+horizons (``engine.replay_horizon``, optimizer steps from the end), as engines of their own named
+``replay_h<steps>``; the retrains are the same, so only the replays are added.
+
 Every correlation carries a bootstrap interval over the retrains; the engines are compared on the
 same resamples, so the winner's margin has an interval too. The full run: 128 subsets, 13
 clusters, 2 subsets x 3 extra seeds and the full set x 3. ``--quick``: half the clean rows, 8 subsets, no
@@ -39,7 +43,7 @@ import random
 import re
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from gradian.report.schema import Report
 from retrain_pool import QueryItems, RetrainTask, default_workers, measure_losses, run_tasks
@@ -231,7 +235,8 @@ def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n
 
 
 def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers: int | None = None,
-        seed: int = 0, scenario: str | None = None, leave_one_out: bool | None = None, **_: Any) -> ExperimentResult:
+        seed: int = 0, scenario: str | None = None, leave_one_out: bool | None = None,
+        replay_horizons: Sequence[int] = (), **_: Any) -> ExperimentResult:
     import numpy as np
 
     from gradian.config import load_config
@@ -274,6 +279,15 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     replay_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "replay"}),
                                  capability=capability, cross_check="none", folder="fidelity/report-replay")
     replay_rankings = scenario.rankings
+    # the replay again at other horizons (engine.replay_horizon, in steps): scored as engines of their own
+    horizon_reports, horizon_rankings = {}, {}
+    for horizon in replay_horizons:
+        name = f"replay_h{int(horizon)}"
+        horizon_reports[name] = ws.attribute(
+            scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "replay",
+                                                                   "engine.replay_horizon": int(horizon)}),
+            capability=capability, cross_check="none", folder=f"fidelity/report-{name}")
+        horizon_rankings[name] = scenario.rankings
     reference_seconds = round(time.time() - t0, 2)
     typed = Report.of(report)
     attribution = typed.attribution
@@ -286,12 +300,14 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
         raise RuntimeError("rankings are not in row order; the subset sums would be misaligned")
     scores = {"datainf": main_rankings["score"].to_numpy(), "graddot": main_rankings["cross_check_score"].to_numpy(),
               "tracin": tracin_rankings["score"].to_numpy(), "ekfac": ekfac_rankings["score"].to_numpy(),
-              "replay": replay_rankings["score"].to_numpy()}
+              "replay": replay_rankings["score"].to_numpy(),
+              **{name: r["score"].to_numpy() for name, r in horizon_rankings.items()}}
     tracin = Report.of(tracin_report).attribution
     tracin_notes = [note for note in (tracin.notes if tracin is not None else []) if "tracin" in note]
     # phi is the datainf report's query; each engine's own report names the query it scored against
     own_attribution = {"datainf": attribution, "graddot": attribution, "tracin": tracin,
-                       "ekfac": Report.of(ekfac_report).attribution, "replay": Report.of(replay_report).attribution}
+                       "ekfac": Report.of(ekfac_report).attribution, "replay": Report.of(replay_report).attribution,
+                       **{name: Report.of(r).attribution for name, r in horizon_reports.items()}}
     query_signals = {e: own_attribution[e].query_signal if own_attribution[e] is not None else None for e in scores}
 
     query = _query_items(typed, cfg.eval_dataset)

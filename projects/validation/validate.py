@@ -72,12 +72,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="", help="accused: comma-separated fine-tune seeds; each is fine-tuned "
                         "and attributed with every default and the capability retrained back round by round "
                         "(medians over seeds decide)")
+    parser.add_argument("--replay-horizons", default="", help="fidelity: the replay scored again at each of these "
+                        "horizons (optimizer steps from the end, comma-separated), as engines replay_h<steps>")
     parser.add_argument("--no-mlflow", action="store_true", help="Write verdict.json only; log nothing to MLflow")
     args = parser.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         parser.error(f"--seeds {args.seeds!r}: give whole numbers separated by commas, e.g. 0,1,2")
+    try:
+        horizons = [int(s) for s in args.replay_horizons.split(",") if s.strip()]
+    except ValueError:
+        horizons = [0]
+    if any(h < 1 for h in horizons):
+        parser.error(f"--replay-horizons {args.replay_horizons!r}: give whole numbers of steps, at least 1, "
+                     "separated by commas, e.g. 282,318")
     from fidelity import WORLD_RULES
     from gradian.errors import ConfigError
     from gradian.tinyworld.worlds import scenario_world
@@ -115,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ws = Workspace(workdir, log=_say)
     names = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     options = {"quick": args.quick, "subsets": args.subsets or None, "workers": args.workers or None,
-               "scenario": args.scenario, "leave_one_out": args.loco, "seeds": seeds or None}
+               "scenario": args.scenario, "leave_one_out": args.loco, "seeds": seeds or None,
+               "replay_horizons": horizons}
     started = time.time()
     results = []
 
