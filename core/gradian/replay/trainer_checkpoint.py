@@ -84,6 +84,8 @@ def _global_step(path: Path) -> int:
 def _adapter_tensors(path: Path, params: Mapping[str, torch.Tensor], adapter: str) -> dict[str, torch.Tensor]:
     import torch
 
+    if not any((path / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
+        raise UnusableCheckpoint(f"its adapter in {path} cannot be read (no adapter_model.safetensors or .bin)")
     try:
         from peft.utils import load_peft_weights
 
