@@ -24,7 +24,9 @@ are otherwise the same (their folders end in ``-ckpt``). ``--starts auto,beginni
 run both ways (the results then key each horizon as ``<horizon>/<start>``).
 
 Run: ``python projects/benchmarks/bench_replay.py [--work DIR] [--scenarios a,b] [--seeds 0,1]
-[--horizons epoch,all] [--checkpoints] [--starts auto,beginning] [--out results.json]``. On 2 CPU cores a replay of a tinyworld fine-tune
+[--horizons epoch,all] [--checkpoints] [--starts auto,beginning] [--no-cost] [--out results.json]``.
+``--no-cost`` leaves out the timed ``gradian train`` and the ``graddot`` attribution (AUCs and
+fidelity only, for sweeps over seeds and horizons). On 2 CPU cores a replay of a tinyworld fine-tune
 (848 steps) takes two to five minutes, an EK-FAC attribution about ten seconds.
 """
 
@@ -131,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoints", action="store_true",
                         help="keep a trainer checkpoint every epoch, so the replay starts from the run's own state")
     parser.add_argument("--starts", default="auto", help="engine.replay_start values, comma-separated")
+    parser.add_argument("--no-cost", action="store_true",
+                        help="AUCs and fidelity only: no timed gradian train and no graddot attribution")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     results: list[dict[str, Any]] = []
@@ -139,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             epoch_steps = _epoch_steps(scenario)
             keep = {"train.save_checkpoints": True, "train.save_steps": epoch_steps} if args.checkpoints else None
             root, planted, capability = prepare_run(args.work, scenario, seed, keep, "-ckpt" if keep else "")
-            train_s = _train_seconds(root)
+            train_s = None if args.no_cost else _train_seconds(root)
             ekfac, ekfac_s = _attribute(root, capability, "ekfac")
-            _, graddot_s = _attribute(root, capability, "graddot")
-            row: dict[str, Any] = {"scenario": scenario, "seed": seed, "train_seconds": round(train_s, 1),
+            graddot_s = None if args.no_cost else _attribute(root, capability, "graddot")[1]
+            row: dict[str, Any] = {"scenario": scenario, "seed": seed,
+                                   "train_seconds": None if train_s is None else round(train_s, 1),
                                    "ekfac_auc": round(_auc(ekfac.rankings, planted), 4),
                                    "ekfac_auc_influence": round(_auc(ekfac.rankings, planted, "score"), 4),
                                    "ekfac_seconds": round(ekfac_s, 1), "replay": {}}
@@ -156,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                     "start_step": params.get("replay_start_step"),
                     "fidelity_rel_diff": params.get("replay_fidelity_rel_diff"),
                     "seconds": round(seconds, 1),
-                    "training_runs": round((seconds - graddot_s) / train_s, 2),
+                    "training_runs": None if train_s is None or graddot_s is None
+                    else round((seconds - graddot_s) / train_s, 2),
                 }
             print(json.dumps(row), flush=True)
             results.append(row)
@@ -167,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{scenario}: ekfac auc {np.median(ek):.3f} [{min(ek):.3f}, {max(ek):.3f}]")
         for horizon in _keys(args):
             auc = [r["replay"][horizon]["auc"] for r in rows]
-            cost = [r["replay"][horizon]["training_runs"] for r in rows]
-            print(f"  replay horizon {horizon}: auc {np.median(auc):.3f} [{min(auc):.3f}, {max(auc):.3f}], "
-                  f"cost {np.median(cost):.2f} [{min(cost):.2f}, {max(cost):.2f}] training runs")
+            cost = [r["replay"][horizon]["training_runs"] for r in rows if r["replay"][horizon]["training_runs"] is not None]
+            priced = f", cost {np.median(cost):.2f} [{min(cost):.2f}, {max(cost):.2f}] training runs" if cost else ""
+            print(f"  replay horizon {horizon}: auc {np.median(auc):.3f} [{min(auc):.3f}, {max(auc):.3f}]{priced}")
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     return 0
