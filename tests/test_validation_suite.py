@@ -430,6 +430,17 @@ def test_fidelity_refuses_replay_horizons_that_are_not_step_counts(value):
     assert "Traceback" not in proc.stderr
 
 
+
+@pytest.mark.parametrize("value", ["-1", "one"])
+def test_fidelity_refuses_a_fine_tune_seed_that_is_not_a_seed(value):
+    """``validate.py fidelity --fine-tune-seed`` takes a whole number of 0 or more, else exits 2 naming the flag."""
+    proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "fidelity", "--fine-tune-seed", value,
+                           "--no-mlflow", "--workdir", "/nonexistent/never-written"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "--fine-tune-seed" in proc.stderr and value in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+
+
 # -- the quick suite, end to end ----------------------------------------------------------------
 
 

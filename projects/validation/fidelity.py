@@ -24,6 +24,9 @@ Then, with the same recipe and seed:
   ``sqrt(1 - noise^2 / spread^2)``. With leave-one-cluster-out, the full set is also retrained
   under those seeds, the noise of a near-full retrain.
 
+``fine_tune_seed`` (``--fine-tune-seed 1``): the reference fine-tune and every retrain use this seed
+instead of the scenario's own (the subsets stay the same), in folders ending ``-seed<k>``.
+
 ``replay_horizons`` (``--replay-horizons 282,318``): the replay is scored again at each of these
 horizons (``engine.replay_horizon``, optimizer steps from the end), as engines of their own named
 ``replay_h<steps>``; the retrains are the same, so only the replays are added.
@@ -236,7 +239,7 @@ def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n
 
 def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers: int | None = None,
         seed: int = 0, scenario: str | None = None, leave_one_out: bool | None = None,
-        replay_horizons: Sequence[int] = (), **_: Any) -> ExperimentResult:
+        replay_horizons: Sequence[int] = (), fine_tune_seed: int | None = None, **_: Any) -> ExperimentResult:
     import numpy as np
 
     from gradian.config import load_config
@@ -250,8 +253,10 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
         settings["loco"] = bool(leave_one_out)
     workers = workers or default_workers()
     scenario_name = scenario or SCENARIO
-    out = ws.experiment_dir("fidelity" if scenario_name == SCENARIO else f"fidelity-{scenario_name}")
-    scenario = ws.scenario(scenario_name, folder=f"fidelity-{scenario_name}")
+    # another fine-tune seed: its own folders, so the scenario's own seed's fine-tune and retrains stay
+    tag = "" if fine_tune_seed is None else f"-seed{int(fine_tune_seed)}"
+    out = ws.experiment_dir(("fidelity" if scenario_name == SCENARIO else f"fidelity-{scenario_name}") + tag)
+    scenario = ws.scenario(scenario_name, folder=f"fidelity-{scenario_name}{tag}")
     capability = scenario.info["capability"]["name"]
     data_path, groups = _declare_clusters(scenario, scenario.root / "fidelity" / "train.jsonl",
                                           settings["clean_fraction"], scenario.info["seed"])
@@ -261,7 +266,8 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     ref_dir = scenario.root / "fidelity" / "run"
     overrides = {"cache_dir": str(ws.cache_dir), "dataset": str(data_path), "run": str(ref_dir),
                  "adapter_path": str(ref_dir / "adapter"), "train.output_dir": str(ref_dir),
-                 "clustering.method": "declared"}
+                 "clustering.method": "declared",
+                 **({} if fine_tune_seed is None else {"seed": int(fine_tune_seed)})}
     reference = {**overrides, "train.save_checkpoints": True,
                  "train.save_steps": math.ceil(total_steps / settings["checkpoints"])}
     cfg = load_config(scenario.config_path, overrides=reference)
@@ -406,7 +412,8 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                 "leave_one_cluster_out": settings["loco"], "noise_subsets": settings["noise_subsets"],
                 "seed_replicates": settings["seed_replicates"],
                 "clean_fraction": settings["clean_fraction"], "checkpoints": settings["checkpoints"],
-                "workers": workers, "engines": ",".join(ENGINES), "seed": seed},
+                "workers": workers, "engines": ",".join(ENGINES), "seed": seed,
+                "fine_tune_seed": scenario.info["seed"] if fine_tune_seed is None else int(fine_tune_seed)},
         seconds=round(time.time() - started, 2),
     )
     artifacts = [verdict.write(out / "verdict.json"), ws.write_json(out / "fidelity.json", detail),
