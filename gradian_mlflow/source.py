@@ -63,10 +63,10 @@ _BASE_MODEL_PARAMS = ("base_model_name_or_path", "model_name_or_path", "_name_or
 _LOG_METRICS = ("loss", "grad_norm", "learning_rate", "epoch", "eval_loss")
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 #: files an adapter needs; optimizer state and pickles are never downloaded
-_ADAPTER_FILES = re.compile(r"^(adapter_config\.json|adapter_model\.(safetensors|bin)|trainer_state\.json|README\.md)$")
+_ADAPTER_NAMES = r"adapter_config\.json|adapter_model\.(safetensors|bin)|trainer_state\.json|README\.md"
+_ADAPTER_FILES = re.compile(rf"^({_ADAPTER_NAMES})$")
 #: a checkpoint's files when its optimizer state is wanted too (the replay engine starts from it)
-_CHECKPOINT_FILES = re.compile(r"^(adapter_config\.json|adapter_model\.(safetensors|bin)|trainer_state\.json|"
-                               r"README\.md|optimizer\.pt)$")
+_CHECKPOINT_FILES = re.compile(rf"^({_ADAPTER_NAMES}|optimizer\.pt)$")
 _MARKER = DOWNLOAD_RECORD
 _BARE_RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 

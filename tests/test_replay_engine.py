@@ -176,27 +176,44 @@ def test_a_replay_starts_from_the_runs_checkpoint_before_the_last_epoch(checkpoi
     assert np.abs(a - b).max() < 1e-2 * np.abs(b).max()
 
 
-def _checkpoint_inputs(checkpointed, **overrides):
-    from gradian.attribution.replay_inputs import replay_inputs
+def _checkpoint_config(checkpointed, **overrides):
+    return checkpointed.run.config(**{"engine.name": "replay", "run": str(checkpointed.root),
+                                      "adapter_path": str(checkpointed.root / "adapter"), **overrides})
+
+
+@pytest.fixture(scope="module")
+def checkpointed_loaded(checkpointed):
+    """The checkpointed run's model, tokenizer, dataset and run record, loaded once for the tests
+    that gather the replay's inputs under several settings."""
     from gradian.data import load_dataset
     from gradian.grads import load_model_for_gradients
     from gradian.model_loading import load_tokenizer
     from gradian.runs import read_run_dir
 
-    cfg = checkpointed.run.config(**{"engine.name": "replay", "run": str(checkpointed.root),
-                                     "adapter_path": str(checkpointed.root / "adapter"), **overrides})
-    gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
-    tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code)
-    return replay_inputs(cfg, gm, tokenizer, load_dataset(cfg.dataset), read_run_dir(checkpointed.root))
+    cfg = _checkpoint_config(checkpointed)
+    return (load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg),
+            load_tokenizer(cfg.tokenizer or cfg.base_model, cfg.trust_remote_code), load_dataset(cfg.dataset),
+            read_run_dir(checkpointed.root))
 
 
-def test_replay_start_beginning_or_a_longer_horizon_retrain_from_the_first_step(checkpointed):
+def _checkpoint_inputs(checkpointed, loaded, **overrides):
+    from gradian.attribution.replay_inputs import replay_inputs
+
+    gm, tokenizer, dataset, run = loaded
+    return replay_inputs(_checkpoint_config(checkpointed, **overrides), gm, tokenizer, dataset, run)
+
+
+def test_replay_start_beginning_or_a_longer_horizon_retrain_from_the_first_step(checkpointed,
+                                                                             checkpointed_loaded):
     """engine.replay_start: beginning ignores the checkpoints; a horizon reaching back before every
     checkpoint but the first starts from that one."""
-    assert _checkpoint_inputs(checkpointed, **{"engine.replay_start": "beginning"}).start is None
-    two = _checkpoint_inputs(checkpointed, **{"engine.replay_horizon": 2 * checkpointed.per_epoch})
+    def inputs(**overrides):
+        return _checkpoint_inputs(checkpointed, checkpointed_loaded, **overrides)
+
+    assert inputs(**{"engine.replay_start": "beginning"}).start is None
+    two = inputs(**{"engine.replay_horizon": 2 * checkpointed.per_epoch})
     assert two.start_step == checkpointed.steps - 2 * checkpointed.per_epoch
-    assert _checkpoint_inputs(checkpointed, **{"engine.replay_horizon": checkpointed.steps}).start is None
+    assert inputs(**{"engine.replay_horizon": checkpointed.steps}).start is None
 
 
 def _damage(folder, how):
@@ -229,15 +246,15 @@ def _damage(folder, how):
     ("step", "says global_step"),
     ("adapter", "cannot be read"),
 ])
-def test_a_checkpoint_that_disagrees_with_the_recipe_is_passed_over_with_the_reason(checkpointed, tmp_path, how,
-                                                                                    reason):
+def test_a_checkpoint_that_disagrees_with_the_recipe_is_passed_over_with_the_reason(checkpointed, checkpointed_loaded,
+                                                                                    tmp_path, how, reason):
     """A damaged or inconsistent last checkpoint is not used: the note names it and why, and the
     replay starts from the checkpoint before it."""
     import shutil
 
     from gradian.replay.trainer_checkpoint import choose_start
 
-    inputs = _checkpoint_inputs(checkpointed)
+    inputs = _checkpoint_inputs(checkpointed, checkpointed_loaded)
     folders = sorted(checkpointed.root.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
     copies = []
     for folder in folders:

@@ -418,26 +418,17 @@ def test_accused_refuses_a_scenario_without_planted_rows():
     assert "Traceback" not in proc.stderr
 
 
-
-@pytest.mark.parametrize("value", ["two", "0", "250,-3"])
-def test_fidelity_refuses_replay_horizons_that_are_not_step_counts(value):
-    """``validate.py fidelity --replay-horizons`` takes whole numbers of steps, at least 1: anything else
-    exits 2 naming the flag and the value, before any work."""
-    proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "fidelity", "--replay-horizons", value,
+@pytest.mark.parametrize("flag, value", [("--replay-horizons", "two"), ("--replay-horizons", "0"),
+                                         ("--replay-horizons", "250,-3"), ("--fine-tune-seed", "-1"),
+                                         ("--fine-tune-seed", "one")])
+def test_fidelity_refuses_a_bad_horizon_or_fine_tune_seed_naming_the_flag(flag, value):
+    """``validate.py fidelity --replay-horizons`` takes whole numbers of steps, at least 1, and
+    ``--fine-tune-seed`` a whole number of 0 or more: anything else exits 2 naming the flag and the
+    value, before any work."""
+    proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "fidelity", flag, value,
                            "--no-mlflow", "--workdir", "/nonexistent/never-written"],
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "--replay-horizons" in proc.stderr and value in proc.stderr, proc.stderr[-2000:]
-    assert "Traceback" not in proc.stderr
-
-
-
-@pytest.mark.parametrize("value", ["-1", "one"])
-def test_fidelity_refuses_a_fine_tune_seed_that_is_not_a_seed(value):
-    """``validate.py fidelity --fine-tune-seed`` takes a whole number of 0 or more, else exits 2 naming the flag."""
-    proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "fidelity", "--fine-tune-seed", value,
-                           "--no-mlflow", "--workdir", "/nonexistent/never-written"],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and "--fine-tune-seed" in proc.stderr and value in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 2 and flag in proc.stderr and value in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
 
 

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from gradian.config import GradianConfig
 
 __all__ = ["resolve_device", "resolve_dtype", "load_tokenizer", "load_peft_model", "read_adapter_config",
-           "check_adapter_weights", "check_attention_kernel", "quantized_loading", "bitsandbytes_config"]
+           "check_adapter_weights", "check_attention_kernel", "quantized_loading", "bitsandbytes_config",
+           "read_adapter_weights"]
 
 _DTYPES = ("float32", "float16", "bfloat16", "float64")
 #: weight files PEFT saves, in the order it looks for them
@@ -174,6 +175,12 @@ def _read_adapter_tensors(weights: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict):
         raise AdapterWeightsError(f"{weights} does not hold a state dict of tensors; {_RESAVE}")
     return state
+
+
+def read_adapter_weights(adapter_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of an adapter folder's weights file, by its saved key; a missing, empty or
+    damaged file is one ``AdapterWeightsError`` naming it."""
+    return _read_adapter_tensors(_adapter_weights_path(Path(adapter_dir)))
 
 
 def check_adapter_weights(adapter: str | Path, adapter_config: Mapping[str, object] | None = None) -> dict[str, tuple[int, ...]]:

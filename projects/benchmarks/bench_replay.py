@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results: list[dict[str, Any]] = []
     for scenario in args.scenarios.split(","):
+        epoch_steps = _epoch_steps(scenario)
         for seed in [int(s) for s in args.seeds.split(",")]:
-            epoch_steps = _epoch_steps(scenario)
             keep = {"train.save_checkpoints": True, "train.save_steps": epoch_steps} if args.checkpoints else None
             root, planted, capability = prepare_run(args.work, scenario, seed, keep, "-ckpt" if keep else "")
             train_s = None if args.no_cost else _train_seconds(root)

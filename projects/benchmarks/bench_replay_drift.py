@@ -81,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     from gradian.data import load_dataset
     from gradian.grads import load_model_for_gradients
     from gradian.model_loading import load_tokenizer
+    from gradian.replay.engine import _rel_diff
     from gradian.replay.unrolled import _detached, _initial_state, _Steps
     from gradian.runs import read_run_dir
 
@@ -103,9 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     by_name = {n: plain[n.replace(adapter, ".")] for n in names}
 
     def rel(theta: list[Any], copy: dict[str, Any]) -> float:
-        num = sum(float((t.double() - copy[by_name[n]].double()).pow(2).sum()) for n, t in zip(names, theta))
-        den = sum(float(copy[by_name[n]].double().pow(2).sum()) for n in names)
-        return (num / den) ** 0.5
+        """The engine's own fidelity figure, the replayed tensors against the run's copy."""
+        return _rel_diff(dict(zip(names, theta)), {n: copy[by_name[n]] for n in names})
 
     steps = _Steps(inputs.model, names, inputs.rows, inputs.run_recipe.batches, inputs.run_recipe.recipe,
                    inputs.pad_id)

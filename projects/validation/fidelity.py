@@ -282,18 +282,15 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     ekfac_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "ekfac"}),
                                 capability=capability, cross_check="none", folder="fidelity/report-ekfac")
     ekfac_rankings = scenario.rankings
-    replay_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "replay"}),
-                                 capability=capability, cross_check="none", folder="fidelity/report-replay")
-    replay_rankings = scenario.rankings
-    # the replay again at other horizons (engine.replay_horizon, in steps): scored as engines of their own
-    horizon_reports, horizon_rankings = {}, {}
-    for horizon in replay_horizons:
-        name = f"replay_h{int(horizon)}"
-        horizon_reports[name] = ws.attribute(
-            scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "replay",
-                                                                   "engine.replay_horizon": int(horizon)}),
+    # the replay at its default horizon, then at each other one asked for (engines replay_h<steps>)
+    replay_reports, replay_rankings = {}, {}
+    for horizon in (None, *replay_horizons):
+        name = "replay" if horizon is None else f"replay_h{int(horizon)}"
+        at = {} if horizon is None else {"engine.replay_horizon": int(horizon)}
+        replay_reports[name] = ws.attribute(
+            scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "replay", **at}),
             capability=capability, cross_check="none", folder=f"fidelity/report-{name}")
-        horizon_rankings[name] = scenario.rankings
+        replay_rankings[name] = scenario.rankings
     reference_seconds = round(time.time() - t0, 2)
     typed = Report.of(report)
     attribution = typed.attribution
@@ -306,14 +303,13 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
         raise RuntimeError("rankings are not in row order; the subset sums would be misaligned")
     scores = {"datainf": main_rankings["score"].to_numpy(), "graddot": main_rankings["cross_check_score"].to_numpy(),
               "tracin": tracin_rankings["score"].to_numpy(), "ekfac": ekfac_rankings["score"].to_numpy(),
-              "replay": replay_rankings["score"].to_numpy(),
-              **{name: r["score"].to_numpy() for name, r in horizon_rankings.items()}}
+              **{name: r["score"].to_numpy() for name, r in replay_rankings.items()}}
     tracin = Report.of(tracin_report).attribution
     tracin_notes = [note for note in (tracin.notes if tracin is not None else []) if "tracin" in note]
     # phi is the datainf report's query; each engine's own report names the query it scored against
     own_attribution = {"datainf": attribution, "graddot": attribution, "tracin": tracin,
-                       "ekfac": Report.of(ekfac_report).attribution, "replay": Report.of(replay_report).attribution,
-                       **{name: Report.of(r).attribution for name, r in horizon_reports.items()}}
+                       "ekfac": Report.of(ekfac_report).attribution,
+                       **{name: Report.of(r).attribution for name, r in replay_reports.items()}}
     query_signals = {e: own_attribution[e].query_signal if own_attribution[e] is not None else None for e in scores}
 
     query = _query_items(typed, cfg.eval_dataset)
@@ -413,7 +409,7 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                 "seed_replicates": settings["seed_replicates"],
                 "clean_fraction": settings["clean_fraction"], "checkpoints": settings["checkpoints"],
                 "workers": workers, "engines": ",".join(ENGINES), "seed": seed,
-                "fine_tune_seed": scenario.info["seed"] if fine_tune_seed is None else int(fine_tune_seed)},
+                "fine_tune_seed": cfg.seed},
         seconds=round(time.time() - started, 2),
     )
     artifacts = [verdict.write(out / "verdict.json"), ws.write_json(out / "fidelity.json", detail),

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from gradian.errors import ConfigError
-from gradian.replay.engine import ReplayInputs, horizon_steps
+from gradian.replay.engine import ReplayInputs, window_start
 from gradian.replay.recipe import recipe_from_run, replay_max_seq_length, run_trainer_config, trained_positions
 from gradian.replay.trainer_checkpoint import StartChoice, choose_start
 
@@ -78,10 +78,12 @@ def replay_inputs(cfg: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTo
                           "LoRA settings cannot be re-created")
     choice = StartChoice()
     if cfg.engine.replay_start == "auto":
-        window = horizon_steps(run_recipe.steps, run_recipe.steps_per_epoch, cfg.engine.replay_horizon)
         choice = choose_start(list(getattr(run, "checkpoints", None) or []), lora, adapter, run_recipe.recipe,
-                              run_recipe.steps - window)
+                              window_start(run_recipe, cfg.engine.replay_horizon))
         notes.extend(choice.notes)
+    if choice.start is not None:
+        notes.append(f"started from the run's own state in {choice.path} (its LoRA tensors and optimizer moments "
+                     f"after step {choice.start.step}); the steps before it were not retrained")
     from gradian.index.manifest import tokenizer_fingerprint
 
     base = gm.fingerprints.get("base")
@@ -93,7 +95,7 @@ def replay_inputs(cfg: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTo
                           # a model loaded without a fingerprint has no name to key its states by
                           state_dir=Path(cfg.cache_dir) / "replay" if base else None,
                           identity={"base": base or "", "tokenizer": tokenizer_fingerprint(tokenizer)},
-                          start=choice.start, start_params=choice.params, start_path=choice.path)
+                          start=choice.start, start_params=choice.params)
     if base is None:
         notes.append("the base model has no content fingerprint, so the replay's states are held in memory, "
                      "not written under cache_dir, and an interrupted replay starts over")

@@ -190,14 +190,12 @@ def _replay_cost(cfg: GradianConfig, model: ModelShape, lora: AdapterShape, sett
     run_recipe = recipe_from_run(config, len(kept))
     start, folder = 0, ""
     if cfg.engine.replay_start == "auto" and record is not None:
-        from gradian.replay.engine import horizon_steps
-        from gradian.replay.trainer_checkpoint import kept_optimizer_states
+        from gradian.replay.engine import window_start
+        from gradian.replay.trainer_checkpoint import planned_start
 
-        latest = run_recipe.steps - horizon_steps(run_recipe.steps, run_recipe.steps_per_epoch,
-                                                  cfg.engine.replay_horizon)
-        usable = [(step, path) for step, path in kept_optimizer_states(record.checkpoints) if 0 < step <= latest]
-        if usable:
-            start, folder = max(usable)[0], str(max(usable)[1])
+        planned = planned_start(record.checkpoints, window_start(run_recipe, cfg.engine.replay_horizon))
+        if planned is not None:
+            start, folder = planned[0], str(planned[1])
     return replay_cost(run_recipe, model, lora, [lengths[j] for j in kept], [supervised[j] for j in kept],
                        settings.capture, cfg.engine.replay_horizon,
                        checkpoint_every=cfg.engine.replay_checkpoint_every, start_step=start, start_checkpoint=folder)

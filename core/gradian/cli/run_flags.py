@@ -56,7 +56,9 @@ def read_run(cfg: GradianConfig, trust_run_dataset: bool = False) -> "RunRecord 
 
     if not cfg.run:
         return None
-    options = {"trust_run_dataset": True, **run_options(cfg)} if trust_run_dataset else run_options(cfg)
+    options = run_options(cfg)
+    if trust_run_dataset:
+        options["trust_run_dataset"] = True
     if cfg.dataset:
         options["dataset_given"] = True
     record = resolve_run(resolve_run_ref(cfg.run), cache_dir=cfg.cache_dir, **options)

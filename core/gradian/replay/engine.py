@@ -50,7 +50,8 @@ if TYPE_CHECKING:
     from gradian.jsontypes import JsonScalar
     from gradian.query import QueryItem
 
-__all__ = ["FIDELITY_REL_DIFF", "Fidelity", "ReplayEngine", "ReplayFitContext", "ReplayInputs", "horizon_steps"]
+__all__ = ["FIDELITY_REL_DIFF", "Fidelity", "ReplayEngine", "ReplayFitContext", "ReplayInputs", "horizon_steps",
+           "window_start"]
 
 #: above this relative difference between the replayed adapter and the run's, the report warns
 #: that the replay is not the run (float32 rounding over a thousand AdamW steps stays near 1e-4)
@@ -61,6 +62,11 @@ def horizon_steps(steps: int, steps_per_epoch: int, horizon: int | None = None) 
     """How many of the last steps the row weights act in: ``engine.replay_horizon``, else the last
     epoch, never more than the run's ``steps``."""
     return min(horizon or steps_per_epoch, steps)
+
+
+def window_start(run_recipe: RunRecipe, horizon: int | None = None) -> int:
+    """The steps before the first one the row weights act in: the latest a replay may start after."""
+    return run_recipe.steps - horizon_steps(run_recipe.steps, run_recipe.steps_per_epoch, horizon)
 
 
 @dataclass
@@ -96,9 +102,8 @@ class ReplayInputs:
     identity: dict[str, str] = field(default_factory=dict)
     #: the run's own state the replay starts from (a trainer checkpoint's), None: the first step
     start: ReplayStart | None = None
-    #: that checkpoint's LoRA tensors (``lora_params``' names) and folder
+    #: that checkpoint's LoRA tensors (``lora_params``' names)
     start_params: dict[str, torch.Tensor] = field(default_factory=dict)
-    start_path: str | None = None
 
     @property
     def window(self) -> int:
@@ -232,9 +237,6 @@ class ReplayEngine(Engine):
                  f"{inputs.run_recipe.steps} steps" + (" (the last epoch, which holds every row once)"
                                                       if window == inputs.run_recipe.steps_per_epoch else "")
                  + "; the run before them is held as it was"]
-        if inputs.start is not None:
-            notes.append(f"replay: started from the run's own state in {inputs.start_path} (its LoRA tensors and "
-                         f"optimizer moments after step {inputs.start_step}); the steps before it were not retrained")
         notes += [f"replay: {n}" for n in inputs.notes + list(inputs.run_recipe.notes)]
         if states is not None:
             if result.resumed == "reused":

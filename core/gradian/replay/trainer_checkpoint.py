@@ -2,7 +2,9 @@
 
 Interface: ``read_trainer_checkpoint(path, params, adapter, recipe) -> (ReplayStart, tensors)``,
 raising ``UnusableCheckpoint`` with the reason; ``choose_start(checkpoints, params, adapter,
-recipe, latest) -> StartChoice``, the latest usable checkpoint at or before step ``latest``.
+recipe, latest) -> StartChoice``, the latest usable checkpoint at or before step ``latest``;
+``planned_start(checkpoints, latest)``, the one ``choose_start`` tries first (what the plan prices,
+before any file is read).
 
 A fine-tune that changes quickly amplifies rounding: two replays of the same recipe that differ
 by one rounding in an early step can end a fifth of the adapter apart, so a replay of every step
@@ -38,7 +40,7 @@ from gradian.replay.unrolled import Recipe, ReplayStart
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["StartChoice", "UnusableCheckpoint", "choose_start", "kept_optimizer_states", "read_trainer_checkpoint"]
+__all__ = ["StartChoice", "UnusableCheckpoint", "choose_start", "planned_start", "read_trainer_checkpoint"]
 
 #: the names the HF Trainer exempts from weight decay (its ``get_decay_parameter_names``)
 _NO_DECAY = re.compile(r"bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.)")
@@ -84,14 +86,13 @@ def _global_step(path: Path) -> int:
 def _adapter_tensors(path: Path, params: Mapping[str, torch.Tensor], adapter: str) -> dict[str, torch.Tensor]:
     import torch
 
-    if not any((path / name).is_file() for name in ("adapter_model.safetensors", "adapter_model.bin")):
-        raise UnusableCheckpoint(f"its adapter in {path} cannot be read (no adapter_model.safetensors or .bin)")
-    try:
-        from peft.utils import load_peft_weights
+    from gradian.errors import AdapterWeightsError
+    from gradian.model_loading import read_adapter_weights
 
-        saved = load_peft_weights(str(path), device="cpu")
-    except Exception as err:  # noqa: BLE001 - any unreadable adapter only rules the checkpoint out
-        raise UnusableCheckpoint(f"its adapter in {path} cannot be read ({type(err).__name__}: {err})") from None
+    try:
+        saved = read_adapter_weights(path)
+    except AdapterWeightsError as err:
+        raise UnusableCheckpoint(f"its adapter in {path} cannot be read ({err})") from None
     out = {}
     for name, param in params.items():
         key = name.replace(f".{adapter}.", ".")
@@ -188,32 +189,31 @@ def read_trainer_checkpoint(path: str | Path, params: Mapping[str, torch.Tensor]
     return ReplayStart(step=step, m=m, v=v), tensors
 
 
-def kept_optimizer_states(checkpoints: Sequence[str | Path]) -> list[tuple[int, Path]]:
-    """``(step, folder)`` of each ``checkpoint-N`` folder that holds an ``optimizer.pt``: the
-    checkpoints a replay may start from, before their contents are checked (what the plan reads)."""
-    out = []
-    for checkpoint in checkpoints:
-        named = _STEP_DIR.search(Path(checkpoint).name)
-        if named and (Path(checkpoint) / "optimizer.pt").is_file():
-            out.append((int(named.group(1)), Path(checkpoint)))
-    return sorted(out)
+def _dated(checkpoints: Sequence[str | Path]) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of each ``checkpoint-N`` folder, the latest first."""
+    found = [(int(named.group(1)), Path(c)) for c in checkpoints if (named := _STEP_DIR.search(Path(c).name))]
+    return sorted(found, reverse=True)
+
+
+def _candidates(dated: Sequence[tuple[int, Path]], latest: int) -> list[tuple[int, Path]]:
+    """The checkpoints a replay whose differentiated steps begin after step ``latest`` may start from."""
+    return [(step, path) for step, path in dated if 0 < step <= latest]
+
+
+def planned_start(checkpoints: Sequence[str | Path], latest: int) -> tuple[int, Path] | None:
+    """The checkpoint ``choose_start`` reads first that holds an ``optimizer.pt`` (its contents unchecked)."""
+    return next(((s, p) for s, p in _candidates(_dated(checkpoints), latest) if (p / "optimizer.pt").is_file()), None)
 
 
 def choose_start(checkpoints: Sequence[str | Path], params: Mapping[str, torch.Tensor], adapter: str,
                  recipe: Recipe, latest: int) -> StartChoice:
     """The latest checkpoint saved at or before step ``latest`` that the replay can start from,
     with a note on each later or unusable one passed over; none: the replay starts at step 0."""
-    dated = []
-    for checkpoint in checkpoints:
-        named = _STEP_DIR.search(Path(checkpoint).name)
-        if named:
-            dated.append((int(named.group(1)), Path(checkpoint)))
+    dated = _dated(checkpoints)
     choice = StartChoice()
     if not dated:
         return choice
-    for step, path in sorted(dated, reverse=True):
-        if step > latest or step == 0:
-            continue
+    for step, path in _candidates(dated, latest):
         try:
             start, tensors = read_trainer_checkpoint(path, params, adapter, recipe)
         except UnusableCheckpoint as why:

@@ -8,10 +8,11 @@ scheme**, and only the entry point chosen is loaded.
 - ``gradian.run_sources``: ``<scheme> = "pkg.module:SOURCE"``. ``SOURCE`` has
   ``read(ref: RunRef, cache_dir: Path, **options) -> RunRecord`` (options, passed only when set:
   ``trust_run_dataset``, ``dataset_given``, ``optimizer_states``: the checkpoints' optimizer
-  states are wanted too, for the replay engine; ``run_options`` gives the last from a config), and may have ``name`` (its cache folder under the
-  cache dir; default: the scheme) and ``matches(text) -> bool`` to claim references written
-  without a scheme (MLflow claims a bare 32-hex run id that is not a local folder). A plain
-  function ``(ref: str, cache_dir, **options)`` also works: it gets the reference as written.
+  states are wanted too, for the replay engine; ``run_options`` gives the last from a config),
+  and may have ``name`` (its cache folder under the cache dir; default: the scheme) and
+  ``matches(text) -> bool`` to claim references written without a scheme (MLflow claims a bare
+  32-hex run id that is not a local folder). A plain function ``(ref: str, cache_dir, **options)``
+  also works: it gets the reference as written.
 - ``gradian.report_sinks``: ``<scheme> = "pkg.module:publish"``, the ``ReportSink`` of that
   scheme (``gradian.report.sinks``, which calls it, documents the contract). ``has_report_sink``
   here says whether a run's scheme has one.
