@@ -212,6 +212,77 @@ def test_a_horizon_sweeps_back_through_the_last_steps_only(setup):
                      pad_id=setup.pad, checkpoint_every=2, horizon=0)
 
 
+def _scale_held_replay(setup, weights, recipe, held=None):
+    """An AdamW run written out by hand in which each step's second moment and clipping factor
+    are ``held[t]`` (recorded from this loop when ``held`` is None, then returned): the function
+    whose derivative ``scaling="held"`` is. Returns ``(measurement, held)``."""
+    params = [p.detach().clone() for p in setup.lora.values()]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    record = []
+    b1, b2 = recipe.betas
+    for t, step in enumerate(BATCHES):
+        lr = recipe.schedule[t]
+        theta = [p.requires_grad_(True) for p in params]
+        batch = collate([setup.rows[r] for r in step], setup.pad)
+        logits = ReplayedModel(setup.model, dict(zip(setup.lora, theta)))(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        loss = (weights[list(step)] * row_losses(logits, batch.labels)).sum() / len(step)
+        grads = [g.detach() for g in torch.autograd.grad(loss, theta)]
+        if held is None:
+            norm = torch.sqrt(sum((g * g).sum() for g in grads))
+            coef = torch.clamp(recipe.max_grad_norm / (norm + 1e-6), max=1.0)
+            v = [b2 * vi + (1 - b2) * (g * coef) ** 2 for vi, g in zip(v, grads)]
+            record.append((coef, v))
+        else:
+            coef, v = held[t]
+        grads = [g * coef for g in grads]
+        m = [b1 * mi + (1 - b1) * g for mi, g in zip(m, grads)]
+        params = [(p.detach() * (1 - lr * recipe.weight_decay)
+                   - (lr / (1 - b1 ** (t + 1))) * mi / (vi.sqrt() / (1 - b2 ** (t + 1)) ** 0.5 + recipe.eps))
+                  for p, mi, vi in zip(params, m, v)]
+    with torch.no_grad():
+        value = _measure(setup)(ReplayedModel(setup.model, dict(zip(setup.lora, params)))).item()
+    return value, (held if held is not None else record)
+
+
+def test_held_scaling_is_the_derivative_of_the_run_with_its_step_sizes_fixed(setup):
+    """``scaling="held"`` equals central differences of a run whose AdamW second moments and
+    clipping factors are the unweighted run's (1e-4 relative, float64); the replayed run is the
+    same as under ``exact`` and the derivative is not; both sweeps agree; under SGD without
+    clipping there is nothing to hold and the two coincide."""
+    recipe = RECIPES["adamw-clipped"]
+    got = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                       pad_id=setup.pad, scaling="held")
+    value, held = _scale_held_replay(setup, _ones(), recipe)
+    assert got.value == pytest.approx(value, rel=1e-12)
+    assert any(float(coef) < 1.0 for coef, _ in held)  # the clip binds, so holding its factor is tested too
+    errors = []
+    for i in range(3):
+        step = torch.zeros(len(TRAIN), dtype=torch.float64)
+        step[i] = H
+        fd = (_scale_held_replay(setup, _ones() + step, recipe, held)[0]
+              - _scale_held_replay(setup, _ones() - step, recipe, held)[0]) / (2 * H)
+        errors.append(abs(got.grad[i].item() - fd) / abs(fd))
+    print(f"held: FD relative errors {['%.1e' % e for e in errors]}")
+    assert max(errors) < FD_RTOL, errors
+    exact = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                         pad_id=setup.pad)
+    assert exact.value == got.value
+    assert not torch.allclose(exact.grad, got.grad, rtol=1e-3, atol=0)
+    swept = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                         pad_id=setup.pad, scaling="held", checkpoint_every=3)
+    assert torch.allclose(swept.grad, got.grad, rtol=1e-10, atol=1e-14)
+    sgd = RECIPES["sgd"]
+    assert torch.allclose(metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), sgd, _measure(setup),
+                                       pad_id=setup.pad, scaling="held").grad,
+                          metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), sgd, _measure(setup),
+                                       pad_id=setup.pad).grad, rtol=1e-12, atol=0)
+    with pytest.raises(ConfigError, match="scaling"):
+        metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                     pad_id=setup.pad, scaling="frozen")
+
+
 @pytest.mark.parametrize("every", [0, -1, 1.5, True])
 def test_a_bad_checkpoint_interval_is_refused(setup, every):
     with pytest.raises(ConfigError, match="checkpoint_every"):

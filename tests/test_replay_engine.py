@@ -176,6 +176,30 @@ def test_a_replay_starts_from_the_runs_checkpoint_before_the_last_epoch(checkpoi
     assert np.abs(a - b).max() < 1e-2 * np.abs(b).max()
 
 
+def test_held_scaling_replays_the_same_run_and_keeps_its_own_states(checkpointed):
+    """engine.replay_scaling: held reaches the sweep: the same replayed run (the same fidelity
+    figure, bit for bit), other scores, its own folder of states beside the exact replay's, and the
+    report and the child run's parameters say which derivative was taken."""
+    from gradian.attribution import run_attribution
+
+    cfg = _checkpoint_config(checkpointed, **{"evaluation.query_signal": "contrastive",
+                                               "engine.replay_scaling": "held"})
+    held = run_attribution(cfg, capability="capitals", cross_check="none", out_dir=checkpointed.root.parent / "held")
+    report = held.report.to_json()
+    params = report["manifest"]["engine_state"]["params"]
+    exact = checkpointed.outcome.report.to_json()["manifest"]["engine_state"]["params"]
+    assert params["replay_scaling"] == "held" and exact["replay_scaling"] == "exact"
+    assert params["replay_fidelity_rel_diff"] == exact["replay_fidelity_rel_diff"]
+    notes = " ".join(report["attribution"]["notes"])
+    assert "engine.replay_scaling: held" in notes
+    folders = {m.group(1) for r in (report, checkpointed.outcome.report.to_json())
+               for m in [re.search(r"(?:written under|read back from) (\S+?)[, ]", " ".join(r["attribution"]["notes"]))]}
+    assert len(folders) == 2, folders
+    a = held.rankings.sort_values("row_index")["score"].to_numpy()
+    b = checkpointed.outcome.rankings.sort_values("row_index")["score"].to_numpy()
+    assert not np.allclose(a, b, rtol=1e-3, atol=0)
+
+
 def _checkpoint_config(checkpointed, **overrides):
     return checkpointed.run.config(**{"engine.name": "replay", "run": str(checkpointed.root),
                                       "adapter_path": str(checkpointed.root / "adapter"), **overrides})

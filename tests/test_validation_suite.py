@@ -271,6 +271,27 @@ def test_fidelity_verdicts(v):
     assert status == "INCONCLUSIVE" and "seed noise" in reason
 
 
+def test_a_replay_variant_is_compared_with_the_replay_on_the_same_resamples(suite_modules):
+    """``_against_replay``: a variant whose scores predict the subset losses exactly is ahead of a
+    replay that predicts them backwards, by about +2 with an interval above zero; swapped, the
+    difference is the same with the opposite sign; engines that are not replay variants are left out."""
+    import numpy as np
+
+    against = suite_modules["fidelity"]._against_replay
+    rng = np.random.default_rng(0)
+    masks = rng.random((40, 30)) < 0.5
+    truth = rng.normal(size=30)
+    losses = list(-(masks * truth).sum(axis=1))  # phi(S) = -sum of the true scores over S
+    boot = {"n_bootstrap": 500, "seed": 0}
+    got = against(losses, masks, {"replay": -truth, "replay_held": truth, "ekfac": truth}, boot)
+    assert list(got) == ["replay_held"]
+    d = got["replay_held"]
+    assert d["difference"] == pytest.approx(2.0) and 0 < d["ci_low"] <= d["ci_high"] and d["share_ahead"] == 1.0
+    back = against(losses, masks, {"replay": truth, "replay_held": -truth}, boot)["replay_held"]
+    assert back["difference"] == pytest.approx(-2.0) and back["ci_low"] <= back["ci_high"] < 0
+    assert back["share_ahead"] == 0.0
+
+
 def test_suite_status_and_strict_json(v, tmp_path):
     a = v.Verdict("poison", "PASS", "ok", figures={"x": float("nan"), "y": [1.0, float("inf")]})
     b = v.Verdict("fidelity", "INCONCLUSIVE", "ci has zero")
@@ -420,11 +441,11 @@ def test_accused_refuses_a_scenario_without_planted_rows():
 
 @pytest.mark.parametrize("flag, value", [("--replay-horizons", "two"), ("--replay-horizons", "0"),
                                          ("--replay-horizons", "250,-3"), ("--fine-tune-seed", "-1"),
-                                         ("--fine-tune-seed", "one")])
+                                         ("--fine-tune-seed", "one"), ("--replay-scalings", "held,frozen")])
 def test_fidelity_refuses_a_bad_horizon_or_fine_tune_seed_naming_the_flag(flag, value):
-    """``validate.py fidelity --replay-horizons`` takes whole numbers of steps, at least 1, and
-    ``--fine-tune-seed`` a whole number of 0 or more: anything else exits 2 naming the flag and the
-    value, before any work."""
+    """``validate.py fidelity --replay-horizons`` takes whole numbers of steps, at least 1,
+    ``--fine-tune-seed`` a whole number of 0 or more, ``--replay-scalings`` values of
+    ``engine.replay_scaling``: anything else exits 2 naming the flag and the value, before any work."""
     proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "fidelity", flag, value,
                            "--no-mlflow", "--workdir", "/nonexistent/never-written"],
                           capture_output=True, text=True, timeout=300)

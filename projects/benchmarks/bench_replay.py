@@ -21,10 +21,12 @@ the same fine-tune (timed here, into a scratch folder). Medians and ranges over 
 state) at the end of every epoch, so the replay starts from the run's own state before the
 differentiated steps (``engine.replay_start: auto``) instead of retraining every step; the runs
 are otherwise the same (their folders end in ``-ckpt``). ``--starts auto,beginning`` replays each
-run both ways (the results then key each horizon as ``<horizon>/<start>``).
+run both ways (the results then key each horizon as ``<horizon>/<start>``). ``--scalings
+exact,held`` replays each under both ``engine.replay_scaling`` values (keys ending ``/<scaling>``).
 
 Run: ``python projects/benchmarks/bench_replay.py [--work DIR] [--scenarios a,b] [--seeds 0,1]
-[--horizons epoch,all] [--checkpoints] [--starts auto,beginning] [--no-cost] [--out results.json]``.
+[--horizons epoch,all] [--checkpoints] [--starts auto,beginning] [--scalings exact,held] [--no-cost]
+[--out results.json]``.
 ``--no-cost`` leaves out the timed ``gradian train`` and the ``graddot`` attribution (AUCs and
 fidelity only, for sweeps over seeds and horizons). On 2 CPU cores a replay of a tinyworld fine-tune
 (848 steps) takes two to five minutes, an EK-FAC attribution about ten seconds.
@@ -74,7 +76,7 @@ def _horizon_steps(horizon: str, epoch_steps: int) -> int | None:
 
 
 def _attribute(root: Path, capability: str, engine: str, horizon: int | None = None,
-               start: str = "auto") -> tuple[Any, float]:
+               start: str = "auto", scaling: str | None = None) -> tuple[Any, float]:
     from gradian.attribution import run_attribution
     from gradian.config import load_config
 
@@ -84,6 +86,8 @@ def _attribute(root: Path, capability: str, engine: str, horizon: int | None = N
         overrides["engine.replay_horizon"] = horizon
     if engine == "replay":
         overrides["engine.replay_start"] = start
+        if scaling is not None:
+            overrides["engine.replay_scaling"] = scaling
     cfg = load_config(root / "gradian.yaml", overrides)
     started = time.perf_counter()
     outcome = run_attribution(cfg, capability=capability, cross_check="none")
@@ -117,11 +121,19 @@ def _epoch_steps(scenario: str) -> int:
     return math.ceil(rows / (train.per_device_train_batch_size * train.gradient_accumulation_steps))
 
 
-def _keys(args: argparse.Namespace) -> list[str]:
-    """The replays of each run: a horizon, or ``horizon/start`` when several starts are asked for."""
+def _keys(args: argparse.Namespace) -> list[tuple[str, str, str, str | None]]:
+    """The replays of each run, ``(key, horizon, start, scaling)``: the key is the horizon, then
+    ``/<start>`` when other starts than ``auto`` are asked for, then ``/<scaling>`` when
+    ``--scalings`` is given."""
     starts = args.starts.split(",")
-    return [h if len(starts) == 1 and starts[0] == "auto" else f"{h}/{s}"
-            for h in args.horizons.split(",") for s in starts]
+    scalings: list[str | None] = [s for s in args.scalings.split(",") if s] or [None]
+    out = []
+    for h in args.horizons.split(","):
+        for s in starts:
+            for scaling in scalings:
+                key = h if len(starts) == 1 and starts[0] == "auto" else f"{h}/{s}"
+                out.append((key if scaling is None else f"{key}/{scaling}", h, s, scaling))
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoints", action="store_true",
                         help="keep a trainer checkpoint every epoch, so the replay starts from the run's own state")
     parser.add_argument("--starts", default="auto", help="engine.replay_start values, comma-separated")
+    parser.add_argument("--scalings", default="", help="engine.replay_scaling values, comma-separated "
+                        "(default: the configured one)")
     parser.add_argument("--no-cost", action="store_true",
                         help="AUCs and fidelity only: no timed gradian train and no graddot attribution")
     parser.add_argument("--out", type=Path, default=None)
@@ -151,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
                                    "ekfac_auc": round(_auc(ekfac.rankings, planted), 4),
                                    "ekfac_auc_influence": round(_auc(ekfac.rankings, planted, "score"), 4),
                                    "ekfac_seconds": round(ekfac_s, 1), "replay": {}}
-            for horizon in _keys(args):
-                steps, *start = horizon.split("/")
-                outcome, seconds = _attribute(root, capability, "replay", _horizon_steps(steps, epoch_steps), *start)
+            for horizon, steps, start, scaling in _keys(args):
+                outcome, seconds = _attribute(root, capability, "replay", _horizon_steps(steps, epoch_steps), start,
+                                              scaling)
                 params = outcome.report.to_json()["manifest"]["engine_state"]["params"]
                 row["replay"][horizon] = {
                     "auc": round(_auc(outcome.rankings, planted), 4),
@@ -171,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in results if r["scenario"] == scenario]
         ek = [r["ekfac_auc"] for r in rows]
         print(f"{scenario}: ekfac auc {np.median(ek):.3f} [{min(ek):.3f}, {max(ek):.3f}]")
-        for horizon in _keys(args):
+        for horizon, *_ in _keys(args):
             auc = [r["replay"][horizon]["auc"] for r in rows]
             cost = [r["replay"][horizon]["training_runs"] for r in rows if r["replay"][horizon]["training_runs"] is not None]
             priced = f", cost {np.median(cost):.2f} [{min(cost):.2f}, {max(cost):.2f}] training runs" if cost else ""

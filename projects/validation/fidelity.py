@@ -30,6 +30,10 @@ instead of the scenario's own (the subsets stay the same), in folders ending ``-
 ``replay_horizons`` (``--replay-horizons 282,318``): the replay is scored again at each of these
 horizons (``engine.replay_horizon``, optimizer steps from the end), as engines of their own named
 ``replay_h<steps>``; the retrains are the same, so only the replays are added.
+``replay_scalings`` (``--replay-scalings exact,held``): the same for ``engine.replay_scaling``, as
+engines ``replay_<scaling>`` (at the default horizon). Each such variant's LDS minus the replay's,
+with its interval on the same resamples, goes into the verdict
+(``replay_variants_minus_replay``).
 
 Every correlation carries a bootstrap interval over the retrains; the engines are compared on the
 same resamples, so the winner's margin has an interval too. The full run: 128 subsets, 13
@@ -214,6 +218,27 @@ def _summary(table: dict[str, Any], query_signals: Mapping[str, Any] | None = No
     return out
 
 
+def _against_replay(losses: list[float], masks: Any, scores: Mapping[str, Any], boot: Mapping[str, Any]) -> dict[str, Any]:
+    """Each replay variant's LDS minus the replay's as configured, on the main table's resamples
+    (the same seed and count, so the same subsets are drawn): point, interval, share ahead."""
+    from gradian.counterfactual import lds_table
+
+    out = {}
+    for name in scores:
+        if not name.startswith("replay_"):
+            continue
+        pair = lds_table(losses, masks, {name: scores[name], "replay": scores["replay"]}, **boot)
+        margin = pair["margins"][pair["ranking"][1]]
+        sign = 1.0 if pair["best"] == name else -1.0
+        low, high = margin["ci"]
+        share = margin["share_best_wins"]
+        out[name] = {"difference": sign * margin["difference"],
+                     "ci_low": None if low is None or high is None else (low if sign > 0 else -high),
+                     "ci_high": None if low is None or high is None else (high if sign > 0 else -low),
+                     "share_ahead": None if share is None else (share if sign > 0 else 1.0 - share)}
+    return out
+
+
 def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n: int,
           lds: dict[str, Any]) -> Path:
     """Measured query loss of each subset retrain against each engine's prediction."""
@@ -239,7 +264,8 @@ def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n
 
 def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers: int | None = None,
         seed: int = 0, scenario: str | None = None, leave_one_out: bool | None = None,
-        replay_horizons: Sequence[int] = (), fine_tune_seed: int | None = None, **_: Any) -> ExperimentResult:
+        replay_horizons: Sequence[int] = (), fine_tune_seed: int | None = None,
+        replay_scalings: Sequence[str] = (), **_: Any) -> ExperimentResult:
     import numpy as np
 
     from gradian.config import load_config
@@ -282,11 +308,11 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     ekfac_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "ekfac"}),
                                 capability=capability, cross_check="none", folder="fidelity/report-ekfac")
     ekfac_rankings = scenario.rankings
-    # the replay at its default horizon, then at each other one asked for (engines replay_h<steps>)
+    # the replay as configured, then at each other horizon and scaling asked for
     replay_reports, replay_rankings = {}, {}
-    for horizon in (None, *replay_horizons):
-        name = "replay" if horizon is None else f"replay_h{int(horizon)}"
-        at = {} if horizon is None else {"engine.replay_horizon": int(horizon)}
+    variants = [("replay", {}), *((f"replay_h{int(h)}", {"engine.replay_horizon": int(h)}) for h in replay_horizons),
+                *((f"replay_{s}", {"engine.replay_scaling": s}) for s in replay_scalings)]
+    for name, at in variants:
         replay_reports[name] = ws.attribute(
             scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "replay", **at}),
             capability=capability, cross_check="none", folder=f"fidelity/report-{name}")
@@ -359,6 +385,11 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                             for s in range(1, settings["seed_replicates"] + 1)] for k in replicated])
     ceiling = math.sqrt(max(0.0, 1 - (noise / spread) ** 2)) if noise is not None and spread else None
     status, reason = fidelity_verdict(tables["lds_query_loss"], spread, noise)
+    variants = _against_replay([r["query_loss"] for r in subset_results], masks, scores, boot)
+    if variants:
+        reason += ". Against the replay as configured: " + ", ".join(
+            f"{v} {d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] (ahead in {d['share_ahead']:.0%} "
+            "of resamples)" for v, d in variants.items())
     reason += (f". phi is the {lds_query['signal']} query loss of the datainf report over its "
                f"{lds_query['n_items']} {lds_query['items']} eval items")
     others = {e: q for e, q in query_signals.items() if q != lds_query["signal"]}
@@ -381,6 +412,7 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
         "query_signal": query_signals,
         "lds": _summary(tables["lds_query_loss"], query_signals),
         "lds_best": tables["lds_query_loss"]["best"],
+        "replay_variants_minus_replay": variants or None,
         "lds_wanted_loss": _summary(tables["lds_wanted_loss"]),
         "loco": _summary(loco) if loco else None,
         "loco_best": loco["best"] if loco else None,

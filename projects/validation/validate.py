@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(medians over seeds decide)")
     parser.add_argument("--replay-horizons", default="", help="fidelity: the replay scored again at each of these "
                         "horizons (optimizer steps from the end, comma-separated), as engines replay_h<steps>")
+    parser.add_argument("--replay-scalings", default="", help="fidelity: the replay scored again under each of these "
+                        "engine.replay_scaling values (exact, held; comma-separated), as engines replay_<scaling>")
     parser.add_argument("--fine-tune-seed", type=int, default=None,
                         help="fidelity: the seed of the reference fine-tune and every retrain (default: the scenario's)")
     parser.add_argument("--no-mlflow", action="store_true", help="Write verdict.json only; log nothing to MLflow")
@@ -88,6 +90,12 @@ def main(argv: list[str] | None = None) -> int:
         horizons = [0]
     if args.fine_tune_seed is not None and args.fine_tune_seed < 0:
         parser.error(f"--fine-tune-seed {args.fine_tune_seed}: give a seed of 0 or more")
+    scalings = [s.strip() for s in args.replay_scalings.split(",") if s.strip()]
+    from gradian.replay.unrolled import SCALINGS
+
+    if any(s not in SCALINGS for s in scalings):
+        parser.error(f"--replay-scalings {args.replay_scalings!r}: give values among {', '.join(SCALINGS)}, "
+                     "separated by commas")
     if any(h < 1 for h in horizons):
         parser.error(f"--replay-horizons {args.replay_horizons!r}: give whole numbers of steps, at least 1, "
                      "separated by commas, e.g. 282,318")
@@ -129,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     names = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     options = {"quick": args.quick, "subsets": args.subsets or None, "workers": args.workers or None,
                "scenario": args.scenario, "leave_one_out": args.loco, "seeds": seeds or None,
-               "replay_horizons": horizons, "fine_tune_seed": args.fine_tune_seed}
+               "replay_horizons": horizons, "fine_tune_seed": args.fine_tune_seed, "replay_scalings": scalings}
     started = time.time()
     results = []
 

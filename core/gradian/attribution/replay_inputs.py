@@ -95,7 +95,7 @@ def replay_inputs(cfg: GradianConfig, gm: GradientModel, tokenizer: PreTrainedTo
                           # a model loaded without a fingerprint has no name to key its states by
                           state_dir=Path(cfg.cache_dir) / "replay" if base else None,
                           identity={"base": base or "", "tokenizer": tokenizer_fingerprint(tokenizer)},
-                          start=choice.start, start_params=choice.params)
+                          start=choice.start, start_params=choice.params, scaling=cfg.engine.replay_scaling)
     if base is None:
         notes.append("the base model has no content fingerprint, so the replay's states are held in memory, "
                      "not written under cache_dir, and an interrupted replay starts over")

@@ -66,6 +66,7 @@ class EngineConfig:
     store: str = _f("auto", "Where the training gradients come from: index (written to the on-disk index once, read by every pass), stream (recomputed from the model in each pass, nothing written; the same numbers the index would hold), or auto (the index when it fits grads.max_index_gb and the free disk of cache_dir, the stream otherwise; the run says which)")
     replay_horizon: Optional[int] = _f(None, "Optimizer steps, counted from the end of the run, through which the replay engine differentiates each row's weight; null: the last epoch (every row once)")
     replay_start: str = _f("auto", "Where the replay engine starts: auto (from the run's latest trainer checkpoint, kept with its optimizer state, at or before the first differentiated step, so only the steps after it are retrained; the first step when there is none) or beginning (always retrains every step from the run's initialization)")
+    replay_scaling: str = _f("exact", "How the replay engine's derivative treats the step sizes: exact (a row's weight also acts through AdamW's second moments and the clipping factor, which it changes) or held (those are held at the run's values, so a weight acts through its gradient and the trajectory after it only); the replayed run is the same either way")
     replay_checkpoint_every: Optional[int] = _f(None, "Optimizer steps between the states the replay engine writes under cache_dir/replay; a segment's states are held in memory while it is swept back, so a smaller value holds fewer (and writes more); null: the root of the run's steps")
     normalize_train: str = _f("relatif", "How ekfac/kfac order the rows: relatif (each row's influence divided by the square root of its self-influence, so rows with large gradients do not crowd the top) or none (raw influence); the scores, cluster harm and loss figures stay influence in loss units either way")
     rank_items: str = _f("harm", "How rows are ordered when the query holds several eval items: harm (by the harm a row does, summed over the items it hurts; what it does for the other items is left aside, so a row that teaches one entity another entity's answer ranks as harmful) or mean (by its mean value over the items, so its help to one item offsets its harm to another)")
@@ -177,6 +178,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "engine.rank_items": ("harm", "mean"),
     "engine.store": ("auto", "index", "stream"),
     "engine.replay_start": ("auto", "beginning"),
+    "engine.replay_scaling": ("exact", "held"),
     "evaluation.metric": ("exact_match", "contains", "not_contains", "loglik"),
     "evaluation.query_signal": ("auto", "contrastive", "target"),
     "evaluation.query_scope": ("flipped", "lost"),

@@ -104,6 +104,9 @@ class ReplayInputs:
     start: ReplayStart | None = None
     #: that checkpoint's LoRA tensors (``lora_params``' names)
     start_params: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: ``exact`` or ``held`` (``metagradient``'s ``scaling``: AdamW's second moments and the
+    #: clipping factor held at the run's values in the derivative)
+    scaling: str = "exact"
 
     @property
     def window(self) -> int:
@@ -187,14 +190,15 @@ class ReplayEngine(Engine):
             raise ConfigError(f"replay: the index holds {train.n} rows but the dataset {inputs.n_examples}; "
                               "attribute the dataset the run trained on")
         meta = {"steps": inputs.run_recipe.steps, "checkpoint_every": inputs.every, "horizon": inputs.window,
-                "start_step": inputs.start_step, "optimizer": inputs.run_recipe.recipe.optimizer,
+                "start_step": inputs.start_step, "scaling": inputs.scaling, "optimizer": inputs.run_recipe.recipe.optimizer,
                 "reduction": inputs.run_recipe.recipe.reduction}
         return EngineState(self.name, train, meta=meta, extra={"inputs": inputs})
 
     def describe(self, config: EngineConfig, state: EngineState | None = None) -> dict[str, JsonScalar]:
         if state is None:
             return {}
-        out = {f"replay_{k}": v for k, v in state.meta.items() if k in ("steps", "checkpoint_every", "horizon", "start_step", "optimizer")}
+        out = {f"replay_{k}": v for k, v in state.meta.items() if k in ("steps", "checkpoint_every", "horizon", "start_step", "scaling",
+                                                                         "optimizer")}
         fidelity = state.meta.get("fidelity")
         if fidelity:
             out.update({"replay_fidelity_rel_diff": fidelity["rel_diff"],
@@ -222,7 +226,7 @@ class ReplayEngine(Engine):
         result = metagradient(inputs.model, inputs.first_params, inputs.rows, inputs.run_recipe.batches, weights,
                               inputs.run_recipe.recipe, measure, pad_id=inputs.pad_id,
                               checkpoint_every=inputs.every, progress=progress, horizon=inputs.window, states=states,
-                              start=inputs.start)
+                              start=inputs.start, scaling=inputs.scaling)
         with torch.no_grad():
             run_value = float(measure(ReplayedModel(inputs.model, {n: p.detach() for n, p in inputs.lora_params.items()})))
         fidelity = Fidelity(_rel_diff(result.params, inputs.lora_params), result.value, run_value,
@@ -237,6 +241,9 @@ class ReplayEngine(Engine):
                  f"{inputs.run_recipe.steps} steps" + (" (the last epoch, which holds every row once)"
                                                       if window == inputs.run_recipe.steps_per_epoch else "")
                  + "; the run before them is held as it was"]
+        if inputs.scaling == "held":
+            notes.append("replay: AdamW's second moments and the clipping factor are held at the run's values in the "
+                         "derivative (engine.replay_scaling: held), so a weight acts through its gradient only")
         notes += [f"replay: {n}" for n in inputs.notes + list(inputs.run_recipe.notes)]
         if states is not None:
             if result.resumed == "reused":
@@ -273,6 +280,8 @@ def _state_key(inputs: ReplayInputs, items: Sequence[QueryItem], signal: str) ->
         "recipe": [list(map(float, recipe.schedule)), recipe.optimizer, list(recipe.betas), recipe.eps,
                    recipe.weight_decay, recipe.max_grad_norm, recipe.reduction],
         "every": inputs.every, "horizon": inputs.window, "pad_id": inputs.pad_id,
+        # only when not exact, so the folders of exact replays keep the key they had
+        **({"scaling": inputs.scaling} if inputs.scaling != "exact" else {}),
         "start": None if inputs.start is None else [inputs.start.step, tensor_digest(inputs.start_params),
                                                     tensor_digest(inputs.start.m), tensor_digest(inputs.start.v)],
         "query": [signal, inputs.query_max_seq_length,

@@ -27,6 +27,12 @@ The per-row loss here is plain ``log_softmax`` + gather rather than ``gradian.gr
 per_example_loss``: that one's chunked cross-entropy has a first-order-only backward (it
 recomputes the softmax in place without a graph), and a step's update needs the second
 derivative. The two agree to rounding (tests/test_replay.py checks it); ``collate`` is shared.
+
+``scaling="held"`` differentiates a run whose step sizes are those of the run: AdamW's second
+moments ``v`` and the clipping factor are taken as the constants the unweighted replay computed,
+so a row's weight acts through its gradient (the first moment, the trajectory after it) and not
+through how it rescales every later step. The value and the replayed tensors are the run's either
+way; only the derivative differs (``"exact"`` follows the rescaling too).
 """
 
 from __future__ import annotations
@@ -50,12 +56,16 @@ if TYPE_CHECKING:
     #: the optimizer state between steps: ``(theta, m, v)``, each one tensor per LoRA tensor
     State = tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]
 
-__all__ = ["OPTIMIZERS", "REDUCTIONS", "Recipe", "ReplayResult", "ReplayStart", "checkpoint_interval",
+__all__ = ["OPTIMIZERS", "REDUCTIONS", "SCALINGS", "Recipe", "ReplayResult", "ReplayStart", "checkpoint_interval",
            "checkpoint_starts", "metagradient", "replay", "row_losses", "sweep_segments"]
 
 OPTIMIZERS = ("sgd", "adamw")
 #: how a step's rows make its loss (``Recipe.reduction``)
 REDUCTIONS = ("rows", "tokens")
+
+#: what the derivative does with the step sizes: ``exact`` follows how a weight changes AdamW's
+#: second moments and the clipping factor; ``held`` takes them as the run's constants
+SCALINGS = ("exact", "held")
 
 #: the constant ``torch.nn.utils.clip_grad_norm_`` adds to the norm before dividing
 CLIP_EPS = 1e-6
@@ -200,24 +210,29 @@ def _safe_sqrt(x: torch.Tensor) -> torch.Tensor:
     return torch.where(pos, torch.sqrt(torch.where(pos, x, torch.ones_like(x))), torch.zeros_like(x))
 
 
-def _clip(grads: list[torch.Tensor], max_norm: float) -> list[torch.Tensor]:
+def _clip(grads: list[torch.Tensor], max_norm: float, held: bool = False) -> list[torch.Tensor]:
+    """Clip by global norm; ``held``: the factor is a constant of the derivative."""
     import torch
 
-    norm = torch.sqrt(sum((g * g).sum() for g in grads))
+    norm = torch.sqrt(sum((g.detach() * g.detach() if held else g * g).sum() for g in grads))
     coef = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
     return [g * coef for g in grads]
 
 
 def _adamw(theta: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, step: int, lr: float,
-           recipe: Recipe) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           recipe: Recipe, held: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One ``torch.optim.AdamW`` step (``step`` counts from 1), returned as new tensors.
 
     ``theta <- theta (1 - lr wd)``; ``m <- b1 m + (1 - b1) g``; ``v <- b2 v + (1 - b2) g^2``;
-    ``theta <- theta - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
+    ``theta <- theta - (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps)``. ``held``: ``v``
+    is a constant of the derivative (same values, no graph).
     """
     b1, b2 = recipe.betas
     theta = theta * (1.0 - lr * recipe.weight_decay)
     m = b1 * m + (1.0 - b1) * g
+    if held:
+        g = g.detach()
+        v = v.detach()
     v = b2 * v + (1.0 - b2) * g * g
     denom = _safe_sqrt(v) / math.sqrt(1.0 - b2**step) + recipe.eps
     theta = theta - (lr / (1.0 - b1**step)) * m / denom
@@ -233,9 +248,9 @@ class _Steps:
     """
 
     def __init__(self, model: nn.Module, names: list[str], rows: Sequence[TokenizedExample],
-                 batches: Sequence[Sequence[int]], recipe: Recipe, pad_id: int) -> None:
+                 batches: Sequence[Sequence[int]], recipe: Recipe, pad_id: int, scaling: str = "exact") -> None:
         self.model, self.names, self.rows, self.batches = model, names, rows, batches
-        self.recipe, self.pad_id = recipe, pad_id
+        self.recipe, self.pad_id, self.held = recipe, pad_id, scaling == "held"
 
     def loss(self, t: int, theta: list[torch.Tensor], w: torch.Tensor) -> torch.Tensor:
         import torch
@@ -268,11 +283,11 @@ class _Steps:
                 theta = [p.detach() for p in theta]
                 grads = [g.detach() for g in grads]
             if recipe.max_grad_norm > 0:
-                grads = _clip(grads, recipe.max_grad_norm)
+                grads = _clip(grads, recipe.max_grad_norm, self.held)
             lr = float(recipe.schedule[t])
             if recipe.optimizer == "sgd":
                 return [p - lr * (g + recipe.weight_decay * p) for p, g in zip(theta, grads)], m, v
-            new = [_adamw(p, g, mi, vi, t + 1, lr, recipe) for p, g, mi, vi in zip(theta, grads, m, v)]
+            new = [_adamw(p, g, mi, vi, t + 1, lr, recipe, self.held) for p, g, mi, vi in zip(theta, grads, m, v)]
             return [n[0] for n in new], [n[1] for n in new], [n[2] for n in new]
 
 
@@ -293,12 +308,12 @@ def _initial_state(lora_params: Mapping[str, torch.Tensor], start: ReplayStart |
 
 def _unroll(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
             batches: Sequence[Sequence[int]], w: torch.Tensor, recipe: Recipe, pad_id: int,
-            start: ReplayStart | None = None) -> dict[str, torch.Tensor]:
+            start: ReplayStart | None = None, scaling: str = "exact") -> dict[str, torch.Tensor]:
     """The final LoRA tensors as a differentiable function of ``w`` (and of the initial tensors)."""
     names, (theta, m, v) = _initial_state(lora_params, start)
     # leaves that require grad, so each step's gradient in theta exists; never written back
     state = ([p.requires_grad_(True) for p in theta], m, v)
-    steps = _Steps(model, names, rows, batches, recipe, pad_id)
+    steps = _Steps(model, names, rows, batches, recipe, pad_id, scaling)
     for t in range(start.step if start is not None else 0, len(batches)):
         state = steps.step(t, state, w, create_graph=True)
     return dict(zip(names, state[0]))
@@ -339,7 +354,8 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
                batches: Sequence[Sequence[int]], w: torch.Tensor, recipe: Recipe,
                measure: Callable[["ReplayedModel"], torch.Tensor], pad_id: int,
                every: int, progress: Callable[[int, int], None] | None, horizon: int | None = None,
-               states: ReplayStates | None = None, start: ReplayStart | None = None) -> ReplayResult:
+               states: ReplayStates | None = None, start: ReplayStart | None = None,
+               scaling: str = "exact") -> ReplayResult:
     """The metagradient by a reverse sweep one step at a time, never holding more than one step's graph.
 
     Forward: plain training steps from the initial state, keeping the state at every ``every``-th
@@ -356,7 +372,7 @@ def _segmented(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: 
     import torch
 
     names, state = _initial_state(lora_params, start)
-    steps = _Steps(model, names, rows, batches, recipe, pad_id)
+    steps = _Steps(model, names, rows, batches, recipe, pad_id, scaling)
     total = len(batches)
     first_step = start.step if start is not None else 0
     w = w.detach()
@@ -502,6 +518,7 @@ def metagradient(
     horizon: int | None = None,
     states: ReplayStates | None = None,
     start: ReplayStart | None = None,
+    scaling: str = "exact",
 ) -> ReplayResult:
     """``measure`` after the replayed run and its exact gradient in the per-row ``weights``.
 
@@ -532,6 +549,9 @@ def metagradient(
     the first step; ``horizon`` may then reach back to ``start.step`` at most. The steps before it are
     the run's own, so rounding differences between the replay and the run only grow over the
     steps after it.
+
+    ``scaling``: ``"exact"`` (the derivative of the weighted run as it is) or ``"held"`` (AdamW's
+    second moments and the clipping factor held at the run's values; see the module docstring).
     """
     import torch
 
@@ -541,6 +561,8 @@ def metagradient(
         raise ConfigError("replay needs the model in eval mode (no dropout), so a replay is deterministic")
     if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
         raise ConfigError(f"replay horizon must be an integer >= 1 (or None for every step), got {horizon!r}")
+    if scaling not in SCALINGS:
+        raise ConfigError(f"replay scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
     if start is not None:
         start.check(list(lora_params), lora_params, len(batches), recipe.optimizer)
         if horizon is not None and horizon > len(batches) - start.step:
@@ -550,13 +572,13 @@ def metagradient(
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ConfigError(f"replay checkpoint_every must be an integer >= 1 (or None), got {checkpoint_every!r}")
         return _segmented(model, lora_params, rows, batches, weights, recipe, measure, pad_id, checkpoint_every,
-                          progress, horizon, states, start)
+                          progress, horizon, states, start, scaling)
     if states is not None:
         raise ConfigError("replay states on disk need the step-by-step sweep: give checkpoint_every too")
     if horizon is not None:
         raise ConfigError("replay horizon needs the step-by-step sweep: give checkpoint_every too")
     w = weights.detach().clone().requires_grad_(True)
-    final = _unroll(model, lora_params, rows, batches, w, recipe, pad_id, start)
+    final = _unroll(model, lora_params, rows, batches, w, recipe, pad_id, start, scaling)
     value = measure(ReplayedModel(model, final))
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
         raise ConfigError("replay measure must return a scalar tensor")
