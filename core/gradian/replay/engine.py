@@ -190,15 +190,15 @@ class ReplayEngine(Engine):
             raise ConfigError(f"replay: the index holds {train.n} rows but the dataset {inputs.n_examples}; "
                               "attribute the dataset the run trained on")
         meta = {"steps": inputs.run_recipe.steps, "checkpoint_every": inputs.every, "horizon": inputs.window,
-                "start_step": inputs.start_step, "scaling": inputs.scaling, "optimizer": inputs.run_recipe.recipe.optimizer,
-                "reduction": inputs.run_recipe.recipe.reduction}
+                "start_step": inputs.start_step, "scaling": inputs.scaling,
+                "optimizer": inputs.run_recipe.recipe.optimizer, "reduction": inputs.run_recipe.recipe.reduction}
         return EngineState(self.name, train, meta=meta, extra={"inputs": inputs})
 
     def describe(self, config: EngineConfig, state: EngineState | None = None) -> dict[str, JsonScalar]:
         if state is None:
             return {}
-        out = {f"replay_{k}": v for k, v in state.meta.items() if k in ("steps", "checkpoint_every", "horizon", "start_step", "scaling",
-                                                                         "optimizer")}
+        described = ("steps", "checkpoint_every", "horizon", "start_step", "scaling", "optimizer")
+        out = {f"replay_{k}": v for k, v in state.meta.items() if k in described}
         fidelity = state.meta.get("fidelity")
         if fidelity:
             out.update({"replay_fidelity_rel_diff": fidelity["rel_diff"],

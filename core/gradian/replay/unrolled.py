@@ -214,7 +214,7 @@ def _clip(grads: list[torch.Tensor], max_norm: float, held: bool = False) -> lis
     """Clip by global norm; ``held``: the factor is a constant of the derivative."""
     import torch
 
-    norm = torch.sqrt(sum((g.detach() * g.detach() if held else g * g).sum() for g in grads))
+    norm = torch.sqrt(sum((g * g).sum() for g in ([g.detach() for g in grads] if held else grads)))
     coef = torch.clamp(max_norm / (norm + CLIP_EPS), max=1.0)
     return [g * coef for g in grads]
 
