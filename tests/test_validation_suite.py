@@ -272,12 +272,14 @@ def test_fidelity_verdicts(v):
 
 
 def test_a_replay_variant_is_compared_with_the_replay_on_the_same_resamples(suite_modules):
-    """``_against_replay``: a variant whose scores predict the subset losses exactly is ahead of a
+    """``_against``: a variant whose scores predict the subset losses exactly is ahead of a
     replay that predicts them backwards, by about +2 with an interval above zero; swapped, the
     difference is the same with the opposite sign; engines that are not replay variants are left out."""
     import numpy as np
 
-    against = suite_modules["fidelity"]._against_replay
+    from functools import partial
+
+    against = partial(suite_modules["fidelity"]._against, "replay")
     rng = np.random.default_rng(0)
     masks = rng.random((40, 30)) < 0.5
     truth = rng.normal(size=30)
@@ -290,6 +292,10 @@ def test_a_replay_variant_is_compared_with_the_replay_on_the_same_resamples(suit
     back = against(losses, masks, {"replay": truth, "replay_held": -truth}, boot)["replay_held"]
     assert back["difference"] == pytest.approx(-2.0) and back["ci_low"] <= back["ci_high"] < 0
     assert back["share_ahead"] == 0.0
+    # the same for EK-FAC's variants (engine.factor_rows), which leave the replay's alone
+    rows = suite_modules["fidelity"]._against("ekfac", losses, masks,
+                                              {"ekfac": -truth, "ekfac_rows8": truth, "replay_held": truth}, boot)
+    assert list(rows) == ["ekfac_rows8"] and rows["ekfac_rows8"]["difference"] == pytest.approx(2.0)
 
 
 def test_suite_status_and_strict_json(v, tmp_path):
@@ -441,11 +447,12 @@ def test_accused_refuses_a_scenario_without_planted_rows():
 
 @pytest.mark.parametrize("flag, value", [("--replay-horizons", "two"), ("--replay-horizons", "0"),
                                          ("--replay-horizons", "250,-3"), ("--fine-tune-seed", "-1"),
-                                         ("--fine-tune-seed", "one"), ("--replay-scalings", "held,frozen")])
+                                         ("--fine-tune-seed", "one"), ("--replay-scalings", "held,frozen"),
+                                         ("--factor-rows", "0"), ("--factor-rows", "half")])
 def test_fidelity_refuses_a_bad_horizon_or_fine_tune_seed_naming_the_flag(flag, value):
     """``validate.py fidelity --replay-horizons`` takes whole numbers of steps, at least 1,
     ``--fine-tune-seed`` a whole number of 0 or more, ``--replay-scalings`` values of
-    ``engine.replay_scaling``: anything else exits 2 naming the flag and the value, before any work."""
+    ``engine.replay_scaling``, ``--factor-rows`` whole numbers of rows, at least 1: anything else exits 2 naming the flag and the value, before any work."""
     proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "fidelity", flag, value,
                            "--no-mlflow", "--workdir", "/nonexistent/never-written"],
                           capture_output=True, text=True, timeout=300)

@@ -34,6 +34,9 @@ horizons (``engine.replay_horizon``, optimizer steps from the end), as engines o
 engines ``replay_<scaling>`` (at the default horizon). Each such variant's LDS minus the replay's,
 with its interval on the same resamples, goes into the verdict
 (``replay_variants_minus_replay``).
+``factor_rows`` (``--factor-rows 212,424``): EK-FAC scored again with its Kronecker factors summed
+over about each of these many rows (``engine.factor_rows``), as engines ``ekfac_rows<N>``, each
+against EK-FAC on the same resamples (``ekfac_variants_minus_ekfac``).
 
 Every correlation carries a bootstrap interval over the retrains; the engines are compared on the
 same resamples, so the winner's margin has an interval too. The full run: 128 subsets, 13
@@ -218,16 +221,18 @@ def _summary(table: dict[str, Any], query_signals: Mapping[str, Any] | None = No
     return out
 
 
-def _against_replay(losses: list[float], masks: Any, scores: Mapping[str, Any], boot: Mapping[str, Any]) -> dict[str, Any]:
-    """Each replay variant's LDS minus the replay's as configured, on the main table's resamples
-    (the same seed and count, so the same subsets are drawn): point, interval, share ahead."""
+def _against(base: str, losses: list[float], masks: Any, scores: Mapping[str, Any],
+             boot: Mapping[str, Any]) -> dict[str, Any]:
+    """Each variant of engine ``base`` (the engines named ``<base>_...``): its LDS minus ``base``'s
+    as configured, on the main table's resamples (the same seed and count, so the same subsets are
+    drawn): point, interval, share ahead."""
     from gradian.counterfactual import lds_table
 
     out = {}
     for name in scores:
-        if not name.startswith("replay_"):
+        if not name.startswith(f"{base}_"):
             continue
-        pair = lds_table(losses, masks, {name: scores[name], "replay": scores["replay"]}, **boot)
+        pair = lds_table(losses, masks, {name: scores[name], base: scores[base]}, **boot)
         margin = pair["margins"][pair["ranking"][1]]
         sign = 1.0 if pair["best"] == name else -1.0
         low, high = margin["ci"]
@@ -265,7 +270,7 @@ def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n
 def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers: int | None = None,
         seed: int = 0, scenario: str | None = None, leave_one_out: bool | None = None,
         replay_horizons: Sequence[int] = (), fine_tune_seed: int | None = None,
-        replay_scalings: Sequence[str] = (), **_: Any) -> ExperimentResult:
+        replay_scalings: Sequence[str] = (), factor_rows: Sequence[int] = (), **_: Any) -> ExperimentResult:
     import numpy as np
 
     from gradian.config import load_config
@@ -308,6 +313,13 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     ekfac_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "ekfac"}),
                                 capability=capability, cross_check="none", folder="fidelity/report-ekfac")
     ekfac_rankings = scenario.rankings
+    # EK-FAC again with its Kronecker factors summed over about each of these many rows
+    factor_rankings = {}
+    for rows in factor_rows:
+        ws.attribute(scenario, load_config(scenario.config_path, overrides={
+            **reference, "engine.name": "ekfac", "engine.factor_rows": int(rows)}),
+            capability=capability, cross_check="none", folder=f"fidelity/report-ekfac_rows{int(rows)}")
+        factor_rankings[f"ekfac_rows{int(rows)}"] = scenario.rankings
     # the replay as configured, then at each other horizon and scaling asked for
     replay_reports, replay_rankings = {}, {}
     variants = [("replay", {}), *((f"replay_h{int(h)}", {"engine.replay_horizon": int(h)}) for h in replay_horizons),
@@ -329,12 +341,14 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
         raise RuntimeError("rankings are not in row order; the subset sums would be misaligned")
     scores = {"datainf": main_rankings["score"].to_numpy(), "graddot": main_rankings["cross_check_score"].to_numpy(),
               "tracin": tracin_rankings["score"].to_numpy(), "ekfac": ekfac_rankings["score"].to_numpy(),
+              **{name: r["score"].to_numpy() for name, r in factor_rankings.items()},
               **{name: r["score"].to_numpy() for name, r in replay_rankings.items()}}
     tracin = Report.of(tracin_report).attribution
     tracin_notes = [note for note in (tracin.notes if tracin is not None else []) if "tracin" in note]
     # phi is the datainf report's query; each engine's own report names the query it scored against
     own_attribution = {"datainf": attribution, "graddot": attribution, "tracin": tracin,
                        "ekfac": Report.of(ekfac_report).attribution,
+                       **{name: Report.of(ekfac_report).attribution for name in factor_rankings},
                        **{name: Report.of(r).attribution for name, r in replay_reports.items()}}
     query_signals = {e: own_attribution[e].query_signal if own_attribution[e] is not None else None for e in scores}
 
@@ -385,11 +399,14 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                             for s in range(1, settings["seed_replicates"] + 1)] for k in replicated])
     ceiling = math.sqrt(max(0.0, 1 - (noise / spread) ** 2)) if noise is not None and spread else None
     status, reason = fidelity_verdict(tables["lds_query_loss"], spread, noise)
-    variants = _against_replay([r["query_loss"] for r in subset_results], masks, scores, boot)
-    if variants:
-        reason += ". Against the replay as configured: " + ", ".join(
-            f"{v} {d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] (ahead in {d['share_ahead']:.0%} "
-            "of resamples)" for v, d in variants.items())
+    subset_losses = [r["query_loss"] for r in subset_results]
+    variants = _against("replay", subset_losses, masks, scores, boot)
+    factor_variants = _against("ekfac", subset_losses, masks, scores, boot)
+    for base, found in (("the replay", variants), ("EK-FAC", factor_variants)):
+        if found:
+            reason += f". Against {base} as configured: " + ", ".join(
+                f"{v} {d['difference']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}] (ahead in "
+                f"{d['share_ahead']:.0%} of resamples)" for v, d in found.items())
     reason += (f". phi is the {lds_query['signal']} query loss of the datainf report over its "
                f"{lds_query['n_items']} {lds_query['items']} eval items")
     others = {e: q for e, q in query_signals.items() if q != lds_query["signal"]}
@@ -413,6 +430,7 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
         "lds": _summary(tables["lds_query_loss"], query_signals),
         "lds_best": tables["lds_query_loss"]["best"],
         "replay_variants_minus_replay": variants or None,
+        "ekfac_variants_minus_ekfac": factor_variants or None,
         "lds_wanted_loss": _summary(tables["lds_wanted_loss"]),
         "loco": _summary(loco) if loco else None,
         "loco_best": loco["best"] if loco else None,

@@ -76,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
                         "horizons (optimizer steps from the end, comma-separated), as engines replay_h<steps>")
     parser.add_argument("--replay-scalings", default="", help="fidelity: the replay scored again under each of these "
                         "engine.replay_scaling values (exact, held; comma-separated), as engines replay_<scaling>")
+    parser.add_argument("--factor-rows", default="", help="fidelity: EK-FAC scored again with its Kronecker factors "
+                        "summed over about each of these many rows (engine.factor_rows; comma-separated), as engines "
+                        "ekfac_rows<N>")
     parser.add_argument("--fine-tune-seed", type=int, default=None,
                         help="fidelity: the seed of the reference fine-tune and every retrain (default: the scenario's)")
     parser.add_argument("--no-mlflow", action="store_true", help="Write verdict.json only; log nothing to MLflow")
@@ -88,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         horizons = [int(s) for s in args.replay_horizons.split(",") if s.strip()]
     except ValueError:
         horizons = [0]
+    try:
+        factor_rows = [int(s) for s in args.factor_rows.split(",") if s.strip()]
+    except ValueError:
+        factor_rows = [0]
+    if any(r < 1 for r in factor_rows):
+        parser.error(f"--factor-rows {args.factor_rows!r}: give whole numbers of rows, at least 1, separated by "
+                     "commas, e.g. 212,424")
     if args.fine_tune_seed is not None and args.fine_tune_seed < 0:
         parser.error(f"--fine-tune-seed {args.fine_tune_seed}: give a seed of 0 or more")
     scalings = [s.strip() for s in args.replay_scalings.split(",") if s.strip()]
@@ -137,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     names = EXPERIMENTS if args.experiment == "all" else (args.experiment,)
     options = {"quick": args.quick, "subsets": args.subsets or None, "workers": args.workers or None,
                "scenario": args.scenario, "leave_one_out": args.loco, "seeds": seeds or None,
-               "replay_horizons": horizons, "fine_tune_seed": args.fine_tune_seed, "replay_scalings": scalings}
+               "replay_horizons": horizons, "fine_tune_seed": args.fine_tune_seed, "replay_scalings": scalings,
+               "factor_rows": factor_rows}
     started = time.time()
     results = []
 
