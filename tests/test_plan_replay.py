@@ -87,7 +87,7 @@ class _Watch:
         self.after_forward: int | None = None
         self._refs: list[tuple[weakref.ref, int]] = []
         step, detached, initial = unrolled._Steps.step, unrolled._detached, unrolled._initial_state
-        measure_of = engine._query_measure
+        measure_of = engine.query_measure
         watch = self
 
         def follow(state):
@@ -117,7 +117,7 @@ class _Watch:
         monkeypatch.setattr(unrolled, "_detached", lambda state: follow(detached(state)))
         monkeypatch.setattr(unrolled, "_initial_state", lambda params, start=None: (
             lambda out: (out[0], follow(out[1])))(initial(params, start)))
-        monkeypatch.setattr(engine, "_query_measure", measured)
+        monkeypatch.setattr(engine, "query_measure", measured)
 
     def alive(self) -> int:
         return sum(size for ref, size in self._refs if ref() is not None)

@@ -212,6 +212,37 @@ def test_a_horizon_sweeps_back_through_the_last_steps_only(setup):
                      pad_id=setup.pad, checkpoint_every=2, horizon=0)
 
 
+def test_a_replay_over_a_horizon_is_the_run_that_metagradient_differentiates(setup):
+    """``replay(horizon=H)`` weighs rows in the last H steps only: its central differences are the
+    metagradient over the same horizon (float64), a row seen only before the window does not move
+    it, and all-ones weights give the whole run's value."""
+    recipe = RECIPES["adamw-clipped"]
+    got = metagradient(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, _measure(setup),
+                       pad_id=setup.pad, checkpoint_every=2, horizon=2)
+
+    def measured(weights):
+        final = replay(setup.model, setup.lora, setup.rows, BATCHES, weights, recipe, pad_id=setup.pad, horizon=2)
+        with torch.no_grad():
+            return _measure(setup)(ReplayedModel(setup.model, final)).item()
+
+    assert measured(_ones()) == pytest.approx(got.value, rel=1e-12)
+    for i in range(len(TRAIN)):
+        step = torch.zeros(len(TRAIN), dtype=torch.float64)
+        step[i] = H
+        fd = (measured(_ones() + step) - measured(_ones() - step)) / (2 * H)
+        assert got.grad[i].item() == pytest.approx(fd, rel=FD_RTOL, abs=1e-12)
+    # the last two steps hold rows 1, 2 (step 3) and 0, 3 (step 4): every row is in the window, so
+    # a horizon of 1 step leaves rows 1 and 2 out of it
+    dropped = _ones()
+    dropped[1] = 0.0
+    assert measured(dropped) != measured(_ones())
+    last_only = replay(setup.model, setup.lora, setup.rows, BATCHES, dropped, recipe, pad_id=setup.pad, horizon=1)
+    whole = replay(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, pad_id=setup.pad)
+    assert all(torch.equal(last_only[n], whole[n]) for n in whole)
+    with pytest.raises(ConfigError, match="horizon"):
+        replay(setup.model, setup.lora, setup.rows, BATCHES, _ones(), recipe, pad_id=setup.pad, horizon=0)
+
+
 def _scale_held_replay(setup, weights, recipe, held=None):
     """An AdamW run written out by hand in which each step's second moment and clipping factor
     are ``held[t]`` (recorded from this loop when ``held`` is None, then returned): the function

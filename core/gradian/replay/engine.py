@@ -51,7 +51,7 @@ if TYPE_CHECKING:
     from gradian.query import QueryItem
 
 __all__ = ["FIDELITY_REL_DIFF", "Fidelity", "ReplayEngine", "ReplayFitContext", "ReplayInputs", "horizon_steps",
-           "window_start"]
+           "query_measure", "window_start"]
 
 #: above this relative difference between the replayed adapter and the run's, the report warns
 #: that the replay is not the run (float32 rounding over a thousand AdamW steps stays near 1e-4)
@@ -213,7 +213,7 @@ class ReplayEngine(Engine):
         inputs: ReplayInputs = state.extra["inputs"]
         if not query_items:
             raise ConfigError("replay scores a query measurement: it needs the query items (an eval set)")
-        measure = _query_measure(inputs, query_items, query_signal)
+        measure = query_measure(inputs, query_items, query_signal)
         relabel = getattr(progress, "relabel", None)  # a bar that counted examples now counts steps
         if relabel is not None:
             relabel(f"{self.name}: replaying and sweeping back", "steps")
@@ -299,7 +299,7 @@ def _rel_diff(replayed: Mapping[str, torch.Tensor], run: Mapping[str, torch.Tens
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
 
-def _query_measure(inputs: ReplayInputs, items: Sequence[QueryItem],
+def query_measure(inputs: ReplayInputs, items: Sequence[QueryItem],
                    signal: str) -> Callable[[ReplayedModel], torch.Tensor]:
     """The query measurement as a function of the replayed model: the mean item loss of the wanted
     answers (``target``), minus that of the generated ones (``contrastive``; nothing is subtracted

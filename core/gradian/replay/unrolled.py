@@ -489,17 +489,31 @@ def _resumed_from(skipped: int, begin: int, total: int, swept: int, segments: in
 
 def replay(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
            batches: Sequence[Sequence[int]], weights: torch.Tensor, recipe: Recipe, *,
-           pad_id: int, start: ReplayStart | None = None) -> dict[str, torch.Tensor]:
+           pad_id: int, start: ReplayStart | None = None, horizon: int | None = None) -> dict[str, torch.Tensor]:
     """The LoRA tensors after the replayed run (detached), without a metagradient; from ``start``
-    (the state after its step, ``lora_params`` its LoRA tensors) when given."""
+    (the state after its step, ``lora_params`` its LoRA tensors) when given.
+
+    ``horizon=H``: the weights act in the last ``H`` steps only, every row weighing 1 in the steps
+    before them: the run whose derivative ``metagradient(..., horizon=H)`` takes (at all-ones
+    weights the two runs are the same). It may reach back to ``start`` at most."""
+    import torch
+
     _check_inputs(model, lora_params, rows, batches, weights)
     recipe.check(len(batches))
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
+        raise ConfigError(f"replay horizon must be an integer >= 1 (or None for every step), got {horizon!r}")
+    first = start.step if start is not None else 0
     if start is not None:
         start.check(list(lora_params), lora_params, len(batches), recipe.optimizer)
+        if horizon is not None and horizon > len(batches) - first:
+            raise ConfigError(f"replay horizon {horizon} reaches back before the start (step {first} of "
+                              f"{len(batches)}); start from an earlier state or shorten the horizon")
+    weighted_from = len(batches) - horizon if horizon is not None else 0
+    ones = torch.ones_like(weights.detach())
     names, state = _initial_state(lora_params, start)
     steps = _Steps(model, names, rows, batches, recipe, pad_id)
-    for t in range(start.step if start is not None else 0, len(batches)):
-        state = _detached(steps.step(t, state, weights.detach(), create_graph=False))
+    for t in range(first, len(batches)):
+        state = _detached(steps.step(t, state, weights.detach() if t >= weighted_from else ones, create_graph=False))
     return dict(zip(names, state[0]))
 
 
