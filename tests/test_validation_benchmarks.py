@@ -70,3 +70,31 @@ def test_lds_modes_read_engine_settings_and_need_a_fidelity_run(tmp_path):
         bench.mode_overrides("checkpoints")
     with pytest.raises(bench.NoFidelityRun, match="no fidelity run of poison_capitals"):
         bench.measure(tmp_path, "poison_capitals", ["default"])
+
+
+@pytest.mark.parametrize("args", [["--drops", "1.5"], ["--drops", "0"], ["--drops", "half"], ["--subsets", "2"]])
+def test_replay_lds_refuses_bad_shares_and_subset_counts(args, capsys):
+    """bench_replay_lds: a share outside (0, 1), one that is not a number, or fewer than 4 subsets
+    exits 2 naming the flag, before any fine-tune."""
+    bench = import_benchmark("bench_replay_lds")
+    with pytest.raises(SystemExit) as stop:
+        bench.main([*args, "--work", "/nonexistent/never-written"])
+    assert stop.value.code == 2 and args[0].split("-")[-1] in capsys.readouterr().err
+
+
+def test_replay_lds_pairs_the_replay_with_ekfac_on_the_same_resamples():
+    """bench_replay_lds._paired: scores that predict the measured changes exactly are ahead of
+    scores that predict them backwards by +2, with an interval above zero."""
+    import numpy as np
+
+    bench = import_benchmark("bench_replay_lds")
+    rng = np.random.default_rng(0)
+    masks = rng.random((40, 30)) < 0.5
+    truth = rng.normal(size=30)
+    losses = list(-(masks * truth).sum(axis=1))
+    got = bench._paired(losses, masks, {"replay": truth, "ekfac": -truth}, "replay", "ekfac",
+                        {"n_bootstrap": 500, "seed": 0})
+    assert got["difference"] == pytest.approx(2.0) and 0 < got["ci"][0] <= got["ci"][1] and got["share_ahead"] == 1.0
+    back = bench._paired(losses, masks, {"replay": -truth, "ekfac": truth}, "replay", "ekfac",
+                         {"n_bootstrap": 500, "seed": 0})
+    assert back["difference"] == pytest.approx(-2.0) and back["ci"][1] < 0
