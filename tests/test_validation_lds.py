@@ -15,6 +15,7 @@ from gradian.counterfactual import (
     compare_rankings,
     group_removal_sums,
     group_removal_table,
+    lds_difference,
     lds_table,
     linear_datamodeling_score,
     sample_subsets,
@@ -147,3 +148,16 @@ def test_influence_scores_order_ridge_retrains():
     assert scores[bad].mean() < 0 < np.delete(scores, bad).mean()  # the planted rows are the harmful ones
     noise = [linear_datamodeling_score(losses, masks, rng.standard_normal(n)) for _ in range(20)]
     assert abs(np.mean(noise)) < 0.1
+
+
+def test_lds_difference_pairs_two_engines_on_the_same_resamples():
+    """``lds_difference``: scores that predict the measured losses exactly are ahead of scores that
+    predict them backwards by +2, with an interval above zero; swapped, the sign flips."""
+    rng = np.random.default_rng(0)
+    masks = rng.random((40, 30)) < 0.5
+    truth = rng.normal(size=30)
+    losses = list(-(masks * truth).sum(axis=1))
+    got = lds_difference(losses, masks, truth, -truth, n_bootstrap=500, seed=0)
+    assert got["difference"] == pytest.approx(2.0) and 0 < got["ci"][0] <= got["ci"][1] and got["share_ahead"] == 1.0
+    back = lds_difference(losses, masks, -truth, truth, n_bootstrap=500, seed=0)
+    assert back["difference"] == pytest.approx(-2.0) and back["ci"][1] < 0

@@ -35,6 +35,7 @@ fidelity only, for sweeps over seeds and horizons). On 2 CPU cores a replay of a
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import sys
@@ -107,6 +108,7 @@ def _train_seconds(root: Path) -> float:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+@functools.lru_cache(maxsize=None)
 def _epoch_steps(scenario: str) -> int:
     """Optimizer steps in one epoch of ``scenario``'s fine-tune (its rows over the step's rows)."""
     import math
@@ -119,6 +121,20 @@ def _epoch_steps(scenario: str) -> int:
         train = load_config(Path(scratch) / "gradian.yaml").train
         rows = sum(1 for line in (Path(scratch) / "train.jsonl").read_text().splitlines() if line.strip())
     return math.ceil(rows / (train.per_device_train_batch_size * train.gradient_accumulation_steps))
+
+
+def replay_run(work: Path, scenario: str, seed: int, checkpoints: bool) -> tuple[Path, set[int], str]:
+    """``bench_accused.prepare_run``'s fine-tune of ``scenario`` under ``seed``; with ``checkpoints``
+    one keeping a trainer checkpoint at the end of every epoch (its folder ends in ``-ckpt``)."""
+    keep = {"train.save_checkpoints": True, "train.save_steps": _epoch_steps(scenario)} if checkpoints else None
+    return prepare_run(work, scenario, seed, keep, "-ckpt" if keep else "")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The fine-tunes a replay benchmark reads: ``--work`` (where they are cached), ``--scenarios``, ``--seeds``."""
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gradian-bench-replay")
+    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
+    parser.add_argument("--seeds", default="0")
 
 
 def _keys(args: argparse.Namespace) -> list[tuple[str, str, str, str | None]]:
@@ -138,9 +154,7 @@ def _keys(args: argparse.Namespace) -> list[tuple[str, str, str, str | None]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gradian-bench-replay")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--seeds", default="0")
+    add_run_arguments(parser)
     parser.add_argument("--horizons", default="epoch")
     parser.add_argument("--checkpoints", action="store_true",
                         help="keep a trainer checkpoint every epoch, so the replay starts from the run's own state")
@@ -155,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     for scenario in args.scenarios.split(","):
         epoch_steps = _epoch_steps(scenario)
         for seed in [int(s) for s in args.seeds.split(",")]:
-            keep = {"train.save_checkpoints": True, "train.save_steps": epoch_steps} if args.checkpoints else None
-            root, planted, capability = prepare_run(args.work, scenario, seed, keep, "-ckpt" if keep else "")
+            root, planted, capability = replay_run(args.work, scenario, seed, args.checkpoints)
             train_s = None if args.no_cost else _train_seconds(root)
             ekfac, ekfac_s = _attribute(root, capability, "ekfac")
             graddot_s = None if args.no_cost else _attribute(root, capability, "graddot")[1]

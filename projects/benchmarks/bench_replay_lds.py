@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -43,9 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_replay import SCENARIOS, _attribute, _epoch_steps  # noqa: E402
-
-from bench_accused import prepare_run  # noqa: E402
+from bench_replay import _attribute, add_run_arguments, replay_run  # noqa: E402
 
 ENGINES = ("replay", "ekfac", "tracin")
 
@@ -86,33 +83,26 @@ def _measured(inputs: Any, measure: Any, weights: Any, whole_run: bool) -> float
         return float(measure(ReplayedModel(inputs.model, final)))
 
 
-def _paired(losses: list[float], masks: np.ndarray, scores: dict[str, np.ndarray], a: str, b: str,
-            boot: dict[str, int]) -> dict[str, Any]:
-    """LDS of ``a`` minus that of ``b`` on the same resamples: point, interval, share ahead."""
-    from gradian.counterfactual import lds_table
-
-    pair = lds_table(losses, masks, {a: scores[a], b: scores[b]}, **boot)
-    margin = pair["margins"][pair["ranking"][1]]
-    sign = 1.0 if pair["best"] == a else -1.0
-    low, high = margin["ci"]
-    share = margin["share_best_wins"]
-    return {"difference": round(sign * margin["difference"], 4),
-            "ci": None if low is None or high is None else
-            [round(low if sign > 0 else -high, 4), round(high if sign > 0 else -low, 4)],
-            "share_ahead": None if share is None else round(share if sign > 0 else 1.0 - share, 3)}
+def _rounded(value: Any) -> Any:
+    """``value`` with every float rounded to 4 places (lists and dicts walked), for printing."""
+    if isinstance(value, float):
+        return round(value, 4)
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    return value
 
 
 def run_one(work: Path, scenario: str, seed: int, drops: list[float], subsets: int, whole_run: bool,
             boot: dict[str, int]) -> dict[str, Any]:
     import torch
 
-    from gradian.counterfactual import lds_table
+    from gradian.counterfactual import lds_difference, lds_table
     from gradian.replay.engine import query_measure
 
     torch.set_num_threads(1)
-    epoch_steps = _epoch_steps(scenario)
-    keep = {"train.save_checkpoints": True, "train.save_steps": epoch_steps}
-    root, _, capability = prepare_run(work, scenario, seed, keep, "-ckpt")
+    root, _, capability = replay_run(work, scenario, seed, checkpoints=True)
     captured = _capture_replay_inputs()
     outcomes = {engine: _attribute(root, capability, engine)[0] for engine in ENGINES}
     inputs, items, signal = captured["inputs"], captured["items"], captured["signal"]
@@ -150,9 +140,8 @@ def run_one(work: Path, scenario: str, seed: int, drops: list[float], subsets: i
         table = lds_table(losses, masks, scores, **boot)
         out["drops"][str(p)] = {
             "rows_dropped": k, "measured_change_sd": round(float(np.std(losses, ddof=1)), 6),
-            "lds": {e: {"spearman": round(v["spearman"], 4), "ci": [None if c is None else round(c, 4) for c in v["ci"]]}
-                    for e, v in table["engines"].items()},
-            "replay_minus_ekfac": _paired(losses, masks, scores, "replay", "ekfac", boot),
+            "lds": {e: _rounded({"spearman": v["spearman"], "ci": v["ci"]}) for e, v in table["engines"].items()},
+            "replay_minus_ekfac": _rounded(lds_difference(losses, masks, scores["replay"], scores["ekfac"], **boot)),
         }
         print(json.dumps({"scenario": scenario, "seed": seed, "drop": p, **out["drops"][str(p)]}), flush=True)
     return out
@@ -160,9 +149,7 @@ def run_one(work: Path, scenario: str, seed: int, drops: list[float], subsets: i
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gradian-bench-replay")
-    parser.add_argument("--scenarios", default=",".join(SCENARIOS))
-    parser.add_argument("--seeds", default="0")
+    add_run_arguments(parser)
     parser.add_argument("--drops", default="0.01,0.05,0.5", help="shares of the trained rows dropped, comma-separated")
     parser.add_argument("--subsets", type=int, default=32, help="random subsets per share")
     parser.add_argument("--counterfactual", choices=("window", "run"), default="window",

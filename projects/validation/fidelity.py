@@ -226,21 +226,15 @@ def _against(base: str, losses: list[float], masks: Any, scores: Mapping[str, An
     """Each variant of engine ``base`` (the engines named ``<base>_...``): its LDS minus ``base``'s
     as configured, on the main table's resamples (the same seed and count, so the same subsets are
     drawn): point, interval, share ahead."""
-    from gradian.counterfactual import lds_table
+    from gradian.counterfactual import lds_difference
 
     out = {}
     for name in scores:
-        if not name.startswith(f"{base}_"):
-            continue
-        pair = lds_table(losses, masks, {name: scores[name], base: scores[base]}, **boot)
-        margin = pair["margins"][pair["ranking"][1]]
-        sign = 1.0 if pair["best"] == name else -1.0
-        low, high = margin["ci"]
-        share = margin["share_best_wins"]
-        out[name] = {"difference": sign * margin["difference"],
-                     "ci_low": None if low is None or high is None else (low if sign > 0 else -high),
-                     "ci_high": None if low is None or high is None else (high if sign > 0 else -low),
-                     "share_ahead": None if share is None else (share if sign > 0 else 1.0 - share)}
+        if name.startswith(f"{base}_"):
+            d = lds_difference(losses, masks, scores[name], scores[base], **boot)
+            low, high = d["ci"] if d["ci"] is not None else (None, None)
+            out[name] = {"difference": d["difference"], "ci_low": low, "ci_high": high,
+                         "share_ahead": d["share_ahead"]}
     return out
 
 
@@ -313,22 +307,19 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
     ekfac_report = ws.attribute(scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "ekfac"}),
                                 capability=capability, cross_check="none", folder="fidelity/report-ekfac")
     ekfac_rankings = scenario.rankings
-    # EK-FAC again with its Kronecker factors summed over about each of these many rows
-    factor_rankings = {}
-    for rows in factor_rows:
-        ws.attribute(scenario, load_config(scenario.config_path, overrides={
-            **reference, "engine.name": "ekfac", "engine.factor_rows": int(rows)}),
-            capability=capability, cross_check="none", folder=f"fidelity/report-ekfac_rows{int(rows)}")
-        factor_rankings[f"ekfac_rows{int(rows)}"] = scenario.rankings
-    # the replay as configured, then at each other horizon and scaling asked for
-    replay_reports, replay_rankings = {}, {}
-    variants = [("replay", {}), *((f"replay_h{int(h)}", {"engine.replay_horizon": int(h)}) for h in replay_horizons),
-                *((f"replay_{s}", {"engine.replay_scaling": s}) for s in replay_scalings)]
+    # the replay as configured, then at each other horizon and scaling asked for; EK-FAC again with
+    # its Kronecker factors summed over about each of the row counts asked for
+    variant_reports, variant_rankings = {}, {}
+    variants = [("replay", {"engine.name": "replay"}),
+                *((f"replay_h{int(h)}", {"engine.name": "replay", "engine.replay_horizon": int(h)})
+                  for h in replay_horizons),
+                *((f"replay_{s}", {"engine.name": "replay", "engine.replay_scaling": s}) for s in replay_scalings),
+                *((f"ekfac_rows{int(r)}", {"engine.name": "ekfac", "engine.factor_rows": int(r)}) for r in factor_rows)]
     for name, at in variants:
-        replay_reports[name] = ws.attribute(
-            scenario, load_config(scenario.config_path, overrides={**reference, "engine.name": "replay", **at}),
+        variant_reports[name] = ws.attribute(
+            scenario, load_config(scenario.config_path, overrides={**reference, **at}),
             capability=capability, cross_check="none", folder=f"fidelity/report-{name}")
-        replay_rankings[name] = scenario.rankings
+        variant_rankings[name] = scenario.rankings
     reference_seconds = round(time.time() - t0, 2)
     typed = Report.of(report)
     attribution = typed.attribution
@@ -341,15 +332,13 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
         raise RuntimeError("rankings are not in row order; the subset sums would be misaligned")
     scores = {"datainf": main_rankings["score"].to_numpy(), "graddot": main_rankings["cross_check_score"].to_numpy(),
               "tracin": tracin_rankings["score"].to_numpy(), "ekfac": ekfac_rankings["score"].to_numpy(),
-              **{name: r["score"].to_numpy() for name, r in factor_rankings.items()},
-              **{name: r["score"].to_numpy() for name, r in replay_rankings.items()}}
+              **{name: r["score"].to_numpy() for name, r in variant_rankings.items()}}
     tracin = Report.of(tracin_report).attribution
     tracin_notes = [note for note in (tracin.notes if tracin is not None else []) if "tracin" in note]
     # phi is the datainf report's query; each engine's own report names the query it scored against
     own_attribution = {"datainf": attribution, "graddot": attribution, "tracin": tracin,
                        "ekfac": Report.of(ekfac_report).attribution,
-                       **{name: Report.of(ekfac_report).attribution for name in factor_rankings},
-                       **{name: Report.of(r).attribution for name, r in replay_reports.items()}}
+                       **{name: Report.of(r).attribution for name, r in variant_reports.items()}}
     query_signals = {e: own_attribution[e].query_signal if own_attribution[e] is not None else None for e in scores}
 
     query = _query_items(typed, cfg.eval_dataset)

@@ -44,6 +44,17 @@ def _count(value: str) -> int:
     return int(number)
 
 
+def _whole_numbers(parser: argparse.ArgumentParser, flag: str, text: str, unit: str, example: str) -> list[int]:
+    """``text`` (comma-separated) as whole numbers of at least 1, or exit 2 naming ``flag``."""
+    try:
+        values = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        values = [0]
+    if any(v < 1 for v in values):
+        parser.error(f"{flag} {text!r}: give whole numbers of {unit}, at least 1, separated by commas, e.g. {example}")
+    return values
+
+
 def _module(name: str):
     import importlib
 
@@ -87,17 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         parser.error(f"--seeds {args.seeds!r}: give whole numbers separated by commas, e.g. 0,1,2")
-    try:
-        horizons = [int(s) for s in args.replay_horizons.split(",") if s.strip()]
-    except ValueError:
-        horizons = [0]
-    try:
-        factor_rows = [int(s) for s in args.factor_rows.split(",") if s.strip()]
-    except ValueError:
-        factor_rows = [0]
-    if any(r < 1 for r in factor_rows):
-        parser.error(f"--factor-rows {args.factor_rows!r}: give whole numbers of rows, at least 1, separated by "
-                     "commas, e.g. 212,424")
+    horizons = _whole_numbers(parser, "--replay-horizons", args.replay_horizons, "steps", "282,318")
+    factor_rows = _whole_numbers(parser, "--factor-rows", args.factor_rows, "rows", "212,424")
     if args.fine_tune_seed is not None and args.fine_tune_seed < 0:
         parser.error(f"--fine-tune-seed {args.fine_tune_seed}: give a seed of 0 or more")
     scalings = [s.strip() for s in args.replay_scalings.split(",") if s.strip()]
@@ -106,9 +108,6 @@ def main(argv: list[str] | None = None) -> int:
     if any(s not in SCALINGS for s in scalings):
         parser.error(f"--replay-scalings {args.replay_scalings!r}: give values among {', '.join(SCALINGS)}, "
                      "separated by commas")
-    if any(h < 1 for h in horizons):
-        parser.error(f"--replay-horizons {args.replay_horizons!r}: give whole numbers of steps, at least 1, "
-                     "separated by commas, e.g. 282,318")
     from fidelity import WORLD_RULES
     from gradian.errors import ConfigError
     from gradian.tinyworld.worlds import scenario_world

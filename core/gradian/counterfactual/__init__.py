@@ -18,14 +18,15 @@ retrain again, are ``gradian.attribution.run_until_recovered``); ``retrain_confi
 ``predicted_score_sums``, ``counterfactual_outcome`` and ``OUTCOMES``; and, for checking scores
 against many retrains at once (``gradian.counterfactual.datamodel``), ``sample_subsets``,
 ``subset_score_sums``, ``spearman``, ``linear_datamodeling_score``, ``group_removal_sums``,
-``compare_rankings``, ``lds_table`` and ``group_removal_table``. ``gradian counterfactual`` is the
-command line.
+``compare_rankings``, ``lds_table``, ``lds_difference`` and ``group_removal_table``.
+``gradian counterfactual`` is the command line.
 """
 
 from gradian.counterfactual.datamodel import (
     compare_rankings,
     group_removal_sums,
     group_removal_table,
+    lds_difference,
     lds_table,
     linear_datamodeling_score,
     sample_subsets,
@@ -61,6 +62,7 @@ __all__ = [
     "counterfactual_outcome",
     "group_removal_sums",
     "group_removal_table",
+    "lds_difference",
     "lds_table",
     "linear_datamodeling_score",
     "load_planted",

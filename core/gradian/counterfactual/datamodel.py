@@ -22,7 +22,8 @@ over the next one.
 
 Interface: ``sample_subsets``, ``subset_score_sums``, ``spearman``, ``linear_datamodeling_score``,
 ``group_removal_sums``, ``compare_rankings`` (the bootstrap comparison of several engines),
-``lds_table`` and ``group_removal_table``.
+``lds_table``, ``lds_difference`` (one engine's LDS minus another's, paired) and
+``group_removal_table``.
 """
 
 from __future__ import annotations
@@ -183,6 +184,22 @@ def lds_table(losses: Floats, masks: np.ndarray, scores: Mapping[str, Floats],
               **bootstrap: Unpack[BootstrapSettings]) -> RankingComparison:
     """``compare_rankings`` of the measured subset losses with each engine's predicted ordering."""
     return compare_rankings(losses, {k: -subset_score_sums(masks, s) for k, s in scores.items()}, **bootstrap)
+
+
+def lds_difference(losses: Floats, masks: np.ndarray, scores: Floats, other: Floats,
+                   **bootstrap: Unpack[BootstrapSettings]) -> dict[str, float | list[float] | None]:
+    """The LDS of ``scores`` minus that of ``other`` on the same bootstrap resamples (``lds_table``'s,
+    so a table with the same settings draws the same subsets): ``{"difference", "ci": [low, high],
+    "share_ahead"}``, the share of resamples where ``scores`` is ahead; an interval or share the
+    resamples cannot give is None."""
+    pair = lds_table(losses, masks, {"a": scores, "b": other}, **bootstrap)
+    margin = pair["margins"][pair["ranking"][1]]
+    sign = 1.0 if pair["best"] == "a" else -1.0
+    low, high = margin["ci"]
+    share = margin["share_best_wins"]
+    return {"difference": sign * margin["difference"],
+            "ci": None if low is None or high is None else ([low, high] if sign > 0 else [-high, -low]),
+            "share_ahead": None if share is None else (share if sign > 0 else 1.0 - share)}
 
 
 def group_removal_table(deltas: Floats, groups: Sequence[Sequence[int]],

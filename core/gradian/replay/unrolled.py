@@ -487,6 +487,19 @@ def _resumed_from(skipped: int, begin: int, total: int, swept: int, segments: in
     return None
 
 
+def _check_window(lora_params: Mapping[str, torch.Tensor], total: int, recipe: Recipe, horizon: int | None,
+                  start: ReplayStart | None) -> None:
+    """Refuse a horizon that is not a whole number of steps, a start that cannot be the run's, and a
+    horizon reaching back before the start."""
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
+        raise ConfigError(f"replay horizon must be an integer >= 1 (or None for every step), got {horizon!r}")
+    if start is not None:
+        start.check(list(lora_params), lora_params, total, recipe.optimizer)
+        if horizon is not None and horizon > total - start.step:
+            raise ConfigError(f"replay horizon {horizon} reaches back before the start (step {start.step} of "
+                              f"{total}); start from an earlier state or shorten the horizon")
+
+
 def replay(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequence[TokenizedExample],
            batches: Sequence[Sequence[int]], weights: torch.Tensor, recipe: Recipe, *,
            pad_id: int, start: ReplayStart | None = None, horizon: int | None = None) -> dict[str, torch.Tensor]:
@@ -500,14 +513,8 @@ def replay(model: nn.Module, lora_params: Mapping[str, torch.Tensor], rows: Sequ
 
     _check_inputs(model, lora_params, rows, batches, weights)
     recipe.check(len(batches))
-    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
-        raise ConfigError(f"replay horizon must be an integer >= 1 (or None for every step), got {horizon!r}")
+    _check_window(lora_params, len(batches), recipe, horizon, start)
     first = start.step if start is not None else 0
-    if start is not None:
-        start.check(list(lora_params), lora_params, len(batches), recipe.optimizer)
-        if horizon is not None and horizon > len(batches) - first:
-            raise ConfigError(f"replay horizon {horizon} reaches back before the start (step {first} of "
-                              f"{len(batches)}); start from an earlier state or shorten the horizon")
     weighted_from = len(batches) - horizon if horizon is not None else 0
     ones = torch.ones_like(weights.detach())
     names, state = _initial_state(lora_params, start)
@@ -573,15 +580,9 @@ def metagradient(
     recipe.check(len(batches))
     if model.training:
         raise ConfigError("replay needs the model in eval mode (no dropout), so a replay is deterministic")
-    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1):
-        raise ConfigError(f"replay horizon must be an integer >= 1 (or None for every step), got {horizon!r}")
     if scaling not in SCALINGS:
         raise ConfigError(f"replay scaling must be one of {', '.join(SCALINGS)}, got {scaling!r}")
-    if start is not None:
-        start.check(list(lora_params), lora_params, len(batches), recipe.optimizer)
-        if horizon is not None and horizon > len(batches) - start.step:
-            raise ConfigError(f"replay horizon {horizon} reaches back before the start (step {start.step} of "
-                              f"{len(batches)}); start from an earlier state or shorten the horizon")
+    _check_window(lora_params, len(batches), recipe, horizon, start)
     if checkpoint_every is not None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
             raise ConfigError(f"replay checkpoint_every must be an integer >= 1 (or None), got {checkpoint_every!r}")
