@@ -73,6 +73,8 @@ def test_unknown_override_key():
         ("grads:\n  batch_size: lots\n", "grads.batch_size"),
         ("engine:\n  factor_rows: 0\n", "engine.factor_rows"),
         ("engine:\n  factor_rows: 2.5\n", "engine.factor_rows"),
+        ("engine:\n  correction_rows: 0\n", "engine.correction_rows"),
+        ("engine:\n  correction_rows: 2.5\n", "engine.correction_rows"),
     ],
 )
 def test_bad_values_name_the_field(tmp_path, text, key):

@@ -592,3 +592,67 @@ def test_factors_over_a_share_of_the_rows_are_those_rows_sums_in_every_path():
     for bad in (0, -2, 1.5, True):
         with pytest.raises(ConfigError, match="factor_rows"):
             get_engine("ekfac").settings(EngineConfig(name="ekfac", factor_rows=bad))
+
+
+def _rotated_squares(arrays, layer, per_row):
+    """``[rows, out, in]``: each row's gradient of one LoRA matrix rotated into the fit's eigenbases, squared."""
+    q_a, q_s = arrays[f"{layer['key']}.q_a"], arrays[f"{layer['key']}.q_s"]
+    return np.einsum("so,roi,ia->rsa", q_s.T, per_row, q_a) ** 2
+
+
+def test_the_eigenvalue_correction_over_a_share_of_the_rows_averages_those_rows_alone():
+    """``engine.correction_rows``: the eigenbases stay those of every row's factors, and the
+    corrected eigenvalues are the mean, over the rows the factors' hash chooses, of each row's
+    squared gradient in those bases: over the stored gradients, and under a sampled Fisher over the
+    fit's own pass (the chosen rows' labels drawn as a pass over them alone draws them). K-FAC,
+    which corrects nothing, refuses the setting, and so does a bad count."""
+    from gradian.grads import iter_example_gradients
+    from gradian.grads.collectors import ModelPasses, in_factor_rows
+
+    gm, tok, tokenized, grads, context = _setup(batch_size=3)
+    stored = {}
+    for _, chunk in iter_example_gradients(gm, tokenized, context.grads, tok.pad_token_id):
+        for b, g in chunk.items():
+            stored.setdefault(b, []).append(g)
+    blocks = {b: np.concatenate(v) for b, v in stored.items()}
+    train = InMemoryGradients(blocks, chunk_size=3)  # chunks of 3 rows: the choice is read across chunk starts
+    share = context.passes.factor_share(3)
+    mask = context.passes.chosen_rows(share)
+    assert mask.tolist() == [in_factor_rows(t.input_ids, share) for t in tokenized] and 0 < mask.sum() < len(tokenized)
+    plain = get_engine("ekfac").fit(train, EngineConfig(name="ekfac"), context)
+    part = get_engine("ekfac").fit(train, EngineConfig(name="ekfac", correction_rows=3), context)
+    assert part.meta["correction_rows"] == mask.sum() and "correction_rows" not in plain.meta
+    assert get_engine("ekfac").settings(EngineConfig(name="ekfac", correction_rows=3))["correction_rows"] == 3
+    assert "correction_rows" not in get_engine("ekfac").settings(EngineConfig(name="ekfac"))
+    differs = False
+    for layer in plain.meta["layers"]:
+        key = layer["key"]
+        for side in ("q_a", "q_s"):
+            assert np.array_equal(part.arrays[f"{key}.{side}"], plain.arrays[f"{key}.{side}"]), (key, side)
+        per_row = blocks[layer["block"]][:, layer["offset"]: layer["offset"] + layer["out"] * layer["in"]].astype(np.float64)
+        squares = _rotated_squares(plain.arrays, layer, per_row.reshape(-1, layer["out"], layer["in"]))
+        # directions with no curvature hold rounding (1e-37 here): compared at 1e-12 of the largest
+        floor = 1e-12 * squares.mean(axis=0).max()
+        np.testing.assert_allclose(part.arrays[f"{key}.eigenvalues"], squares[mask].mean(axis=0), rtol=1e-10, atol=floor)
+        np.testing.assert_allclose(plain.arrays[f"{key}.eigenvalues"], squares.mean(axis=0), rtol=1e-10, atol=floor)
+        differs |= not np.allclose(part.arrays[f"{key}.eigenvalues"], plain.arrays[f"{key}.eigenvalues"])
+    assert differs
+    # under a sampled Fisher the correction is the fit's own pass: over the chosen rows alone
+    sampled = EngineConfig(name="ekfac", fisher="sampled", fisher_seed=4, correction_rows=3)
+    fitted = get_engine("ekfac").fit(train, sampled, context)
+    alone = ModelPasses(gm, [t for t, keep in zip(tokenized, mask) if keep], tok.pad_token_id, context.grads)
+    sums, rows = {}, 0
+    for count, per_layer in alone.layer_gradients(4, 0):
+        rows += count
+        for layer in fitted.meta["layers"]:
+            sums[layer["key"]] = sums.get(layer["key"], 0.0) + _rotated_squares(fitted.arrays, layer,
+                                                                              per_layer[layer["key"]]).sum(axis=0)
+    assert rows == mask.sum() == fitted.meta["correction_rows"]
+    for key, total in sums.items():
+        np.testing.assert_allclose(fitted.arrays[f"{key}.eigenvalues"], total / rows, rtol=1e-10,
+                                   atol=1e-12 * (total / rows).max())
+    with pytest.raises(ConfigError, match="correction_rows.*kfac makes no eigenvalue correction"):
+        get_engine("kfac").settings(EngineConfig(name="kfac", correction_rows=3))
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ConfigError, match="correction_rows"):
+            get_engine("ekfac").settings(EngineConfig(name="ekfac", correction_rows=bad))

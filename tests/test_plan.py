@@ -700,6 +700,30 @@ def test_plan_prices_the_factor_share_of_engine_factor_rows():
     assert isinstance(refused.exception, ConfigError) and "engine.factor_rows" in str(refused.exception)
 
 
+def test_plan_prices_the_correction_share_of_engine_correction_rows():
+    """A stream's eigenvalue correction runs over the share, unless it keeps every row's squared
+    norm for a DataInf cross-check; the index reads it whole either way, and a correction
+    recomputed from the model (sampled Fisher) runs over the share under both stores."""
+    runner = CliRunner()
+    base = ["plan", "--model-config", "qwen2.5-0.5b", "--r", "16", "--target-modules", "all-linear",
+            "--n-examples", "10000", "--tokens", "512", "--no-calibrate", "--correction-rows", "2500"]
+    alone = json.loads(runner.invoke(app, [*base, "--cross-check", "none", "--json"]).stdout)
+    assert alone["settings"]["correction_rows"] == 2500 and alone["passes"]["correction_share"] == 0.25
+    assert (alone["stream"]["passes"], alone["stream"]["floors"]) == (3, 2.25)
+    assert (alone["index"]["captures"], alone["index"]["capture_floors"]) == (1, 1.0)
+    paired = json.loads(runner.invoke(app, [*base, "--json"]).stdout)
+    assert paired["cross_check"]["engine"] == "datainf" and paired["stream"]["floors"] == 3.0
+    text = runner.invoke(app, [*base, "--cross-check", "none"]).output
+    assert "stream: nothing on disk; 3 forward+backward passes (1 over about 25% of the rows: engine.correction_rows)" in text
+    sampled = engine_passes("ekfac", fisher="sampled", fisher_samples=2, correction_share=0.25)
+    assert (sampled.correction_passes, sampled.correction_index_passes) == (2, 2)
+    assert sampled.stream_floors == sampled.stream - 1.5 and sampled.index_floors == sampled.index_captures - 1.5
+    assert engine_passes("kfac", correction_share=0.25).correction_passes == 0
+    for flags, key in ((["--correction-rows", "0"], "engine.correction_rows"), (["--cross-check", "bogus"], "--cross-check")):
+        refused = runner.invoke(app, [*base[:-2], *flags])
+        assert isinstance(refused.exception, ConfigError) and key in str(refused.exception), refused.output
+
+
 def test_the_eigendecompositions_are_counted_from_the_lora_shapes_and_timed_on_the_cpu():
     linears = lora_linears(read_model_shape("qwen2.5-0.5b"), AdapterShape(16, "all-linear"))
     sides = _lora_sides(linears)

@@ -27,12 +27,15 @@ def _files_under(root: Path) -> list[str]:
 
 
 def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: bool = True,
-                factor_rows: int | None = None) -> dict[str, object]:
+                factor_rows: int | None = None, correction_rows: int | None = None,
+                norms_wanted: bool = True) -> dict[str, object]:
     """EK-FAC over the index and over a stream of the same fine-tune, each fitted in its own cache
     (so neither reuses the other's state), scored against both query signals. ``prime_norms``:
     the stream's first pass also keeps the squared norms, or (False) gathers the factors alone
     from forward and backward passes that form no per-example gradient. ``factor_rows``: the
-    factors summed over about that many rows (``engine.factor_rows``)."""
+    factors summed over about that many rows (``engine.factor_rows``); ``correction_rows``: the
+    eigenvalue correction averaged over about that many (``engine.correction_rows``), with
+    ``norms_wanted`` telling the stream whether an engine to come reads the squared norms."""
     from gradian.attribution.checkpoints import fit_context
     from gradian.attribution.pipeline import _query_items
     from gradian.data import load_dataset, tokenize_examples
@@ -49,7 +52,7 @@ def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: 
     from gradian.grads.collectors import factor_share
 
     cfg = world_run.config(**{"dtype": dtype, "cache_dir": str(tmp_path / "index-cache"),
-                              "engine.factor_rows": factor_rows})
+                              "engine.factor_rows": factor_rows, "engine.correction_rows": correction_rows})
     streamed_cache = tmp_path / "stream-cache"
     gm = load_model_for_gradients(cfg.base_model, cfg.adapter_path, cfg)
     tokenizer = load_tokenizer(cfg.tokenizer or cfg.base_model)
@@ -65,6 +68,7 @@ def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: 
     else:
         index = GradientIndex.build(gm, tokenizer, dataset, cfg)
     stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized)
+    stream.norms_wanted = norms_wanted
     with KroneckerCollector(gm, share=share) as primed:
         stream.prime(primed, norms=prime_norms)
     prime_rows = stream.rows_computed
@@ -76,13 +80,14 @@ def _score_both(world_run, tmp_path: Path, dtype: str = "float64", prime_norms: 
     on_stream = fit_engine("ekfac", stream, cfg.engine,
                            fit_context(cfg, gm, tokenizer, dataset, None, tokenized=tokenized, collected=primed,
                                        store="stream"), cache_dir=streamed_cache)
+    fit_rows = stream.rows_computed - prime_rows
     assert on_stream.meta["factors_from"] == "index build"
     assert on_index.meta["factors_from"] == ("index build" if built is not None else "own pass")
     eval_set = load_dataset(cfg.eval_dataset)
     cap = evaluate_capability(cfg, eval_set, model=gm.model, tokenizer=tokenizer, capability="capability")
     items, scope, notes, ids = select_query_items(_query_items(cap, eval_set), dataset.examples)
     out: dict[str, object] = {"stream": stream, "index": index, "streamed_cache": streamed_cache, "config": cfg,
-                              "states": (on_index, on_stream), "prime_rows": prime_rows}
+                              "states": (on_index, on_stream), "prime_rows": prime_rows, "fit_rows": fit_rows}
     for signal in ("contrastive", "target"):
         qg = build_query_gradient(gm, tokenizer, items, signal, cfg.grads, scope=scope, notes=notes, finding_ids=ids)
         out[signal] = (engine.score(on_index, qg.per_item, cfg.engine), engine.score(on_stream, qg.per_item, cfg.engine))
@@ -154,6 +159,40 @@ def test_factors_over_a_share_of_the_rows_stream_as_they_index(tinyworld_run, tm
         np.testing.assert_allclose(streamed.scores, indexed.scores, rtol=1e-6, atol=1e-12 * np.abs(indexed.scores).max())
         rho = spearmanr(indexed.ranking.mean(axis=1), streamed.ranking.mean(axis=1)).statistic
         assert rho == pytest.approx(1.0, abs=1e-12), (signal, rho)
+
+
+@pytest.mark.parametrize("norms_wanted", [False, True])
+def test_a_correction_over_a_share_of_the_rows_streams_as_it_indexes(tinyworld_run, tmp_path, norms_wanted):
+    """``engine.correction_rows``: over the index the correction reads the chosen rows' stored
+    gradients; the stream's correction pass computes those rows alone, or, while a DataInf
+    cross-check is still to read every row's squared norm, every row (keeping the norms) and folds
+    the chosen ones. Either way the same scores as the index's."""
+    got = _score_both(tinyworld_run("poison_capitals"), tmp_path, "float64", prime_norms=False, correction_rows=200,
+                      norms_wanted=norms_wanted)
+    stream, index = got["stream"], got["index"]
+    on_index, on_stream = got["states"]
+    n = index.n
+    assert 100 < on_index.meta["correction_rows"] == on_stream.meta["correction_rows"] < 300 < n
+    assert got["prime_rows"] == n and stream.passes == 4
+    if norms_wanted:
+        assert got["fit_rows"] == n and stream._norms is not None
+        for block, norms in index.sq_norms().items():
+            np.testing.assert_array_equal(stream.sq_norms()[block], norms)
+        assert stream.passes == 4
+    else:
+        # the chosen rows alone (the scoring passes after it, over every row, keep the norms)
+        assert got["fit_rows"] == on_stream.meta["correction_rows"]
+    # computed in batches of their own, the chosen rows' gradients differ from the stored ones by
+    # the rounding of other batch shapes (about 4e-7 of the largest value): the scores by 1e-7 of
+    # the largest; in the index's batches they are the stored values, and the scores match to 1e-6
+    exact = norms_wanted
+    for signal in ("contrastive", "target"):
+        indexed, streamed = got[signal]
+        scale = np.abs(indexed.scores).max()
+        np.testing.assert_allclose(streamed.scores, indexed.scores, rtol=1e-6 if exact else 1e-5,
+                                   atol=(1e-12 if exact else 1e-7) * scale)
+        rho = spearmanr(indexed.ranking.mean(axis=1), streamed.ranking.mean(axis=1)).statistic
+        assert rho == pytest.approx(1.0, abs=1e-12 if exact else 1e-6), (signal, rho)
 
 
 def test_stream_rows_and_norms_are_the_index_ones(tinyworld_run, tmp_path):

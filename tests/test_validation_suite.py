@@ -448,11 +448,13 @@ def test_accused_refuses_a_scenario_without_planted_rows():
 @pytest.mark.parametrize("flag, value", [("--replay-horizons", "two"), ("--replay-horizons", "0"),
                                          ("--replay-horizons", "250,-3"), ("--fine-tune-seed", "-1"),
                                          ("--fine-tune-seed", "one"), ("--replay-scalings", "held,frozen"),
-                                         ("--factor-rows", "0"), ("--factor-rows", "half")])
+                                         ("--factor-rows", "0"), ("--factor-rows", "half"),
+                                         ("--correction-rows", "-4")])
 def test_fidelity_refuses_a_bad_horizon_or_fine_tune_seed_naming_the_flag(flag, value):
     """``validate.py fidelity --replay-horizons`` takes whole numbers of steps, at least 1,
     ``--fine-tune-seed`` a whole number of 0 or more, ``--replay-scalings`` values of
-    ``engine.replay_scaling``, ``--factor-rows`` whole numbers of rows, at least 1: anything else exits 2 naming the flag and the value, before any work."""
+    ``engine.replay_scaling``, ``--factor-rows`` and ``--correction-rows`` whole numbers of rows, at least 1:
+    anything else exits 2 naming the flag and the value, before any work."""
     proc = subprocess.run([sys.executable, str(PROJECT / "validate.py"), "fidelity", flag, value,
                            "--no-mlflow", "--workdir", "/nonexistent/never-written"],
                           capture_output=True, text=True, timeout=300)

@@ -31,9 +31,13 @@ store is ``stream / floor <= 3.5``. The stream's and the index's scores and rank
 to agree (relative 1e-5 in float32, 1e-9 in float64), so both timings are of the same work.
 
 Run: ``python projects/benchmarks/bench_stream.py [--model tinyworld|small|medium] [--rows N]
-[--tokens T] [--batch-size B] [--repeats 3] [--dtype float32|float64] [--factor-rows N] [--out results.json]``.
+[--tokens T] [--batch-size B] [--repeats 3] [--dtype float32|float64] [--factor-rows N] [--correction-rows N]
+[--out results.json]``.
 ``--factor-rows`` sets ``engine.factor_rows``: the stream's first pass then runs over about that
 many rows, and over the index the fit sums them in a pass of its own.
+``--correction-rows`` sets ``engine.correction_rows``: the stream's eigenvalue correction then
+computes about that many rows (in batches of their own, so in float64 the two stores' scores are
+checked to 1e-6), and over the index it reads those rows' stored gradients.
 Random weights are fine: timing does not depend on what the model knows.
 """
 
@@ -129,7 +133,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     peft_model, values = build_model(args.model, args.rank, args.dtype)
     base = {"device": "cpu", "dtype": args.dtype, "grads.batch_size": args.batch_size,
             "grads.chunk_size": args.chunk_size, "grads.max_seq_length": int(args.tokens * 1.5) + 16,
-            "grads.max_index_gb": None, "engine.factor_rows": args.factor_rows}
+            "grads.max_index_gb": None, "engine.factor_rows": args.factor_rows,
+            "engine.correction_rows": args.correction_rows}
     probe = load_config(overrides={**base, "cache_dir": tempfile.gettempdir()})
     gm = wrap_peft_model(peft_model, probe)
     dataset = dataset_from_rows(make_rows(args.rows, args.tokens))
@@ -174,6 +179,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         cfg = load_config(overrides={**base, "cache_dir": cache, "engine.store": "stream"})
         t0 = time.perf_counter()
         stream = GradientStream(gm, tokenizer, dataset, cfg, tokenized=tokenized)
+        stream.norms_wanted = False  # EK-FAC alone reads no squared norm: a correction over a share computes only it
         with KroneckerCollector(gm, share=share(dataset)) as collector:
             stream.prime(collector, norms=args.prime_norms)
         t1 = time.perf_counter()
@@ -303,7 +309,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         agreement.append({"scores_max_rel_diff": float(np.abs(a.scores - b.scores).max() / scale),
                           "ranking_max_rel_diff": float(np.abs(a.ranking - b.ranking).max()
                                                         / (float(np.abs(b.ranking).max()) or 1.0))})
-        rtol = 1e-9 if args.dtype == "float64" else 1e-5
+        # engine.correction_rows: the stream computes the chosen rows in batches of their own, whose
+        # other shapes round their gradients otherwise than the index's full batches (about 1e-7 of
+        # the largest score in float64)
+        rtol = (1e-6 if args.correction_rows else 1e-9) if args.dtype == "float64" else 1e-5
         np.testing.assert_allclose(a.scores, b.scores, rtol=rtol, atol=rtol * scale)
         np.testing.assert_allclose(a.ranking, b.ranking, rtol=rtol, atol=rtol * float(np.abs(b.ranking).max()))
         base_s = times["floor"][-1]
@@ -330,7 +339,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "tokens_per_row_range": [int(min(lengths)), int(max(lengths))],
         "supervised_tokens": int(sum(sum(1 for x in t.labels if x != -100) for t in tokenized)),
         "batch_size": args.batch_size, "chunk_size": args.chunk_size, "repeats": args.repeats,
-        "prime_norms": args.prime_norms, "factor_rows": args.factor_rows,
+        "prime_norms": args.prime_norms, "factor_rows": args.factor_rows, "correction_rows": args.correction_rows,
         "tokenize_seconds": round(tokenize_seconds, 4),
         "seconds": {k: _stats(v) for k, v in times.items()},
         "ratio_of_medians": {
@@ -380,6 +389,8 @@ def main() -> None:
     parser.add_argument("--floor-second", action="store_true", help="Also time the floor after each repeat")
     parser.add_argument("--factor-rows", type=int, default=None,
                         help="engine.factor_rows: the Kronecker factors from about this many rows (default: every row)")
+    parser.add_argument("--correction-rows", type=int, default=None,
+                        help="engine.correction_rows: the eigenvalue correction from about this many rows (default: every row)")
     parser.add_argument("--quick", action="store_true", help="A smoke run: tinyworld, 32 rows of 32 tokens, once")
     parser.add_argument("--out", type=Path, default=None, help="Also write the JSON here")
     args = parser.parse_args()

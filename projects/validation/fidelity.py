@@ -36,7 +36,9 @@ with its interval on the same resamples, goes into the verdict
 (``replay_variants_minus_replay``).
 ``factor_rows`` (``--factor-rows 212,424``): EK-FAC scored again with its Kronecker factors summed
 over about each of these many rows (``engine.factor_rows``), as engines ``ekfac_rows<N>``, each
-against EK-FAC on the same resamples (``ekfac_variants_minus_ekfac``).
+against EK-FAC on the same resamples (``ekfac_variants_minus_ekfac``); ``correction_rows``
+(``--correction-rows 212,424``) the same for its eigenvalue correction (``engine.correction_rows``),
+as engines ``ekfac_correction<N>``.
 
 Every correlation carries a bootstrap interval over the retrains; the engines are compared on the
 same resamples, so the winner's margin has an interval too. The full run: 128 subsets, 13
@@ -264,7 +266,8 @@ def _plot(path: Path, losses: list[float], masks: Any, scores: dict[str, Any], n
 def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers: int | None = None,
         seed: int = 0, scenario: str | None = None, leave_one_out: bool | None = None,
         replay_horizons: Sequence[int] = (), fine_tune_seed: int | None = None,
-        replay_scalings: Sequence[str] = (), factor_rows: Sequence[int] = (), **_: Any) -> ExperimentResult:
+        replay_scalings: Sequence[str] = (), factor_rows: Sequence[int] = (), correction_rows: Sequence[int] = (),
+        **_: Any) -> ExperimentResult:
     import numpy as np
 
     from gradian.config import load_config
@@ -314,7 +317,9 @@ def run(ws: Workspace, quick: bool = False, subsets: int | None = None, workers:
                 *((f"replay_h{int(h)}", {"engine.name": "replay", "engine.replay_horizon": int(h)})
                   for h in replay_horizons),
                 *((f"replay_{s}", {"engine.name": "replay", "engine.replay_scaling": s}) for s in replay_scalings),
-                *((f"ekfac_rows{int(r)}", {"engine.name": "ekfac", "engine.factor_rows": int(r)}) for r in factor_rows)]
+                *((f"ekfac_rows{int(r)}", {"engine.name": "ekfac", "engine.factor_rows": int(r)}) for r in factor_rows),
+                *((f"ekfac_correction{int(r)}", {"engine.name": "ekfac", "engine.correction_rows": int(r)})
+                  for r in correction_rows)]
     for name, at in variants:
         variant_reports[name] = ws.attribute(
             scenario, load_config(scenario.config_path, overrides={**reference, **at}),

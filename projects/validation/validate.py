@@ -90,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--factor-rows", default="", help="fidelity: EK-FAC scored again with its Kronecker factors "
                         "summed over about each of these many rows (engine.factor_rows; comma-separated), as engines "
                         "ekfac_rows<N>")
+    parser.add_argument("--correction-rows", default="", help="fidelity: EK-FAC scored again with its eigenvalue "
+                        "correction averaged over about each of these many rows (engine.correction_rows; "
+                        "comma-separated), as engines ekfac_correction<N>")
     parser.add_argument("--fine-tune-seed", type=int, default=None,
                         help="fidelity: the seed of the reference fine-tune and every retrain (default: the scenario's)")
     parser.add_argument("--no-mlflow", action="store_true", help="Write verdict.json only; log nothing to MLflow")
@@ -100,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--seeds {args.seeds!r}: give whole numbers separated by commas, e.g. 0,1,2")
     horizons = _whole_numbers(parser, "--replay-horizons", args.replay_horizons, "steps", "282,318")
     factor_rows = _whole_numbers(parser, "--factor-rows", args.factor_rows, "rows", "212,424")
+    correction_rows = _whole_numbers(parser, "--correction-rows", args.correction_rows, "rows", "212,424")
     if args.fine_tune_seed is not None and args.fine_tune_seed < 0:
         parser.error(f"--fine-tune-seed {args.fine_tune_seed}: give a seed of 0 or more")
     scalings = [s.strip() for s in args.replay_scalings.split(",") if s.strip()]
@@ -147,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {"quick": args.quick, "subsets": args.subsets or None, "workers": args.workers or None,
                "scenario": args.scenario, "leave_one_out": args.loco, "seeds": seeds or None,
                "replay_horizons": horizons, "fine_tune_seed": args.fine_tune_seed, "replay_scalings": scalings,
-               "factor_rows": factor_rows}
+               "factor_rows": factor_rows, "correction_rows": correction_rows}
     started = time.time()
     results = []
 

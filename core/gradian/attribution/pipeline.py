@@ -362,7 +362,8 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
     # a stream's first pass keeps the squared norms only for an engine that reads them (DataInf),
     # and only when the main engine's fit makes no pass over the gradients that keeps them anyway
     # (EK-FAC's eigenvalue correction): the first pass then makes no per-example gradient at all
-    norms = bool(norm_reading_engines(engines)) and not (
+    norms_wanted = bool(norm_reading_engines(engines))
+    norms = norms_wanted and not (
         choice.store == "stream" and get_engine(cfg.engine.name).fit_passes_over_gradients(cfg.engine, cfg.grads))
     if choice.store == "stream":
         first = "the norms and the Kronecker factors" if norms else "the Kronecker factors"
@@ -372,6 +373,7 @@ def _score_all(lane: _Lane, cross_check: str | None, measured: _Measured, manife
         log("indexing per-example gradients")
     # Kronecker factors gathered in the gradients' first pass, when a Kronecker engine will need them
     index, collector = capture_training_gradients(gm, tokenizer, dataset, cfg, choice, collect=collect, norms=norms,
+                                                  norms_wanted=norms_wanted,
                                                   force=force, progress=progress, log=log,
                                                   tokenized=tokenized.rows() if choice.store == "stream" else None,
                                                   shard=shard)

@@ -44,6 +44,8 @@ def plan_command(
     engine: Optional[str] = typer.Option(None, "--engine", help="engine.name to plan for (its passes and curvature; default: the config's)"),
     store: Optional[str] = typer.Option(None, "--store", help="engine.store to plan for: auto, index or stream (default: the config's)"),
     factor_rows: Optional[int] = typer.Option(None, "--factor-rows", help="engine.factor_rows to plan for: the Kronecker factors summed over about this many rows (default: the config's; every row)"),
+    correction_rows: Optional[int] = typer.Option(None, "--correction-rows", help="engine.correction_rows to plan for: ekfac's eigenvalue correction averaged over about this many rows (default: the config's; every row)"),
+    cross_check: str = typer.Option("auto", "--cross-check", help="The cross-check gradian attribute will run beside the engine (as its --cross-check: auto, none or an engine name): its passes, and whether a stream's eigenvalue correction keeps every row's squared norm for it"),
     run: Optional[str] = typer.Option(None, "--run", "-r", help="The training run (an output directory or runs:/<mlflow run id>): engine.name replay prices the replay of its recipe"),
     mlflow_run: Optional[str] = typer.Option(None, "--mlflow-run", help="MLflow run id of the training run (same as --run runs:/<id>)"),
     memory: Optional[str] = typer.Option(None, "--memory", help="Memory per device, e.g. 24GiB or 80GB: propose settings that fit"),
@@ -86,6 +88,7 @@ def plan_command(
         "grads.storage_dtype": storage_dtype,
         "grads.module_filter": module_filter, "engine.name": engine, "engine.store": store,
         "engine.factor_rows": factor_rows,
+        "engine.correction_rows": correction_rows,
     })
     budgets = Budgets(parse_size(memory, "--memory") if memory else None, parse_size(disk, "--disk") if disk else None,
                       parse_size(host_memory, "--host-memory") if host_memory else None)
@@ -97,7 +100,11 @@ def plan_command(
     model = read_model_shape(source)
     lora = adapter_shape(cfg.adapter_path if r is None or target_modules is None else None, r, target_modules)
     device = _device(device or cfg.device)
-    settings = PlanSettings.from_config(cfg, device)
+    from gradian.engines.registry import available_engines
+
+    if cross_check not in (*available_engines(), "none", "auto"):
+        raise ConfigError(f"--cross-check {cross_check!r}: use auto, none or one of {', '.join(available_engines())}")
+    settings = dataclasses.replace(PlanSettings.from_config(cfg, device), cross_check=cross_check)
     tokenized, pad_id, tok = None, 0, None
     if cfg.dataset:
         from gradian.data import load_dataset, tokenize_examples
@@ -309,10 +316,10 @@ def _print_plan(plan: Plan, estimate: Any, print_line: Callable[[str], None],
     passes, index = p.passes, p.index
     print_line(f"stores ({s.engine}, one fit and one scoring: {passes.what()}):")
     print_line(f"  index: {fmt(index.disk_bytes)} on disk; {index.captures} forward+backward "
-               f"pass{'es' if index.captures > 1 else ''}{passes.share_note()}{about(index.capture_floors)}, "
+               f"pass{'es' if index.captures > 1 else ''}{passes.share_note('index')}{about(index.capture_floors)}, "
                f"then {index.reads} read{'s' if index.reads > 1 else ''} of the index")
     print_line(f"  stream: nothing on disk; {p.stream.passes} forward+backward "
-               f"pass{'es' if p.stream.passes > 1 else ''}{passes.share_note()}{about(p.stream.floors)}")
+               f"pass{'es' if p.stream.passes > 1 else ''}{passes.share_note('stream')}{about(p.stream.floors)}")
     if curv.state_bytes:
         print_line(f"  {s.engine} state: {fmt(curv.state_bytes)} on disk under either store (eigenbases and eigenvalues)")
     cross = p.cross_check

@@ -387,6 +387,8 @@ def validate_config(config: GradianConfig, where: str = "config",
             raise bad(f"engine.options.{name}", values, "a mapping of that engine's option names to values")
     if config.engine.factor_rows is not None and config.engine.factor_rows < 1:
         raise bad("engine.factor_rows", config.engine.factor_rows, "at least 1 (rows), or null for every row")
+    if config.engine.correction_rows is not None and config.engine.correction_rows < 1:
+        raise bad("engine.correction_rows", config.engine.correction_rows, "at least 1 (rows), or null for every row")
     if config.engine.replay_horizon is not None and config.engine.replay_horizon < 1:
         raise bad("engine.replay_horizon", config.engine.replay_horizon, "at least 1 (optimizer steps), or null")
     if not config.evaluation.query_lost_nats > 0:

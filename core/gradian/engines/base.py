@@ -37,6 +37,7 @@ __all__ = [
     "SIGN_CONVENTION",
     "CheckpointGradients",
     "CheckpointIndexer",
+    "ChosenRows",
     "CollectedFactors",
     "CurvaturePasses",
     "Engine",
@@ -183,7 +184,9 @@ class CurvaturePasses(Protocol):
     ``layers``: every LoRA matrix (``key``, ``block``, ``offset``, ``out``, ``in``); ``factor_totals``
     returns ``{key: (sum x x^T, sum g g^T, tokens, rows)}`` over the rows (all, or the ``share``
     ``factor_share(engine.factor_rows)`` gives; ``tick(rows)`` after each batch) and ``layer_gradients`` yields ``(rows, {key: G [rows, out, in]})`` per
-    batch, both under the training labels (``fisher_seed`` None) or labels sampled from the model."""
+    batch (over every row, or the ``share`` chosen the same way), both under the training labels
+    (``fisher_seed`` None) or labels sampled from the model; ``chosen_rows(share)`` is ``[n]``, true
+    for the rows a share chooses."""
 
     layers: list[dict[str, Any]]
 
@@ -199,8 +202,10 @@ class CurvaturePasses(Protocol):
                       tick: Callable[[int], None] | None = None,
                       share: float = 1.0) -> dict[str, tuple[np.ndarray, np.ndarray, int, int]]: ...
 
-    def layer_gradients(self, fisher_seed: int | None = None,
-                        draw: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]: ...
+    def layer_gradients(self, fisher_seed: int | None = None, draw: int = 0,
+                        share: float = 1.0) -> Iterator[tuple[int, dict[str, np.ndarray]]]: ...
+
+    def chosen_rows(self, share: float) -> np.ndarray: ...
 
 
 class CollectedFactors(Protocol):
@@ -594,17 +599,48 @@ def _gathered(n: int, parts: Sequence[tuple[int, np.ndarray]]) -> np.ndarray:
     return out
 
 
+@dataclass(frozen=True)
+class ChosenRows:
+    """A share of the training rows a pass folds alone (``engine.correction_rows``): ``share`` as
+    ``gradian.grads.collectors.factor_share`` gives it, ``mask`` ``[n]`` true for the rows its hash
+    chooses (``CurvaturePasses.chosen_rows``)."""
+
+    share: float
+    mask: np.ndarray
+
+    @property
+    def count(self) -> int:
+        return int(np.count_nonzero(self.mask))
+
+    def restrict(self, of_chunk: Callable[[int, dict[str, np.ndarray]], ChunkOutputs]
+                 ) -> Callable[[int, dict[str, np.ndarray]], ChunkOutputs]:
+        """``of_chunk`` shown only the chosen rows of each chunk (in order; possibly none)."""
+        def chosen(start: int, chunk: dict[str, np.ndarray]) -> ChunkOutputs:
+            size = next(iter(chunk.values())).shape[0]
+            keep = self.mask[start: start + size]
+            return of_chunk(start, {b: v[keep] for b, v in chunk.items()})
+
+        return chosen
+
+
 def chunk_pass(train: TrainGradients, name: str, inputs: Mapping[str, object],
                of_chunk: Callable[[int, dict[str, np.ndarray]], ChunkOutputs], *, rows: Sequence[str] = (),
-               sums: Sequence[str] = ()) -> ChunkOutputs:
+               sums: Sequence[str] = (), chosen: ChosenRows | None = None) -> ChunkOutputs:
     """One pass over ``train`` folding ``of_chunk`` (see ``fold``). A container that recomputes its
-    gradients (a stream) offers ``fold_chunks(key, of_chunk, rows=, sums=)`` and gets the pass's
-    content key (``pass_key(name, inputs)``), so it can keep each chunk's result and resume an
-    interrupted pass where it stopped; anything else is folded here, chunk by chunk."""
+    gradients (a stream) offers ``fold_chunks(key, of_chunk, rows=, sums=, chosen=)`` and gets the
+    pass's content key (``pass_key(name, inputs)``), so it can keep each chunk's result and resume
+    an interrupted pass where it stopped; anything else is folded here, chunk by chunk.
+
+    ``chosen``: ``of_chunk`` sees only those rows (a pass of sums alone; a stream then computes just
+    them, unless it still has every row's squared norm to keep)."""
+    if chosen is not None and rows:
+        raise ValueError("a pass over a share of the rows folds sums only: its per-row outputs would not line up")
     folder = getattr(train, "fold_chunks", None)
     if callable(folder):
-        return dict(folder(pass_key(name, inputs), of_chunk, rows=tuple(rows), sums=tuple(sums)))
-    return fold(train.iter_chunks(), train.n, of_chunk, rows, sums)
+        extra: dict[str, object] = {} if chosen is None else {"chosen": chosen}
+        key = pass_key(name, inputs if chosen is None else {**inputs, "chosen_share": chosen.share})
+        return dict(folder(key, of_chunk, rows=tuple(rows), sums=tuple(sums), **extra))
+    return fold(train.iter_chunks(), train.n, of_chunk if chosen is None else chosen.restrict(of_chunk), rows, sums)
 
 
 def _inputs_of(direction: Mapping[str, np.ndarray]) -> dict[str, object]:

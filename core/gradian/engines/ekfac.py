@@ -38,6 +38,7 @@ import numpy as np
 
 from gradian.engines.base import (
     CheckpointGradients,
+    ChosenRows,
     Engine,
     EngineResult,
     EngineState,
@@ -75,8 +76,8 @@ TRAIN_NORMALIZATIONS = ("none", "relatif")
 
 class KroneckerSettings(TypedDict, total=False):
     """What a Kronecker fit depends on (``Engine.settings``); the sampled Fisher's keys only under
-    ``fisher: sampled``, ``checkpoints`` only when it is not the final adapter, ``factor_rows``
-    only when set."""
+    ``fisher: sampled``, ``checkpoints`` only when it is not the final adapter, ``factor_rows`` and
+    ``correction_rows`` only when set."""
 
     fisher: str
     eigenvalue_correction: bool
@@ -85,6 +86,7 @@ class KroneckerSettings(TypedDict, total=False):
     fisher_labels: str
     checkpoints: str
     factor_rows: int
+    correction_rows: int
 
 
 class _CheckpointFit(TypedDict):
@@ -133,6 +135,15 @@ class _KroneckerEngine(Engine):
                 raise ConfigError(f"engine.factor_rows must be a whole number of rows, at least 1, or null (every "
                                   f"row), got {factor_rows!r}")
             out["factor_rows"] = int(factor_rows)  # absent when unset, so those state ids stay as they were
+        correction_rows = getattr(config, "correction_rows", None)
+        if correction_rows is not None:
+            if isinstance(correction_rows, bool) or not isinstance(correction_rows, int) or correction_rows < 1:
+                raise ConfigError(f"engine.correction_rows must be a whole number of rows, at least 1, or null "
+                                  f"(every row), got {correction_rows!r}")
+            if not self.correct_eigenvalues:
+                raise ConfigError(f"engine.correction_rows is set ({correction_rows}), but {self.name} makes no "
+                                  "eigenvalue correction: remove it, or use engine.name: ekfac")
+            out["correction_rows"] = int(correction_rows)  # absent when unset, as factor_rows
         mode = getattr(config, "checkpoints", "final")
         if mode not in CHECKPOINT_MODES:
             raise ConfigError(f"engine.checkpoints '{mode}' is not one of {', '.join(CHECKPOINT_MODES)}")
@@ -239,7 +250,17 @@ class _KroneckerEngine(Engine):
         else:
             draws_to_run = draws
         factor_steps = n_examples if share >= 1.0 else int(round(share * n_examples))
-        total_steps = max(draws_to_run * factor_steps + (draws * n_examples if self._second_pass(settings, grads) else 0), 1)
+        # the eigenvalue correction over a share of the rows (engine.correction_rows): the same hash
+        # chooses them as the factors' rows, so the two choices nest
+        correction_share = passes.factor_share(settings.get("correction_rows")) if self.correct_eigenvalues else 1.0
+        chosen = ChosenRows(correction_share, passes.chosen_rows(correction_share)) if correction_share < 1.0 else None
+        if chosen is not None and not chosen.count:
+            raise ConfigError(f"engine.correction_rows {settings['correction_rows']} chose none of the {n_examples} "
+                              "training rows to average the eigenvalue correction over (rows are chosen by a hash "
+                              "of their tokens, about that many); raise it, or set it to null for every row")
+        correction_steps = n_examples if chosen is None else chosen.count
+        total_steps = max(draws_to_run * factor_steps
+                          + (draws * correction_steps if self._second_pass(settings, grads) else 0), 1)
         done = [0]
 
         def tick(rows: int) -> None:
@@ -264,7 +285,7 @@ class _KroneckerEngine(Engine):
             n_rows = 0
             if self._second_pass(settings, grads):
                 for draw in range(draws):
-                    for rows, per_layer in passes.layer_gradients(seed, draw):
+                    for rows, per_layer in passes.layer_gradients(seed, draw, 1.0 if chosen is None else chosen.share):
                         for key, g in per_layer.items():
                             sums[key] += corrected_eigenvalues(eigen[key], g)
                         n_rows += rows
@@ -281,7 +302,7 @@ class _KroneckerEngine(Engine):
 
                 # one pass over the stored (or streamed) gradients, in the eigenbases just computed
                 bases = {f"{key}.{side}": getattr(e, side) for key, e in eigen.items() for side in ("q_a", "q_s")}
-                folded = chunk_pass(train, "eigenvalue-correction", bases, of_chunk, sums=("rows", *sums))
+                folded = chunk_pass(train, "eigenvalue-correction", bases, of_chunk, sums=("rows", *sums), chosen=chosen)
                 for key in sums:
                     sums[key] = sums[key] + folded.get(key, 0.0)
                 n_rows = int(folded.get("rows", 0))
@@ -296,6 +317,7 @@ class _KroneckerEngine(Engine):
                 "n_examples": n_examples,
                 "factor_rows": max((f.examples for f in factors.values()), default=0) // max(draws_to_run, 1),
                 "tokens": {key: f.tokens for key, f in factors.items()},
+                **({} if chosen is None else {"correction_rows": chosen.count}),
                 "eigenvalues_from": ("index" if self.correct_eigenvalues and not self._second_pass(settings, grads)
                                      else "second pass" if self.correct_eigenvalues else "kronecker product")}
         return EngineState(self.name, train, arrays=arrays, meta=meta)

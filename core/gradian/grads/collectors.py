@@ -402,6 +402,11 @@ class ModelPasses:
         """The share of these rows the Kronecker factors are summed over under ``engine.factor_rows``."""
         return factor_share(len(self.tokenized), factor_rows)
 
+    def chosen_rows(self, share: float) -> np.ndarray:
+        """``[n]`` bool: the rows ``in_factor_rows`` chooses at ``share`` (every row at 1)."""
+        return np.fromiter((in_factor_rows(t.input_ids, share) for t in self.tokenized), dtype=bool,
+                           count=len(self.tokenized))
+
     def _batches(self) -> Iterator[tuple[int, TokenBatch]]:
         size = int(self.grads.batch_size) if self.grads is not None else 4
         for offset in range(0, len(self.tokenized), size):
@@ -515,16 +520,19 @@ class ModelPasses:
         return {key: (mirror_upper(torch.from_numpy(xx)).numpy(), mirror_upper(torch.from_numpy(gg)).numpy(),
                       int(tokens), int(rows)) for key, (xx, gg, tokens, rows) in total.items()}
 
-    def layer_gradients(self, fisher_seed: int | None = None,
-                        draw: int = 0) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    def layer_gradients(self, fisher_seed: int | None = None, draw: int = 0,
+                        share: float = 1.0) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
         """Per batch: ``(rows, {layer: G [rows, out, in]})`` float64 numpy, each row's gradient of
         every LoRA matrix, under the labels ``factor_totals`` would use (the same draws: the
-        generator of a batch depends only on the seed, the draw and the batch's first row)."""
+        generator of a batch depends only on the seed, the draw and the batch's first row). With
+        ``share`` below 1 only the rows ``in_factor_rows`` chooses, batched as ``factor_totals``
+        batches them."""
         import torch
 
         reduction = self._reduction(fisher_seed)
         by_id = {layer["id"]: layer for layer in self.layers}
-        for offset, batch in self._batches():
+        batches = self._batches() if share >= 1.0 else ((offset, batch) for _, offset, batch in self._chosen_batches(share))
+        for offset, batch in batches:
             _, io = linear_inputs_and_output_grads(self.gm, batch, reduction,
                                                    self._labels(fisher_seed, draw, offset, batch))
             out = {}

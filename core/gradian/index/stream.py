@@ -109,6 +109,9 @@ class GradientStream:
         self.chunks_resumed = 0
         self.notes: list[str] = []
         self._keep_partials = True
+        #: an engine to come reads every row's squared norm (DataInf): a pass over a share of the
+        #: rows still captures every row while no pass has kept them (``fold_chunks``)
+        self.norms_wanted = True
 
     # -- what it is ---------------------------------------------------------------------------
 
@@ -193,7 +196,8 @@ class GradientStream:
 
     def fold_chunks(self, key: str, of_chunk: Callable[[int, dict[str, np.ndarray]], dict[str, np.ndarray]], *,
                     rows: Sequence[str] = (), sums: Sequence[str] = (),
-                    capture: Callable[[int], dict[str, np.ndarray]] | None = None) -> dict[str, np.ndarray]:
+                    capture: Callable[[int], dict[str, np.ndarray]] | None = None,
+                    chosen: Any = None) -> dict[str, np.ndarray]:
         """One pass folding ``of_chunk`` over every chunk (``gradian.engines.base.chunk_pass``),
         resumable: each finished chunk's outputs are kept under the pass's content ``key``
         (``gradian.index.passes``), so an interrupted pass computes only the chunks it had not
@@ -203,8 +207,20 @@ class GradientStream:
         ``capture(k)`` is what the pass makes of chunk ``k`` before ``of_chunk`` (default: its
         per-example gradients; the first such pass, while no squared norms are known, also keeps
         every row's squared norm per block, so an engine that reads them, such as DataInf, finds
-        them without a pass of its own)."""
+        them without a pass of its own).
+
+        ``chosen`` (``gradian.engines.base.ChosenRows``): ``of_chunk`` sees only the rows it
+        chooses, and only those are computed, in batches of their own, unless the pass is to keep
+        the squared norms an engine to come reads (``norms_wanted``): then every row is computed,
+        in the index's batches, and the chosen ones folded."""
         norms = capture is None and self._norms is None
+        if chosen is not None:
+            if capture is None and not (norms and self.norms_wanted):
+                norms, share = False, float(chosen.share)
+                capture = lambda k: self._chosen_chunk(k, share)  # noqa: E731
+                key += "-chosen"  # other batches than a pass over every row: other partials
+            else:
+                of_chunk = chosen.restrict(of_chunk)
         capture = capture if capture is not None else self._chunk
         if norms:  # the first pass that has the per-example gradients keeps their squared norms too
             of_chunk, rows = self._and_norms(of_chunk), (*rows, *self._norm_names)
@@ -407,6 +423,18 @@ class GradientStream:
         first = k * self.target.chunk_size
         return self._capture(first, first + self.target.chunk_rows(k))
 
+    def _chosen_chunk(self, k: int, share: float) -> dict[str, np.ndarray]:
+        """The per-example gradients of the rows of chunk ``k`` that ``in_factor_rows`` chooses at
+        ``share``, in batches of those rows alone (``{block: [chosen, width]}``; none may be)."""
+        first = k * self.target.chunk_size
+        chosen = factor_rows_of(self.tokenized[first: first + self.target.chunk_rows(k)], share)
+        if not chosen:
+            return {b: np.zeros((0, w), dtype=_STORAGE[self.config.grads.storage_dtype]) for b, w in self.widths.items()}
+        with self._own_adapter():
+            rows = capture_rows(self.target, chosen, self._projector)
+        self.rows_computed += len(chosen)
+        return rows
+
     def _forward_backward(self, k: int, collector: KroneckerCollector | None = None) -> dict[str, np.ndarray]:
         """Chunk ``k``'s forward and backward passes, in the capture's batches, forming nothing
         (for hooks active meanwhile, such as a ``KroneckerCollector``). When ``collector`` sums a
@@ -511,7 +539,8 @@ def training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, da
 
 def capture_training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizerBase, dataset: Dataset,
                                config: GradianConfig, choice: StoreChoice, *,
-                               collect: bool, norms: bool = True, force: bool = False,
+                               collect: bool, norms: bool = True, norms_wanted: bool | None = None,
+                               force: bool = False,
                                progress: Callable[[int, int], None] | None = None,
                                log: Callable[[str], None] | None = None,
                                tokenized: Sequence[TokenizedExample] | None = None,
@@ -519,8 +548,9 @@ def capture_training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizer
                                ) -> tuple["GradientIndex | GradientStream", KroneckerCollector | None]:
     """``training_gradients``, with (``collect``) the Kronecker sums of their first pass: the index
     build's own passes, or a stream's first pass (made here, which also keeps the squared norms
-    unless ``norms`` is False: no engine to come reads them), so an empirical-Fisher fit needs no
-    pass of its own."""
+    unless ``norms`` is False: no engine to come reads them, or a later pass keeps them), so an
+    empirical-Fisher fit needs no pass of its own. ``norms_wanted`` (default: ``norms``): whether an
+    engine to come reads the squared norms at all (``GradientStream.norms_wanted``)."""
     share = factor_share(len(dataset), getattr(config.engine, "factor_rows", None))
     # over a share of the rows (engine.factor_rows) the factors are summed in batches of the chosen
     # rows alone: by a stream's factors-only first pass, which passes only those rows, or else by the
@@ -529,11 +559,15 @@ def capture_training_gradients(gm: GradientModel, tokenizer: PreTrainedTokenizer
         collect = False
     collector = KroneckerCollector(gm, structured_projector(gm, config.grads), share) if collect else None
     if collector is None:
-        return training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
-                                  tokenized=tokenized, shard=shard), None
+        train = training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
+                                   tokenized=tokenized, shard=shard)
+        if isinstance(train, GradientStream):
+            train.norms_wanted = norms if norms_wanted is None else norms_wanted
+        return train, None
     with collector:
         train = training_gradients(gm, tokenizer, dataset, config, choice, force=force, progress=progress, log=log,
                                    tokenized=tokenized, shard=shard)
         if isinstance(train, GradientStream):
+            train.norms_wanted = norms if norms_wanted is None else norms_wanted
             train.prime(collector, norms=norms)
     return train, collector

@@ -87,6 +87,8 @@ class PlanSettings:
     fisher_samples: int = 1
     #: ``engine.factor_rows``: the Kronecker factors summed over about this many rows (None: every row)
     factor_rows: int | None = None
+    #: ``engine.correction_rows``: ekfac's eigenvalue correction averaged over about this many rows
+    correction_rows: int | None = None
     #: the cross-check ``gradian attribute`` runs beside the engine (``auto``: the engine's own)
     cross_check: str | None = "auto"
 
@@ -106,7 +108,8 @@ class PlanSettings:
                    capture=capture, device=device, engine=engine.name, store=getattr(engine, "store", "auto"),
                    max_index_gb=grads.max_index_gb, fisher=getattr(engine, "fisher", "empirical"),
                    fisher_samples=int(getattr(engine, "fisher_samples", 1)),
-                   factor_rows=getattr(engine, "factor_rows", None))
+                   factor_rows=getattr(engine, "factor_rows", None),
+                   correction_rows=getattr(engine, "correction_rows", None))
 
     @property
     def projection_kind(self) -> str:
@@ -379,9 +382,11 @@ def _price(model: ModelShape, adapter: AdapterShape, dataset: DatasetShape, sett
 
     from gradian.grads.collectors import factor_share
 
-    passes = engine_passes(settings.engine, settings.fisher, settings.fisher_samples, normalization,
-                           factor_share=factor_share(dataset.n, settings.factor_rows))
     cross_name = settings.cross_check_engine
+    passes = engine_passes(settings.engine, settings.fisher, settings.fisher_samples, normalization,
+                           factor_share=factor_share(dataset.n, settings.factor_rows),
+                           correction_share=factor_share(dataset.n, settings.correction_rows),
+                           norms_wanted=bool(cross_name and engine_class(cross_name).reads_norms))
     cross = (engine_passes(cross_name, settings.fisher, settings.fisher_samples, normalization,
                            primed=passes.first > 0,
                            shared_scoring=engine_class(settings.engine).shared_scoring()

@@ -63,6 +63,15 @@ class Passes:
     #: captures the index makes beyond the build and ``model``: the fit's own pass over the factor
     #: share, which the build cannot sum (its batches mix chosen and other rows)
     index_own: int = 0
+    #: ``engine.correction_rows`` as a share of the rows (1: every row): the eigenvalue correction
+    #: averages over that share
+    correction_share: float = 1.0
+    #: of the stream's passes, those over the correction share alone: the correction's pass, unless
+    #: it keeps every row's squared norm for a DataInf cross-check (then it computes every row)
+    correction_passes: int = 0
+    #: of the index's captures, those over the correction share (a correction recomputed from the
+    #: model); one over the stored gradients reads the index instead
+    correction_index_passes: int = 0
 
     @property
     def stream(self) -> int:
@@ -77,18 +86,25 @@ class Passes:
     @property
     def stream_floors(self) -> float:
         """The stream's passes in passes over every row: those over the factor share count as that share."""
-        return self.stream - self.share_passes * (1.0 - self.factor_share)
+        return (self.stream - self.share_passes * (1.0 - self.factor_share)
+                - self.correction_passes * (1.0 - self.correction_share))
 
     @property
     def index_floors(self) -> float:
         """The index's captures in passes over every row (``stream_floors``)."""
-        return self.index_captures - self.share_passes * (1.0 - self.factor_share)
+        return (self.index_captures - self.share_passes * (1.0 - self.factor_share)
+                - self.correction_index_passes * (1.0 - self.correction_share))
 
-    def share_note(self) -> str:
-        """``" (1 over about 25% of the rows: engine.factor_rows)"``, or ``""`` when every pass reads every row."""
-        if not self.share_passes or self.factor_share >= 1.0:
-            return ""
-        return f" ({self.share_passes} over about {self.factor_share:.0%} of the rows: engine.factor_rows)"
+    def share_note(self, store: str = "stream") -> str:
+        """``" (1 over about 25% of the rows: engine.factor_rows)"``, or ``""`` when every pass reads
+        every row; the passes over ``engine.correction_rows``'s share under ``store`` too."""
+        parts = []
+        if self.share_passes and self.factor_share < 1.0:
+            parts.append(f"{self.share_passes} over about {self.factor_share:.0%} of the rows: engine.factor_rows")
+        over = self.correction_passes if store == "stream" else self.correction_index_passes
+        if over and self.correction_share < 1.0:
+            parts.append(f"{over} over about {self.correction_share:.0%} of the rows: engine.correction_rows")
+        return f" ({'; '.join(parts)})" if parts else ""
 
     @property
     def index_reads(self) -> int:
@@ -168,13 +184,26 @@ def _kronecker(engine: str) -> tuple[bool, bool, str]:
 
 
 def engine_passes(engine: str, fisher: str = "empirical", fisher_samples: int = 1, normalization: str = "none",
-                  primed: bool = False, shared_scoring: bool = False, factor_share: float = 1.0) -> Passes:
+                  primed: bool = False, shared_scoring: bool = False, factor_share: float = 1.0,
+                  correction_share: float = 1.0, norms_wanted: bool = False) -> Passes:
     """The passes of one fit and one scoring by ``engine`` (see the module doc). ``primed``: the
     first pass was made already (a cross-check after a Kronecker engine on the same stream);
     ``shared_scoring``: its scoring is made in another engine's scoring pass (a cross-check both of
     whose engines have ``Engine.shared_scoring``), so it makes none of its own; ``factor_share``:
-    ``engine.factor_rows`` as a share of the rows, the Kronecker factors summed over that share."""
+    ``engine.factor_rows`` as a share of the rows, the Kronecker factors summed over that share;
+    ``correction_share``: ``engine.correction_rows``'s, the eigenvalue correction averaged over
+    that share; ``norms_wanted``: a cross-check reads every row's squared norm (DataInf), which a
+    stream's eigenvalue correction then keeps, computing every row."""
     passes = _engine_passes(engine, fisher, fisher_samples, normalization, primed, factor_share)
+    kronecker, corrects, _ = _kronecker(engine)
+    if kronecker and corrects and correction_share < 1.0:
+        sampled = fisher in ("sampled", "true")
+        draws = max(1, int(fisher_samples)) if sampled else 1
+        if sampled or normalization != "none":  # recomputed from the model, over the share, in either store
+            passes = replace(passes, correction_share=correction_share, correction_passes=draws,
+                             correction_index_passes=draws)
+        else:  # over the stored or streamed gradients: the index reads them, a stream computes the share
+            passes = replace(passes, correction_share=correction_share, correction_passes=0 if norms_wanted else 1)
     if not shared_scoring:
         return passes
     names = tuple(name for name in passes.names if name != "scoring")
