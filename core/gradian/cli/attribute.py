@@ -47,15 +47,14 @@ def attribute_command(
     from gradian.attribution import run_attribution
     from gradian.cli.index import build_index_stage, read_run_on_ranks
     from gradian.cli.output import shown
-    from gradian.cli.run_flags import index_progress, publish_to_source, run_reference
+    from gradian.cli.run_flags import check_cross_check, index_progress, publish_to_source, run_reference
     from gradian.config import load_config
     from gradian.distributed import join_shard_group
     from gradian.model_loading import check_attention_kernel
     from gradian.paths import ensure_writable_dir
 
     run = run_reference(run, mlflow_run)
-    if cross_check not in (*available_engines(), "none", "auto"):
-        raise ConfigError(f"--cross-check {cross_check!r}: use auto, none or one of {', '.join(available_engines())}")
+    check_cross_check(cross_check)
     cfg = load_config(config, overrides={
         "dataset": dataset, "eval_dataset": eval_dataset, "base_model": base_model,
         "adapter_path": adapter, "run": run, "engine.name": engine,

@@ -100,11 +100,9 @@ def plan_command(
     model = read_model_shape(source)
     lora = adapter_shape(cfg.adapter_path if r is None or target_modules is None else None, r, target_modules)
     device = _device(device or cfg.device)
-    from gradian.engines.registry import available_engines
+    from gradian.cli.run_flags import check_cross_check
 
-    if cross_check not in (*available_engines(), "none", "auto"):
-        raise ConfigError(f"--cross-check {cross_check!r}: use auto, none or one of {', '.join(available_engines())}")
-    settings = dataclasses.replace(PlanSettings.from_config(cfg, device), cross_check=cross_check)
+    settings = dataclasses.replace(PlanSettings.from_config(cfg, device), cross_check=check_cross_check(cross_check))
     tokenized, pad_id, tok = None, 0, None
     if cfg.dataset:
         from gradian.data import load_dataset, tokenize_examples

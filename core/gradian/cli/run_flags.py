@@ -1,5 +1,6 @@
 """The `--run` / `--mlflow-run` / `--no-log` / `--trust-run-dataset` / `--into-run` flags that
-diagnose, index, attribute and counterfactual share, and the progress bar of an index build.
+diagnose, index, attribute and counterfactual share, the `--cross-check` check attribute and plan
+share, and the progress bar of an index build.
 
 A run reference is parsed once, into a ``gradian.runs.RunRef``; its scheme picks the run source
 that reads it and the report sink that logs back (see ``gradian.runs.sources``).
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
     from gradian.report.schema import Report
     from gradian.runs import RunRecord
 
-__all__ = ["run_reference", "read_run", "publish_to_source", "index_progress", "TRUST_RUN_DATASET_HELP",
+__all__ = ["run_reference", "check_cross_check", "read_run", "publish_to_source", "index_progress", "TRUST_RUN_DATASET_HELP",
            "INTO_RUN_HELP"]
 
 TRUST_RUN_DATASET_HELP = ("Read the training data from wherever the MLflow run's dataset input points (a local "
@@ -44,6 +45,16 @@ def run_reference(run: str | None, mlflow_run: str | None) -> str | None:
         ref = RunRef.parse(mlflow_run)
         return f"mlflow:{ref.id if ref.scheme in ('mlflow', 'runs') else ref.raw}"
     return RunRef.parse(run).raw if run else None
+
+
+def check_cross_check(cross_check: str) -> str:
+    """``--cross-check`` as given, when it is ``auto``, ``none`` or a registered engine; else a
+    ``ConfigError`` naming the flag and the choices."""
+    from gradian.engines.registry import available_engines
+
+    if cross_check not in (*available_engines(), "none", "auto"):
+        raise ConfigError(f"--cross-check {cross_check!r}: use auto, none or one of {', '.join(available_engines())}")
+    return cross_check
 
 
 def read_run(cfg: GradianConfig, trust_run_dataset: bool = False) -> "RunRecord | None":

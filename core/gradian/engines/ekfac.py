@@ -250,9 +250,9 @@ class _KroneckerEngine(Engine):
         else:
             draws_to_run = draws
         factor_steps = n_examples if share >= 1.0 else int(round(share * n_examples))
-        # the eigenvalue correction over a share of the rows (engine.correction_rows): the same hash
-        # chooses them as the factors' rows, so the two choices nest
-        correction_share = passes.factor_share(settings.get("correction_rows")) if self.correct_eigenvalues else 1.0
+        # the eigenvalue correction over a share of the rows (engine.correction_rows, which settings
+        # refuses where there is no correction): the factors' hash chooses them, so the choices nest
+        correction_share = passes.factor_share(settings.get("correction_rows"))
         chosen = ChosenRows(correction_share, passes.chosen_rows(correction_share)) if correction_share < 1.0 else None
         if chosen is not None and not chosen.count:
             raise ConfigError(f"engine.correction_rows {settings['correction_rows']} chose none of the {n_examples} "

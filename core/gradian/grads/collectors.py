@@ -413,6 +413,13 @@ class ModelPasses:
             rows = self.tokenized[offset: offset + size]
             yield offset, collate(rows, self.pad_id if self.pad_id is not None else 0, self.gm.device)
 
+    def _batches_over(self, share: float) -> Iterator[tuple[int, int, TokenBatch]]:
+        """``(chunk start, offset, batch)``: every row in ``_batches`` (chunk start 0) at share 1,
+        else the chosen rows in ``_chosen_batches``."""
+        if share >= 1.0:
+            return ((0, offset, batch) for offset, batch in self._batches())
+        return self._chosen_batches(share)
+
     def _chosen_batches(self, share: float) -> Iterator[tuple[int, int, TokenBatch]]:
         """``(chunk start, offset, batch)`` over the rows ``in_factor_rows`` chooses at ``share``,
         batched as a stream's first pass batches them (the chosen rows of each index chunk, in the
@@ -480,10 +487,8 @@ class ModelPasses:
                 done[3] += rows
             held.clear()
 
-        batches = ((0, offset, batch) for offset, batch in self._batches()) if share >= 1.0 \
-            else self._chosen_batches(share)
         group = 0
-        for chunk, offset, batch in batches:
+        for chunk, offset, batch in self._batches_over(share):
             if chunk != group:
                 fold()
                 group = chunk
@@ -531,8 +536,7 @@ class ModelPasses:
 
         reduction = self._reduction(fisher_seed)
         by_id = {layer["id"]: layer for layer in self.layers}
-        batches = self._batches() if share >= 1.0 else ((offset, batch) for _, offset, batch in self._chosen_batches(share))
-        for offset, batch in batches:
+        for _, offset, batch in self._batches_over(share):
             _, io = linear_inputs_and_output_grads(self.gm, batch, reduction,
                                                    self._labels(fisher_seed, draw, offset, batch))
             out = {}

@@ -194,16 +194,8 @@ def engine_passes(engine: str, fisher: str = "empirical", fisher_samples: int = 
     ``correction_share``: ``engine.correction_rows``'s, the eigenvalue correction averaged over
     that share; ``norms_wanted``: a cross-check reads every row's squared norm (DataInf), which a
     stream's eigenvalue correction then keeps, computing every row."""
-    passes = _engine_passes(engine, fisher, fisher_samples, normalization, primed, factor_share)
-    kronecker, corrects, _ = _kronecker(engine)
-    if kronecker and corrects and correction_share < 1.0:
-        sampled = fisher in ("sampled", "true")
-        draws = max(1, int(fisher_samples)) if sampled else 1
-        if sampled or normalization != "none":  # recomputed from the model, over the share, in either store
-            passes = replace(passes, correction_share=correction_share, correction_passes=draws,
-                             correction_index_passes=draws)
-        else:  # over the stored or streamed gradients: the index reads them, a stream computes the share
-            passes = replace(passes, correction_share=correction_share, correction_passes=0 if norms_wanted else 1)
+    passes = _engine_passes(engine, fisher, fisher_samples, normalization, primed, factor_share, correction_share,
+                            norms_wanted)
     if not shared_scoring:
         return passes
     names = tuple(name for name in passes.names if name != "scoring")
@@ -211,7 +203,7 @@ def engine_passes(engine: str, fisher: str = "empirical", fisher_samples: int = 
 
 
 def _engine_passes(engine: str, fisher: str, fisher_samples: int, normalization: str, primed: bool,
-                   share: float = 1.0) -> Passes:
+                   share: float = 1.0, correction_share: float = 1.0, norms_wanted: bool = False) -> Passes:
     kronecker, corrects, curvature = _kronecker(engine)
     if kronecker:
         sampled = fisher in ("sampled", "true")
@@ -229,6 +221,12 @@ def _engine_passes(engine: str, fisher: str, fisher_samples: int, normalization:
             names.append(f"eigenvalue correction, recomputed ({draws} pass{'es' if draws > 1 else ''})" if recompute
                          else "eigenvalue correction and squared norms")
         passes = Passes(engine, 0 if primed else 1, model, gradients, tuple(names + ["scoring"]), primed)
+        if corrects and correction_share < 1.0:
+            # recomputed from the model: over the share in either store; over the gradients: the index
+            # reads them, a stream computes the share unless it keeps every row's norm for DataInf
+            over = draws if recompute else (0 if norms_wanted else 1)
+            passes = replace(passes, correction_share=correction_share, correction_passes=over,
+                             correction_index_passes=draws if recompute else 0)
         return passes if share >= 1.0 else _over_share(passes, share, sampled, draws, in_correction)
     if curvature == "datainf":  # the squared norms, the preconditioner, the scoring
         return Passes(engine, 0 if primed else 1, 0, 2,
